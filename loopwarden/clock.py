@@ -1,0 +1,49 @@
+"""Time, injectable: every lease, rate window and deadline reads the clock through here.
+
+Timestamps are UTC and rendered in one fixed RFC 3339 form with microseconds and a `Z`, so they
+sort lexicographically in SQL and compare equal across processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+Clock = Callable[[], datetime]
+"""A zero-argument callable returning an aware UTC datetime."""
+
+
+def system_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+class ManualClock:
+    """A clock tests move by hand: leases, windows and deadlines without sleeping."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self._now
+
+    def advance(self, seconds: float) -> datetime:
+        self._now += timedelta(seconds=seconds)
+        return self._now
+
+    def set(self, when: datetime) -> None:
+        self._now = when.astimezone(UTC)
+
+
+def format_time(when: datetime) -> str:
+    """Render an aware datetime as `YYYY-MM-DDTHH:MM:SS.ffffffZ` (always UTC, always 27 chars)."""
+    if when.tzinfo is None:
+        raise ValueError("naive datetime: loopwarden only handles aware UTC times")
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> datetime:
+    """Parse an RFC 3339 timestamp (with `Z` or an offset) into an aware UTC datetime."""
+    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        raise ValueError(f"timestamp {text!r} has no time zone")
+    return value.astimezone(UTC)

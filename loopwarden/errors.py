@@ -1,0 +1,77 @@
+"""The one error hierarchy: every anticipated failure is a `LoopwardenError` with a stable code.
+
+Errors are mapped at the edges: `sqlite3` errors become `StoreError` inside the store, and the
+server turns these into MCP tool errors. A policy refusal is never an exception: it is a
+`Decision` in a normal result.
+"""
+
+from __future__ import annotations
+
+
+class LoopwardenError(Exception):
+    """Base class. `code` is a stable, machine-readable identifier; the message is for humans."""
+
+    code = "error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else self.code
+
+
+class InvalidInput(LoopwardenError):
+    """The caller sent something malformed; nothing was changed."""
+
+    code = "invalid_input"
+
+
+class PolicyError(InvalidInput):
+    """A policy file or value is invalid. The message names the field and the reason."""
+
+    code = "policy_invalid"
+
+
+class NotFound(LoopwardenError):
+    """A loop, todo, turn, approval or receipt id does not exist."""
+
+    code = "not_found"
+
+
+class Forbidden(LoopwardenError):
+    """The principal may not call this operation at all (for example an agent on an operator tool)."""
+
+    code = "forbidden"
+
+
+class Conflict(LoopwardenError):
+    """The request contradicts durable state (for example an id that already exists)."""
+
+    code = "conflict"
+
+
+class StoreError(LoopwardenError):
+    """The database failed or could not be opened; no partial state was committed."""
+
+    code = "store_error"
+
+
+class IntegrityError(StoreError):
+    """The stored journal, Merkle log or projection disagree; the store refuses to serve."""
+
+    code = "integrity_error"
+
+
+class KeyFileError(LoopwardenError):
+    """A signing key is missing, unreadable or has unsafe permissions."""
+
+    code = "key_error"
+
+
+class SealError(LoopwardenError):
+    """A receipt could not be canonicalized, signed or its own signature did not verify."""
+
+    code = "seal_error"

@@ -1,0 +1,288 @@
+"""Receipt bodies: the facts the journal records, one typed `data` model per kind.
+
+These models are the receipt schema an audit checks (`extra="forbid"` everywhere) and the
+vocabulary the projection folds. The small value types (usage, tool use, evidence, todo specs)
+double as the tools' input types, so one set of limits guards both.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from loopwarden.policy.patterns import TOOL_NAME_RE
+
+RECEIPT_SCHEMA = "loopwarden.receipt/v1"
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+TIME_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$"
+TURN_ID_PATTERN = r"^turn-[0-9a-f]{20}$"
+APPROVAL_ID_PATTERN = r"^appr-[0-9a-f]{20}$"
+RECEIPT_ID_PATTERN = r"^rcpt-[0-9a-f]{24}$"
+
+# Input limits (documented in the README): bounded so one call can never bloat the journal.
+MAX_SUMMARY = 4_000
+MAX_OBJECTIVE = 4_000
+MAX_TITLE = 500
+MAX_EVIDENCE_ITEMS = 32
+MAX_EVIDENCE_BYTES = 64 * 1024
+MAX_TOOLS_USED = 64
+MAX_DEPENDENCIES = 32
+MAX_TOOL_COUNT = 1_000_000
+MAX_COUNTER = 10**12
+MAX_FLOAT = 1e9
+
+LoopId = Annotated[str, Field(pattern=ID_PATTERN, description="Loop id.")]
+TodoId = Annotated[str, Field(pattern=ID_PATTERN, description="Todo id.")]
+TurnId = Annotated[str, Field(pattern=TURN_ID_PATTERN, description="Turn id from claim.")]
+ApprovalId = Annotated[str, Field(pattern=APPROVAL_ID_PATTERN, description="Approval id.")]
+Digest = Annotated[str, Field(pattern=DIGEST_PATTERN, description="sha256:<64 hex>.")]
+Timestamp = Annotated[str, Field(pattern=TIME_PATTERN)]
+ToolName = Annotated[str, Field(pattern=TOOL_NAME_RE.pattern, max_length=128)]
+Outcome = Literal["progress", "completed", "failed", "blocked"]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
+Amount = Annotated[float, Field(ge=0, le=MAX_FLOAT, allow_inf_nan=False)]
+
+
+class Fact(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Usage(Fact):
+    """What a turn consumed. All values are non-negative and finite."""
+
+    model_calls: Count = 0
+    input_tokens: Count = 0
+    output_tokens: Count = 0
+    tool_calls: Count = 0
+    cost_usd: Amount = 0.0
+    wall_seconds: Amount = 0.0
+
+
+class ToolUse(Fact):
+    name: ToolName = Field(description="Dotted tool name, e.g. fs.write.")
+    count: int = Field(default=1, ge=1, le=MAX_TOOL_COUNT, description="How many calls.")
+
+
+class Evidence(Fact):
+    kind: str = Field(pattern=r"^[a-z][a-z0-9_.-]{0,31}$", description="e.g. test, diff, log, url.")
+    summary: str = Field(min_length=1, max_length=2_000)
+    uri: str | None = Field(default=None, max_length=2_048)
+    digest: Digest | None = None
+
+
+def check_evidence_size(items: list[Evidence] | tuple[Evidence, ...]) -> None:
+    """Raise `ValueError` if the evidence's total text exceeds `MAX_EVIDENCE_BYTES` (UTF-8)."""
+    total = sum(len(e.summary.encode()) + len((e.uri or "").encode()) + len(e.kind) for e in items)
+    if total > MAX_EVIDENCE_BYTES:
+        raise ValueError(f"evidence totals {total} bytes; the limit is {MAX_EVIDENCE_BYTES}")
+
+
+class TodoSpec(Fact):
+    id: TodoId
+    title: str = Field(min_length=1, max_length=MAX_TITLE)
+    order: int = Field(ge=0, le=10**9)
+    depends_on: tuple[TodoId, ...] = Field(default=(), max_length=MAX_DEPENDENCIES)
+
+
+class ClosedTurn(Fact):
+    turn_id: TurnId
+    todo_id: TodoId
+
+
+# --- data per kind ---------------------------------------------------------------------------
+
+
+class LoopOpened(Fact):
+    objective: str = Field(min_length=1, max_length=MAX_OBJECTIVE)
+    policy: dict[str, Any]
+    todos: tuple[TodoSpec, ...]
+
+
+class TurnClaimed(Fact):
+    turn_id: TurnId
+    todo_id: TodoId
+    fence: int = Field(ge=1)
+    lease_expires_at: Timestamp
+    allowed_tools: tuple[str, ...]
+    approval_tools: tuple[str, ...]
+
+
+class ClaimRefused(Fact):
+    todo_id: TodoId | None = None
+
+
+class RequestRefused(Fact):
+    """A refused heartbeat, todo_add, request_approval or decide_approval (reasons in the decision)."""
+
+    operation: Literal["heartbeat", "todo_add", "request_approval", "decide_approval"]
+
+
+class LeaseRenewed(Fact):
+    turn_id: TurnId
+    todo_id: TodoId
+    lease_expires_at: Timestamp
+
+
+class LeaseExpired(Fact):
+    turn_id: TurnId
+    todo_id: TodoId
+    lease_expires_at: Timestamp
+
+
+class TurnReport(Fact):
+    """The agent's self-report, as received (shared by accepted and refused reports)."""
+
+    turn_id: TurnId
+    todo_id: TodoId
+    fence: int = Field(ge=0)
+    outcome: Outcome
+    tools_used: tuple[ToolUse, ...] = Field(default=(), max_length=MAX_TOOLS_USED)
+    usage: Usage = Usage()
+    evidence: tuple[Evidence, ...] = Field(default=(), max_length=MAX_EVIDENCE_ITEMS)
+    summary: str = Field(max_length=MAX_SUMMARY)
+    failure_signature: str | None = Field(default=None, max_length=200)
+    approval_ids: tuple[ApprovalId, ...] = Field(default=(), max_length=MAX_TOOLS_USED)
+
+
+class TurnReported(TurnReport):
+    pass
+
+
+class TurnRefused(TurnReport):
+    """A refused report. `charged`: the usage counts against budgets (the work happened).
+    `closes_turn`: the turn ends and its todo is released (else it stays open for a retry)."""
+
+    charged: bool
+    closes_turn: bool
+
+
+class ApprovalRequested(Fact):
+    approval_id: ApprovalId
+    turn_id: TurnId
+    todo_id: TodoId
+    tool: ToolName
+    summary: str = Field(min_length=1, max_length=MAX_SUMMARY)
+    artifact_digest: Digest | None = None
+
+
+class ApprovalDecided(Fact):
+    approval_id: ApprovalId
+    approved: bool
+    expires_at: Timestamp | None = None
+    reason: str = Field(default="", max_length=MAX_SUMMARY)
+
+    @model_validator(mode="after")
+    def _expiry_only_when_approved(self) -> ApprovalDecided:
+        if self.expires_at is not None and not self.approved:
+            raise ValueError("a rejection has no expiry")
+        return self
+
+
+class TodoAdded(Fact):
+    todo: TodoSpec
+
+
+class LoopStatusChanged(Fact):
+    """A pause or resume; `reason` is the operator's note."""
+
+    reason: str = Field(default="", max_length=MAX_SUMMARY)
+
+
+class LoopStopped(Fact):
+    """The loop closed (stopped, completed or cancelled): a reason code, and the turns it closed."""
+
+    reason: str = Field(min_length=1, max_length=200)
+    detail: str = Field(default="", max_length=MAX_SUMMARY)
+    closed_turns: tuple[ClosedTurn, ...] = ()
+
+
+DATA_MODELS: dict[str, type[Fact]] = {
+    "loop.opened": LoopOpened,
+    "turn.claimed": TurnClaimed,
+    "claim.refused": ClaimRefused,
+    "request.refused": RequestRefused,
+    "lease.renewed": LeaseRenewed,
+    "lease.expired": LeaseExpired,
+    "turn.reported": TurnReported,
+    "turn.refused": TurnRefused,
+    "approval.requested": ApprovalRequested,
+    "approval.decided": ApprovalDecided,
+    "todo.added": TodoAdded,
+    "loop.paused": LoopStatusChanged,
+    "loop.resumed": LoopStatusChanged,
+    "loop.cancelled": LoopStopped,
+    "loop.stopped": LoopStopped,
+    "loop.completed": LoopStopped,
+}
+Kind = Literal[
+    "loop.opened",
+    "turn.claimed",
+    "claim.refused",
+    "request.refused",
+    "lease.renewed",
+    "lease.expired",
+    "turn.reported",
+    "turn.refused",
+    "approval.requested",
+    "approval.decided",
+    "todo.added",
+    "loop.paused",
+    "loop.resumed",
+    "loop.cancelled",
+    "loop.stopped",
+    "loop.completed",
+]
+
+
+class PrincipalRef(Fact):
+    id: str
+    role: Literal["agent", "operator"]
+
+
+class ReasonRef(Fact):
+    code: str
+    message: str
+
+
+class DecisionRef(Fact):
+    effect: Literal["allow", "deny"]
+    reasons: tuple[ReasonRef, ...] = ()
+
+
+class ReceiptBody(Fact):
+    """The signed payload of every receipt."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_: Literal["loopwarden.receipt/v1"] = Field(default=RECEIPT_SCHEMA, alias="schema")
+    loop_id: LoopId
+    seq: int = Field(ge=1)
+    kind: Kind
+    at: Timestamp
+    principal: PrincipalRef
+    turn_id: TurnId | None = None
+    todo_id: TodoId | None = None
+    approval_id: ApprovalId | None = None
+    decision: DecisionRef
+    policy_digest: Digest
+    data: dict[str, Any]
+    prev: Digest | None = None
+    idempotency_key: str | None = None
+
+    @model_validator(mode="after")
+    def _chain_starts_once(self) -> ReceiptBody:
+        if (self.seq == 1) != (self.prev is None):
+            raise ValueError("prev is null exactly for seq 1")
+        if (self.kind == "loop.opened") != (self.seq == 1):
+            raise ValueError("loop.opened is exactly the first receipt of a loop")
+        return self
+
+    def facts(self) -> Fact:
+        """The kind-specific data, validated (raises pydantic `ValidationError`)."""
+        return DATA_MODELS[self.kind].model_validate(self.data)
+
+    def as_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -1,0 +1,216 @@
+"""Ed25519 signing keys on disk: generation, key ids, rotation, and the trusted keyring.
+
+Layout under `<home>/keys/` (directory 0700):
+- `<key_id>.key` — the 32-byte seed, base64, mode 0600; only the active key keeps one;
+- `<key_id>.pub` — the public key, base64; kept forever so old receipts stay verifiable;
+- `active` — the id of the key new receipts are signed with.
+
+The keyring read from this directory is the audit's trust root: a receipt signed by a key that
+is not here is `unknown_key`, whatever the database claims.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import nacl.exceptions
+import nacl.signing
+
+from loopwarden.errors import KeyFileError
+
+KEY_DIR_MODE = 0o700
+PRIVATE_MODE = 0o600
+
+
+def key_id_for(public_key: bytes) -> str:
+    """A key's id: `ed25519-` + the first 16 hex digits of SHA-256 over the raw public key."""
+    return "ed25519-" + hashlib.sha256(public_key).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Signer:
+    """A private key able to sign receipts and checkpoints."""
+
+    key_id: str
+    signing_key: nacl.signing.SigningKey
+
+    @property
+    def public_key(self) -> bytes:
+        return bytes(self.signing_key.verify_key)
+
+    def sign(self, message: bytes) -> bytes:
+        return self.signing_key.sign(message).signature
+
+    @staticmethod
+    def generate() -> Signer:
+        key = nacl.signing.SigningKey.generate()
+        return Signer(key_id_for(bytes(key.verify_key)), key)
+
+    @staticmethod
+    def from_seed(seed: bytes) -> Signer:
+        key = nacl.signing.SigningKey(seed)
+        return Signer(key_id_for(bytes(key.verify_key)), key)
+
+
+class Keyring:
+    """Trusted public keys by id. Verification never raises: a bad signature is just False."""
+
+    def __init__(self, keys: dict[str, bytes] | None = None) -> None:
+        self._keys: dict[str, nacl.signing.VerifyKey] = {}
+        for public in (keys or {}).values():
+            self.add(public)
+
+    def add(self, public_key: bytes) -> str:
+        if len(public_key) != 32:
+            raise KeyFileError("an Ed25519 public key is 32 bytes")
+        key_id = key_id_for(public_key)
+        self._keys[key_id] = nacl.signing.VerifyKey(public_key)
+        return key_id
+
+    def __contains__(self, key_id: object) -> bool:
+        return key_id in self._keys
+
+    def ids(self) -> list[str]:
+        return sorted(self._keys)
+
+    def public_keys(self) -> dict[str, bytes]:
+        return {key_id: bytes(key) for key_id, key in sorted(self._keys.items())}
+
+    def verify(self, key_id: str, message: bytes, signature: bytes) -> bool:
+        key = self._keys.get(key_id)
+        if key is None:
+            return False
+        try:
+            key.verify(message, signature)
+        except (nacl.exceptions.BadSignatureError, ValueError, TypeError):
+            return False
+        return True
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _read_b64(path: Path, size: int) -> bytes:
+    try:
+        data = base64.b64decode(path.read_text().strip(), validate=True)
+    except (OSError, ValueError) as exc:
+        raise KeyFileError(f"cannot read key file {path.name}: {exc}") from None
+    if len(data) != size:
+        raise KeyFileError(f"key file {path.name} does not hold a {size}-byte key")
+    return data
+
+
+def _write_new(path: Path, text: str, mode: int) -> None:
+    """Create `path` exclusively with `mode` from the first byte (no window with looser bits)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+class KeyStore:
+    """The key directory of one data home."""
+
+    def __init__(self, home: Path) -> None:
+        self.dir = Path(home) / "keys"
+
+    def _ensure_dir(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True, mode=KEY_DIR_MODE)
+        os.chmod(self.dir, KEY_DIR_MODE)
+
+    def _check_private(self, path: Path) -> None:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise KeyFileError(
+                f"private key {path.name} is readable by others (mode {mode:o}); "
+                f"run: chmod 600 <home>/keys/{path.name}"
+            )
+
+    def active_id(self) -> str | None:
+        try:
+            return (self.dir / "active").read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def load_signer(self) -> Signer:
+        """The active signer, creating the first key if the directory has none.
+
+        Safe when several processes start at once: the `active` pointer is created exclusively,
+        and a process that loses the race discards its own key and loads the winner's.
+        """
+        self._ensure_dir()
+        key_id = self.active_id()
+        if key_id is None:
+            candidate = Signer.generate()
+            self._write_pair(candidate)
+            try:
+                _write_new(self.dir / "active", candidate.key_id, 0o644)
+                return candidate
+            except FileExistsError:
+                (self.dir / f"{candidate.key_id}.key").unlink(missing_ok=True)
+                (self.dir / f"{candidate.key_id}.pub").unlink(missing_ok=True)
+                key_id = self.active_id()
+        private = self.dir / f"{key_id}.key"
+        if not private.exists():
+            raise KeyFileError(
+                f"the active key {key_id} has no private key file in the key directory"
+            )
+        self._check_private(private)
+        signer = Signer.from_seed(_read_b64(private, 32))
+        if signer.key_id != key_id:
+            raise KeyFileError(f"private key file {private.name} does not match its id")
+        return signer
+
+    def _write_pair(self, signer: Signer) -> None:
+        seed = bytes(signer.signing_key)
+        _write_new(self.dir / f"{signer.key_id}.key", _b64(seed), PRIVATE_MODE)
+        _write_new(self.dir / f"{signer.key_id}.pub", _b64(signer.public_key), 0o644)
+
+    def rotate(self) -> tuple[str | None, Signer]:
+        """Make a new active key; the old private key is deleted, its public key kept.
+
+        Returns (retired key id or None, new signer). Running servers keep signing with the key
+        they loaded until restarted; their receipts still verify because the public key stays.
+        """
+        self._ensure_dir()
+        old = self.active_id()
+        new = Signer.generate()
+        self._write_pair(new)
+        tmp = self.dir / "active.tmp"
+        tmp.unlink(missing_ok=True)
+        _write_new(tmp, new.key_id, 0o644)
+        os.replace(tmp, self.dir / "active")
+        if old is not None:
+            (self.dir / f"{old}.key").unlink(missing_ok=True)
+        return old, new
+
+    def keyring(self) -> Keyring:
+        """Every public key in the directory: the active one and all retired ones."""
+        ring = Keyring()
+        if self.dir.is_dir():
+            for path in sorted(self.dir.glob("*.pub")):
+                key_id = ring.add(_read_b64(path, 32))
+                if f"{key_id}.pub" != path.name:
+                    raise KeyFileError(f"public key file {path.name} does not match its id")
+        return ring
+
+
+def public_key_b64(public_key: bytes) -> str:
+    return _b64(public_key)
+
+
+def decode_public_key(text: str) -> bytes:
+    try:
+        data = base64.b64decode(text.strip(), validate=True)
+    except ValueError:
+        raise KeyFileError("a public key is 32 bytes in base64") from None
+    if len(data) != 32:
+        raise KeyFileError("a public key is 32 bytes in base64")
+    return data

@@ -1,0 +1,497 @@
+"""Read-only queries over the database, shared by the write path, the tools and the audit.
+
+Everything here runs synchronously on a connection owned by the caller (the store's worker
+thread, or a read-only audit connection). Rows come back as the projection's dataclasses.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from loopwarden.ledger.projection import (
+    ApprovalRow,
+    LoopRow,
+    LoopView,
+    TodoRow,
+    Touched,
+    TurnRow,
+)
+from loopwarden.policy.budgets import Totals
+from loopwarden.policy.loader import policy_from_data
+from loopwarden.policy.model import LoopPolicy
+
+LOOP_COLUMNS = (
+    "loop_id, objective, status, stop_reason, policy_digest, opened_at, opened_by, turns, "
+    "model_calls, input_tokens, output_tokens, tool_calls, cost_micros, wall_micros, todos_open, "
+    "todos_claimed, todos_done, todos_blocked, failure_signature, failure_streak, head_seq, "
+    "head_digest, updated_at"
+)
+TODO_COLUMNS = (
+    "loop_id, todo_id, title, ord, depends_on, status, attempts, fence, added_by, turn_id"
+)
+TURN_COLUMNS = "turn_id, loop_id, todo_id, agent, fence, status, claimed_at, lease_expires_at, closed_at, outcome"
+APPROVAL_COLUMNS = (
+    "approval_id, loop_id, turn_id, todo_id, tool, summary, artifact_digest, status, requested_by, "
+    "requested_at, decided_by, decided_at, expires_at, reason, consumed_by"
+)
+JOURNAL_COLUMNS = "leaf_index, loop_id, seq, kind, receipt_id, digest, at, turn_id, envelope"
+
+
+def loop_from_sql(r: tuple) -> LoopRow:
+    return LoopRow(
+        loop_id=r[0],
+        objective=r[1],
+        status=r[2],
+        stop_reason=r[3],
+        policy_digest=r[4],
+        opened_at=r[5],
+        opened_by=r[6],
+        totals=Totals(*r[7:14]),
+        todo_counts=(r[14], r[15], r[16], r[17]),
+        failure_signature=r[18],
+        failure_streak=r[19],
+        head_seq=r[20],
+        head_digest=r[21],
+        updated_at=r[22],
+    )
+
+
+def loop_to_sql(row: LoopRow) -> tuple:
+    t = row.totals
+    return (
+        row.loop_id,
+        row.objective,
+        row.status,
+        row.stop_reason,
+        row.policy_digest,
+        row.opened_at,
+        row.opened_by,
+        t.turns,
+        t.model_calls,
+        t.input_tokens,
+        t.output_tokens,
+        t.tool_calls,
+        t.cost_micros,
+        t.wall_micros,
+        *row.todo_counts,
+        row.failure_signature,
+        row.failure_streak,
+        row.head_seq,
+        row.head_digest,
+        row.updated_at,
+    )
+
+
+def todo_from_sql(r: tuple) -> TodoRow:
+    return TodoRow(r[0], r[1], r[2], r[3], tuple(json.loads(r[4])), r[5], r[6], r[7], r[8], r[9])
+
+
+def todo_to_sql(row: TodoRow) -> tuple:
+    return (
+        row.loop_id,
+        row.todo_id,
+        row.title,
+        row.ord,
+        json.dumps(list(row.depends_on)),
+        row.status,
+        row.attempts,
+        row.fence,
+        row.added_by,
+        row.turn_id,
+    )
+
+
+def turn_from_sql(r: tuple) -> TurnRow:
+    return TurnRow(*r)
+
+
+def approval_from_sql(r: tuple) -> ApprovalRow:
+    return ApprovalRow(*r)
+
+
+def as_sql(row: TurnRow | ApprovalRow) -> tuple:
+    return tuple(row.__dict__.values())
+
+
+@dataclass(frozen=True)
+class JournalRow:
+    leaf_index: int
+    loop_id: str
+    seq: int
+    kind: str
+    receipt_id: str
+    digest: str
+    at: str
+    turn_id: str | None
+    envelope: bytes
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    size: int
+    root: bytes
+    note: str
+    key_id: str
+    signed_at: str
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    token_hash: str
+    token_id: str
+    agent: str
+    role: str
+    created_at: str
+    revoked_at: str | None
+
+
+def _placeholders(values: Iterable[object]) -> str:
+    return ",".join("?" for _ in values)
+
+
+class PolicyCache:
+    """Policies by digest. Content-addressed, hence immutable and safe to share across threads."""
+
+    def __init__(self) -> None:
+        self._policies: dict[str, LoopPolicy] = {}
+
+    def get(self, digest: str) -> LoopPolicy | None:
+        return self._policies.get(digest)
+
+    def put(self, digest: str, policy: LoopPolicy) -> None:
+        self._policies[digest] = policy
+
+
+class Reader:
+    """Synchronous read queries on one connection."""
+
+    def __init__(self, conn: sqlite3.Connection, policies: PolicyCache | None = None) -> None:
+        self.conn = conn
+        self.policies = policies or PolicyCache()
+
+    def _one(self, sql: str, params: tuple = ()) -> tuple | None:
+        return self.conn.execute(sql, params).fetchone()
+
+    # --- loops and policies -------------------------------------------------------------------
+
+    def loop_row(self, loop_id: str) -> LoopRow | None:
+        r = self._one(f"SELECT {LOOP_COLUMNS} FROM loops WHERE loop_id = ?", (loop_id,))
+        return loop_from_sql(r) if r else None
+
+    def loops(self) -> list[LoopRow]:
+        rows = self.conn.execute(f"SELECT {LOOP_COLUMNS} FROM loops ORDER BY opened_at, loop_id")
+        return [loop_from_sql(r) for r in rows]
+
+    def policy(self, digest: str) -> LoopPolicy:
+        cached = self.policies.get(digest)
+        if cached is not None:
+            return cached
+        r = self._one("SELECT document FROM policies WHERE digest = ?", (digest,))
+        if r is None:
+            raise LookupError(f"policy {digest} is not stored")
+        policy = policy_from_data(json.loads(r[0]), f"stored policy {digest}")
+        self.policies.put(digest, policy)
+        return policy
+
+    def policy_document(self, digest: str) -> dict | None:
+        r = self._one("SELECT document FROM policies WHERE digest = ?", (digest,))
+        return json.loads(r[0]) if r else None
+
+    # --- todos, turns, approvals --------------------------------------------------------------
+
+    def todos(self, loop_id: str, ids: Iterable[str]) -> dict[str, TodoRow]:
+        ids = list(ids)
+        if not ids:
+            return {}
+        rows = self.conn.execute(
+            f"SELECT {TODO_COLUMNS} FROM todos WHERE loop_id = ? AND todo_id IN ({_placeholders(ids)})",
+            (loop_id, *ids),
+        )
+        return {r[1]: todo_from_sql(r) for r in rows}
+
+    def todo(self, loop_id: str, todo_id: str) -> TodoRow | None:
+        return self.todos(loop_id, [todo_id]).get(todo_id)
+
+    def all_todos(self, loop_id: str, limit: int | None = None) -> list[TodoRow]:
+        """The loop's todos in claim order (all of them, or the first `limit`)."""
+        rows = self.conn.execute(
+            f"SELECT {TODO_COLUMNS} FROM todos WHERE loop_id = ? ORDER BY ord, todo_id LIMIT ?",
+            (loop_id, -1 if limit is None else limit),
+        )
+        return [todo_from_sql(r) for r in rows]
+
+    def max_todo_order(self, loop_id: str) -> int:
+        r = self._one("SELECT max(ord) FROM todos WHERE loop_id = ?", (loop_id,))
+        return r[0] if r and r[0] is not None else 0
+
+    def turns(self, ids: Iterable[str]) -> dict[str, TurnRow]:
+        ids = list(ids)
+        if not ids:
+            return {}
+        rows = self.conn.execute(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE turn_id IN ({_placeholders(ids)})", ids
+        )
+        return {r[0]: turn_from_sql(r) for r in rows}
+
+    def turn(self, turn_id: str) -> TurnRow | None:
+        return self.turns([turn_id]).get(turn_id)
+
+    def loop_turns(self, loop_id: str, status: str | None = None) -> list[TurnRow]:
+        if status is None:
+            rows = self.conn.execute(
+                f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? ORDER BY claimed_at, turn_id",
+                (loop_id,),
+            )
+        else:
+            rows = self.conn.execute(
+                f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? AND status = ? "
+                "ORDER BY claimed_at, turn_id",
+                (loop_id, status),
+            )
+        return [turn_from_sql(r) for r in rows]
+
+    def expired_turns(self, loop_id: str, now: str) -> list[TurnRow]:
+        rows = self.conn.execute(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? AND status = 'open' "
+            "AND lease_expires_at < ? ORDER BY lease_expires_at, turn_id",
+            (loop_id, now),
+        )
+        return [turn_from_sql(r) for r in rows]
+
+    def count_open_turns(self, loop_id: str, agent: str | None = None) -> int:
+        if agent is None:
+            r = self._one(
+                "SELECT count(*) FROM turns WHERE loop_id = ? AND status = 'open'", (loop_id,)
+            )
+        else:
+            r = self._one(
+                "SELECT count(*) FROM turns WHERE loop_id = ? AND agent = ? AND status = 'open'",
+                (loop_id, agent),
+            )
+        return r[0] if r else 0
+
+    def count_live_turns(self, loop_id: str, now: str, agent: str | None = None) -> int:
+        """Open turns whose lease has not expired at `now` (expired ones are swept on claim)."""
+        if agent is None:
+            r = self._one(
+                "SELECT count(*) FROM turns WHERE loop_id = ? AND status = 'open' "
+                "AND lease_expires_at >= ?",
+                (loop_id, now),
+            )
+        else:
+            r = self._one(
+                "SELECT count(*) FROM turns WHERE loop_id = ? AND agent = ? AND status = 'open' "
+                "AND lease_expires_at >= ?",
+                (loop_id, agent, now),
+            )
+        return r[0] if r else 0
+
+    def claims_since(self, loop_id: str, since: str) -> int:
+        r = self._one(
+            "SELECT count(*) FROM turns WHERE loop_id = ? AND claimed_at > ?", (loop_id, since)
+        )
+        return r[0] if r else 0
+
+    def recent_turns(self, loop_id: str, limit: int) -> list[TurnRow]:
+        rows = self.conn.execute(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? ORDER BY claimed_at DESC, turn_id "
+            "LIMIT ?",
+            (loop_id, limit),
+        )
+        return [turn_from_sql(r) for r in rows]
+
+    def dependencies_done(self, loop_id: str, todo: TodoRow) -> bool:
+        if not todo.depends_on:
+            return True
+        deps = list(todo.depends_on)
+        r = self._one(
+            f"SELECT count(*) FROM todos WHERE loop_id = ? AND status = 'done' "
+            f"AND todo_id IN ({_placeholders(deps)})",
+            (loop_id, *deps),
+        )
+        return bool(r) and r[0] == len(set(deps))
+
+    def next_eligible_todo(self, loop_id: str) -> TodoRow | None:
+        """The first open todo (by order, then id) whose dependencies are all done."""
+        rows = self.conn.execute(
+            f"SELECT {TODO_COLUMNS} FROM todos WHERE loop_id = ? AND status = 'open' "
+            "ORDER BY ord, todo_id",
+            (loop_id,),
+        )
+        for r in rows:
+            todo = todo_from_sql(r)
+            if self.dependencies_done(loop_id, todo):
+                return todo
+        return None
+
+    def approvals(self, ids: Iterable[str]) -> dict[str, ApprovalRow]:
+        ids = list(ids)
+        if not ids:
+            return {}
+        rows = self.conn.execute(
+            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id IN ({_placeholders(ids)})",
+            ids,
+        )
+        return {r[0]: approval_from_sql(r) for r in rows}
+
+    def approval(self, approval_id: str) -> ApprovalRow | None:
+        return self.approvals([approval_id]).get(approval_id)
+
+    def loop_approvals(
+        self, loop_id: str | None = None, status: str | None = None
+    ) -> list[ApprovalRow]:
+        clauses, params = [], []
+        if loop_id is not None:
+            clauses.append("loop_id = ?")
+            params.append(loop_id)
+        if status is not None:
+            clauses.append("status = ?")
+            params.append(status)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self.conn.execute(
+            f"SELECT {APPROVAL_COLUMNS} FROM approvals {where} ORDER BY requested_at, approval_id",
+            params,
+        )
+        return [approval_from_sql(r) for r in rows]
+
+    # --- views --------------------------------------------------------------------------------
+
+    def view(self, loop_id: str, touch: Touched) -> LoopView | None:
+        """The loop row plus the rows one receipt touches (a partial view for the write path)."""
+        loop = self.loop_row(loop_id)
+        if loop is None:
+            return None
+        return LoopView(
+            loop=loop,
+            policy=self.policy(loop.policy_digest),
+            todos=self.todos(loop_id, touch.todos),
+            turns=self.turns(touch.turns),
+            approvals=self.approvals(touch.approvals),
+        )
+
+    def full_view(self, loop_id: str) -> LoopView | None:
+        loop = self.loop_row(loop_id)
+        if loop is None:
+            return None
+        return LoopView(
+            loop=loop,
+            policy=self.policy(loop.policy_digest),
+            todos={t.todo_id: t for t in self.all_todos(loop_id)},
+            turns={t.turn_id: t for t in self.loop_turns(loop_id)},
+            approvals={a.approval_id: a for a in self.loop_approvals(loop_id)},
+        )
+
+    # --- journal and Merkle log ---------------------------------------------------------------
+
+    def _journal(self, where: str, params: tuple) -> JournalRow | None:
+        r = self._one(f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE {where}", params)
+        return JournalRow(*r) if r else None
+
+    def receipt_by_id(self, receipt_id: str) -> JournalRow | None:
+        return self._journal("receipt_id = ?", (receipt_id,))
+
+    def receipt_by_seq(self, loop_id: str, seq: int) -> JournalRow | None:
+        return self._journal("loop_id = ? AND seq = ?", (loop_id, seq))
+
+    def receipt_at(self, leaf_index: int) -> JournalRow | None:
+        return self._journal("leaf_index = ?", (leaf_index,))
+
+    def loop_journal(
+        self, loop_id: str, *, after_seq: int = 0, limit: int | None = None, kind: str | None = None
+    ) -> list[JournalRow]:
+        sql = f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE loop_id = ? AND seq > ?"
+        params: list[object] = [loop_id, after_seq]
+        if kind is not None:
+            sql += " AND kind = ?"
+            params.append(kind)
+        sql += " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        return [JournalRow(*r) for r in self.conn.execute(sql, params)]
+
+    def recent_receipts(self, loop_id: str, limit: int) -> list[JournalRow]:
+        rows = self.conn.execute(
+            f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE loop_id = ? ORDER BY seq DESC LIMIT ?",
+            (loop_id, limit),
+        )
+        return [JournalRow(*r) for r in rows]
+
+    def iter_journal(self, batch: int = 2048) -> Iterator[JournalRow]:
+        """Every receipt in leaf order, streamed in batches."""
+        after = -1
+        while True:
+            rows = self.conn.execute(
+                f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE leaf_index > ? ORDER BY leaf_index LIMIT ?",
+                (after, batch),
+            ).fetchall()
+            if not rows:
+                return
+            for r in rows:
+                yield JournalRow(*r)
+            after = rows[-1][0]
+
+    def journal_count(self) -> int:
+        r = self._one("SELECT count(*) FROM journal")
+        return r[0] if r else 0
+
+    def log_state(self) -> tuple[int, list[bytes]]:
+        r = self._one("SELECT size, frontier FROM log_state WHERE id = 1")
+        if r is None:
+            return 0, []
+        frontier = bytes(r[1])
+        return r[0], [frontier[i : i + 32] for i in range(0, len(frontier), 32)]
+
+    def node(self, level: int, index: int) -> bytes:
+        r = self._one("SELECT hash FROM merkle_nodes WHERE level = ? AND idx = ?", (level, index))
+        if r is None:
+            raise LookupError(f"Merkle node ({level}, {index}) is not stored")
+        return bytes(r[0])
+
+    def checkpoints(self) -> list[CheckpointRow]:
+        rows = self.conn.execute(
+            "SELECT size, root, note, key_id, signed_at FROM checkpoints ORDER BY size"
+        )
+        return [CheckpointRow(r[0], bytes(r[1]), r[2], r[3], r[4]) for r in rows]
+
+    def latest_checkpoint(self) -> CheckpointRow | None:
+        r = self._one(
+            "SELECT size, root, note, key_id, signed_at FROM checkpoints ORDER BY size DESC LIMIT 1"
+        )
+        return CheckpointRow(r[0], bytes(r[1]), r[2], r[3], r[4]) if r else None
+
+    def meta(self, key: str) -> str | None:
+        r = self._one("SELECT value FROM meta WHERE key = ?", (key,))
+        return r[0] if r else None
+
+    # --- idempotency, tokens, keys ------------------------------------------------------------
+
+    def idempotency(self, principal: str, key: str) -> tuple[str, str, str] | None:
+        """(operation, request digest, response JSON) recorded for this principal and key."""
+        r = self._one(
+            "SELECT operation, request_digest, response FROM idempotency WHERE principal = ? AND key = ?",
+            (principal, key),
+        )
+        return (r[0], r[1], r[2]) if r else None
+
+    def token(self, token_hash: str) -> TokenRow | None:
+        r = self._one(
+            "SELECT token_hash, token_id, agent, role, created_at, revoked_at FROM tokens "
+            "WHERE token_hash = ?",
+            (token_hash,),
+        )
+        return TokenRow(*r) if r else None
+
+    def tokens(self) -> list[TokenRow]:
+        rows = self.conn.execute(
+            "SELECT token_hash, token_id, agent, role, created_at, revoked_at FROM tokens "
+            "ORDER BY created_at, token_id"
+        )
+        return [TokenRow(*r) for r in rows]
+
+    def stored_keys(self) -> dict[str, str]:
+        rows = self.conn.execute("SELECT key_id, public_key FROM keys ORDER BY key_id")
+        return {r[0]: r[1] for r in rows}

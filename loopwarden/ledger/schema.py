@@ -1,0 +1,146 @@
+"""The database schema, by version. `store.py` applies it; nothing else runs DDL.
+
+Migrations are append-only: version N's statements take a version N-1 database to N. The
+version lives in `PRAGMA user_version`.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # version 1
+    (
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        # The journal: every receipt envelope, in Merkle leaf order.
+        """CREATE TABLE journal (
+            leaf_index INTEGER PRIMARY KEY,
+            loop_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            receipt_id TEXT NOT NULL UNIQUE,
+            digest TEXT NOT NULL,
+            at TEXT NOT NULL,
+            turn_id TEXT,
+            envelope BLOB NOT NULL,
+            UNIQUE (loop_id, seq)
+        )""",
+        "CREATE INDEX journal_turn ON journal (turn_id) WHERE turn_id IS NOT NULL",
+        # The Merkle log: frontier (one row) + every completed perfect-subtree node.
+        """CREATE TABLE log_state (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            size INTEGER NOT NULL,
+            frontier BLOB NOT NULL
+        )""",
+        """CREATE TABLE merkle_nodes (
+            level INTEGER NOT NULL,
+            idx INTEGER NOT NULL,
+            hash BLOB NOT NULL,
+            PRIMARY KEY (level, idx)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE checkpoints (
+            size INTEGER PRIMARY KEY,
+            root BLOB NOT NULL,
+            note TEXT NOT NULL,
+            key_id TEXT NOT NULL,
+            signed_at TEXT NOT NULL
+        )""",
+        "CREATE TABLE policies (digest TEXT PRIMARY KEY, document TEXT NOT NULL)",
+        # Projection tables: exactly what the fold in projection.py produces.
+        """CREATE TABLE loops (
+            loop_id TEXT PRIMARY KEY,
+            objective TEXT NOT NULL,
+            status TEXT NOT NULL,
+            stop_reason TEXT,
+            policy_digest TEXT NOT NULL,
+            opened_at TEXT NOT NULL,
+            opened_by TEXT NOT NULL,
+            turns INTEGER NOT NULL,
+            model_calls INTEGER NOT NULL,
+            input_tokens INTEGER NOT NULL,
+            output_tokens INTEGER NOT NULL,
+            tool_calls INTEGER NOT NULL,
+            cost_micros INTEGER NOT NULL,
+            wall_micros INTEGER NOT NULL,
+            todos_open INTEGER NOT NULL,
+            todos_claimed INTEGER NOT NULL,
+            todos_done INTEGER NOT NULL,
+            todos_blocked INTEGER NOT NULL,
+            failure_signature TEXT,
+            failure_streak INTEGER NOT NULL,
+            head_seq INTEGER NOT NULL,
+            head_digest TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        )""",
+        """CREATE TABLE todos (
+            loop_id TEXT NOT NULL,
+            todo_id TEXT NOT NULL,
+            title TEXT NOT NULL,
+            ord INTEGER NOT NULL,
+            depends_on TEXT NOT NULL,
+            status TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            fence INTEGER NOT NULL,
+            added_by TEXT NOT NULL,
+            turn_id TEXT,
+            PRIMARY KEY (loop_id, todo_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX todos_by_status ON todos (loop_id, status, ord, todo_id)",
+        """CREATE TABLE turns (
+            turn_id TEXT PRIMARY KEY,
+            loop_id TEXT NOT NULL,
+            todo_id TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            fence INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            claimed_at TEXT NOT NULL,
+            lease_expires_at TEXT NOT NULL,
+            closed_at TEXT,
+            outcome TEXT
+        )""",
+        "CREATE INDEX turns_by_status ON turns (loop_id, status, lease_expires_at)",
+        "CREATE INDEX turns_by_agent ON turns (loop_id, agent, status)",
+        "CREATE INDEX turns_by_claim_time ON turns (loop_id, claimed_at)",
+        """CREATE TABLE approvals (
+            approval_id TEXT PRIMARY KEY,
+            loop_id TEXT NOT NULL,
+            turn_id TEXT NOT NULL,
+            todo_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            summary TEXT NOT NULL,
+            artifact_digest TEXT,
+            status TEXT NOT NULL,
+            requested_by TEXT NOT NULL,
+            requested_at TEXT NOT NULL,
+            decided_by TEXT,
+            decided_at TEXT,
+            expires_at TEXT,
+            reason TEXT,
+            consumed_by TEXT
+        )""",
+        "CREATE INDEX approvals_by_status ON approvals (loop_id, status)",
+        # Operational records (not part of the projection).
+        """CREATE TABLE idempotency (
+            principal TEXT NOT NULL,
+            key TEXT NOT NULL,
+            operation TEXT NOT NULL,
+            request_digest TEXT NOT NULL,
+            response TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (principal, key)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE tokens (
+            token_hash TEXT PRIMARY KEY,
+            token_id TEXT NOT NULL UNIQUE,
+            agent TEXT NOT NULL,
+            role TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            revoked_at TEXT
+        )""",
+        """CREATE TABLE keys (
+            key_id TEXT PRIMARY KEY,
+            public_key TEXT NOT NULL,
+            first_used_at TEXT NOT NULL
+        )""",
+    ),
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)

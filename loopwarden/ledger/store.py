@@ -1,0 +1,467 @@
+"""The store: the only writer. One SQLite file (WAL), shared safely by several processes.
+
+One write path. `Store.write(fn)` runs `fn(tx)` inside one `BEGIN IMMEDIATE` transaction on the
+store's worker thread: `fn` reads current state and decides, and each `tx.append(...)` seals a
+receipt, chains it to the loop's previous one, extends the Merkle frontier and folds it into the
+projection tables. Either everything `fn` did commits, or nothing does.
+
+Why a sync transaction body on a worker thread (and not a statement-per-await async driver):
+no `await` can split a transaction, so a cancelled caller can never leave one half done, and a
+whole governed step costs one thread hop instead of one per statement.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from loopwarden.canonical import canonical_bytes
+from loopwarden.clock import Clock, format_time, system_clock
+from loopwarden.errors import Conflict, IntegrityError, NotFound, StoreError
+from loopwarden.ledger import merkle
+from loopwarden.ledger.checkpoints import sign_checkpoint
+from loopwarden.ledger.events import Fact, ReceiptBody
+from loopwarden.ledger.keys import Signer, public_key_b64
+from loopwarden.ledger.projection import LoopView, apply, touched
+from loopwarden.ledger.reader import (
+    APPROVAL_COLUMNS,
+    LOOP_COLUMNS,
+    TODO_COLUMNS,
+    TURN_COLUMNS,
+    PolicyCache,
+    Reader,
+    as_sql,
+    loop_to_sql,
+    todo_to_sql,
+)
+from loopwarden.ledger.receipts import Sealed, seal
+from loopwarden.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+from loopwarden.policy.decision import Decision
+from loopwarden.principals import Principal
+
+T = TypeVar("T")
+Synchronous = Literal["full", "normal"]
+BUSY_TIMEOUT_MS = 30_000
+
+
+def _qmarks(columns: str) -> str:
+    return ",".join("?" for _ in columns.split(","))
+
+
+def connect(
+    path: Path, *, synchronous: Synchronous = "full", readonly: bool = False
+) -> sqlite3.Connection:
+    """Open a connection with loopwarden's pragmas (WAL, busy timeout, durability)."""
+    try:
+        if readonly:
+            conn = sqlite3.connect(
+                f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+            )
+        else:
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if not readonly:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open the database: {exc}") from None
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring the schema to `SCHEMA_VERSION`; refuse a database from a newer loopwarden."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"the database has schema version {version}; this loopwarden knows {SCHEMA_VERSION}. "
+                "Upgrade loopwarden."
+            )
+        for number in range(version, SCHEMA_VERSION):
+            for statement in MIGRATIONS[number]:
+                conn.execute(statement)
+        if version == 0:
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('origin', ?)",
+                (f"loopwarden.local/{secrets.token_hex(8)}",),
+            )
+            conn.execute("INSERT INTO log_state (id, size, frontier) VALUES (1, 0, x'')")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+@dataclass(frozen=True)
+class Appended:
+    """A receipt made durable by its transaction: identity, position, and the folded view."""
+
+    sealed: Sealed
+    body: ReceiptBody
+    leaf_index: int
+    view: LoopView
+
+    @property
+    def receipt_id(self) -> str:
+        return self.sealed.receipt_id
+
+    @property
+    def seq(self) -> int:
+        return self.body.seq
+
+
+class Txn(Reader):
+    """An open write transaction. Reads see everything appended so far in the same transaction."""
+
+    def __init__(self, store: Store, now: datetime) -> None:
+        super().__init__(store._conn, store.policies)
+        self._store = store
+        self.now_dt = now
+        self.now = format_time(now)
+        self.appended: list[Appended] = []
+
+    # --- receipts -----------------------------------------------------------------------------
+
+    def append(
+        self,
+        loop_id: str,
+        kind: str,
+        principal: Principal,
+        data: Fact,
+        *,
+        decision: Decision | None = None,
+        policy_digest: str | None = None,
+        turn_id: str | None = None,
+        todo_id: str | None = None,
+        approval_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Appended:
+        """Seal one receipt and apply it: journal row, Merkle leaf, projection rows.
+
+        `policy_digest` is required for `loop.opened` and otherwise taken from the loop. Raises
+        `SealError` if the receipt cannot be sealed and `ProjectionError` if it does not fit the
+        loop's state; the caller's transaction then rolls back whole.
+        """
+        loop = self.loop_row(loop_id)
+        if kind == "loop.opened":
+            if loop is not None:
+                raise Conflict(f"loop {loop_id!r} already exists")
+            seq, prev = 1, None
+        else:
+            if loop is None:
+                raise NotFound(f"loop {loop_id!r} does not exist")
+            seq, prev, policy_digest = loop.head_seq + 1, loop.head_digest, loop.policy_digest
+        body = ReceiptBody(
+            loop_id=loop_id,
+            seq=seq,
+            kind=kind,  # type: ignore[arg-type]
+            at=self.now,
+            principal={"id": principal.id, "role": principal.role},  # type: ignore[arg-type]
+            turn_id=turn_id,
+            todo_id=todo_id,
+            approval_id=approval_id,
+            decision=(decision or Decision("allow")).as_dict(),  # type: ignore[arg-type]
+            policy_digest=policy_digest,  # type: ignore[arg-type]
+            data=data.model_dump(mode="json", exclude_none=True),
+            prev=prev,
+            idempotency_key=idempotency_key,
+        )
+        sealed = seal(body.as_json(), self._store.signer)
+        leaf_index = self._append_leaf(body, sealed)
+        if kind == "loop.opened":
+            self.conn.execute(
+                "INSERT OR IGNORE INTO policies (digest, document) VALUES (?, ?)",
+                (policy_digest, canonical_bytes(body.data["policy"]).decode()),
+            )
+        view = self._fold(body, sealed.digest)
+        result = Appended(sealed, body, leaf_index, view)
+        self.appended.append(result)
+        return result
+
+    def _append_leaf(self, body: ReceiptBody, sealed: Sealed) -> int:
+        size, frontier = self.log_state()
+        self.conn.execute(
+            "INSERT INTO journal (leaf_index, loop_id, seq, kind, receipt_id, digest, at, turn_id, "
+            "envelope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                size,
+                body.loop_id,
+                body.seq,
+                body.kind,
+                sealed.receipt_id,
+                sealed.digest,
+                body.at,
+                body.turn_id,
+                sealed.envelope,
+            ),
+        )
+        frontier, nodes = merkle.append_leaf(frontier, size, merkle.leaf_hash(sealed.envelope))
+        self.conn.executemany("INSERT INTO merkle_nodes (level, idx, hash) VALUES (?, ?, ?)", nodes)
+        self.conn.execute(
+            "UPDATE log_state SET size = ?, frontier = ? WHERE id = 1",
+            (size + 1, b"".join(frontier)),
+        )
+        every = self._store.checkpoint_every
+        if every and (size + 1) % every == 0:
+            self._write_checkpoint(size + 1, merkle.root_from_frontier(frontier))
+        return size
+
+    def _fold(self, body: ReceiptBody, digest: str) -> LoopView:
+        before = self.view(body.loop_id, touched(body))
+        old = (
+            {}
+            if before is None
+            else {
+                "todos": dict(before.todos),
+                "turns": dict(before.turns),
+                "approvals": dict(before.approvals),
+            }
+        )
+        after = apply(before, body, digest)
+        self._save(after, old)
+        return after
+
+    def _save(self, view: LoopView, old: dict[str, dict[str, Any]]) -> None:
+        c = self.conn
+        c.execute(
+            f"INSERT OR REPLACE INTO loops ({LOOP_COLUMNS}) VALUES ({_qmarks(LOOP_COLUMNS)})",
+            loop_to_sql(view.loop),
+        )
+        todos = [
+            todo_to_sql(t) for k, t in view.todos.items() if old.get("todos", {}).get(k) is not t
+        ]
+        if todos:
+            c.executemany(
+                f"INSERT OR REPLACE INTO todos ({TODO_COLUMNS}) VALUES ({_qmarks(TODO_COLUMNS)})",
+                todos,
+            )
+        turns = [as_sql(t) for k, t in view.turns.items() if old.get("turns", {}).get(k) is not t]
+        if turns:
+            c.executemany(
+                f"INSERT OR REPLACE INTO turns ({TURN_COLUMNS}) VALUES ({_qmarks(TURN_COLUMNS)})",
+                turns,
+            )
+        approvals = [
+            as_sql(a) for k, a in view.approvals.items() if old.get("approvals", {}).get(k) is not a
+        ]
+        if approvals:
+            c.executemany(
+                f"INSERT OR REPLACE INTO approvals ({APPROVAL_COLUMNS}) "
+                f"VALUES ({_qmarks(APPROVAL_COLUMNS)})",
+                approvals,
+            )
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def _write_checkpoint(self, size: int, root: bytes) -> str:
+        store = self._store
+        note = sign_checkpoint(store.origin, size, root, store.signer)
+        self.conn.execute(
+            "INSERT OR IGNORE INTO checkpoints (size, root, note, key_id, signed_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (size, root, note, store.signer.key_id, self.now),
+        )
+        return note
+
+    def checkpoint(self) -> int:
+        """Sign a checkpoint of the current tree unless one exists for this size; returns the size."""
+        size, frontier = self.log_state()
+        latest = self.latest_checkpoint()
+        if size and (latest is None or latest.size < size):
+            self._write_checkpoint(size, merkle.root_from_frontier(frontier))
+        return size
+
+    # --- operational records ------------------------------------------------------------------
+
+    def remember(
+        self, principal: str, key: str, operation: str, request_digest: str, response: Any
+    ) -> None:
+        """Record the response to an idempotent call (first write wins)."""
+        self.conn.execute(
+            "INSERT INTO idempotency (principal, key, operation, request_digest, response, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (principal, key, operation, request_digest, json.dumps(response), self.now),
+        )
+
+    def add_token(self, token_hash: str, token_id: str, agent: str, role: str) -> None:
+        self.conn.execute(
+            "INSERT INTO tokens (token_hash, token_id, agent, role, created_at) VALUES (?, ?, ?, ?, ?)",
+            (token_hash, token_id, agent, role, self.now),
+        )
+
+    def revoke_token(self, token_id: str) -> bool:
+        cur = self.conn.execute(
+            "UPDATE tokens SET revoked_at = ? WHERE token_id = ? AND revoked_at IS NULL",
+            (self.now, token_id),
+        )
+        return cur.rowcount == 1
+
+    def record_key(self, key_id: str, public_key: bytes) -> None:
+        self.conn.execute(
+            "INSERT OR IGNORE INTO keys (key_id, public_key, first_used_at) VALUES (?, ?, ?)",
+            (key_id, public_key_b64(public_key), self.now),
+        )
+
+
+class Store:
+    """The embedded SQLite store. Open with `await Store.open(...)`; close with `await store.close()`."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: Path,
+        signer: Signer,
+        clock: Clock,
+        checkpoint_every: int,
+    ) -> None:
+        self._conn = conn
+        self.path = path
+        self.signer = signer
+        self.clock = clock
+        self.checkpoint_every = checkpoint_every
+        self.policies = PolicyCache()
+        self._limiter = anyio.CapacityLimiter(1)
+        self.origin = Reader(conn).meta("origin") or "loopwarden.local/unknown"
+
+    @classmethod
+    async def open(
+        cls,
+        path: Path | str,
+        signer: Signer,
+        *,
+        clock: Clock = system_clock,
+        checkpoint_every: int = 256,
+        synchronous: Synchronous = "full",
+        check: bool = True,
+    ) -> Store:
+        """Open (creating and migrating if needed) the database at `path`.
+
+        With `check` (the default) the store refuses to serve a database whose journal head,
+        Merkle frontier and projection disagree: `IntegrityError`, and `loopwarden verify`
+        explains what is wrong.
+        """
+        path = Path(path)
+
+        def _open() -> Store:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = connect(path, synchronous=synchronous)
+            try:
+                migrate(conn)
+                store = cls(conn, path, signer, clock, checkpoint_every)
+                if check:
+                    startup_check(Reader(conn))
+                return store
+            except sqlite3.Error as exc:
+                conn.close()
+                raise StoreError(f"cannot open the database: {exc}") from None
+            except BaseException:
+                conn.close()
+                raise
+
+        store = await anyio.to_thread.run_sync(_open)
+        await store.write(lambda tx: tx.record_key(signer.key_id, signer.public_key))
+        return store
+
+    async def close(self) -> None:
+        await anyio.to_thread.run_sync(self._conn.close, limiter=self._limiter)
+
+    async def write(self, fn: Callable[[Txn], T]) -> T:
+        """Run `fn(tx)` in one `BEGIN IMMEDIATE` transaction; commit if it returns, else roll back.
+
+        Runs to completion even if the awaiting task is cancelled, so a transaction is never cut
+        in half. `sqlite3` failures become `StoreError`; `LoopwardenError`s pass through.
+        """
+        return await anyio.to_thread.run_sync(self._write, fn, limiter=self._limiter)
+
+    def _write(self, fn: Callable[[Txn], T]) -> T:
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"the database is unavailable: {exc}", code="store_busy") from None
+        try:
+            result = fn(Txn(self, self.clock()))
+            conn.execute("COMMIT")
+            return result
+        except sqlite3.Error as exc:
+            self._rollback()
+            raise StoreError(f"database error: {exc}") from exc
+        except BaseException:
+            self._rollback()
+            raise
+
+    def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+    async def read(self, fn: Callable[[Reader], T]) -> T:
+        """Run `fn(reader)` on a consistent snapshot (one read transaction)."""
+        return await anyio.to_thread.run_sync(self._read, fn, limiter=self._limiter)
+
+    def _read(self, fn: Callable[[Reader], T]) -> T:
+        conn = self._conn
+        try:
+            conn.execute("BEGIN")
+            try:
+                return fn(Reader(conn, self.policies))
+            finally:
+                self._rollback()
+        except sqlite3.Error as exc:
+            raise StoreError(f"database error: {exc}") from exc
+
+
+def startup_check(reader: Reader) -> None:
+    """Cheap consistency checks run at open: O(loops + log n), never a journal scan.
+
+    Refuses (IntegrityError) if the journal, the Merkle frontier and the projection heads
+    disagree, e.g. after a restored backup of one file or a hand edit.
+    """
+    problems: list[str] = []
+    size, frontier = reader.log_state()
+    count = reader.journal_count()
+    if count != size:
+        problems.append(f"the journal holds {count} receipts but the Merkle log has {size} leaves")
+    elif size:
+        last = reader.receipt_at(size - 1)
+        try:
+            if last is None or reader.node(0, size - 1) != merkle.leaf_hash(last.envelope):
+                problems.append("the last Merkle leaf does not hash the last journal receipt")
+            if merkle.frontier_at(size, reader.node) != frontier:
+                problems.append("the stored Merkle frontier does not match the stored tree nodes")
+        except LookupError as exc:
+            problems.append(str(exc))
+    rows = reader.conn.execute(
+        "SELECT l.loop_id, l.head_seq, l.head_digest, j.seq, j.digest FROM loops l "
+        "LEFT JOIN (SELECT loop_id, max(seq) AS seq FROM journal GROUP BY loop_id) m "
+        "ON m.loop_id = l.loop_id LEFT JOIN journal j ON j.loop_id = m.loop_id AND j.seq = m.seq"
+    ).fetchall()
+    for loop_id, head_seq, head_digest, seq, digest in rows:
+        if head_seq != seq or head_digest != digest:
+            problems.append(
+                f"loop {loop_id}: the projection head (seq {head_seq}) does not match the journal "
+                f"head (seq {seq})"
+            )
+    orphans = reader.conn.execute(
+        "SELECT DISTINCT loop_id FROM journal WHERE loop_id NOT IN (SELECT loop_id FROM loops)"
+    ).fetchall()
+    for (loop_id,) in orphans:
+        problems.append(f"loop {loop_id} has receipts but no projection")
+    if problems:
+        raise IntegrityError(
+            "refusing to serve a damaged store: "
+            + "; ".join(problems[:5])
+            + ("" if len(problems) <= 5 else f" (+{len(problems) - 5} more)")
+            + ". Run `loopwarden verify` for a full audit."
+        )

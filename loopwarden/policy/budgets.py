@@ -1,0 +1,88 @@
+"""Budget arithmetic: usage totals in exact integer units and the limit/used/remaining view.
+
+Money and wall time arrive as floats; they are charged in integer micro-units so that summing a
+loop's receipts in any process gives exactly the stored counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from loopwarden.policy.model import BUDGET_DIMENSIONS, LoopPolicy
+
+MICRO = 1_000_000
+_MICRO_DIMENSIONS = {"cost_usd": "cost_micros", "wall_seconds": "wall_micros"}
+
+
+def to_micros(value: float) -> int:
+    return round(value * MICRO)
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What a loop has used. `turns` counts admitted claims, open turns included."""
+
+    turns: int = 0
+    model_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    tool_calls: int = 0
+    cost_micros: int = 0
+    wall_micros: int = 0
+
+    def units(self, dimension: str) -> int:
+        """Used amount of a dimension in its integer unit."""
+        return getattr(self, _MICRO_DIMENSIONS.get(dimension, dimension))
+
+    def used(self, dimension: str) -> int | float:
+        """Used amount in the policy's unit (dollars and seconds as floats)."""
+        units = self.units(dimension)
+        return units / MICRO if dimension in _MICRO_DIMENSIONS else units
+
+    def plus(self, other: Totals) -> Totals:
+        return Totals(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def limit_units(policy: LoopPolicy, dimension: str) -> int | None:
+    limit = policy.budgets.limit(dimension)
+    if limit is None:
+        return None
+    return to_micros(limit) if dimension in _MICRO_DIMENSIONS else int(limit)
+
+
+def exhausted(policy: LoopPolicy, totals: Totals) -> list[str]:
+    """Dimensions whose used amount has reached the limit, in display order."""
+    out = []
+    for dimension in BUDGET_DIMENSIONS:
+        limit = limit_units(policy, dimension)
+        if limit is not None and totals.units(dimension) >= limit:
+            out.append(dimension)
+    return out
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    limit: int | float | None
+    used: int | float
+    remaining: int | float | None
+
+
+def budget_lines(policy: LoopPolicy, totals: Totals) -> dict[str, BudgetLine]:
+    """Every dimension: limit (None = no limit), used, remaining (never negative)."""
+    lines = {}
+    for dimension in BUDGET_DIMENSIONS:
+        limit = policy.budgets.limit(dimension)
+        used = totals.used(dimension)
+        if limit is None:
+            remaining = None
+        elif dimension in _MICRO_DIMENSIONS:
+            remaining = max(limit_units(policy, dimension) - totals.units(dimension), 0) / MICRO
+        else:
+            remaining = max(int(limit) - int(used), 0)
+        lines[dimension] = BudgetLine(limit=limit, used=used, remaining=remaining)
+    return lines

@@ -1,0 +1,74 @@
+"""Decisions are values (Cedar style): an effect, typed reasons, and the policy that decided."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Effect = Literal["allow", "deny"]
+
+# Reason codes: a stable public vocabulary. Budget reasons carry the dimension as a suffix.
+LOOP_NOT_ACTIVE = "loop_not_active"
+AGENT_NOT_ALLOWED = "agent_not_allowed"
+BUDGET_EXHAUSTED = "budget_exhausted"  # rendered as budget_exhausted:<dimension>
+RATE_LIMITED = "rate_limited"
+LEASE_LIMIT = "lease_limit"
+AGENT_LEASE_LIMIT = "agent_lease_limit"
+DEADLINE_PASSED = "deadline_passed"
+NO_ELIGIBLE_TODO = "no_eligible_todo"
+TODO_NOT_ELIGIBLE = "todo_not_eligible"
+TOOL_NOT_ALLOWED = "tool_not_allowed"
+TOOL_DENIED = "tool_denied"
+APPROVAL_REQUIRED = "approval_required"
+APPROVAL_INVALID = "approval_invalid"
+APPROVAL_NOT_NEEDED = "approval_not_needed"
+STALE_FENCE = "stale_fence"
+LEASE_EXPIRED = "lease_expired"
+TURN_CLOSED = "turn_closed"
+NOT_TURN_OWNER = "not_turn_owner"
+EVIDENCE_REQUIRED = "evidence_required"
+IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+TODOS_NOT_ADDABLE = "todos_not_addable"
+TODO_LIMIT = "todo_limit"
+EVALUATION_ERROR = "evaluation_error"
+
+VIOLATIONS = frozenset({TOOL_NOT_ALLOWED, TOOL_DENIED, APPROVAL_REQUIRED, APPROVAL_INVALID})
+"""Reasons that count as a policy violation (they trigger `stop.on_violation`)."""
+
+
+def budget_code(dimension: str) -> str:
+    return f"{BUDGET_EXHAUSTED}:{dimension}"
+
+
+@dataclass(frozen=True)
+class Reason:
+    code: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """`allow` with informational reasons, or `deny` with every reason that denied."""
+
+    effect: Effect
+    reasons: tuple[Reason, ...] = field(default=())
+    policy_digest: str = ""
+
+    @property
+    def allowed(self) -> bool:
+        return self.effect == "allow"
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        return tuple(reason.code for reason in self.reasons)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"effect": self.effect, "reasons": [r.as_dict() for r in self.reasons]}
+
+    @staticmethod
+    def of(reasons: list[Reason], policy_digest: str) -> Decision:
+        """Deny if there is any reason, else allow."""
+        return Decision("deny" if reasons else "allow", tuple(reasons), policy_digest)

@@ -1,0 +1,321 @@
+"""The pure evaluator: facts in, `Decision` out. No I/O, no clock, no exceptions.
+
+Every function collects *all* reasons that deny (so a refusal explains itself fully) and fails
+closed: an unexpected error while evaluating is a deny whose reason names the error.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, ParamSpec
+
+from loopwarden.policy import decision as codes
+from loopwarden.policy.budgets import Totals, exhausted
+from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.model import LoopPolicy
+from loopwarden.policy.patterns import first_match
+
+P = ParamSpec("P")
+
+ACTIVE = "active"
+CLOSED_STATUSES = frozenset({"completed", "stopped", "cancelled"})
+
+
+def _fail_closed(fn: Callable[P, Decision]) -> Callable[P, Decision]:
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Decision:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # an evaluation error is a deny, never a crash or an allow
+            reason = Reason(codes.EVALUATION_ERROR, f"policy evaluation failed: {exc!r}")
+            return Decision("deny", (reason,), kwargs.get("digest", "") or "")
+
+    return wrapper
+
+
+# --- tools -----------------------------------------------------------------------------------
+
+Rule = Literal["deny", "approval", "allow", "default"]
+
+
+@dataclass(frozen=True)
+class ToolVerdict:
+    """How a policy treats one tool, and which pattern decided (None for the default deny)."""
+
+    tool: str
+    rule: Rule
+    pattern: str | None
+
+    @property
+    def effect(self) -> Literal["allow", "deny", "approval"]:
+        if self.rule == "allow":
+            return "allow"
+        if self.rule == "approval":
+            return "approval"
+        return "deny"
+
+    def explain(self) -> str:
+        if self.rule == "default":
+            return f"{self.tool}: denied (no allow pattern matches; default deny)"
+        verb = {"deny": "denied", "approval": "needs approval", "allow": "allowed"}[self.rule]
+        return f"{self.tool}: {verb} by tools.{self.rule} pattern {self.pattern!r}"
+
+
+def explain(policy: LoopPolicy, tool: str) -> ToolVerdict:
+    """Classify `tool`: deny beats approval beats allow beats the default deny."""
+    for rule, patterns in (
+        ("deny", policy.tools.deny),
+        ("approval", policy.tools.approval),
+        ("allow", policy.tools.allow),
+    ):
+        pattern = first_match(patterns, tool)
+        if pattern is not None:
+            return ToolVerdict(tool, rule, pattern)  # type: ignore[arg-type]
+    return ToolVerdict(tool, "default", None)
+
+
+def tool_reasons(
+    policy: LoopPolicy, tools: Iterable[str], approved: frozenset[str]
+) -> list[Reason]:
+    """Reasons the use of `tools` is not admitted; `approved` are tools covered by approvals."""
+    reasons = []
+    for tool in tools:
+        verdict = explain(policy, tool)
+        if verdict.rule == "deny":
+            reasons.append(Reason(codes.TOOL_DENIED, verdict.explain()))
+        elif verdict.rule == "default":
+            reasons.append(Reason(codes.TOOL_NOT_ALLOWED, verdict.explain()))
+        elif verdict.rule == "approval" and tool not in approved:
+            reasons.append(
+                Reason(codes.APPROVAL_REQUIRED, f"{verdict.explain()}; cite an approved approval")
+            )
+    return reasons
+
+
+@_fail_closed
+def evaluate_tools(
+    policy: LoopPolicy, tools: Iterable[str], approved: frozenset[str] = frozenset(), *, digest: str
+) -> Decision:
+    return Decision.of(tool_reasons(policy, tools, approved), digest)
+
+
+# --- claims ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimFacts:
+    """What the store knows at the moment of a claim (leases already expired)."""
+
+    agent: str
+    status: str
+    now: datetime
+    totals: Totals
+    active: int
+    active_for_agent: int
+    claims_in_window: int
+
+
+def claim_reasons(policy: LoopPolicy, facts: ClaimFacts) -> list[Reason]:
+    reasons = []
+    if facts.status != ACTIVE:
+        reasons.append(Reason(codes.LOOP_NOT_ACTIVE, f"the loop is {facts.status}"))
+    deadline = policy.stop.deadline
+    if deadline is not None and facts.now >= deadline:
+        reasons.append(Reason(codes.DEADLINE_PASSED, f"the loop's deadline {deadline} has passed"))
+    if not policy.admits_agent(facts.agent):
+        reasons.append(
+            Reason(codes.AGENT_NOT_ALLOWED, f"agent {facts.agent!r} is not in the policy's agents")
+        )
+    for dimension in exhausted(policy, facts.totals):
+        reasons.append(
+            Reason(
+                codes.budget_code(dimension),
+                f"the {dimension} budget is used up ({facts.totals.used(dimension)} of "
+                f"{policy.budgets.limit(dimension)})",
+            )
+        )
+    rate = policy.rate
+    if rate.limited and facts.claims_in_window >= rate.turns_per_window:  # type: ignore[operator]
+        reasons.append(
+            Reason(
+                codes.RATE_LIMITED,
+                f"{facts.claims_in_window} turns in the last {rate.window_seconds}s "
+                f"(limit {rate.turns_per_window})",
+            )
+        )
+    if facts.active >= policy.claims.max_active:
+        reasons.append(
+            Reason(
+                codes.LEASE_LIMIT, f"{facts.active} active leases (max {policy.claims.max_active})"
+            )
+        )
+    if facts.active_for_agent >= policy.claims.max_active_per_agent:
+        reasons.append(
+            Reason(
+                codes.AGENT_LEASE_LIMIT,
+                f"agent {facts.agent!r} holds {facts.active_for_agent} active leases "
+                f"(max {policy.claims.max_active_per_agent})",
+            )
+        )
+    return reasons
+
+
+@_fail_closed
+def evaluate_claim(policy: LoopPolicy, facts: ClaimFacts, *, digest: str) -> Decision:
+    """May `facts.agent` open a turn now? Todo eligibility is decided separately (not policy)."""
+    return Decision.of(claim_reasons(policy, facts), digest)
+
+
+# --- reports (update) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReportFacts:
+    """A turn report against the turn and todo as stored."""
+
+    agent: str
+    loop_status: str
+    turn_agent: str
+    turn_status: str
+    turn_fence: int
+    todo_fence: int
+    given_fence: int
+    lease_expires_at: datetime
+    now: datetime
+    outcome: str
+    has_evidence: bool
+    tools: tuple[str, ...]
+    approved_tools: frozenset[str]
+    approval_problems: tuple[Reason, ...] = ()
+
+
+@_fail_closed
+def evaluate_report(policy: LoopPolicy, facts: ReportFacts, *, digest: str) -> Decision:
+    """Is this turn report admissible?
+
+    Ownership is checked first and alone: a caller reporting on someone else's turn learns
+    nothing more about it. Then the turn's liveness (closed, stale fence, expired lease, loop
+    closed), then tool use and approvals (violations), then evidence rules.
+    """
+    if facts.agent != facts.turn_agent:
+        return Decision.of(
+            [Reason(codes.NOT_TURN_OWNER, "this turn belongs to another agent")], digest
+        )
+    reasons = []
+    if facts.loop_status in CLOSED_STATUSES:
+        reasons.append(Reason(codes.LOOP_NOT_ACTIVE, f"the loop is {facts.loop_status}"))
+    if facts.turn_status != "open":
+        reasons.append(Reason(codes.TURN_CLOSED, f"the turn is already {facts.turn_status}"))
+    if facts.given_fence != facts.turn_fence or facts.turn_fence != facts.todo_fence:
+        reasons.append(
+            Reason(
+                codes.STALE_FENCE,
+                f"fence {facts.given_fence} is not current (the todo's fence is {facts.todo_fence})",
+            )
+        )
+    if facts.turn_status == "open" and facts.now > facts.lease_expires_at:
+        reasons.append(Reason(codes.LEASE_EXPIRED, "the turn's lease expired before this update"))
+    reasons.extend(facts.approval_problems)
+    reasons.extend(tool_reasons(policy, facts.tools, facts.approved_tools))
+    if (
+        facts.outcome == "completed"
+        and policy.stop.require_evidence_for_completion
+        and not facts.has_evidence
+    ):
+        reasons.append(
+            Reason(codes.EVIDENCE_REQUIRED, "completing a todo needs at least one evidence item")
+        )
+    return Decision.of(reasons, digest)
+
+
+# --- todos -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TodoAddFacts:
+    agent: str
+    is_operator: bool
+    loop_status: str
+    todo_count: int
+    adding: int = 1
+
+
+@_fail_closed
+def evaluate_todo_add(policy: LoopPolicy, facts: TodoAddFacts, *, digest: str) -> Decision:
+    reasons = []
+    if facts.loop_status in CLOSED_STATUSES:
+        reasons.append(Reason(codes.LOOP_NOT_ACTIVE, f"the loop is {facts.loop_status}"))
+    if not facts.is_operator:
+        if not policy.admits_agent(facts.agent):
+            reasons.append(
+                Reason(
+                    codes.AGENT_NOT_ALLOWED, f"agent {facts.agent!r} is not in the policy's agents"
+                )
+            )
+        if not policy.todos.agents_may_add:
+            reasons.append(
+                Reason(codes.TODOS_NOT_ADDABLE, "the policy does not let agents add todos")
+            )
+    if facts.todo_count + facts.adding > policy.todos.max_todos:
+        reasons.append(
+            Reason(
+                codes.TODO_LIMIT,
+                f"the loop has {facts.todo_count} todos (max {policy.todos.max_todos})",
+            )
+        )
+    return Decision.of(reasons, digest)
+
+
+# --- stop rules ------------------------------------------------------------------------------
+
+ALL_TODOS_DONE = "all_todos_done"
+MAX_TURNS = "max_turns"
+DEADLINE = "deadline"
+REPEATED_FAILURE = "repeated_failure"
+POLICY_VIOLATION = "policy_violation"
+
+
+@dataclass(frozen=True)
+class StopFacts:
+    status: str
+    totals: Totals
+    open_turns: int
+    todos_total: int
+    todos_done: int
+    failure_streak: int
+    now: datetime
+
+
+def evaluate_stop(policy: LoopPolicy, facts: StopFacts) -> Reason | None:
+    """The stop rule that fires now, if any, in precedence order.
+
+    Completion first (all todos done), then a budget dimension used up, then `max_turns` once
+    no turn is open, then the deadline, then the same failure `repeated_failure_limit` times in
+    a row. Rules apply to active and paused loops; a closed loop never stops twice.
+    """
+    if facts.status in CLOSED_STATUSES:
+        return None
+    if facts.todos_total and facts.todos_done == facts.todos_total:
+        return Reason(ALL_TODOS_DONE, f"all {facts.todos_total} todos are done")
+    for dimension in exhausted(policy, facts.totals):
+        if dimension != "turns":
+            return Reason(
+                codes.budget_code(dimension),
+                f"the {dimension} budget is used up ({facts.totals.used(dimension)} of "
+                f"{policy.budgets.limit(dimension)})",
+            )
+    max_turns = policy.budgets.max_turns
+    if max_turns is not None and facts.totals.turns >= max_turns and facts.open_turns == 0:
+        return Reason(MAX_TURNS, f"all {max_turns} turns of the budget are used")
+    deadline = policy.stop.deadline
+    if deadline is not None and facts.now >= deadline:
+        return Reason(DEADLINE, f"the deadline {deadline} has passed")
+    if facts.failure_streak >= policy.stop.repeated_failure_limit:
+        return Reason(
+            REPEATED_FAILURE,
+            f"the same failure was reported {facts.failure_streak} times in a row",
+        )
+    return None

@@ -1,0 +1,75 @@
+"""Parse a policy from TOML, YAML or JSON text. Pure: the caller reads the file.
+
+Every failure is one `PolicyError` whose message names the file, the field and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from loopwarden.errors import PolicyError
+from loopwarden.policy.model import LoopPolicy
+
+FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "json"}
+
+
+def format_for(filename: str) -> str:
+    """The policy format named by a file's extension; `PolicyError` for any other extension."""
+    lower = filename.lower()
+    for ext, fmt in FORMATS.items():
+        if lower.endswith(ext):
+            return fmt
+    raise PolicyError(f"{filename}: unknown policy file extension; use .toml, .yaml, .yml or .json")
+
+
+def _decode(text: str, fmt: str, source: str) -> Any:
+    try:
+        if fmt == "toml":
+            return tomllib.loads(text)
+        if fmt == "yaml":
+            return yaml.safe_load(text)
+        if fmt == "json":
+            return json.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{source}: malformed TOML: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{source}: malformed YAML: {exc}".rstrip()) from None
+    except json.JSONDecodeError as exc:
+        raise PolicyError(f"{source}: malformed JSON: {exc}") from None
+    raise PolicyError(f"{source}: unknown policy format {fmt!r}")
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    problems = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in error["loc"]) or "(policy)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        problems.append(f"{where}: {message}")
+    return f"{source}: invalid policy: " + "; ".join(problems)
+
+
+def policy_from_data(data: Any, source: str = "policy") -> LoopPolicy:
+    """Validate already-decoded data (a mapping) as a `LoopPolicy`."""
+    if not isinstance(data, dict):
+        raise PolicyError(f"{source}: a policy must be a table/mapping at the top level")
+    try:
+        return LoopPolicy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(_describe(exc, source)) from None
+
+
+def parse_policy(text: str, fmt: str, source: str = "policy") -> LoopPolicy:
+    """Decode `text` in `fmt` (`toml`, `yaml` or `json`) and validate it."""
+    return policy_from_data(_decode(text, fmt, source), source)
+
+
+def policy_schema() -> dict[str, Any]:
+    """The JSON Schema of a policy document."""
+    return LoopPolicy.model_json_schema()

@@ -1,0 +1,187 @@
+"""`LoopPolicy`: the declarative rules of one loop, parsed once and normalized.
+
+Normalization makes equal policies equal: pattern and agent lists are sorted and de-duplicated
+(their order never changes a decision), every default is written out. The digest of the
+normalized form versions the policy (see `digest.py`).
+
+Safe defaults: an empty `tools.allow` allows nothing; `agents` defaults to nobody; a policy that
+sets no budget at all is refused, so "unlimited" is never an accident (a single missing key still
+means no limit on that one dimension, as the policy contract says).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from loopwarden.policy.patterns import check_pattern
+
+AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$")
+
+BUDGET_DIMENSIONS: tuple[str, ...] = (
+    "turns",
+    "model_calls",
+    "input_tokens",
+    "output_tokens",
+    "tool_calls",
+    "cost_usd",
+    "wall_seconds",
+)
+"""Budget dimensions, in display order. `turns` is limited by `max_turns`, the rest by `max_<dim>`."""
+
+MAX_TODOS_CEILING = 100_000
+
+
+def _sorted_unique(values: list[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(values)))
+
+
+def _check_agents(values: tuple[str, ...]) -> tuple[str, ...]:
+    for agent in values:
+        if agent != "*" and not AGENT_ID_RE.fullmatch(agent):
+            raise ValueError(
+                f"invalid agent id {agent!r}: use 1-64 characters of letters, digits and "
+                "'_.@:-', starting with a letter or digit, or '*' for any authenticated agent"
+            )
+    return values
+
+
+def _check_patterns(values: tuple[str, ...]) -> tuple[str, ...]:
+    for pattern in values:
+        check_pattern(pattern)
+    return values
+
+
+Patterns = Annotated[
+    tuple[str, ...], AfterValidator(_sorted_unique), AfterValidator(_check_patterns)
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ToolRules(_Section):
+    """Which tools an agent may use. Precedence: deny > approval > allow > default deny."""
+
+    allow: Patterns = Field(default=(), description="Tools usable without approval.")
+    deny: Patterns = Field(default=(), description="Tools never usable; deny always wins.")
+    approval: Patterns = Field(
+        default=(), description="Tools usable only with an approved, unconsumed approval."
+    )
+
+    @model_validator(mode="after")
+    def _no_contradictions(self) -> ToolRules:
+        lists = {"allow": self.allow, "deny": self.deny, "approval": self.approval}
+        names = list(lists)
+        for i, first in enumerate(names):
+            for second in names[i + 1 :]:
+                both = sorted(set(lists[first]) & set(lists[second]))
+                if both:
+                    raise ValueError(
+                        f"pattern {both[0]!r} is listed in both tools.{first} and "
+                        f"tools.{second}; keep it in one list"
+                    )
+        return self
+
+
+class Budgets(_Section):
+    """Limits per loop. A missing key means no limit on that dimension."""
+
+    max_turns: int | None = Field(default=None, ge=1, le=10_000_000)
+    max_model_calls: int | None = Field(default=None, ge=0, le=10**12)
+    max_input_tokens: int | None = Field(default=None, ge=0, le=10**15)
+    max_output_tokens: int | None = Field(default=None, ge=0, le=10**15)
+    max_tool_calls: int | None = Field(default=None, ge=0, le=10**12)
+    max_cost_usd: float | None = Field(default=None, ge=0, le=10**9, allow_inf_nan=False)
+    max_wall_seconds: float | None = Field(default=None, ge=0, le=10**9, allow_inf_nan=False)
+
+    def limit(self, dimension: str) -> float | int | None:
+        return getattr(self, f"max_{dimension}")
+
+    def is_empty(self) -> bool:
+        return all(self.limit(dim) is None for dim in BUDGET_DIMENSIONS)
+
+
+class Rate(_Section):
+    """At most `turns_per_window` claims in any sliding `window_seconds`."""
+
+    turns_per_window: int | None = Field(default=None, ge=1, le=10**9)
+    window_seconds: int | None = Field(default=None, ge=1, le=366 * 86400)
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> Rate:
+        if (self.turns_per_window is None) != (self.window_seconds is None):
+            raise ValueError("rate needs both turns_per_window and window_seconds, or neither")
+        return self
+
+    @property
+    def limited(self) -> bool:
+        return self.turns_per_window is not None
+
+
+class Claims(_Section):
+    """Leases and concurrency."""
+
+    lease_seconds: int = Field(default=900, ge=1, le=7 * 86400)
+    max_active: int = Field(default=4, ge=1, le=10_000)
+    max_active_per_agent: int = Field(default=1, ge=1, le=10_000)
+    max_attempts: int = Field(default=3, ge=1, le=1_000)
+
+    @model_validator(mode="after")
+    def _per_agent_within_total(self) -> Claims:
+        if self.max_active_per_agent > self.max_active:
+            raise ValueError(
+                f"claims.max_active_per_agent ({self.max_active_per_agent}) is larger than "
+                f"claims.max_active ({self.max_active})"
+            )
+        return self
+
+
+class StopRules(_Section):
+    """When the loop stops by itself."""
+
+    on_violation: Literal["stop_loop", "refuse_turn"] = "stop_loop"
+    repeated_failure_limit: int = Field(default=3, ge=1, le=1_000)
+    require_evidence_for_completion: bool = True
+    deadline: datetime | None = None
+
+    @model_validator(mode="after")
+    def _aware_deadline(self) -> StopRules:
+        if self.deadline is not None and self.deadline.tzinfo is None:
+            raise ValueError("stop.deadline needs a time zone, e.g. 2026-12-31T00:00:00Z")
+        return self
+
+
+class TodoRules(_Section):
+    agents_may_add: bool = False
+    max_todos: int = Field(default=1_000, ge=1, le=MAX_TODOS_CEILING)
+
+
+class LoopPolicy(_Section):
+    """The rules of one loop. Parse with `parse_policy`; version with `policy_digest`."""
+
+    agents: Annotated[
+        tuple[str, ...], AfterValidator(_sorted_unique), AfterValidator(_check_agents)
+    ] = Field(default=(), description="Agent ids allowed to work the loop, or ['*'].")
+    tools: ToolRules = ToolRules()
+    budgets: Budgets = Budgets()
+    rate: Rate = Rate()
+    claims: Claims = Claims()
+    stop: StopRules = StopRules()
+    todos: TodoRules = TodoRules()
+
+    @model_validator(mode="after")
+    def _some_budget(self) -> LoopPolicy:
+        if self.budgets.is_empty():
+            raise ValueError(
+                "budgets: set at least one limit (max_turns is the usual one); a policy with no "
+                "budget at all is refused so that 'unlimited' is never an accident"
+            )
+        return self
+
+    def admits_agent(self, agent_id: str) -> bool:
+        return "*" in self.agents or agent_id in self.agents

@@ -1,0 +1,23 @@
+"""Who calls: an authenticated agent or operator. Identity never comes from a tool argument."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["agent", "operator"]
+PRINCIPAL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$"
+
+
+class Principal(BaseModel):
+    """An authenticated caller. Built by the server from a bearer token or the launch configuration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=PRINCIPAL_ID_PATTERN, description="Agent or operator id.")
+    role: Role = "agent"
+
+    @property
+    def is_operator(self) -> bool:
+        return self.role == "operator"

@@ -1,0 +1,161 @@
+"""Result pieces and helpers shared by several operations."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from loopwarden.canonical import digest_of
+from loopwarden.clock import format_time
+from loopwarden.errors import InvalidInput, NotFound
+from loopwarden.ledger.projection import LoopRow
+from loopwarden.ledger.reader import Reader
+from loopwarden.policy.budgets import budget_lines
+from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.model import LoopPolicy
+
+Status = Literal["active", "paused", "completed", "stopped", "cancelled"]
+Route = Literal["continue", "wait", "user_action_required", "stop"]
+IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReasonOut(Model):
+    code: str = Field(
+        description="Stable reason code, e.g. tool_denied or budget_exhausted:cost_usd."
+    )
+    message: str = Field(description="Human-readable explanation.")
+
+
+class BudgetOut(Model):
+    limit: int | float | None = Field(description="The policy's limit; null means no limit.")
+    used: int | float
+    remaining: int | float | None = Field(
+        description="limit - used, never negative; null if no limit."
+    )
+
+
+class RateOut(Model):
+    turns_per_window: int | None
+    window_seconds: int | None
+    used: int = Field(description="Turns claimed in the current window.")
+    remaining: int | None
+
+
+def reasons_out(reasons: tuple[Reason, ...] | list[Reason]) -> list[ReasonOut]:
+    return [ReasonOut(code=r.code, message=r.message) for r in reasons]
+
+
+def budgets_out(policy: LoopPolicy, loop: LoopRow) -> dict[str, BudgetOut]:
+    return {
+        dim: BudgetOut(limit=line.limit, used=line.used, remaining=line.remaining)
+        for dim, line in budget_lines(policy, loop.totals).items()
+    }
+
+
+def rate_out(policy: LoopPolicy, reader: Reader, loop_id: str, now: datetime) -> RateOut:
+    rate = policy.rate
+    used = claims_in_window(policy, reader, loop_id, now)
+    remaining = None if rate.turns_per_window is None else max(rate.turns_per_window - used, 0)
+    return RateOut(
+        turns_per_window=rate.turns_per_window,
+        window_seconds=rate.window_seconds,
+        used=used,
+        remaining=remaining,
+    )
+
+
+def claims_in_window(policy: LoopPolicy, reader: Reader, loop_id: str, now: datetime) -> int:
+    if policy.rate.window_seconds is None:
+        return 0
+    since = format_time(now - timedelta(seconds=policy.rate.window_seconds))
+    return reader.claims_since(loop_id, since)
+
+
+def require_loop(reader: Reader, loop_id: str) -> LoopRow:
+    loop = reader.loop_row(loop_id)
+    if loop is None:
+        raise NotFound(f"no loop with id {loop_id!r}")
+    return loop
+
+
+def request_digest(operation: str, request: BaseModel) -> str:
+    """What an idempotency key is bound to: the operation and every argument but the key."""
+    return digest_of(
+        {
+            "operation": operation,
+            "request": request.model_dump(mode="json", exclude={"idempotency_key"}),
+        }
+    )
+
+
+def replay(
+    reader: Reader,
+    principal: str,
+    key: str | None,
+    operation: str,
+    digest: str,
+    result_type: type[M],
+) -> M | Literal["conflict"] | None:
+    """The stored result for a repeated idempotent call, `"conflict"` if the key was used with
+    other arguments (or for another operation), or None if the key is new."""
+    if key is None:
+        return None
+    prior = reader.idempotency(principal, key)
+    if prior is None:
+        return None
+    stored_operation, stored_digest, response = prior
+    if stored_operation != operation or stored_digest != digest:
+        return "conflict"
+    return result_type.model_validate_json(response)
+
+
+def dump(result: BaseModel) -> dict[str, Any]:
+    return result.model_dump(mode="json")
+
+
+def deny(code: str, message: str, digest: str = "") -> Decision:
+    return Decision("deny", (Reason(code, message),), digest)
+
+
+def check_todo_graph(
+    ids: list[str], deps: dict[str, tuple[str, ...]], known_done: set[str] | None = None
+) -> None:
+    """Todo ids are unique, dependencies name known todos, and there is no cycle."""
+    seen: set[str] = set()
+    for todo_id in ids:
+        if todo_id in seen:
+            raise InvalidInput(f"todo id {todo_id!r} is used twice")
+        seen.add(todo_id)
+    for todo_id, needs in deps.items():
+        for dep in needs:
+            if dep == todo_id:
+                raise InvalidInput(f"todo {todo_id!r} depends on itself")
+            if dep not in seen and (known_done is None or dep not in known_done):
+                raise InvalidInput(f"todo {todo_id!r} depends on unknown todo {dep!r}")
+    # Kahn's algorithm: anything left over sits on a cycle.
+    indegree = {t: sum(1 for d in deps.get(t, ()) if d in seen) for t in ids}
+    dependents: dict[str, list[str]] = {t: [] for t in ids}
+    for t in ids:
+        for d in deps.get(t, ()):
+            if d in dependents:
+                dependents[d].append(t)
+    ready = [t for t, n in indegree.items() if n == 0]
+    done = 0
+    while ready:
+        current = ready.pop()
+        done += 1
+        for nxt in dependents[current]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    if done != len(ids):
+        stuck = sorted(t for t, n in indegree.items() if n > 0)
+        raise InvalidInput(f"todo dependencies form a cycle among {', '.join(stuck[:5])}")

@@ -1,0 +1,304 @@
+"""`update`: the agent's self-report that closes a turn — checked, charged, sealed, routed."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from loopwarden.clock import parse_time
+from loopwarden.errors import NotFound
+from loopwarden.ledger.events import (
+    MAX_EVIDENCE_ITEMS,
+    MAX_SUMMARY,
+    MAX_TOOLS_USED,
+    ApprovalId,
+    Evidence,
+    Outcome,
+    ToolUse,
+    TurnId,
+    TurnRefused,
+    TurnReported,
+    Usage,
+    check_evidence_size,
+)
+from loopwarden.ledger.projection import ApprovalRow, TurnRow
+from loopwarden.ledger.store import Txn
+from loopwarden.policy import decision as codes
+from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.evaluate import POLICY_VIOLATION, ReportFacts, evaluate_report
+from loopwarden.principals import Principal
+from loopwarden.tools.common import (
+    IDEMPOTENCY_KEY_PATTERN,
+    BudgetOut,
+    Model,
+    ReasonOut,
+    Route,
+    Status,
+    budgets_out,
+    deny,
+    dump,
+    reasons_out,
+    replay,
+    request_digest,
+    require_loop,
+)
+from loopwarden.tools.kernel import Kernel
+from loopwarden.tools.rules import apply_stop_rules, close_loop, expire_leases, route_for
+
+# Reasons meaning "this turn is no longer yours to report on": the work is charged, nothing else.
+LATE = frozenset({codes.TURN_CLOSED, codes.STALE_FENCE, codes.LEASE_EXPIRED, codes.LOOP_NOT_ACTIVE})
+
+
+class UpdateRequest(Model):
+    turn_id: TurnId
+    fence: int = Field(ge=0, le=2**53, description="The fence returned by claim.")
+    outcome: Outcome
+    tools_used: list[ToolUse] = Field(default_factory=list, max_length=MAX_TOOLS_USED)
+    usage: Usage = Field(default_factory=Usage)
+    evidence: list[Evidence] = Field(default_factory=list, max_length=MAX_EVIDENCE_ITEMS)
+    summary: str = Field(max_length=MAX_SUMMARY)
+    failure_signature: str | None = Field(default=None, min_length=1, max_length=200)
+    approval_ids: list[ApprovalId] = Field(default_factory=list, max_length=MAX_TOOLS_USED)
+    idempotency_key: str = Field(pattern=IDEMPOTENCY_KEY_PATTERN)
+
+    @field_validator("evidence")
+    @classmethod
+    def _evidence_size(cls, value: list[Evidence]) -> list[Evidence]:
+        check_evidence_size(value)
+        return value
+
+    @field_validator("tools_used")
+    @classmethod
+    def _distinct_tools(cls, value: list[ToolUse]) -> list[ToolUse]:
+        names = [t.name for t in value]
+        if len(set(names)) != len(names):
+            raise ValueError("list each tool once, with its count")
+        return value
+
+
+class UpdateResult(Model):
+    accepted: bool
+    reasons: list[ReasonOut]
+    route: Route = Field(description="continue | wait | user_action_required | stop")
+    status: Status
+    stop_reason: str | None
+    loop_id: str
+    turn_id: str
+    todo_status: str | None = Field(description="The todo's status after this update.")
+    receipt_id: str
+    seq: int
+    digest: str
+    budgets: dict[str, BudgetOut]
+
+
+def _report(req: UpdateRequest, turn: TurnRow) -> dict:
+    return dict(
+        turn_id=turn.turn_id,
+        todo_id=turn.todo_id,
+        fence=req.fence,
+        outcome=req.outcome,
+        tools_used=tuple(req.tools_used),
+        usage=req.usage,
+        evidence=tuple(req.evidence),
+        summary=req.summary,
+        failure_signature=req.failure_signature,
+        approval_ids=tuple(dict.fromkeys(req.approval_ids)),
+    )
+
+
+def _check_approvals(
+    req: UpdateRequest, turn: TurnRow, approvals: dict[str, ApprovalRow], now: str
+) -> tuple[frozenset[str], tuple[Reason, ...]]:
+    """Tools covered by the cited approvals, and what is wrong with any cited approval.
+
+    An approval covers its tool for the turn that requested it, once: it must be approved, not
+    expired, not consumed, and if it is bound to an artifact digest, the report's evidence must
+    carry that digest.
+    """
+    covered, problems = set(), []
+    digests = {e.digest for e in req.evidence if e.digest}
+    for approval_id in dict.fromkeys(req.approval_ids):
+        approval = approvals.get(approval_id)
+        problem = None
+        if approval is None or approval.turn_id != turn.turn_id:
+            problem = "does not exist for this turn"
+        elif approval.status != "approved":
+            problem = f"is {approval.status}"
+        elif approval.expires_at is not None and now >= approval.expires_at:
+            problem = f"expired at {approval.expires_at}"
+        elif approval.artifact_digest and approval.artifact_digest not in digests:
+            problem = (
+                f"is bound to artifact {approval.artifact_digest}, which no evidence item carries"
+            )
+        if problem:
+            problems.append(Reason(codes.APPROVAL_INVALID, f"approval {approval_id} {problem}"))
+        else:
+            covered.add(approval.tool)  # type: ignore[union-attr]
+    return frozenset(covered), tuple(problems)
+
+
+async def update(kernel: Kernel, who: Principal, req: UpdateRequest) -> UpdateResult:
+    """Close a turn with the agent's report.
+
+    Idempotent: the same principal, key and arguments return the original result; the same key
+    with other arguments is refused (`idempotency_conflict`). Otherwise, in one transaction:
+    - the caller must own the turn (`not_turn_owner`: refused, nothing charged);
+    - the turn must be open with a current fence and a live lease (`turn_closed`,
+      `stale_fence`, `lease_expired`: refused, the usage still charged — the work happened);
+    - every tool used must be allowed, or approval-gated with a valid cited approval; a
+      violation is refused and charged, closes the turn and releases its todo, and with
+      `on_violation = "stop_loop"` stops the loop (`policy_violation`);
+    - completing without evidence when the policy requires it is refused; the turn stays open
+      for a corrected update and nothing is charged;
+    - else `turn.reported`: usage charged, the todo moves per outcome, approvals consumed.
+    Then the stop rules run, and the result carries the route for the next turn.
+    `NotFound` for an unknown turn.
+    """
+    digest = request_digest("update", req)
+
+    def write(tx: Txn) -> UpdateResult:
+        turn = tx.turn(req.turn_id)
+        if turn is None:
+            raise NotFound(f"no turn with id {req.turn_id!r}")
+        prior = replay(tx, who.id, req.idempotency_key, "update", digest, UpdateResult)
+        if prior == "conflict":
+            decision = deny(
+                codes.IDEMPOTENCY_CONFLICT, "this idempotency key was used with other arguments"
+            )
+            return _refused(tx, who, req, turn, decision, charged=False, closes=False)
+        if prior is not None:
+            return prior
+        loop = require_loop(tx, turn.loop_id)
+        policy = tx.policy(loop.policy_digest)
+        todo = tx.todo(loop.loop_id, turn.todo_id)
+        approvals = tx.approvals(req.approval_ids)
+        covered, problems = _check_approvals(req, turn, approvals, tx.now)
+        decision = evaluate_report(
+            policy,
+            ReportFacts(
+                agent=who.id,
+                loop_status=loop.status,
+                turn_agent=turn.agent,
+                turn_status=turn.status,
+                turn_fence=turn.fence,
+                todo_fence=todo.fence if todo else -1,
+                given_fence=req.fence,
+                lease_expires_at=parse_time(turn.lease_expires_at),
+                now=tx.now_dt,
+                outcome=req.outcome,
+                has_evidence=bool(req.evidence),
+                tools=tuple(t.name for t in req.tools_used),
+                approved_tools=covered,
+                approval_problems=problems,
+            ),
+            digest=loop.policy_digest,
+        )
+        if decision.allowed:
+            result = _accepted(tx, who, req, turn, decision)
+        else:
+            result = _handle_refusal(tx, who, req, turn, decision, policy.stop.on_violation)
+        tx.remember(who.id, req.idempotency_key, "update", digest, dump(result))
+        return result
+
+    return await kernel.store.write(write)
+
+
+def _handle_refusal(
+    tx: Txn,
+    who: Principal,
+    req: UpdateRequest,
+    turn: TurnRow,
+    decision: Decision,
+    on_violation: str,
+) -> UpdateResult:
+    found = set(decision.codes)
+    if codes.NOT_TURN_OWNER in found:
+        return _refused(tx, who, req, turn, decision, charged=False, closes=False)
+    if found & LATE:
+        if codes.LEASE_EXPIRED in found:
+            expire_leases(tx, turn.loop_id, who)
+        return _refused(tx, who, req, turn, decision, charged=True, closes=False)
+    if found & codes.VIOLATIONS:
+        result = _refused(tx, who, req, turn, decision, charged=True, closes=True, stop=False)
+        if on_violation == "stop_loop":
+            violation = Reason(POLICY_VIOLATION, "; ".join(r.message for r in decision.reasons))
+            close_loop(tx, turn.loop_id, who, "loop.stopped", violation)
+        else:
+            apply_stop_rules(tx, turn.loop_id, who)
+        return _result(tx, who, turn, False, decision, result.receipt_id, result.seq, result.digest)
+    # Evidence missing (or an evaluation error): correctable, nothing charged, the turn stays open.
+    return _refused(tx, who, req, turn, decision, charged=False, closes=False)
+
+
+def _refused(
+    tx: Txn,
+    who: Principal,
+    req: UpdateRequest,
+    turn: TurnRow,
+    decision: Decision,
+    *,
+    charged: bool,
+    closes: bool,
+    stop: bool = True,
+) -> UpdateResult:
+    sealed = tx.append(
+        turn.loop_id,
+        "turn.refused",
+        who,
+        TurnRefused(**_report(req, turn), charged=charged, closes_turn=closes),
+        decision=decision,
+        turn_id=turn.turn_id,
+        todo_id=turn.todo_id,
+        idempotency_key=req.idempotency_key,
+    )
+    if stop and charged:
+        apply_stop_rules(tx, turn.loop_id, who)
+    return _result(
+        tx, who, turn, False, decision, sealed.receipt_id, sealed.seq, sealed.sealed.digest
+    )
+
+
+def _accepted(
+    tx: Txn, who: Principal, req: UpdateRequest, turn: TurnRow, decision: Decision
+) -> UpdateResult:
+    sealed = tx.append(
+        turn.loop_id,
+        "turn.reported",
+        who,
+        TurnReported(**_report(req, turn)),
+        decision=decision,
+        turn_id=turn.turn_id,
+        todo_id=turn.todo_id,
+        idempotency_key=req.idempotency_key,
+    )
+    apply_stop_rules(tx, turn.loop_id, who)
+    return _result(
+        tx, who, turn, True, decision, sealed.receipt_id, sealed.seq, sealed.sealed.digest
+    )
+
+
+def _result(
+    tx: Txn,
+    who: Principal,
+    turn: TurnRow,
+    accepted: bool,
+    decision: Decision,
+    receipt_id: str,
+    seq: int,
+    digest: str,
+) -> UpdateResult:
+    loop = require_loop(tx, turn.loop_id)
+    todo = tx.todo(turn.loop_id, turn.todo_id)
+    return UpdateResult(
+        accepted=accepted,
+        reasons=reasons_out(decision.reasons),
+        route=route_for(tx, turn.loop_id, who.id, tx.now_dt, tx.now),
+        status=loop.status,  # type: ignore[arg-type]
+        stop_reason=loop.stop_reason,
+        loop_id=turn.loop_id,
+        turn_id=turn.turn_id,
+        todo_status=todo.status if todo else None,
+        receipt_id=receipt_id,
+        seq=seq,
+        digest=digest,
+        budgets=budgets_out(tx.policy(loop.policy_digest), loop),
+    )
