@@ -9,12 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loopwarden.canonical import digest_of
 from loopwarden.clock import format_time
-from loopwarden.errors import InvalidInput, NotFound
+from loopwarden.errors import Forbidden, InvalidInput, NotFound
 from loopwarden.ledger.projection import LoopRow
 from loopwarden.ledger.reader import Reader
 from loopwarden.policy.budgets import budget_lines
 from loopwarden.policy.decision import Decision, Reason
 from loopwarden.policy.model import LoopPolicy
+from loopwarden.principals import Principal
 
 Status = Literal["active", "paused", "completed", "stopped", "cancelled"]
 Route = Literal["continue", "wait", "user_action_required", "stop"]
@@ -84,6 +85,12 @@ def require_loop(reader: Reader, loop_id: str) -> LoopRow:
     if loop is None:
         raise NotFound(f"no loop with id {loop_id!r}")
     return loop
+
+
+def require_visible(reader: Reader, loop: LoopRow, who: Principal) -> None:
+    """Operators see every loop; an agent sees only loops whose policy admits it."""
+    if not who.is_operator and not reader.policy(loop.policy_digest).admits_agent(who.id):
+        raise Forbidden(f"agent {who.id!r} is not among loop {loop.loop_id!r}'s agents")
 
 
 def request_digest(operation: str, request: BaseModel) -> str:

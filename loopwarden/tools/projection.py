@@ -24,6 +24,7 @@ from loopwarden.tools.common import (
     budgets_out,
     rate_out,
     require_loop,
+    require_visible,
 )
 from loopwarden.tools.kernel import Kernel
 
@@ -208,13 +209,14 @@ def attention_for(
 async def projection(kernel: Kernel, who: Principal, req: ProjectionRequest) -> ProjectionResult:
     """The loop's current state: status, budgets, todos, leases, approvals, recent receipts,
     attention (who must act next and why), the next action, warnings and the journal head.
-    Read-only; `NotFound` for an unknown loop."""
+    Read-only; `NotFound` for an unknown loop, `Forbidden` for an agent the loop does not admit."""
     now = kernel.store.clock()
     now_text = format_time(now)
     soon = format_time(now + timedelta(seconds=LEASE_WARNING_SECONDS))
 
     def read(reader: Reader) -> ProjectionResult:
         loop = require_loop(reader, req.loop_id)
+        require_visible(reader, loop, who)
         policy = reader.policy(loop.policy_digest)
         todos = reader.all_todos(loop.loop_id, TODO_PAGE + 1)
         open_turns = reader.loop_turns(loop.loop_id, "open")
@@ -273,7 +275,8 @@ async def projection(kernel: Kernel, who: Principal, req: ProjectionRequest) -> 
     return await kernel.store.read(read)
 
 
-def policy_json(reader: Reader, loop_id: str) -> str:
+def policy_json(reader: Reader, loop_id: str, who: Principal) -> str:
     """The loop's normalized policy document as JSON (for the policy resource)."""
     loop = require_loop(reader, loop_id)
+    require_visible(reader, loop, who)
     return json.dumps(reader.policy_document(loop.policy_digest), indent=2, sort_keys=True)

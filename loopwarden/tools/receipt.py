@@ -15,7 +15,7 @@ from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.receipts import open_envelope
 from loopwarden.ledger.store import Txn
 from loopwarden.principals import Principal
-from loopwarden.tools.common import Model
+from loopwarden.tools.common import Model, require_loop, require_visible
 from loopwarden.tools.kernel import Kernel
 
 
@@ -69,7 +69,8 @@ async def receipt(kernel: Kernel, who: Principal, req: ReceiptRequest) -> Receip
     """Fetch a receipt by id or by (loop_id, seq) with everything needed to check it offline.
 
     If the latest checkpoint predates the receipt, a fresh checkpoint is signed first, so the
-    inclusion proof always covers it. `NotFound` for an unknown receipt.
+    inclusion proof always covers it. `NotFound` for an unknown receipt; `Forbidden` for an agent
+    the receipt's loop does not admit.
     """
 
     def locate(reader: Reader) -> tuple[int, int]:
@@ -81,6 +82,7 @@ async def receipt(kernel: Kernel, who: Principal, req: ReceiptRequest) -> Receip
         if row is None:
             what = req.receipt_id or f"{req.loop_id} #{req.seq}"
             raise NotFound(f"no receipt {what}")
+        require_visible(reader, require_loop(reader, row.loop_id), who)
         latest = reader.latest_checkpoint()
         return row.leaf_index, latest.size if latest else 0
 

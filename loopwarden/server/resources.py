@@ -1,0 +1,138 @@
+"""MCP resources (the same read models as the tools) and the `loop-operator` prompt."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
+
+from loopwarden.errors import LoopwardenError, NotFound
+from loopwarden.ledger.events import ID_PATTERN, RECEIPT_ID_PATTERN
+from loopwarden.ledger.reader import Reader
+from loopwarden.server.runtime import Runtime
+from loopwarden.tools import projection, receipt
+from loopwarden.tools.projection import policy_json
+
+LOOP_OPERATOR_PROMPT = """\
+You are working inside a loop governed by loopwarden{where}. The loop has an objective, a
+policy (who may act, which tools are allowed, denied or need approval, budgets, leases) and
+todos. Every call you make is checked against the policy and sealed as a signed receipt.
+
+Run each turn like this:
+1. quota(loop_id): may you run a turn now? If not, read `reasons` and stop or wait.
+2. claim(loop_id): take the next eligible todo. Note turn_id, fence, lease_expires_at,
+   allowed_tools, approval_tools, denied_tools.
+3. Work on that todo only, using only allowed tools. If you need an approval-gated tool, call
+   request_approval first and wait until an operator approves it; never use denied tools.
+   If the work outlasts the lease, call heartbeat(turn_id, fence).
+4. update(turn_id, fence, outcome, tools_used, usage, evidence, summary, idempotency_key):
+   report honestly - every tool you used with its count, the model calls, tokens, cost and wall
+   time you consumed, and evidence (test output, diffs, digests). Completing a todo needs
+   evidence. Cite approval_ids for approval-gated tools. If a call fails in transit, resend it
+   with the same idempotency_key; after a refusal, fix the report and use a new key.
+5. Respect the route: continue → claim again; wait → pause and check projection later;
+   user_action_required → stop and tell the user what is needed; stop → the loop is over.
+
+Use projection(loop_id) to see the whole state and who must act next, and receipt(...) to
+prove what happened. A refusal is not an error to route around: it is the policy working.
+"""
+
+
+def _check(value: str, pattern: str, what: str) -> None:
+    # Templates match empty and odd segments too; an invalid id can name nothing.
+    if not re.fullmatch(pattern, value):
+        raise ResourceNotFoundError(f"no {what} {value!r}")
+
+
+async def _read(runtime: Runtime, make) -> str:
+    try:
+        kernel = runtime.require_kernel()
+        result = await make(kernel, runtime.principal())
+    except NotFound as exc:
+        raise ResourceNotFoundError(exc.message) from None
+    except LoopwardenError as exc:
+        raise ResourceError(f"{exc.code}: {exc.message}") from None
+    return result if isinstance(result, str) else result.model_dump_json(indent=2)
+
+
+def register_resources(server: MCPServer, runtime: Runtime) -> None:
+    """The read models as resources, and the `loop-operator` prompt."""
+
+    @server.resource(
+        "loopwarden://loops",
+        name="loops",
+        description="The loops the caller may see: id, objective, status, journal head.",
+        mime_type="application/json",
+    )
+    async def loops_resource() -> str:
+        async def make(kernel, who):
+            def read(reader: Reader) -> str:
+                visible = [
+                    {
+                        "loop_id": loop.loop_id,
+                        "objective": loop.objective,
+                        "status": loop.status,
+                        "stop_reason": loop.stop_reason,
+                        "head_seq": loop.head_seq,
+                    }
+                    for loop in reader.loops()
+                    if who.is_operator or reader.policy(loop.policy_digest).admits_agent(who.id)
+                ]
+                return json.dumps({"loops": visible}, indent=2)
+
+            return await kernel.store.read(read)
+
+        return await _read(runtime, make)
+
+    @server.resource(
+        "loopwarden://loops/{loop_id}/projection",
+        name="loop-projection",
+        description="A loop's projection (the same as the projection tool).",
+        mime_type="application/json",
+    )
+    async def projection_resource(loop_id: str) -> str:
+        _check(loop_id, ID_PATTERN, "loop")
+        return await _read(
+            runtime,
+            lambda kernel, who: projection.projection(
+                kernel, who, projection.ProjectionRequest(loop_id=loop_id)
+            ),
+        )
+
+    @server.resource(
+        "loopwarden://loops/{loop_id}/policy",
+        name="loop-policy",
+        description="A loop's normalized policy document.",
+        mime_type="application/json",
+    )
+    async def policy_resource(loop_id: str) -> str:
+        _check(loop_id, ID_PATTERN, "loop")
+        return await _read(
+            runtime,
+            lambda kernel, who: kernel.store.read(lambda reader: policy_json(reader, loop_id, who)),
+        )
+
+    @server.resource(
+        "loopwarden://receipts/{receipt_id}",
+        name="receipt",
+        description="A signed receipt with its verification status and inclusion proof.",
+        mime_type="application/json",
+    )
+    async def receipt_resource(receipt_id: str) -> str:
+        _check(receipt_id, RECEIPT_ID_PATTERN, "receipt")
+        return await _read(
+            runtime,
+            lambda kernel, who: receipt.receipt(
+                kernel, who, receipt.ReceiptRequest(receipt_id=receipt_id)
+            ),
+        )
+
+    @server.prompt(
+        name="loop-operator",
+        description="How to run a governed loop with loopwarden's tools.",
+    )
+    def loop_operator(loop_id: str = "") -> str:
+        where = f" (loop {loop_id})" if loop_id else ""
+        return LOOP_OPERATOR_PROMPT.format(where=where)

@@ -1,0 +1,115 @@
+"""Where the data lives and who the server speaks for: resolved once, from flags and environment.
+
+Data directory, for every command: `--home DIR`, else `LOOPWARDEN_HOME`, else the platform's
+user data directory. It holds `loopwarden.db` and `keys/`, and is created 0700.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from loopwarden.errors import InvalidInput
+from loopwarden.principals import Principal, Role
+
+DB_NAME = "loopwarden.db"
+DEFAULT_CHECKPOINT_EVERY = 256
+LOOPBACK_NAMES = {"localhost"}
+
+
+def resolve_home(home: str | Path | None = None) -> Path:
+    """`home`, else `LOOPWARDEN_HOME`, else the platform user data dir (created 0700)."""
+    chosen = home or os.environ.get("LOOPWARDEN_HOME") or platformdirs.user_data_dir("loopwarden")
+    path = Path(chosen).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_bind(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::1]:PORT`) → (host, port); `InvalidInput` if malformed."""
+    match = re.fullmatch(r"\[?([^\[\]]+?)\]?:(\d{1,5})", text.strip())
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise InvalidInput(f"--http expects HOST:PORT, e.g. 127.0.0.1:8765 (got {text!r})")
+    return match.group(1), int(match.group(2))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything `serve` needs. Build with `Settings.create`."""
+
+    home: Path
+    principal: Principal | None = None  # stdio / --no-auth: every request is this principal
+    http: tuple[str, int] | None = None
+    auth: bool = True  # HTTP only: bearer tokens required
+    allow_remote: bool = False
+    synchronous: str = "full"
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
+
+    @property
+    def db_path(self) -> Path:
+        return self.home / DB_NAME
+
+    @staticmethod
+    def create(
+        *,
+        home: str | Path | None = None,
+        agent: str | None = None,
+        role: Role | None = None,
+        http: str | None = None,
+        no_auth: bool = False,
+        allow_remote: bool = False,
+    ) -> Settings:
+        """Validate a serve configuration. Identity comes from here (launch configuration),
+        never from a tool argument: `--agent`/`LOOPWARDEN_AGENT`, `--role`/`LOOPWARDEN_ROLE`."""
+        bind = parse_bind(http) if http else None
+        if bind and not is_loopback(bind[0]) and not allow_remote:
+            raise InvalidInput(
+                f"refusing to listen on non-loopback address {bind[0]}; pass --allow-remote to mean it"
+            )
+        if no_auth and bind is None:
+            raise InvalidInput("--no-auth only applies to --http (stdio has no tokens)")
+        if no_auth and not is_loopback(bind[0]):  # type: ignore[index]
+            raise InvalidInput("--no-auth is only allowed on a loopback address")
+        agent = agent or os.environ.get("LOOPWARDEN_AGENT")
+        role = role or os.environ.get("LOOPWARDEN_ROLE") or "agent"  # type: ignore[assignment]
+        if role not in ("agent", "operator"):
+            raise InvalidInput(f"role must be agent or operator (got {role!r})")
+        principal = None
+        if bind is None or no_auth:
+            if not agent:
+                raise InvalidInput(
+                    "who is this server for? pass --agent NAME (or set LOOPWARDEN_AGENT)"
+                )
+            try:
+                principal = Principal(id=agent, role=role)
+            except ValueError:
+                raise InvalidInput(
+                    f"invalid agent name {agent!r}: 1-64 letters, digits and '_.@:-'"
+                ) from None
+        synchronous = os.environ.get("LOOPWARDEN_SYNCHRONOUS", "full").lower()
+        if synchronous not in ("full", "normal"):
+            raise InvalidInput("LOOPWARDEN_SYNCHRONOUS must be full or normal")
+        return Settings(
+            home=resolve_home(home),
+            principal=principal,
+            http=bind,
+            auth=bind is not None and not no_auth,
+            allow_remote=allow_remote,
+            synchronous=synchronous,
+        )
