@@ -1,0 +1,58 @@
+"""The operator's direct access to a data home: open the store with the home's key, act, close."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+from loopwarden.errors import NotFound, StoreError
+from loopwarden.ledger.keys import KeyStore
+from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.store import Store, connect
+from loopwarden.principals import Principal
+from loopwarden.server.settings import DB_NAME, resolve_home
+from loopwarden.tools.kernel import Kernel
+
+DEFAULT_OPERATOR = "operator"
+
+
+def operator(name: str | None = None) -> Principal:
+    """The CLI's principal: `--as NAME`, else `LOOPWARDEN_OPERATOR`, else `operator`."""
+    return Principal(
+        id=name or os.environ.get("LOOPWARDEN_OPERATOR") or DEFAULT_OPERATOR, role="operator"
+    )
+
+
+@asynccontextmanager
+async def open_kernel(home: str | Path | None, *, check: bool = True) -> AsyncIterator[Kernel]:
+    """The store and keys of `home`, opened for writing (and closed after)."""
+    path = resolve_home(home)
+    keys = KeyStore(path)
+    store = await Store.open(path / DB_NAME, keys.load_signer(), check=check)
+    try:
+        yield Kernel(store, keys.keyring())
+    finally:
+        await store.close()
+
+
+@contextmanager
+def open_reader(home: str | Path | None) -> Iterator[Reader]:
+    """A read-only connection to `home`'s database, for audits (works while servers run)."""
+    path = resolve_home(home) / DB_NAME
+    if not path.exists():
+        raise NotFound(f"there is no loopwarden database in {path.parent}")
+    conn = connect(path, readonly=True)
+    try:
+        conn.execute("BEGIN")  # one snapshot for the whole audit
+        yield Reader(conn)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot read the database: {exc}") from None
+    finally:
+        conn.close()
+
+
+def keyring_of(home: str | Path | None):
+    return KeyStore(resolve_home(home)).keyring()

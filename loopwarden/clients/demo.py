@@ -1,0 +1,449 @@
+"""`loopwarden demo`: the product in one run, over real MCP stdio connections.
+
+Each agent talks to its own `loopwarden serve` subprocess (as every stdio MCP client does);
+all of them share one fresh SQLite store. The operator acts through the admin API. Three
+scenarios — success, refusal, approval — then a full audit and an offline bundle check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loopwarden.clients import admin, render
+from loopwarden.clients.agent import AgentClient
+from loopwarden.clock import format_time
+from loopwarden.ledger.audit import audit
+from loopwarden.ledger.bundles import export_bundle, verify_bundle
+from loopwarden.ledger.keys import Keyring
+from loopwarden.ledger.store import Txn
+from loopwarden.policy.loader import parse_policy
+from loopwarden.tools.approvals import DecideApprovalRequest, decide_approval
+from loopwarden.tools.loops import OpenLoopRequest, open_loop
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "demo"
+OPERATOR = admin.operator("operator")
+
+
+@dataclass
+class Step:
+    scenario: str
+    actor: str
+    action: str
+    outcome: str
+    decision: str = ""
+    route: str = ""
+    turn_id: str = ""
+    receipt_id: str = ""
+    reasons: list[str] = field(default_factory=list)
+
+
+class Narrator:
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.steps: list[Step] = []
+        self.scenario = ""
+
+    def section(self, key: str, title: str) -> None:
+        self.scenario = key
+        if not self.as_json:
+            render.console.print(f"\n[bold cyan]━━ {title} ━━[/bold cyan]")
+
+    def say(self, text: str) -> None:
+        if not self.as_json:
+            render.console.print(f"[dim]{text}[/dim]")
+
+    def step(self, actor: str, action: str, outcome: str, **extra: Any) -> Step:
+        step = Step(self.scenario, actor, action, outcome, **extra)
+        self.steps.append(step)
+        if not self.as_json:
+            color = "red" if step.decision in ("deny", "refused") else "green"
+            line = f"  [bold]{actor:9}[/bold] {action:32} → [{color}]{outcome}[/{color}]"
+            details = []
+            if step.route:
+                details.append(f"route [bold]{step.route}[/bold]")
+            if step.turn_id:
+                details.append(f"turn {step.turn_id}")
+            if step.receipt_id:
+                details.append(f"receipt {step.receipt_id}")
+            render.console.print(line)
+            if details:
+                render.console.print("  " + " " * 10 + "[dim]" + "  ".join(details) + "[/dim]")
+        return step
+
+
+def _policy(name: str) -> dict[str, Any]:
+    path = EXAMPLES / name
+    return parse_policy(path.read_text(), "toml", source=name).model_dump(mode="json")
+
+
+def _reasons(reasons) -> list[str]:
+    return [r.code for r in reasons]
+
+
+async def _open(
+    home: Path, n: Narrator, loop_id: str, objective: str, policy: str, todos: list[dict]
+) -> None:
+    async with admin.open_kernel(home) as kernel:
+        result = await open_loop(
+            kernel,
+            OPERATOR,
+            OpenLoopRequest(
+                objective=objective, policy=_policy(policy), todos=todos, loop_id=loop_id
+            ),
+        )
+    n.step(
+        "operator",
+        f"open loop {loop_id}",
+        f"{result.todos} todos, policy {result.policy_digest[:15]}…",
+        decision="allow",
+        receipt_id=result.receipt_id,
+    )
+
+
+async def _claim(
+    n: Narrator, who: str, agent: AgentClient, loop_id: str, todo_id: str | None = None
+):
+    grant = await agent.claim(loop_id, todo_id)
+    if grant.granted:
+        n.step(
+            who,
+            "claim",
+            f"granted {grant.todo_id} “{grant.todo_title}” (fence {grant.fence})",
+            decision="allow",
+            turn_id=grant.turn_id or "",
+            receipt_id=grant.receipt_id or "",
+        )
+    else:
+        n.step(
+            who,
+            "claim",
+            "refused: " + ", ".join(_reasons(grant.reasons)),
+            decision="deny",
+            receipt_id=grant.receipt_id or "",
+            reasons=_reasons(grant.reasons),
+        )
+    return grant
+
+
+async def _update(
+    n: Narrator, who: str, agent: AgentClient, grant, key: str, outcome: str, summary: str, **report
+):
+    result = await agent.update(grant.turn_id, grant.fence, outcome, summary, key, **report)
+    tools = ", ".join(f"{t['name']}×{t.get('count', 1)}" for t in report.get("tools_used", []))
+    action = f"update {outcome}" + (f" ({tools})" if tools else "")
+    if result.accepted:
+        outcome_text = "accepted"
+    else:
+        outcome_text = "refused: " + ", ".join(_reasons(result.reasons))
+    if result.status != "active":
+        outcome_text += f"; loop {result.status} ({result.stop_reason})"
+    n.step(
+        who,
+        action,
+        outcome_text,
+        decision="allow" if result.accepted else "deny",
+        route=result.route,
+        turn_id=result.turn_id,
+        receipt_id=result.receipt_id,
+        reasons=_reasons(result.reasons),
+    )
+    return result
+
+
+def _usage(calls: int, cost: float, seconds: float) -> dict[str, Any]:
+    return {
+        "model_calls": calls,
+        "input_tokens": 1800 * calls,
+        "output_tokens": 420 * calls,
+        "tool_calls": calls + 1,
+        "cost_usd": cost,
+        "wall_seconds": seconds,
+    }
+
+
+async def scenario_success(home: Path, n: Narrator) -> bool:
+    n.section("success", "1. success — two agents build and review a change")
+    await _open(
+        home,
+        n,
+        "build-review",
+        "Add CSV export with a reviewed test",
+        "build-review.toml",
+        [
+            {"id": "build", "title": "implement CSV export and its test"},
+            {"id": "review", "title": "review the change", "depends_on": ["build"]},
+        ],
+    )
+    async with (
+        AgentClient.stdio("builder", home) as builder,
+        AgentClient.stdio("reviewer", home) as reviewer,
+    ):
+        q = await builder.quota("build-review")
+        turns = q.budgets["turns"]
+        n.step(
+            "builder",
+            "quota",
+            f"allowed={q.allowed} (turns {turns.used}/{turns.limit})",
+            decision="allow" if q.allowed else "deny",
+        )
+        early = await _claim(
+            n, "reviewer", reviewer, "build-review", "review"
+        )  # waits for the build
+        grant = await _claim(n, "builder", builder, "build-review")
+        await _update(
+            n,
+            "builder",
+            builder,
+            grant,
+            "build-1",
+            "completed",
+            "Wrote export_csv() and test_export_csv; tests pass.",
+            tools_used=[
+                {"name": "fs.read", "count": 3},
+                {"name": "fs.write", "count": 2},
+                {"name": "tests.run", "count": 1},
+            ],
+            usage=_usage(4, 0.21, 95.0),
+            evidence=[{"kind": "test", "summary": "tests/test_export.py: 6 passed"}],
+        )
+        grant = await _claim(n, "reviewer", reviewer, "build-review", "review")
+        final = await _update(
+            n,
+            "reviewer",
+            reviewer,
+            grant,
+            "review-1",
+            "completed",
+            "Reviewed the diff; approved.",
+            tools_used=[{"name": "git.diff", "count": 1}, {"name": "fs.read", "count": 2}],
+            usage=_usage(2, 0.08, 40.0),
+            evidence=[{"kind": "review", "summary": "diff reviewed: no issues"}],
+        )
+    return not early.granted and final.status == "completed"
+
+
+async def scenario_refusal(home: Path, n: Narrator) -> bool:
+    n.section("refusal", "2. refusal — a turn reports a tool outside the policy")
+    await _open(
+        home,
+        n,
+        "guarded",
+        "Fix the flaky test without touching the remote",
+        "guarded.toml",
+        [
+            {"id": "fix", "title": "fix the flaky test"},
+            {"id": "docs", "title": "update the changelog"},
+        ],
+    )
+    async with AgentClient.stdio("builder", home) as builder:
+        grant = await _claim(n, "builder", builder, "guarded")
+        result = await _update(
+            n,
+            "builder",
+            builder,
+            grant,
+            "fix-1",
+            "completed",
+            "Fixed the test and pushed the branch.",
+            tools_used=[{"name": "fs.write", "count": 1}, {"name": "git.push", "count": 1}],
+            usage=_usage(3, 0.12, 60.0),
+            evidence=[{"kind": "test", "summary": "test passes 50/50 runs"}],
+        )
+        again = await _claim(n, "builder", builder, "guarded")
+    return (
+        not result.accepted
+        and result.stop_reason == "policy_violation"
+        and not again.granted
+        and "loop_not_active" in _reasons(again.reasons)
+    )
+
+
+async def scenario_approval(home: Path, n: Narrator) -> bool:
+    n.section("approval", "3. approval — a deploy needs a human, once")
+    await _open(
+        home,
+        n,
+        "release",
+        "Ship release 1.4 to staging",
+        "deploy.toml",
+        [
+            {"id": "deploy", "title": "deploy build 1.4 to staging"},
+            {"id": "smoke", "title": "smoke-test staging"},
+        ],
+    )
+    artifact = "sha256:" + hashlib.sha256(b"release-1.4.tar.gz").hexdigest()
+    async with AgentClient.stdio("builder", home) as builder:
+        grant = await _claim(n, "builder", builder, "release")
+        asked = await builder.request_approval(
+            grant.turn_id,
+            grant.fence,
+            "deploy.staging",
+            "Deploy build 1.4 to staging",
+            artifact_digest=artifact,
+        )
+        n.step(
+            "builder",
+            "request_approval deploy.staging",
+            f"{asked.status} ({asked.approval_id})",
+            decision="allow",
+            turn_id=grant.turn_id,
+            receipt_id=asked.receipt_id,
+        )
+        async with admin.open_kernel(home) as kernel:  # the operator, through the admin API
+            decided = await decide_approval(
+                kernel,
+                OPERATOR,
+                DecideApprovalRequest(
+                    approval_id=asked.approval_id,
+                    approve=True,
+                    expires_in_seconds=1800,
+                    reason="staging deploy of 1.4 is fine",
+                ),
+            )
+        n.step(
+            "operator",
+            f"approve {decided.approval_id}",
+            f"{decided.status} until {decided.expires_at}",
+            decision="allow",
+            receipt_id=decided.receipt_id,
+        )
+        await _update(
+            n,
+            "builder",
+            builder,
+            grant,
+            "deploy-1",
+            "completed",
+            "Deployed 1.4 to staging.",
+            tools_used=[{"name": "deploy.staging", "count": 1}],
+            usage=_usage(2, 0.05, 120.0),
+            evidence=[{"kind": "deploy", "summary": "staging runs 1.4", "digest": artifact}],
+            approval_ids=[asked.approval_id],
+        )
+        grant2 = await _claim(n, "builder", builder, "release")
+        reuse = await _update(
+            n,
+            "builder",
+            builder,
+            grant2,
+            "smoke-1",
+            "completed",
+            "Smoke test passed; redeployed a hotfix with the same approval.",
+            tools_used=[{"name": "deploy.staging", "count": 1}, {"name": "tests.run", "count": 1}],
+            usage=_usage(1, 0.02, 30.0),
+            evidence=[{"kind": "test", "summary": "smoke suite green", "digest": artifact}],
+            approval_ids=[asked.approval_id],
+        )
+    return not reuse.accepted and "approval_invalid" in _reasons(reuse.reasons)
+
+
+async def scenario_audit(home: Path, n: Narrator, work: Path) -> bool:
+    n.section("audit", "4. audit — every receipt checked offline")
+    async with admin.open_kernel(home) as kernel:
+        size = await kernel.store.write(Txn.checkpoint)
+    n.step("operator", "sign a checkpoint", f"tree size {size}", decision="allow")
+    keyring = admin.keyring_of(home)
+    with admin.open_reader(home) as reader:
+        report = audit(reader, keyring)
+    n.step(
+        "auditor",
+        "loopwarden verify",
+        f"{'clean' if report.clean else 'TAMPERED'}: {report.receipts} receipts, {report.loops} loops, "
+        f"tree size {report.tree_size}, {report.checkpoints} checkpoints, projections rebuilt",
+        decision="allow" if report.clean else "deny",
+    )
+    n.say(f"            Merkle root {report.root}")
+    return report.clean
+
+
+async def scenario_bundle(home: Path, n: Narrator, work: Path) -> bool:
+    async with admin.open_kernel(home) as kernel:
+        await kernel.store.write(Txn.checkpoint)
+        now = format_time(kernel.store.clock())
+        bundle = await kernel.store.read(lambda r: export_bundle(r, "guarded", kernel.keyring, now))
+        key = kernel.store.signer.public_key
+    path = work / "guarded-bundle.json"
+    path.write_text(json.dumps(bundle, indent=2))
+    n.step(
+        "operator",
+        "loopwarden export guarded",
+        f"{len(bundle['receipts'])} receipts → {path.name}",
+        decision="allow",
+    )
+    report = verify_bundle(json.loads(path.read_text()), Keyring({"pinned": key}))
+    n.step(
+        "auditor",
+        "loopwarden verify-bundle --key …",
+        f"{'clean' if report.clean else 'TAMPERED'}: replayed status {report.status} ({report.stop_reason})",
+        decision="allow" if report.clean else "deny",
+    )
+    return report.clean
+
+
+def _leaf(exc: BaseException) -> str:
+    """The innermost message of an exception (task groups wrap transport errors)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
+
+
+async def run_demo(home: str | Path | None = None, as_json: bool = False) -> bool:
+    """Run every scenario; True if each showed what it should and the audit is clean."""
+    work = Path(tempfile.mkdtemp(prefix="loopwarden-demo-"))
+    home_path = Path(home) if home else work / "home"
+    n = Narrator(as_json)
+    if not as_json:
+        render.console.print(
+            "[bold]loopwarden demo[/bold] — governed agent loops over MCP (stdio), "
+            "every step a signed, Merkle-logged receipt"
+        )
+        render.console.print(f"[dim]data home {home_path}[/dim]")
+    scenarios = {
+        "success": scenario_success,
+        "refusal": scenario_refusal,
+        "approval": scenario_approval,
+        "audit": scenario_audit,
+        "bundle": scenario_bundle,
+    }
+    results = {}
+    for name, scenario in scenarios.items():
+        try:
+            outcome = (
+                scenario(home_path, n, work)
+                if name in ("audit", "bundle")
+                else scenario(home_path, n)
+            )
+            results[name] = bool(await outcome) if hasattr(outcome, "__await__") else bool(outcome)
+        except Exception as exc:  # the demo reports a broken step instead of a traceback
+            results[name] = False
+            message = _leaf(exc)
+            n.step("demo", name, f"FAILED: {message}", decision="deny")
+    ok = all(results.values())
+    if as_json:
+        render.emit_json(
+            {
+                "ok": ok,
+                "home": str(home_path),
+                "results": results,
+                "steps": [s.__dict__ for s in n.steps],
+            }
+        )
+    else:
+        verdict = (
+            "[green]all scenarios behaved as governed[/green]"
+            if ok
+            else "[red]a scenario misbehaved[/red]"
+        )
+        render.console.print(
+            f"\n{verdict}: "
+            + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in results.items())
+        )
+        render.console.print(
+            f"[dim]inspect it: loopwarden loop show build-review --home {home_path}[/dim]"
+        )
+    return ok

@@ -1,0 +1,139 @@
+"""Human-readable output for the admin CLI (rich tables on stdout; `--json` bypasses all of this)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from loopwarden.ledger.audit import AuditReport
+from loopwarden.ledger.bundles import BundleReport
+from loopwarden.tools.projection import ProjectionResult
+
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+
+def emit_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=False, default=str))
+
+
+def bar(used: float, limit: float | None, width: int = 20) -> str:
+    if not limit:
+        return "[dim]no limit[/dim]"
+    filled = min(width, round(width * used / limit))
+    color = "green" if used < 0.8 * limit else "yellow" if used < limit else "red"
+    return f"[{color}]{'█' * filled}{'░' * (width - filled)}[/{color}]"
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+STATUS_COLORS = {
+    "active": "green",
+    "paused": "yellow",
+    "completed": "cyan",
+    "stopped": "red",
+    "cancelled": "red",
+}
+
+
+def status(text: str) -> str:
+    return f"[{STATUS_COLORS.get(text, 'white')}]{text}[/]"
+
+
+def projection(p: ProjectionResult) -> None:
+    head = f"[bold]{p.loop_id}[/bold]  {status(p.status)}"
+    if p.stop_reason:
+        head += f" ({p.stop_reason})"
+    console.print(head)
+    console.print(f"objective: {p.objective}")
+    console.print(f"policy:    {p.policy_digest}")
+    console.print(f"attention: [bold]{p.attention.who}[/bold] — {p.attention.why}")
+    console.print(f"next:      {p.next_action}")
+    budgets = Table(title="budgets", title_justify="left", box=None, pad_edge=False)
+    for column in ("dimension", "used", "limit", "remaining", ""):
+        budgets.add_column(column)
+    for dim, b in p.budgets.items():
+        budgets.add_row(dim, _num(b.used), _num(b.limit), _num(b.remaining), bar(b.used, b.limit))
+    console.print(budgets)
+    counts = ", ".join(f"{k} {v}" for k, v in p.todo_counts.items())
+    todos = Table(title=f"todos ({counts})", title_justify="left", box=None, pad_edge=False)
+    for column in ("id", "status", "attempts", "depends on", "title"):
+        todos.add_column(column)
+    for t in p.todos:
+        todos.add_row(t.todo_id, t.status, str(t.attempts), ", ".join(t.depends_on), t.title)
+    console.print(todos)
+    if p.todos_truncated:
+        console.print("[dim]… more todos (loopwarden loop show --json lists the first 200)[/dim]")
+    if p.active_leases:
+        leases = Table(title="active leases", title_justify="left", box=None, pad_edge=False)
+        for column in ("turn", "todo", "agent", "fence", "expires"):
+            leases.add_column(column)
+        for t in p.active_leases:
+            leases.add_row(t.turn_id, t.todo_id, t.agent, str(t.fence), t.lease_expires_at)
+        console.print(leases)
+    if p.approvals:
+        approvals = Table(title="approvals", title_justify="left", box=None, pad_edge=False)
+        for column in ("id", "tool", "status", "requested by", "summary"):
+            approvals.add_column(column)
+        for a in p.approvals:
+            approvals.add_row(a.approval_id, a.tool, a.status, a.requested_by, a.summary)
+        console.print(approvals)
+    recent = Table(title="recent receipts", title_justify="left", box=None, pad_edge=False)
+    for column in ("seq", "kind", "principal", "effect", "reasons", "receipt"):
+        recent.add_column(column)
+    for r in p.recent_receipts:
+        recent.add_row(
+            str(r.seq), r.kind, r.principal, r.effect, ", ".join(r.reasons), r.receipt_id
+        )
+    console.print(recent)
+    for warning in p.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    console.print(f"[dim]head: seq {p.head.seq} {p.head.digest}[/dim]")
+
+
+def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    out = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    for column in columns:
+        out.add_column(column)
+    for row in rows:
+        out.add_row(*[_num(v) if not isinstance(v, str) else v for v in row])
+    console.print(out)
+
+
+def audit(report: AuditReport) -> None:
+    verdict = "[green]clean[/green]" if report.clean else "[red]TAMPERED[/red]"
+    console.print(
+        f"audit: {verdict} — {report.receipts} receipts, {report.loops} loops, "
+        f"{report.checkpoints} checkpoints, tree size {report.tree_size} ({report.seconds:.2f}s)"
+    )
+    console.print(f"[dim]root {report.root}[/dim]")
+    for f in report.findings:
+        where = " ".join(f"{k}={v}" for k, v in f.as_dict().items() if k not in ("code", "message"))
+        console.print(f"  [red]{f.code}[/red] {where}: {f.message}")
+
+
+def bundle(report: BundleReport) -> None:
+    verdict = "[green]clean[/green]" if report.clean else "[red]TAMPERED[/red]"
+    pinned = (
+        "pinned key"
+        if report.pinned
+        else "[yellow]keys taken from the bundle (not pinned)[/yellow]"
+    )
+    console.print(
+        f"bundle: {verdict} — loop {report.loop_id}, {report.receipts} receipts, checkpoint size "
+        f"{report.checkpoint_size}, {pinned}"
+    )
+    if report.status:
+        console.print(
+            f"replayed status: {status(report.status)}"
+            + (f" ({report.stop_reason})" if report.stop_reason else "")
+        )
+    for f in report.findings:
+        console.print(f"  [red]{f['code']}[/red]: {f['message']}")

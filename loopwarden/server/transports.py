@@ -1,0 +1,50 @@
+"""Running the server: stdio (default) or streamable HTTP under uvicorn, loopback by default."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
+
+from loopwarden.server.settings import Settings, is_loopback
+
+LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
+LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+
+
+def configure_logging(level: int = logging.WARNING) -> None:
+    """Logs go to stderr only: on stdio, stdout is the protocol."""
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for noisy in ("mcp", "httpx2", "httpcore2", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+def transport_security(host: str) -> TransportSecuritySettings:
+    """DNS-rebinding protection stays on: loopback names always, plus the bind host if remote."""
+    hosts, origins = list(LOOPBACK_HOSTS), list(LOOPBACK_ORIGINS)
+    if not is_loopback(host):
+        hosts.append(f"{host}:*")
+        origins += [f"http://{host}:*", f"https://{host}:*"]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+    )
+
+
+async def serve_stdio(server: MCPServer) -> None:
+    await server.run_stdio_async()
+
+
+async def serve_http(server: MCPServer, settings: Settings) -> None:
+    """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM."""
+    assert settings.http is not None
+    host, port = settings.http
+    app = server.streamable_http_app(transport_security=transport_security(host), host=host)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, lifespan="on"
+    )
+    await uvicorn.Server(config).serve()
