@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -12,7 +13,8 @@ from loopwarden.ledger.audit import AuditReport
 from loopwarden.ledger.bundles import BundleReport
 from loopwarden.tools.projection import ProjectionResult
 
-console = Console(highlight=False, soft_wrap=True)
+# Piped output (scripts, docs) gets a wide fixed width instead of rich's 80-column default.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 

@@ -5,6 +5,7 @@ Handlers only adapt. The docstrings are what an agent reads to decide when to ca
 
 from __future__ import annotations
 
+import inspect
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
@@ -146,9 +147,7 @@ async def receipt(
     receipt_id: Annotated[
         str | None, Field(description="The receipt id (rcpt-…).", pattern=RECEIPT_ID_PATTERN)
     ] = None,
-    loop_id: Annotated[
-        str | None, Field(description="With seq: the loop of the receipt.")
-    ] = None,
+    loop_id: Annotated[str | None, Field(description="With seq: the loop of the receipt.")] = None,
     seq: Annotated[
         int | None, Field(description="With loop_id: the receipt's sequence number.", ge=1)
     ] = None,
@@ -319,6 +318,14 @@ def strict(tool: Tool) -> Tool:
 
 def build_tools() -> list[Tool]:
     return [
-        strict(Tool.from_function(fn, name=name, annotations=annotations, structured_output=True))
+        strict(
+            Tool.from_function(
+                fn,
+                name=name,
+                description=inspect.cleandoc(fn.__doc__ or ""),
+                annotations=annotations,
+                structured_output=True,
+            )
+        )
         for name, (fn, annotations) in TOOLS.items()
     ]
