@@ -58,7 +58,7 @@ def _path_shape(index: int, size: int) -> tuple[bool, ...]:
 
 
 def test_empty_tree_root_is_the_published_sha256_of_nothing():
-    assert merkle.EMPTY_ROOT == bytes.fromhex(VECTORS["empty_tree_root_hex"])
+    assert bytes.fromhex(VECTORS["empty_tree_root_hex"]) == merkle.EMPTY_ROOT
     assert merkle.root_from_leaves([]) == merkle.EMPTY_ROOT
     assert merkle.root_from_frontier([]) == merkle.EMPTY_ROOT
 
@@ -71,7 +71,9 @@ def test_hasher_reproduces_published_vector(vector):
     elif vector["op"] == "leaf_hash":
         got = merkle.leaf_hash(bytes.fromhex(vector["leaf_hex"]))
     else:
-        got = merkle.node_hash(bytes.fromhex(vector["left_hex"]), bytes.fromhex(vector["right_hex"]))
+        got = merkle.node_hash(
+            bytes.fromhex(vector["left_hex"]), bytes.fromhex(vector["right_hex"])
+        )
     assert got == want
 
 
@@ -236,16 +238,33 @@ def test_inclusion_proof_at_an_index_outside_the_tree_fails():
 
 @PROPERTY
 @given(data=st.data())
-def test_consistency_proof_fails_for_other_sizes(data):
+def test_consistency_proof_fails_for_any_size_pair_whose_proof_has_another_length(data):
+    # As with inclusion, the verifier sees sizes only through the proof's shape: the proof for
+    # 1 -> 3 also verifies as 1 -> 4. A claimed pair whose own proof is longer or shorter must
+    # always fail, and so must the pair swapped.
     new = data.draw(st.integers(2, 300), label="new_size")
     old = data.draw(st.integers(1, new - 1), label="old_size")
-    leaves = _leaves(new)
-    proof = merkle.consistency_proof(old, new, merkle.list_nodes(leaves))
-    old_root, new_root = merkle.root_from_leaves(leaves[:old]), merkle.root_from_leaves(leaves)
-    wrong_old = data.draw(st.integers(1, new).filter(lambda m: m != old), label="wrong_old")
-    assert not merkle.verify_consistency(wrong_old, new, old_root, new_root, proof)
-    assert not merkle.verify_consistency(old, new + 1, old_root, new_root, proof)
+    leaves = _leaves(new + 4)
+    nodes = merkle.list_nodes(leaves)
+    proof = merkle.consistency_proof(old, new, nodes)
+    old_root, new_root = (
+        merkle.root_from_leaves(leaves[:old]),
+        merkle.root_from_leaves(leaves[:new]),
+    )
     assert not merkle.verify_consistency(new, old, new_root, old_root, proof)
+    checked = 0
+    for claimed_new in range(max(new - 3, 1), new + 4):
+        nearby = {*range(1, 9), *range(old - 3, old + 4), *range(claimed_new - 3, claimed_new + 1)}
+        for claimed_old in sorted(m for m in nearby if 1 <= m <= claimed_new):
+            if (claimed_old, claimed_new) == (old, new):
+                continue
+            if len(merkle.consistency_proof(claimed_old, claimed_new, nodes)) == len(proof):
+                continue
+            checked += 1
+            assert not merkle.verify_consistency(
+                claimed_old, claimed_new, old_root, new_root, proof
+            ), (claimed_old, claimed_new)
+    assert checked > 0
 
 
 # --- malformed proofs ------------------------------------------------------------------------
@@ -273,7 +292,9 @@ def test_malformed_inclusion_proof_returns_false(index, size, kind):
     proof = merkle.inclusion_proof(index, size, merkle.list_nodes(leaves))
     root = merkle.root_from_leaves(leaves)
     assert merkle.verify_inclusion(leaves[index], index, size, proof, root)
-    assert merkle.verify_inclusion(leaves[index], index, size, _malformed(proof, kind), root) is False
+    assert (
+        merkle.verify_inclusion(leaves[index], index, size, _malformed(proof, kind), root) is False
+    )
 
 
 @pytest.mark.parametrize("kind", MALFORMED)

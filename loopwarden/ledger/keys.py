@@ -46,6 +46,14 @@ class Signer:
     def sign(self, message: bytes) -> bytes:
         return self.signing_key.sign(message).signature
 
+    def verifies(self, message: bytes, signature: bytes) -> bool:
+        """True if `signature` is this key's valid signature over `message`."""
+        try:
+            self.signing_key.verify_key.verify(message, signature)
+        except nacl.exceptions.BadSignatureError:
+            return False
+        return True
+
     @staticmethod
     def generate() -> Signer:
         key = nacl.signing.SigningKey.generate()
@@ -150,13 +158,11 @@ class KeyStore:
         if key_id is None:
             candidate = Signer.generate()
             self._write_pair(candidate)
-            try:
-                _write_new(self.dir / "active", candidate.key_id, 0o644)
+            if self._publish_active(candidate.key_id):
                 return candidate
-            except FileExistsError:
-                (self.dir / f"{candidate.key_id}.key").unlink(missing_ok=True)
-                (self.dir / f"{candidate.key_id}.pub").unlink(missing_ok=True)
-                key_id = self.active_id()
+            (self.dir / f"{candidate.key_id}.key").unlink(missing_ok=True)
+            (self.dir / f"{candidate.key_id}.pub").unlink(missing_ok=True)
+            key_id = self.active_id()
         private = self.dir / f"{key_id}.key"
         if not private.exists():
             raise KeyFileError(
@@ -167,6 +173,20 @@ class KeyStore:
         if signer.key_id != key_id:
             raise KeyFileError(f"private key file {private.name} does not match its id")
         return signer
+
+    def _publish_active(self, key_id: str) -> bool:
+        """Point `active` at `key_id` unless another process already did; the pointer appears
+        complete or not at all (written aside, then hard-linked into place)."""
+        staged = self.dir / f"active.{key_id}.tmp"
+        staged.unlink(missing_ok=True)
+        _write_new(staged, key_id, 0o644)
+        try:
+            os.link(staged, self.dir / "active")
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            staged.unlink(missing_ok=True)
 
     def _write_pair(self, signer: Signer) -> None:
         seed = bytes(signer.signing_key)

@@ -45,14 +45,21 @@ class Sealed:
 def seal(body: dict[str, Any], signer: Signer) -> Sealed:
     """Canonicalize, sign and self-verify one receipt body.
 
-    Raises `SealError` if the body cannot be canonicalized or the fresh signature does not verify
-    under the signer's own public key (the seal is checked before it can be committed).
+    Raises `SealError` if the body cannot be canonicalized, does not read back as the same
+    canonical bytes, or the fresh signature does not verify under the signer's own public key
+    (the seal is checked before it can be committed).
     """
     payload = canonical_bytes(body)
-    signature = signer.sign(pae(PAYLOAD_TYPE, payload))
-    if not Keyring({signer.key_id: signer.public_key}).verify(
-        signer.key_id, pae(PAYLOAD_TYPE, payload), signature
-    ):
+    # What we sign must read back as itself: a number beyond IEEE-754 integers would parse as
+    # something JCS renders differently, and the receipt could never verify.
+    readback = _parse_body(payload)
+    if readback is None or not _is_canonical(readback, payload):
+        raise SealError(
+            "the receipt body does not survive a JSON round trip; nothing was committed"
+        )
+    message = pae(PAYLOAD_TYPE, payload)
+    signature = signer.sign(message)
+    if not signer.verifies(message, signature):
         raise SealError("a freshly made receipt signature did not verify; nothing was committed")
     envelope = canonical_bytes(
         {
@@ -83,36 +90,55 @@ class Opened:
 
 
 def open_envelope(envelope_bytes: bytes, keyring: Keyring) -> Opened:
-    """Parse and verify an envelope. Never raises: every defect is a problem code.
+    """Parse and verify an envelope. Never raises, whatever the bytes: every defect is a problem.
 
     Problem codes: `envelope_malformed`, `payload_type_mismatch`, `unknown_key`,
     `signature_invalid`, `payload_malformed`, `not_canonical`.
     """
-    problems: list[str] = []
     try:
         envelope = json.loads(envelope_bytes)
-        payload = base64.b64decode(envelope["payload"], validate=True)
         signatures = envelope["signatures"]
         payload_type = envelope["payloadType"]
         if not isinstance(signatures, list) or len(signatures) != 1:
             raise ValueError("exactly one signature expected")
         key_id = signatures[0]["keyid"]
+        fields = (envelope["payload"], payload_type, key_id, signatures[0]["sig"])
+        if not all(isinstance(f, str) for f in fields):
+            raise ValueError("envelope fields must be strings")
+        payload = base64.b64decode(envelope["payload"], validate=True)
         signature = base64.b64decode(signatures[0]["sig"], validate=True)
-    except (ValueError, KeyError, TypeError, IndexError, binascii.Error):
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError, binascii.Error):
         return Opened({}, b"", {}, None, ("envelope_malformed",))
+    problems: list[str] = []
     if payload_type != PAYLOAD_TYPE:
         problems.append("payload_type_mismatch")
     if key_id not in keyring:
         problems.append("unknown_key")
     elif not keyring.verify(key_id, pae(payload_type, payload), signature):
         problems.append("signature_invalid")
-    try:
-        body = json.loads(payload)
-        if not isinstance(body, dict):
-            raise ValueError("body is not an object")
-        if canonical_bytes(body) != payload:
-            problems.append("not_canonical")
-    except (ValueError, SealError):
-        body = {}
+    body = _parse_body(payload)
+    if body is None:
         problems.append("payload_malformed")
+        body = {}
+    elif not _is_canonical(body, payload):
+        problems.append("not_canonical")
     return Opened(envelope, payload, body, key_id, tuple(problems))
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_body(payload: bytes) -> dict[str, Any] | None:
+    try:
+        body = json.loads(payload, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _is_canonical(body: dict[str, Any], payload: bytes) -> bool:
+    try:
+        return canonical_bytes(body) == payload
+    except (SealError, RecursionError):
+        return False

@@ -402,6 +402,22 @@ class Store:
             self._rollback()
             raise
 
+    async def simulate(self, fn: Callable[[Txn], T]) -> T:
+        """Run `fn(tx)` in a write transaction that is always rolled back: what would happen
+        now, with nothing persisted (used to predict a claim exactly)."""
+        return await anyio.to_thread.run_sync(self._simulate, fn, limiter=self._limiter)
+
+    def _simulate(self, fn: Callable[[Txn], T]) -> T:
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                return fn(Txn(self, self.clock()))
+            finally:
+                self._rollback()
+        except sqlite3.Error as exc:
+            raise StoreError(f"database error: {exc}") from exc
+
     def _rollback(self) -> None:
         if self._conn.in_transaction:
             self._conn.execute("ROLLBACK")

@@ -294,8 +294,16 @@ def evaluate_stop(policy: LoopPolicy, facts: StopFacts) -> Reason | None:
 
     Completion first (all todos done), then a budget dimension used up, then `max_turns` once
     no turn is open, then the deadline, then the same failure `repeated_failure_limit` times in
-    a row. Rules apply to active and paused loops; a closed loop never stops twice.
+    a row. Rules apply to active and paused loops; a closed loop never stops twice. Fails
+    closed: if the rules cannot be evaluated, the loop stops with `evaluation_error`.
     """
+    try:
+        return _stop_reason(policy, facts)
+    except Exception as exc:
+        return Reason(codes.EVALUATION_ERROR, f"stop rules could not be evaluated: {exc!r}")
+
+
+def _stop_reason(policy: LoopPolicy, facts: StopFacts) -> Reason | None:
     if facts.status in CLOSED_STATUSES:
         return None
     if facts.todos_total and facts.todos_done == facts.todos_total:

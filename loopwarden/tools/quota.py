@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import Field
 
 from loopwarden.clock import format_time
 from loopwarden.ledger.events import LoopId
 from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.store import Txn
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Reason
-from loopwarden.policy.evaluate import claim_reasons
+from loopwarden.policy.evaluate import claim_reasons, evaluate_stop
 from loopwarden.principals import Principal
 from loopwarden.tools.common import (
     BudgetOut,
@@ -23,7 +26,7 @@ from loopwarden.tools.common import (
     require_loop,
 )
 from loopwarden.tools.kernel import Kernel
-from loopwarden.tools.rules import claim_facts
+from loopwarden.tools.rules import apply_stop_rules, claim_facts, expire_leases, stop_facts
 
 
 class QuotaRequest(Model):
@@ -42,30 +45,47 @@ class QuotaResult(Model):
 
 
 async def quota(kernel: Kernel, who: Principal, req: QuotaRequest) -> QuotaResult:
-    """Predict `claim` without changing anything: the same admission rules, evaluated now.
+    """Predict `claim` exactly, without changing anything.
 
-    Expired leases are counted as released (a claim would sweep them first). `NotFound` for an
-    unknown loop.
+    A claim first sweeps expired leases and applies the stop rules; when either would change
+    the loop, quota plays those steps in a transaction that is rolled back, so its answer is
+    the claim's. `NotFound` for an unknown loop.
     """
     now = kernel.store.clock()
-    now_text = format_time(now)
 
-    def read(reader: Reader) -> QuotaResult:
+    def stale(reader: Reader) -> bool:
         loop = require_loop(reader, req.loop_id)
-        policy = reader.policy(loop.policy_digest)
-        facts = claim_facts(reader, loop, policy, who.id, now, now_text)
-        reasons: list[Reason] = claim_reasons(policy, facts)
-        if not reasons and reader.next_eligible_todo(loop.loop_id) is None:
-            reasons.append(Reason(codes.NO_ELIGIBLE_TODO, "no open todo has its dependencies done"))
-        return QuotaResult(
-            loop_id=loop.loop_id,
-            allowed=not reasons,
-            reasons=reasons_out(reasons),
-            status=loop.status,  # type: ignore[arg-type]
-            budgets=budgets_out(policy, loop),
-            rate=rate_out(policy, reader, loop.loop_id, now),
-            active_leases=facts.active,
-            policy_digest=loop.policy_digest,
+        return bool(reader.expired_turns(loop.loop_id, format_time(now))) or (
+            evaluate_stop(reader.policy(loop.policy_digest), stop_facts(reader, loop, now))
+            is not None
         )
 
-    return await kernel.store.read(read)
+    if await kernel.store.read(stale):
+
+        def predict(tx: Txn) -> QuotaResult:
+            expire_leases(tx, req.loop_id, who)
+            apply_stop_rules(tx, req.loop_id, who)
+            return _answer(tx, who, req, tx.now_dt)
+
+        return await kernel.store.simulate(predict)
+    return await kernel.store.read(lambda reader: _answer(reader, who, req, now))
+
+
+def _answer(reader: Reader, who: Principal, req: QuotaRequest, now: datetime) -> QuotaResult:
+    now_text = format_time(now)
+    loop = require_loop(reader, req.loop_id)
+    policy = reader.policy(loop.policy_digest)
+    facts = claim_facts(reader, loop, policy, who.id, now, now_text)
+    reasons: list[Reason] = claim_reasons(policy, facts)
+    if not reasons and reader.next_eligible_todo(loop.loop_id) is None:
+        reasons.append(Reason(codes.NO_ELIGIBLE_TODO, "no open todo has its dependencies done"))
+    return QuotaResult(
+        loop_id=loop.loop_id,
+        allowed=not reasons,
+        reasons=reasons_out(reasons),
+        status=loop.status,  # type: ignore[arg-type]
+        budgets=budgets_out(policy, loop),
+        rate=rate_out(policy, reader, loop.loop_id, now),
+        active_leases=facts.active,
+        policy_digest=loop.policy_digest,
+    )

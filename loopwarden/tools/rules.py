@@ -3,6 +3,8 @@ claim admission facts, and the route an agent should take next."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from loopwarden.ledger.events import ClosedTurn, LeaseExpired, LoopStopped
 from loopwarden.ledger.projection import LoopRow
 from loopwarden.ledger.reader import Reader
@@ -66,24 +68,24 @@ def close_loop(tx: Txn, loop_id: str, who: Principal, kind: str, reason: Reason)
     )
 
 
+def stop_facts(reader: Reader, loop: LoopRow, now: datetime) -> StopFacts:
+    return StopFacts(
+        status=loop.status,
+        totals=loop.totals,
+        open_turns=reader.count_open_turns(loop.loop_id),
+        todos_total=loop.todo_total,
+        todos_done=loop.count("done"),
+        failure_streak=loop.failure_streak,
+        now=now,
+    )
+
+
 def apply_stop_rules(tx: Txn, loop_id: str, who: Principal) -> Appended | None:
     """Evaluate the stop rules on the loop as it stands in this transaction; seal the stop."""
     loop = tx.loop_row(loop_id)
     if loop is None or loop.status in CLOSED_STATUSES:
         return None
-    policy = tx.policy(loop.policy_digest)
-    reason = evaluate_stop(
-        policy,
-        StopFacts(
-            status=loop.status,
-            totals=loop.totals,
-            open_turns=tx.count_open_turns(loop_id),
-            todos_total=loop.todo_total,
-            todos_done=loop.count("done"),
-            failure_streak=loop.failure_streak,
-            now=tx.now_dt,
-        ),
-    )
+    reason = evaluate_stop(tx.policy(loop.policy_digest), stop_facts(tx, loop, tx.now_dt))
     if reason is None:
         return None
     kind = "loop.completed" if reason.code == ALL_TODOS_DONE else "loop.stopped"
@@ -104,7 +106,7 @@ def claim_facts(
     )
 
 
-def route_for(reader: Reader, loop_id: str, agent: str, now, now_text: str) -> Route:
+def route_for(reader: Reader, loop_id: str, agent: str, now: datetime, now_text: str) -> Route:
     """What the agent should do next: continue (a claim would be granted now), wait (later),
     user_action_required (only a human can unblock the loop) or stop (the loop is closed)."""
     loop = reader.loop_row(loop_id)

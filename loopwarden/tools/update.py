@@ -286,6 +286,9 @@ def _result(
     seq: int,
     digest: str,
 ) -> UpdateResult:
+    # Other agents' stale leases are released first, so the route sees what a claim would see.
+    expire_leases(tx, turn.loop_id, who)
+    apply_stop_rules(tx, turn.loop_id, who)
     loop = require_loop(tx, turn.loop_id)
     todo = tx.todo(turn.loop_id, turn.todo_id)
     return UpdateResult(

@@ -1,0 +1,549 @@
+"""The projection is a fold over the receipts: rebuilding it from the journal gives the stored one.
+
+A scripted scenario touches every receipt kind and checks rebuilt == stored after each operation;
+a hypothesis test drives random operation sequences against one loop and checks the same, plus
+the chain (per-loop seq contiguous from 1, `prev` links), the counters (every loop total is the
+sum of what the charged receipts say) and the lease invariant (open turns ↔ claimed todos).
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER, STRANGER
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loopwarden.clock import ManualClock
+from loopwarden.errors import LoopwardenError
+from loopwarden.ledger.events import DATA_MODELS, Evidence, ReceiptBody, ToolUse, Usage
+from loopwarden.ledger.keys import KeyStore
+from loopwarden.ledger.projection import LoopView, rebuild
+from loopwarden.ledger.receipts import open_envelope
+from loopwarden.ledger.store import Store
+from loopwarden.principals import Principal
+from loopwarden.tools.approvals import (
+    ApprovalRequest,
+    DecideApprovalRequest,
+    decide_approval,
+    request_approval,
+)
+from loopwarden.tools.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.tools.kernel import Kernel
+from loopwarden.tools.loops import (
+    LoopControlRequest,
+    OpenLoopRequest,
+    TodoInput,
+    control_loop,
+    open_loop,
+)
+from loopwarden.tools.turns import HeartbeatRequest, TodoAddRequest, heartbeat, todo_add
+from loopwarden.tools.update import UpdateRequest, UpdateResult, update
+
+CAROL = Principal(id="carol", role="agent")
+AGENTS = (BUILDER, REVIEWER, CAROL)
+EVIDENCE = [Evidence(kind="test", summary="the tests pass", digest="sha256:" + "ab" * 32)]
+MICRO = 1_000_000
+
+
+# --- the fold check --------------------------------------------------------------------------
+
+
+async def fold_check(kernel: Kernel, loop_id: str) -> tuple[list[ReceiptBody], LoopView]:
+    """Rebuild the loop from its receipts, compare with the stored projection, check the chain.
+
+    Returns the receipt bodies and the stored view for further checks.
+    """
+
+    def read(r):
+        return r.loop_journal(loop_id), r.full_view(loop_id), r.journal_count(), r.log_state()[0]
+
+    rows, stored, count, size = await kernel.store.read(read)
+    assert count == size, "journal rows and Merkle leaves disagree"
+    bodies: list[ReceiptBody] = []
+    prev = None
+    for expected_seq, row in enumerate(rows, start=1):
+        opened = open_envelope(row.envelope, kernel.keyring)
+        assert opened.verified, opened.problems
+        body = ReceiptBody.model_validate(opened.body)
+        assert (body.seq, row.seq) == (expected_seq, expected_seq), "seq is not contiguous from 1"
+        assert body.prev == prev, f"receipt {body.seq} does not chain to its predecessor"
+        prev = row.digest
+        bodies.append(body)
+    rebuilt = rebuild([(b, row.digest) for b, row in zip(bodies, rows, strict=True)])[loop_id]
+    assert stored is not None
+    assert rebuilt.loop == stored.loop
+    assert rebuilt.todos == stored.todos
+    assert rebuilt.turns == stored.turns
+    assert rebuilt.approvals == stored.approvals
+    assert rebuilt.policy == stored.policy
+    return bodies, stored
+
+
+def assert_counters_are_sums(bodies: list[ReceiptBody], stored: LoopView) -> None:
+    """turns == number of turn.claimed; every other total == the charged usage in receipts."""
+    expected = Counter()
+    for body in bodies:
+        if body.kind == "turn.claimed":
+            expected["turns"] += 1
+        charged = body.kind == "turn.reported" or (
+            body.kind == "turn.refused" and body.data["charged"]
+        )
+        if charged:
+            usage = Usage.model_validate(body.data.get("usage", {}))
+            expected["model_calls"] += usage.model_calls
+            expected["input_tokens"] += usage.input_tokens
+            expected["output_tokens"] += usage.output_tokens
+            expected["tool_calls"] += usage.tool_calls
+            expected["cost_micros"] += round(usage.cost_usd * MICRO)
+            expected["wall_micros"] += round(usage.wall_seconds * MICRO)
+    totals = stored.loop.totals.as_dict()
+    assert totals == {name: expected[name] for name in totals}
+
+
+def assert_open_turns_match_claimed_todos(stored: LoopView) -> None:
+    """Every claimed todo has exactly one open turn, holding its current fence, and vice versa."""
+    open_turns = [t for t in stored.turns.values() if t.status == "open"]
+    by_todo = Counter(t.todo_id for t in open_turns)
+    assert all(n == 1 for n in by_todo.values()), f"a todo has two open turns: {by_todo}"
+    for todo in stored.todos.values():
+        if todo.status == "claimed":
+            assert by_todo[todo.todo_id] == 1, f"claimed todo {todo.todo_id} has no open turn"
+            turn = stored.turns[todo.turn_id]  # type: ignore[index]
+            assert turn.status == "open" and turn.fence == todo.fence
+        else:
+            assert by_todo[todo.todo_id] == 0, f"{todo.status} todo {todo.todo_id} has an open turn"
+    counts = Counter(t.status for t in stored.todos.values())
+    assert stored.loop.todo_counts == tuple(
+        counts[s] for s in ("open", "claimed", "done", "blocked")
+    )
+
+
+async def full_check(kernel: Kernel, loop_id: str) -> list[ReceiptBody]:
+    bodies, stored = await fold_check(kernel, loop_id)
+    assert_counters_are_sums(bodies, stored)
+    assert_open_turns_match_claimed_todos(stored)
+    return bodies
+
+
+# --- a scripted scenario touching every receipt kind -----------------------------------------
+
+
+def _policy(**stop: Any) -> dict[str, Any]:
+    policy = copy.deepcopy(BASIC_POLICY)
+    policy["agents"] = ["builder", "reviewer", "carol"]
+    policy["stop"].update(stop)
+    return policy
+
+
+def _report(turn: ClaimResult, outcome: str, key: str, **kw: Any) -> UpdateRequest:
+    return UpdateRequest(
+        turn_id=turn.turn_id,  # type: ignore[arg-type]
+        fence=kw.pop("fence", turn.fence),
+        outcome=outcome,  # type: ignore[arg-type]
+        summary=outcome,
+        idempotency_key=key,
+        evidence=kw.pop("evidence", EVIDENCE if outcome == "completed" else []),
+        **kw,
+    )
+
+
+@pytest.mark.anyio
+async def test_fold_equals_stored_after_every_operation_of_a_scenario(kernel, clock):
+    seen: set[str] = set()
+
+    async def step(loop_id: str, coro):
+        result = await coro
+        bodies = await full_check(kernel, loop_id)
+        seen.update(b.kind for b in bodies)
+        return result
+
+    def req(loop_id):
+        return ClaimRequest(loop_id=loop_id)
+
+    # L1: claims, refusals, leases, approvals, todo add, pause/resume, completion.
+    todos = [TodoInput(id="a", title="a"), TodoInput(id="b", title="b", depends_on=("a",))]
+    await step(
+        "L1",
+        open_loop(
+            kernel,
+            OPERATOR,
+            OpenLoopRequest(
+                objective="o", policy=_policy(on_violation="refuse_turn"), todos=todos, loop_id="L1"
+            ),
+        ),
+    )
+    await step("L1", claim(kernel, STRANGER, req("L1")))  # claim.refused
+    t1 = await step("L1", claim(kernel, BUILDER, req("L1")))
+    await step("L1", heartbeat(kernel, BUILDER, HeartbeatRequest(turn_id=t1.turn_id, fence=1)))
+    await step("L1", heartbeat(kernel, REVIEWER, HeartbeatRequest(turn_id=t1.turn_id, fence=1)))
+    await step(
+        "L1",
+        update(
+            kernel, BUILDER, _report(t1, "progress", "s1", usage=Usage(model_calls=2, cost_usd=0.1))
+        ),
+    )
+    t2 = await step("L1", claim(kernel, REVIEWER, req("L1")))
+    clock.advance(901)
+    t3 = await step("L1", claim(kernel, BUILDER, req("L1")))  # lease.expired + turn.claimed
+    await step(
+        "L1", update(kernel, REVIEWER, _report(t2, "progress", "s2", usage=Usage(tool_calls=4)))
+    )  # late
+    asked = await step(
+        "L1",
+        request_approval(
+            kernel,
+            BUILDER,
+            ApprovalRequest(
+                turn_id=t3.turn_id,
+                fence=t3.fence,
+                tool="deploy.prod",
+                summary="go",
+                artifact_digest=EVIDENCE[0].digest,
+            ),
+        ),
+    )
+    await step(
+        "L1",
+        decide_approval(
+            kernel, OPERATOR, DecideApprovalRequest(approval_id=asked.approval_id, approve=True)
+        ),
+    )
+    await step(
+        "L1", update(kernel, BUILDER, _report(t3, "completed", "s3", evidence=[]))
+    )  # evidence_required: stays open
+    await step(
+        "L1",
+        update(
+            kernel,
+            BUILDER,
+            _report(
+                t3,
+                "completed",
+                "s4",
+                tools_used=[ToolUse(name="deploy.prod")],
+                approval_ids=[asked.approval_id],
+                usage=Usage(input_tokens=100, output_tokens=50, wall_seconds=12.5),
+            ),
+        ),
+    )
+    await step(
+        "L1", todo_add(kernel, BUILDER, TodoAddRequest(loop_id="L1", title="c", depends_on=["a"]))
+    )
+    await step(
+        "L1", todo_add(kernel, STRANGER, TodoAddRequest(loop_id="L1", title="x"))
+    )  # request.refused
+    await step("L1", control_loop(kernel, OPERATOR, "pause", LoopControlRequest(loop_id="L1")))
+    await step("L1", control_loop(kernel, OPERATOR, "resume", LoopControlRequest(loop_id="L1")))
+    t4 = await step("L1", claim(kernel, BUILDER, req("L1")))
+    await step(
+        "L1",
+        update(
+            kernel, BUILDER, _report(t4, "completed", "s5", tools_used=[ToolUse(name="shell.exec")])
+        ),
+    )  # violation, refuse_turn
+    t5 = await step("L1", claim(kernel, REVIEWER, req("L1")))
+    await step("L1", update(kernel, REVIEWER, _report(t5, "failed", "s6", failure_signature="E1")))
+    for key in ("s7", "s8"):
+        turn = await step("L1", claim(kernel, BUILDER, req("L1")))
+        await step("L1", update(kernel, BUILDER, _report(turn, "completed", key)))
+    assert (await kernel.store.read(lambda r: r.loop_row("L1"))).status == "completed"
+
+    # L2: a policy violation stops the loop, closing another open turn.
+    await step(
+        "L2",
+        open_loop(
+            kernel,
+            OPERATOR,
+            OpenLoopRequest(objective="o", policy=_policy(), todos=todos, loop_id="L2"),
+        ),
+    )
+    u1 = await step("L2", claim(kernel, BUILDER, req("L2")))
+    await step("L2", todo_add(kernel, OPERATOR, TodoAddRequest(loop_id="L2", title="free")))
+    await step("L2", claim(kernel, REVIEWER, req("L2")))
+    await step(
+        "L2",
+        update(
+            kernel,
+            BUILDER,
+            _report(
+                u1,
+                "progress",
+                "v1",
+                tools_used=[ToolUse(name="git.push")],
+                usage=Usage(cost_usd=0.2),
+            ),
+        ),
+    )
+    assert (await kernel.store.read(lambda r: r.loop_row("L2"))).status == "stopped"
+
+    # L3: cancelled with an open turn and a pending approval.
+    await step(
+        "L3",
+        open_loop(
+            kernel,
+            OPERATOR,
+            OpenLoopRequest(objective="o", policy=_policy(), todos=todos, loop_id="L3"),
+        ),
+    )
+    w1 = await step("L3", claim(kernel, CAROL, req("L3")))
+    await step(
+        "L3",
+        request_approval(
+            kernel,
+            CAROL,
+            ApprovalRequest(turn_id=w1.turn_id, fence=1, tool="deploy.prod", summary="go"),
+        ),
+    )
+    await step("L3", control_loop(kernel, OPERATOR, "cancel", LoopControlRequest(loop_id="L3")))
+
+    assert set(seen) == set(DATA_MODELS), f"kinds never exercised: {set(DATA_MODELS) - set(seen)}"
+
+
+@pytest.mark.anyio
+async def test_fold_check_detects_a_stored_projection_that_drifted(kernel):
+    """The check itself can fail: a projection row edited behind the fold is caught."""
+    await open_loop(
+        kernel,
+        OPERATOR,
+        OpenLoopRequest(
+            objective="o", policy=BASIC_POLICY, todos=[TodoInput(title="a")], loop_id="L1"
+        ),
+    )
+    await claim(kernel, BUILDER, ClaimRequest(loop_id="L1"))
+    await full_check(kernel, "L1")
+
+    def drift(tx):
+        tx.conn.execute("UPDATE todos SET attempts = attempts + 1 WHERE loop_id = 'L1'")
+
+    await kernel.store.write(drift)
+    with pytest.raises(AssertionError):
+        await fold_check(kernel, "L1")
+
+
+# --- random operation sequences (hypothesis) -------------------------------------------------
+
+# Mostly allowed tools, so loops live long enough to reach deep states; sometimes a violation.
+TOOLS = ("fs.read", "fs.write", "tests.run") * 4 + (
+    "git.push",
+    "deploy.prod",
+    "deploy.prod",
+    "shell.exec",
+)
+FUZZ_POLICY: dict[str, Any] = {
+    "agents": ["builder", "reviewer", "carol"],
+    "tools": {
+        "allow": ["fs.read", "fs.write", "tests.run"],
+        "deny": ["git.push"],
+        "approval": ["deploy.*"],
+    },
+    "budgets": {"max_turns": 30, "max_cost_usd": 6.0, "max_model_calls": 40},
+    "rate": {"turns_per_window": 8, "window_seconds": 600},
+    "claims": {"lease_seconds": 300, "max_active": 3, "max_active_per_agent": 1, "max_attempts": 3},
+    "stop": {"repeated_failure_limit": 3},
+    "todos": {"agents_may_add": True, "max_todos": 8},
+}
+
+
+@dataclass
+class World:
+    """What the driver remembers to pick meaningful arguments (never used as an oracle)."""
+
+    kernel: Kernel
+    clock: ManualClock
+    turns: list[tuple[Principal, ClaimResult]] = field(default_factory=list)
+    approvals: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    sent: list[tuple[Principal, UpdateRequest, UpdateResult]] = field(default_factory=list)
+    keys: int = 0
+
+    def key(self) -> str:
+        self.keys += 1
+        return f"k{self.keys}"
+
+
+def _who(data: st.DataObject, owner: Principal) -> Principal:
+    """Mostly the turn's owner; sometimes another agent."""
+    return data.draw(st.sampled_from([owner, owner, owner, *AGENTS]))
+
+
+async def op_claim(w: World, data: st.DataObject) -> None:
+    who = data.draw(st.sampled_from([*AGENTS, STRANGER]))
+    result = await claim(w.kernel, who, ClaimRequest(loop_id="L"))
+    if result.granted:
+        w.turns.append((who, result))
+
+
+async def op_update(w: World, data: st.DataObject) -> None:
+    if w.sent and data.draw(st.integers(0, 4)) == 0:
+        # Retry a previous update with its key: same arguments replay, others conflict.
+        who, req, original = data.draw(st.sampled_from(w.sent))
+        if data.draw(st.booleans()):
+            before = await w.kernel.store.read(lambda r: r.journal_count())
+            again = await update(w.kernel, who, req)
+            assert again == original, "an idempotent retry returned a different result"
+            assert await w.kernel.store.read(lambda r: r.journal_count()) == before
+        else:
+            changed = req.model_copy(update={"summary": req.summary + " (changed)"})
+            result = await update(w.kernel, who, changed)
+            assert not result.accepted and {r.code for r in result.reasons} == {
+                "idempotency_conflict"
+            }
+        return
+    if not w.turns:
+        return
+    owner, turn = data.draw(st.sampled_from(w.turns))
+    who = _who(data, owner)
+    outcome = data.draw(st.sampled_from(["progress", "completed", "failed", "blocked"]))
+    tools = data.draw(st.lists(st.sampled_from(TOOLS), unique=True, max_size=2))
+    usage = Usage(
+        model_calls=data.draw(st.integers(0, 4)),
+        input_tokens=data.draw(st.sampled_from([0, 10, 1000])),
+        output_tokens=data.draw(st.sampled_from([0, 7])),
+        tool_calls=data.draw(st.integers(0, 3)),
+        cost_usd=data.draw(st.sampled_from([0.0, 0.1, 0.25, 1.0])),
+        wall_seconds=data.draw(st.sampled_from([0.0, 1.5, 30.0])),
+    )
+    approvals = data.draw(st.lists(st.sampled_from(w.approvals), max_size=1)) if w.approvals else []
+    req = UpdateRequest(
+        turn_id=turn.turn_id,  # type: ignore[arg-type]
+        fence=data.draw(st.sampled_from([turn.fence] * 4 + [turn.fence + 1])),  # type: ignore[operator]
+        outcome=outcome,  # type: ignore[arg-type]
+        tools_used=[ToolUse(name=t, count=data.draw(st.integers(1, 3))) for t in tools],
+        usage=usage,
+        evidence=EVIDENCE if data.draw(st.integers(0, 3)) else [],
+        summary=f"{outcome} by {who.id}",
+        failure_signature=data.draw(st.sampled_from([None, "E1", "E1", "E2"])),
+        approval_ids=approvals,
+        idempotency_key=w.key(),
+    )
+    w.sent.append((who, req, await update(w.kernel, who, req)))
+
+
+async def op_heartbeat(w: World, data: st.DataObject) -> None:
+    if not w.turns:
+        return
+    owner, turn = data.draw(st.sampled_from(w.turns))
+    fence = data.draw(st.sampled_from([turn.fence, turn.fence, 0]))
+    await heartbeat(
+        w.kernel, _who(data, owner), HeartbeatRequest(turn_id=turn.turn_id, fence=fence)
+    )  # type: ignore[arg-type]
+
+
+async def op_advance(w: World, data: st.DataObject) -> None:
+    w.clock.advance(data.draw(st.sampled_from([1, 59, 299, 301, 700])))
+
+
+async def op_todo_add(w: World, data: st.DataObject) -> None:
+    who = data.draw(st.sampled_from([BUILDER, OPERATOR, STRANGER]))
+    todos = await w.kernel.store.read(lambda r: [t.todo_id for t in r.all_todos("L")])
+    deps = data.draw(st.lists(st.sampled_from([*todos, "ghost"]), max_size=2, unique=True))
+    await todo_add(w.kernel, who, TodoAddRequest(loop_id="L", title="added", depends_on=deps))
+
+
+async def op_request_approval(w: World, data: st.DataObject) -> None:
+    if not w.turns:
+        return
+    owner, turn = data.draw(st.sampled_from(w.turns))
+    result = await request_approval(
+        w.kernel,
+        _who(data, owner),
+        ApprovalRequest(
+            turn_id=turn.turn_id,  # type: ignore[arg-type]
+            fence=turn.fence,  # type: ignore[arg-type]
+            tool=data.draw(st.sampled_from(["deploy.prod", "deploy.prod", "fs.read"])),
+            summary="please",
+            artifact_digest=data.draw(st.sampled_from([None, EVIDENCE[0].digest])),
+        ),
+    )
+    if result.requested:
+        w.approvals.append(result.approval_id)  # type: ignore[arg-type]
+        w.pending.append(result.approval_id)  # type: ignore[arg-type]
+
+
+async def op_decide(w: World, data: st.DataObject) -> None:
+    if not w.pending:
+        return
+    approval_id = data.draw(st.sampled_from(w.pending))
+    w.pending.remove(approval_id)
+    await decide_approval(
+        w.kernel,
+        OPERATOR,
+        DecideApprovalRequest(
+            approval_id=approval_id,  # type: ignore[arg-type]
+            approve=data.draw(st.booleans()),
+            expires_in_seconds=data.draw(st.sampled_from([30, 3600])),
+        ),
+    )
+
+
+async def op_pause_resume(w: World, data: st.DataObject) -> None:
+    action = data.draw(st.sampled_from(["pause", "resume"]))
+    await control_loop(w.kernel, OPERATOR, action, LoopControlRequest(loop_id="L"))
+
+
+OPERATIONS = {
+    "claim": op_claim,
+    "update": op_update,
+    "heartbeat": op_heartbeat,
+    "advance": op_advance,
+    "todo_add": op_todo_add,
+    "request_approval": op_request_approval,
+    "decide": op_decide,
+    "pause_resume": op_pause_resume,
+}
+WEIGHTED = ["claim"] * 3 + ["update"] * 4 + list(OPERATIONS)
+
+
+async def _drive(data: st.DataObject, on_violation: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        clock = ManualClock()
+        keys = KeyStore(home)
+        store = await Store.open(
+            home / "loopwarden.db", keys.load_signer(), clock=clock, checkpoint_every=8
+        )
+        try:
+            kernel = Kernel(store, keys.keyring())
+            policy = copy.deepcopy(FUZZ_POLICY)
+            policy["stop"]["on_violation"] = on_violation
+            todos = [
+                TodoInput(id="a", title="a"),
+                TodoInput(id="b", title="b"),
+                TodoInput(id="c", title="c", depends_on=("a",)),
+            ]
+            await open_loop(
+                kernel,
+                OPERATOR,
+                OpenLoopRequest(objective="fuzz", policy=policy, todos=todos, loop_id="L"),
+            )
+            await full_check(kernel, "L")
+            world = World(kernel, clock)
+            for _ in range(data.draw(st.integers(1, 25), label="steps")):
+                name = data.draw(st.sampled_from(WEIGHTED), label="operation")
+                before = await kernel.store.read(lambda r: r.journal_count())
+                try:
+                    await OPERATIONS[name](world, data)
+                except LoopwardenError:
+                    # A raised error (Conflict, InvalidInput, ...) must leave nothing behind.
+                    assert await kernel.store.read(lambda r: r.journal_count()) == before
+                await full_check(kernel, "L")
+        finally:
+            await store.close()
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(data=st.data(), on_violation=st.sampled_from(["stop_loop", "refuse_turn"]))
+def test_random_operation_sequences_keep_fold_chain_and_counters_consistent(data, on_violation):
+    anyio.run(_drive, data, on_violation)

@@ -1,0 +1,428 @@
+"""Store invariants: one all-or-nothing write path, a startup check that refuses a damaged file,
+a Merkle frontier that matches the journal, consistent checkpoints, and several processes
+sharing one database file without breaking any of it."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER
+
+import loopwarden
+from loopwarden.errors import IntegrityError, LoopwardenError
+from loopwarden.ledger import merkle
+from loopwarden.ledger.checkpoints import open_checkpoint
+from loopwarden.ledger.events import Evidence, ReceiptBody, TodoAdded, TodoSpec
+from loopwarden.ledger.keys import KeyStore
+from loopwarden.ledger.projection import rebuild
+from loopwarden.ledger.receipts import open_envelope
+from loopwarden.ledger.store import Store, startup_check
+from loopwarden.principals import Principal
+from loopwarden.tools.claim import ClaimRequest, claim
+from loopwarden.tools.kernel import Kernel
+from loopwarden.tools.loops import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.tools.update import UpdateRequest, update
+
+pytestmark = pytest.mark.anyio
+
+EVIDENCE = [Evidence(kind="test", summary="ok")]
+WIDE_POLICY = {**copy.deepcopy(BASIC_POLICY), "budgets": {"max_turns": 1000}}
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+async def open_kernel(home: Path, **kwargs: Any) -> Kernel:
+    keys = KeyStore(home)
+    store = await Store.open(home / "loopwarden.db", keys.load_signer(), **kwargs)
+    return Kernel(store, keys.keyring())
+
+
+async def open_test_loop(kernel: Kernel, todos: int, policy=WIDE_POLICY, loop_id="L1") -> str:
+    await open_loop(
+        kernel,
+        OPERATOR,
+        OpenLoopRequest(
+            objective="o",
+            policy=policy,
+            todos=[TodoInput(title=f"todo {n}") for n in range(todos)],
+            loop_id=loop_id,
+        ),
+    )
+    return loop_id
+
+
+async def work_one(kernel: Kernel, who: Principal, loop_id: str, key: str) -> bool:
+    """Claim the next todo and complete it; False if nothing was granted."""
+    granted = await claim(kernel, who, ClaimRequest(loop_id=loop_id))
+    if not granted.granted:
+        return False
+    result = await update(
+        kernel,
+        who,
+        UpdateRequest(
+            turn_id=granted.turn_id,  # type: ignore[arg-type]
+            fence=granted.fence,  # type: ignore[arg-type]
+            outcome="completed",
+            evidence=EVIDENCE,
+            summary="done",
+            idempotency_key=key,
+        ),
+    )
+    assert result.accepted
+    return True
+
+
+def snapshot(reader) -> dict[str, Any]:
+    """Everything a write could change."""
+    conn = reader.conn
+    return {
+        "journal": reader.journal_count(),
+        "log": reader.log_state(),
+        "nodes": conn.execute("SELECT level, idx, hash FROM merkle_nodes ORDER BY 1, 2").fetchall(),
+        "checkpoints": reader.checkpoints(),
+        "view": reader.full_view("L1"),
+        "loops": conn.execute("SELECT * FROM loops ORDER BY loop_id").fetchall(),
+        "todos": conn.execute("SELECT * FROM todos ORDER BY loop_id, todo_id").fetchall(),
+        "idempotency": conn.execute("SELECT * FROM idempotency ORDER BY 1, 2").fetchall(),
+    }
+
+
+def leaf_hashes(reader) -> list[bytes]:
+    return [merkle.leaf_hash(row.envelope) for row in reader.iter_journal()]
+
+
+async def assert_fold_equals_stored(kernel: Kernel, loop_id: str) -> list[ReceiptBody]:
+    def read(r):
+        return r.loop_journal(loop_id), r.full_view(loop_id)
+
+    rows, stored = await kernel.store.read(read)
+    bodies = []
+    for expected_seq, row in enumerate(rows, start=1):
+        opened = open_envelope(row.envelope, kernel.keyring)
+        assert opened.verified, opened.problems
+        body = ReceiptBody.model_validate(opened.body)
+        assert body.seq == row.seq == expected_seq
+        bodies.append(body)
+    rebuilt = rebuild([(b, r.digest) for b, r in zip(bodies, rows, strict=True)])[loop_id]
+    assert (rebuilt.loop, rebuilt.todos, rebuilt.turns, rebuilt.approvals, rebuilt.policy) == (
+        stored.loop,
+        stored.todos,
+        stored.turns,
+        stored.approvals,
+        stored.policy,
+    )
+    return bodies
+
+
+# --- one write path: all or nothing ----------------------------------------------------------
+
+
+async def test_failed_transaction_after_append_leaves_no_trace(kernel):
+    await open_test_loop(kernel, 14)
+    # Fill the log to one short of a checkpoint, so the aborted append would also have signed one.
+    while await kernel.store.read(lambda r: r.journal_count()) < 15:
+        await kernel.store.write(
+            lambda tx: tx.append(
+                "L1",
+                "todo.added",
+                OPERATOR,
+                TodoAdded(todo=TodoSpec(id=f"x{tx.journal_count()}", title="x", order=99)),
+            )
+        )
+    before = await kernel.store.read(snapshot)
+    assert before["journal"] == 15 and not before["checkpoints"]
+
+    def doomed(tx):
+        tx.append(
+            "L1", "todo.added", OPERATOR, TodoAdded(todo=TodoSpec(id="zz", title="z", order=1))
+        )
+        tx.remember("builder", "key-1", "update", "sha256:" + "0" * 64, {"accepted": True})
+        assert tx.journal_count() == 16 and tx.latest_checkpoint() is not None  # visible inside
+        raise RuntimeError("boom after the append")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        await kernel.store.write(doomed)
+    assert await kernel.store.read(snapshot) == before
+
+    # The next append continues the chain exactly where the committed state left it.
+    appended = await kernel.store.write(
+        lambda tx: tx.append(
+            "L1", "todo.added", OPERATOR, TodoAdded(todo=TodoSpec(id="zz", title="z", order=1))
+        )
+    )
+    assert appended.seq == before["view"].loop.head_seq + 1
+    assert appended.leaf_index == 15
+
+
+async def test_failed_transaction_with_domain_error_leaves_no_trace(kernel):
+    await open_test_loop(kernel, 2)
+    before = await kernel.store.read(snapshot)
+
+    def doomed(tx):
+        tx.append(
+            "L1", "todo.added", OPERATOR, TodoAdded(todo=TodoSpec(id="zz", title="z", order=1))
+        )
+        raise LoopwardenError("refused late")
+
+    with pytest.raises(LoopwardenError):
+        await kernel.store.write(doomed)
+    assert await kernel.store.read(snapshot) == before
+
+
+# --- startup check ---------------------------------------------------------------------------
+
+DAMAGE = {
+    "projection_head_seq_edited": "UPDATE loops SET head_seq = head_seq - 1",
+    "projection_head_digest_edited": "UPDATE loops SET head_digest = 'sha256:' || hex(zeroblob(32))",
+    "last_journal_row_deleted": "DELETE FROM journal WHERE leaf_index = (SELECT max(leaf_index) FROM journal)",
+    "middle_journal_row_deleted": "DELETE FROM journal WHERE leaf_index = 3",
+    "log_size_decreased": "UPDATE log_state SET size = size - 1",
+    "log_size_increased": "UPDATE log_state SET size = size + 1",
+    "frontier_replaced": "UPDATE log_state SET frontier = zeroblob(length(frontier))",
+    "last_envelope_replaced": "UPDATE journal SET envelope = x'00' WHERE leaf_index = (SELECT max(leaf_index) FROM journal)",
+}
+
+
+async def _populated_home(home: Path) -> None:
+    kernel = await open_kernel(home)
+    try:
+        await open_test_loop(kernel, 4)
+        for n in range(3):
+            await work_one(kernel, BUILDER, "L1", f"k{n}")
+    finally:
+        await kernel.store.close()
+
+
+async def test_startup_check_accepts_an_undamaged_store(home):
+    await _populated_home(home)
+    kernel = await open_kernel(home)
+    try:
+        await kernel.store.read(startup_check)
+    finally:
+        await kernel.store.close()
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE.values()), ids=list(DAMAGE))
+async def test_startup_check_refuses_a_damaged_store(home, damage):
+    await _populated_home(home)
+    raw = sqlite3.connect(home / "loopwarden.db")
+    try:
+        assert raw.execute(damage).rowcount == 1
+        raw.commit()
+    finally:
+        raw.close()
+    with pytest.raises(IntegrityError):
+        await open_kernel(home)
+
+
+# --- Merkle log ------------------------------------------------------------------------------
+
+
+async def test_frontier_and_root_match_the_journal_after_every_append(kernel):
+    await open_test_loop(kernel, 6)
+    sizes = set()
+    for n in range(7):
+        await work_one(kernel, BUILDER if n % 2 else REVIEWER, "L1", f"k{n}")
+
+        def check(reader):
+            size, frontier = reader.log_state()
+            leaves = leaf_hashes(reader)
+            assert size == len(leaves) == reader.journal_count()
+            assert frontier == merkle.frontier_at(size, reader.node)
+            assert merkle.root_from_frontier(frontier) == merkle.root_from_leaves(leaves)
+            return size
+
+        sizes.add(await kernel.store.read(check))
+    assert len(sizes) == 7  # every round appended
+
+
+async def test_checkpoints_every_n_receipts_are_signed_and_consistent(kernel):
+    await open_test_loop(kernel, 30)
+    for n in range(30):
+        assert await work_one(kernel, BUILDER, "L1", f"k{n}")
+
+    def read(reader):
+        checkpoints = reader.checkpoints()
+        leaves = leaf_hashes(reader)
+        proofs = [
+            merkle.consistency_proof(old.size, new.size, reader.node)
+            for old, new in itertools.pairwise(checkpoints)
+        ]
+        return checkpoints, leaves, proofs
+
+    checkpoints, leaves, proofs = await kernel.store.read(read)
+    every = kernel.store.checkpoint_every
+    assert [c.size for c in checkpoints] == list(range(every, len(leaves) + 1, every))
+    assert len(checkpoints) >= 3
+    for cp in checkpoints:
+        signed = open_checkpoint(cp.note, kernel.keyring)
+        assert signed.verified and signed.size == cp.size and signed.root == cp.root
+        assert cp.root == merkle.root_from_leaves(leaves[: cp.size])
+    for (old, new), proof in zip(itertools.pairwise(checkpoints), proofs, strict=True):
+        assert merkle.verify_consistency(old.size, new.size, old.root, new.root, proof)
+        assert not merkle.verify_consistency(old.size, new.size, new.root, new.root, proof)
+
+
+# --- several processes on one file -----------------------------------------------------------
+
+WORKER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+
+    import anyio
+
+    from loopwarden.ledger.events import Evidence
+    from loopwarden.ledger.keys import KeyStore
+    from loopwarden.ledger.store import Store
+    from loopwarden.principals import Principal
+    from loopwarden.tools.claim import ClaimRequest, claim
+    from loopwarden.tools.kernel import Kernel
+    from loopwarden.tools.update import UpdateRequest, update
+    from loopwarden.ledger.events import Usage
+
+
+    async def main(home: Path, loop_id: str, agent: str) -> None:
+        keys = KeyStore(home)
+        store = await Store.open(home / "loopwarden.db", keys.load_signer())
+        kernel = Kernel(store, keys.keyring())
+        who = Principal(id=agent, role="agent")
+        (home / f"ready-{agent}").touch()
+        deadline = time.monotonic() + 30
+        while not (home / "go").exists():  # start together
+            if time.monotonic() > deadline:
+                raise SystemExit("no go signal")
+            await anyio.sleep(0.01)
+        completed = n = 0
+        try:
+            while time.monotonic() < deadline:
+                granted = await claim(kernel, who, ClaimRequest(loop_id=loop_id))
+                if not granted.granted:
+                    if granted.status != "active":
+                        break
+                    await anyio.sleep(0.002)
+                    continue
+                n += 1
+                # Every third turn reports progress: the todo goes back for anyone to claim.
+                outcome = "progress" if n % 3 == 0 else "completed"
+                result = await update(
+                    kernel,
+                    who,
+                    UpdateRequest(
+                        turn_id=granted.turn_id,
+                        fence=granted.fence,
+                        outcome=outcome,
+                        usage=Usage(model_calls=1, cost_usd=0.01),
+                        evidence=[Evidence(kind="test", summary="ok")],
+                        summary=f"{outcome} by {agent}",
+                        idempotency_key=f"{agent}-{n}",
+                    ),
+                )
+                assert result.accepted, result.reasons
+                completed += outcome == "completed"
+        finally:
+            await store.close()
+        print(completed)
+
+
+    anyio.run(main, Path(sys.argv[1]), sys.argv[2], sys.argv[3])
+    """
+)
+
+
+def _check_no_double_grant(bodies: list[ReceiptBody]) -> Counter[str]:
+    """Replay the grants: a todo is never granted while another turn on it is open, fences
+    rise by one per grant, and each todo is completed exactly once. Returns completions."""
+    open_turn: dict[str, str] = {}
+    fence: Counter[str] = Counter()
+    completed: Counter[str] = Counter()
+    for body in bodies:
+        data = body.data
+        if body.kind == "turn.claimed":
+            todo = data["todo_id"]
+            assert todo not in open_turn, f"todo {todo} granted while {open_turn[todo]} is open"
+            assert data["fence"] == fence[todo] + 1
+            fence[todo] = data["fence"]
+            open_turn[todo] = data["turn_id"]
+        elif body.kind in ("turn.reported", "lease.expired") or (
+            body.kind == "turn.refused" and data["closes_turn"]
+        ):
+            assert open_turn.pop(data["todo_id"]) == data["turn_id"]
+            if body.kind == "turn.reported" and data["outcome"] == "completed":
+                completed[data["todo_id"]] += 1
+        elif body.kind in ("loop.stopped", "loop.completed", "loop.cancelled"):
+            for closed in data.get("closed_turns", ()):
+                assert open_turn.pop(closed["todo_id"]) == closed["turn_id"]
+    return completed
+
+
+async def test_several_processes_share_one_store_without_breaking_invariants(home, tmp_path):
+    todos = 40
+    kernel = await open_kernel(home)
+    try:
+        await open_test_loop(kernel, todos, {**WIDE_POLICY, "agents": ["*"]})
+    finally:
+        await kernel.store.close()
+
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": str(Path(loopwarden.__file__).resolve().parent.parent)}
+    agents = [f"worker{n}" for n in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(home), "L1", agent],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for agent in agents
+    ]
+    deadline = time.monotonic() + 60
+    try:
+        while not all((home / f"ready-{a}").exists() for a in agents):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                pytest.fail(
+                    "a worker did not start: "
+                    + "".join(p.stderr.read() for p in procs if p.poll() is not None)
+                )  # type: ignore[union-attr]
+            time.sleep(0.02)
+        (home / "go").touch()
+        outputs = [p.communicate(timeout=max(deadline - time.monotonic(), 1)) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_out, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err
+    per_worker = [int(out.strip()) for out, _ in outputs]
+    assert sum(per_worker) == todos
+    assert sum(1 for n in per_worker if n) >= 2, f"no real concurrency: {per_worker}"
+
+    kernel = await open_kernel(home)  # the startup check runs here too
+    try:
+        await kernel.store.read(startup_check)
+        count, size = await kernel.store.read(lambda r: (r.journal_count(), r.log_state()[0]))
+        assert count == size
+        bodies = await assert_fold_equals_stored(kernel, "L1")
+        completed = _check_no_double_grant(bodies)
+        assert completed == {f"t{n}": 1 for n in range(1, todos + 1)}
+        loop = await kernel.store.read(lambda r: r.loop_row("L1"))
+        assert loop.status == "completed"
+        turns = sum(1 for b in bodies if b.kind == "turn.claimed")
+        assert loop.totals.turns == turns and loop.totals.model_calls == turns
+    finally:
+        await kernel.store.close()
