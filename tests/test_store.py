@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER
 
@@ -179,6 +180,54 @@ async def test_failed_transaction_with_domain_error_leaves_no_trace(kernel):
     with pytest.raises(LoopwardenError):
         await kernel.store.write(doomed)
     assert await kernel.store.read(snapshot) == before
+
+
+async def test_grouped_writes_commit_together_and_a_failing_body_rolls_back_alone(kernel):
+    """Concurrent writes are group-committed; each body still commits or vanishes on its own."""
+    await open_test_loop(kernel, 2)
+    before = await kernel.store.read(snapshot)
+    gate = anyio.Event()
+    outcomes: dict[int, object] = {}
+
+    def add(n: int):
+        def body(tx):
+            sealed = tx.append(
+                "L1",
+                "todo.added",
+                OPERATOR,
+                TodoAdded(todo=TodoSpec(id=f"g{n}", title="g", order=n)),
+            )
+            if n % 3 == 0:
+                raise LoopwardenError(f"body {n} refuses after appending")
+            return sealed.seq
+
+        return body
+
+    async def writer(n: int) -> None:
+        await gate.wait()
+        try:
+            outcomes[n] = await kernel.store.write(add(n))
+        except LoopwardenError as exc:
+            outcomes[n] = exc
+
+    async with anyio.create_task_group() as tg:
+        for n in range(1, 13):
+            tg.start_soon(writer, n)
+        await anyio.sleep(0)
+        gate.set()
+
+    failed = sorted(n for n, o in outcomes.items() if isinstance(o, LoopwardenError))
+    committed = {n: o for n, o in outcomes.items() if not isinstance(o, LoopwardenError)}
+    assert failed == [3, 6, 9, 12]
+    head = before["view"].loop.head_seq
+    # The survivors got exactly the next seqs, with no holes left by the rolled-back bodies.
+    assert sorted(committed.values()) == list(range(head + 1, head + 1 + len(committed)))
+    after = await kernel.store.read(snapshot)
+    assert after["journal"] == before["journal"] + len(committed)
+    todos = await kernel.store.read(lambda r: {t.todo_id for t in r.all_todos("L1")})
+    assert {f"g{n}" for n in committed} <= todos
+    assert not {f"g{n}" for n in failed} & todos
+    await assert_fold_equals_stored(kernel, "L1")
 
 
 # --- startup check ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from loopwarden.ledger.events import (
     ApprovalDecided,
     ApprovalRequested,
     ClosedTurn,
+    Fact,
     LeaseExpired,
     LeaseRenewed,
     LoopOpened,
@@ -402,14 +403,18 @@ _HANDLERS = {
 }
 
 
-def apply(view: LoopView | None, body: ReceiptBody, digest: str) -> LoopView:
+def apply(
+    view: LoopView | None, body: ReceiptBody, digest: str, facts: Fact | None = None
+) -> LoopView:
     """Fold one receipt (its validated body and envelope digest) into `view`; returns the view.
 
     `view` is None exactly for `loop.opened`. Mutates and returns the given view (rows are
-    immutable and replaced). Raises `ProjectionError` if the receipt does not continue the
-    loop's chain (seq, prev) or refers to rows the view does not hold.
+    immutable and replaced). `facts` is the body's typed data when the caller already has it
+    (the write path); otherwise it is parsed from the body. Raises `ProjectionError` if the
+    receipt does not continue the loop's chain (seq, prev) or refers to rows the view does not
+    hold.
     """
-    facts = body.facts()
+    facts = facts if facts is not None else body.facts()
     if body.kind == "loop.opened":
         if view is not None:
             raise ProjectionError(f"loop {body.loop_id!r} is opened twice")

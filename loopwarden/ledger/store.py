@@ -31,7 +31,7 @@ from loopwarden.ledger import merkle
 from loopwarden.ledger.checkpoints import sign_checkpoint
 from loopwarden.ledger.events import Fact, ReceiptBody
 from loopwarden.ledger.keys import Signer, public_key_b64
-from loopwarden.ledger.projection import LoopView, apply, touched
+from loopwarden.ledger.projection import LoopRow, LoopView, apply, touched
 from loopwarden.ledger.reader import (
     APPROVAL_COLUMNS,
     LOOP_COLUMNS,
@@ -131,6 +131,20 @@ class Txn(Reader):
         self.now_dt = now
         self.now = format_time(now)
         self.appended: list[Appended] = []
+        # Rows this transaction has read or written; only this transaction can change them
+        # (it holds the write lock), so repeated reads are served from here.
+        self._loops: dict[str, LoopRow | None] = {}
+        self._log: tuple[int, list[bytes]] | None = None
+
+    def loop_row(self, loop_id: str) -> LoopRow | None:
+        if loop_id not in self._loops:
+            self._loops[loop_id] = super().loop_row(loop_id)
+        return self._loops[loop_id]
+
+    def log_state(self) -> tuple[int, list[bytes]]:
+        if self._log is None:
+            self._log = super().log_state()
+        return self._log
 
     # --- receipts -----------------------------------------------------------------------------
 
@@ -185,7 +199,7 @@ class Txn(Reader):
                 "INSERT OR IGNORE INTO policies (digest, document) VALUES (?, ?)",
                 (policy_digest, canonical_bytes(body.data["policy"]).decode()),
             )
-        view = self._fold(body, sealed.digest)
+        view = self._fold(body, sealed.digest, data)
         result = Appended(sealed, body, leaf_index, view)
         self.appended.append(result)
         return result
@@ -213,12 +227,13 @@ class Txn(Reader):
             "UPDATE log_state SET size = ?, frontier = ? WHERE id = 1",
             (size + 1, b"".join(frontier)),
         )
+        self._log = (size + 1, frontier)
         every = self._store.checkpoint_every
         if every and (size + 1) % every == 0:
             self._write_checkpoint(size + 1, merkle.root_from_frontier(frontier))
         return size
 
-    def _fold(self, body: ReceiptBody, digest: str) -> LoopView:
+    def _fold(self, body: ReceiptBody, digest: str, facts: Fact) -> LoopView:
         before = self.view(body.loop_id, touched(body))
         old = (
             {}
@@ -229,11 +244,12 @@ class Txn(Reader):
                 "approvals": dict(before.approvals),
             }
         )
-        after = apply(before, body, digest)
+        after = apply(before, body, digest, facts)
         self._save(after, old)
         return after
 
     def _save(self, view: LoopView, old: dict[str, dict[str, Any]]) -> None:
+        self._loops[view.loop.loop_id] = view.loop
         c = self.conn
         c.execute(
             f"INSERT OR REPLACE INTO loops ({LOOP_COLUMNS}) VALUES ({_qmarks(LOOP_COLUMNS)})",
@@ -315,24 +331,44 @@ class Txn(Reader):
         )
 
 
+class _Pending:
+    """One caller's transaction body waiting for the next group commit."""
+
+    __slots__ = ("done", "error", "fn", "result")
+
+    def __init__(self, fn: Callable[[Txn], Any]) -> None:
+        self.fn = fn
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
 class Store:
-    """The embedded SQLite store. Open with `await Store.open(...)`; close with `await store.close()`."""
+    """The embedded SQLite store. Open with `await Store.open(...)`; close with `await store.close()`.
+
+    Two connections: one writer, used by one group commit at a time, and one reader for
+    snapshots (WAL lets it read while a write is in progress).
+    """
 
     def __init__(
         self,
         conn: sqlite3.Connection,
+        reader_conn: sqlite3.Connection,
         path: Path,
         signer: Signer,
         clock: Clock,
         checkpoint_every: int,
     ) -> None:
         self._conn = conn
+        self._reader_conn = reader_conn
         self.path = path
         self.signer = signer
         self.clock = clock
         self.checkpoint_every = checkpoint_every
         self.policies = PolicyCache()
-        self._limiter = anyio.CapacityLimiter(1)
+        self._write_lock = anyio.Lock()
+        self._read_limiter = anyio.CapacityLimiter(1)
+        self._queue: list[_Pending] = []
         self.origin = Reader(conn).meta("origin") or "loopwarden.local/unknown"
 
     @classmethod
@@ -357,17 +393,20 @@ class Store:
         def _open() -> Store:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = connect(path, synchronous=synchronous)
+            reader_conn = None
             try:
                 migrate(conn)
-                store = cls(conn, path, signer, clock, checkpoint_every)
+                reader_conn = connect(path, synchronous=synchronous)
+                store = cls(conn, reader_conn, path, signer, clock, checkpoint_every)
                 if check:
                     startup_check(Reader(conn))
                 return store
-            except sqlite3.Error as exc:
+            except BaseException as exc:
                 conn.close()
-                raise StoreError(f"cannot open the database: {exc}") from None
-            except BaseException:
-                conn.close()
+                if reader_conn is not None:
+                    reader_conn.close()
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"cannot open the database: {exc}") from None
                 raise
 
         store = await anyio.to_thread.run_sync(_open)
@@ -375,37 +414,72 @@ class Store:
         return store
 
     async def close(self) -> None:
-        await anyio.to_thread.run_sync(self._conn.close, limiter=self._limiter)
+        async with self._write_lock:
+            await anyio.to_thread.run_sync(self._conn.close)
+        await anyio.to_thread.run_sync(self._reader_conn.close, limiter=self._read_limiter)
 
     async def write(self, fn: Callable[[Txn], T]) -> T:
-        """Run `fn(tx)` in one `BEGIN IMMEDIATE` transaction; commit if it returns, else roll back.
+        """Run `fn(tx)` atomically: it commits whole if it returns, and leaves nothing if it raises.
 
-        Runs to completion even if the awaiting task is cancelled, so a transaction is never cut
-        in half. `sqlite3` failures become `StoreError`; `LoopwardenError`s pass through.
+        Calls that arrive while a commit is in progress are grouped into the next one: a single
+        `BEGIN IMMEDIATE` transaction in which each body runs in its own savepoint (so one
+        failure rolls back only itself) and one `COMMIT` makes them all durable before any
+        caller returns. Runs to completion even if the awaiting task is cancelled, so nothing
+        is ever cut in half. `sqlite3` failures become `StoreError`; `LoopwardenError`s pass
+        through.
         """
-        return await anyio.to_thread.run_sync(self._write, fn, limiter=self._limiter)
+        item = _Pending(fn)
+        self._queue.append(item)
+        async with self._write_lock:
+            if not item.done:
+                batch, self._queue = self._queue, []
+                await anyio.to_thread.run_sync(self._commit_group, batch)
+        if item.error is not None:
+            raise item.error
+        return item.result
 
-    def _write(self, fn: Callable[[Txn], T]) -> T:
+    def _commit_group(self, batch: list[_Pending]) -> None:
         conn = self._conn
+        grouped = len(batch) > 1
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise StoreError(f"the database is unavailable: {exc}", code="store_busy") from None
+            busy = StoreError(f"the database is unavailable: {exc}", code="store_busy")
+            self._finish(batch, busy)
+            return
         try:
-            result = fn(Txn(self, self.clock()))
+            for item in batch:
+                if grouped:
+                    conn.execute("SAVEPOINT body")
+                try:
+                    item.result = item.fn(Txn(self, self.clock()))
+                except BaseException as exc:
+                    if not grouped:
+                        raise
+                    conn.execute("ROLLBACK TO body")
+                    item.error = _as_store_error(exc)
+                if grouped:
+                    conn.execute("RELEASE body")
             conn.execute("COMMIT")
-            return result
-        except sqlite3.Error as exc:
-            self._rollback()
-            raise StoreError(f"database error: {exc}") from exc
-        except BaseException:
-            self._rollback()
-            raise
+        except BaseException as exc:
+            self._rollback(conn)
+            self._finish(batch, _as_store_error(exc))
+            return
+        self._finish(batch, None)
+
+    @staticmethod
+    def _finish(batch: list[_Pending], error: BaseException | None) -> None:
+        """Deliver results; a failed commit fails every body in the group (none was durable)."""
+        for item in batch:
+            if error is not None:
+                item.error, item.result = error, None
+            item.done = True
 
     async def simulate(self, fn: Callable[[Txn], T]) -> T:
         """Run `fn(tx)` in a write transaction that is always rolled back: what would happen
         now, with nothing persisted (used to predict a claim exactly)."""
-        return await anyio.to_thread.run_sync(self._simulate, fn, limiter=self._limiter)
+        async with self._write_lock:
+            return await anyio.to_thread.run_sync(self._simulate, fn)
 
     def _simulate(self, fn: Callable[[Txn], T]) -> T:
         conn = self._conn
@@ -414,28 +488,38 @@ class Store:
             try:
                 return fn(Txn(self, self.clock()))
             finally:
-                self._rollback()
+                self._rollback(conn)
         except sqlite3.Error as exc:
             raise StoreError(f"database error: {exc}") from exc
 
-    def _rollback(self) -> None:
-        if self._conn.in_transaction:
-            self._conn.execute("ROLLBACK")
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
 
     async def read(self, fn: Callable[[Reader], T]) -> T:
-        """Run `fn(reader)` on a consistent snapshot (one read transaction)."""
-        return await anyio.to_thread.run_sync(self._read, fn, limiter=self._limiter)
+        """Run `fn(reader)` on a consistent snapshot of committed state (one read transaction)."""
+        return await anyio.to_thread.run_sync(self._read, fn, limiter=self._read_limiter)
 
     def _read(self, fn: Callable[[Reader], T]) -> T:
-        conn = self._conn
+        conn = self._reader_conn
         try:
             conn.execute("BEGIN")
             try:
                 return fn(Reader(conn, self.policies))
             finally:
-                self._rollback()
+                self._rollback(conn)
         except sqlite3.Error as exc:
             raise StoreError(f"database error: {exc}") from exc
+
+
+def _as_store_error(exc: BaseException) -> BaseException:
+    """`sqlite3` errors become `StoreError`; everything else is delivered as raised."""
+    if isinstance(exc, sqlite3.Error):
+        error = StoreError(f"database error: {exc}")
+        error.__cause__ = exc
+        return error
+    return exc
 
 
 def startup_check(reader: Reader) -> None:
