@@ -868,3 +868,24 @@ def test_load_signer_loads_the_winner_while_its_active_pointer_is_still_being_wr
     loaded = store.load_signer()
     assert loaded.key_id == store.active_id()
     assert (store.dir / f"{loaded.key_id}.key").exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    payload=st.binary(max_size=600),
+    signature=st.binary(min_size=64, max_size=64),
+    key_id=st.one_of(
+        st.from_regex(r"[A-Za-z0-9_.:-]{1,40}", fullmatch=True), st.text(min_size=1, max_size=20)
+    ),
+)
+def test_envelope_template_renders_exactly_the_rfc8785_bytes(payload, signature, key_id):
+    from loopwarden.ledger.receipts import envelope_bytes
+
+    expected = canonical_bytes(
+        {
+            "payload": base64.b64encode(payload).decode(),
+            "payloadType": PAYLOAD_TYPE,
+            "signatures": [{"keyid": key_id, "sig": base64.b64encode(signature).decode()}],
+        }
+    )
+    assert envelope_bytes(payload, key_id, signature) == expected
