@@ -1011,7 +1011,10 @@ async def test_quota_predicts_a_grant(kernel):
 
 async def test_quota_predicts_refusals(kernel, clock):
     await open_test_loop(kernel, make_policy(rate={"turns_per_window": 2, "window_seconds": 60}))
-    await _quota_matches_claim(kernel, STRANGER)  # agent_not_allowed
+    with pytest.raises(Forbidden):  # an outsider learns nothing about the loop's budgets
+        await quota(kernel, STRANGER, QuotaRequest(loop_id="L1"))
+    refused = await claim_as(kernel, STRANGER)  # but its claim is refused and sealed
+    assert codes(refused) == {"agent_not_allowed"} and refused.receipt_id
     turn = granted(await claim_as(kernel, BUILDER))
     await _quota_matches_claim(kernel, BUILDER)  # agent_lease_limit
     await report(kernel, BUILDER, turn, "progress")

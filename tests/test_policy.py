@@ -19,6 +19,7 @@ from loopwarden.errors import PolicyError
 from loopwarden.policy import BUDGET_DIMENSIONS, LoopPolicy, parse_policy, policy_digest
 from loopwarden.policy.budgets import MICRO, Totals, budget_lines, exhausted, to_micros
 from loopwarden.policy.decision import Reason
+from loopwarden.policy.digest import policy_document
 from loopwarden.policy.evaluate import (
     ClaimFacts,
     ReportFacts,
@@ -1165,3 +1166,18 @@ def test_digest_is_the_same_from_json_yaml_and_dict(data, rnd):
     from_json = parse_policy(json.dumps(shuffled), "json")
     from_yaml = parse_policy(yaml.safe_dump(shuffled, sort_keys=False), "yaml")
     assert policy_digest(from_json) == policy_digest(from_yaml) == policy_digest(_policy(data))
+
+
+@pytest.mark.parametrize("key", ["max_turns", "max_cost_usd", "max_wall_seconds"])
+def test_an_explicit_null_budget_is_refused_not_read_as_unlimited(key):
+    document = {"agents": ["a"], "budgets": {"max_turns": 5, key: None}}
+    with pytest.raises(PolicyError, match=f"budgets.{key} is null"):
+        policy_from_data(document)
+
+
+def test_the_normalized_document_leaves_unset_limits_out_and_parses_back():
+    policy = policy_from_data({"agents": ["a"], "budgets": {"max_turns": 5}})
+    document = policy_document(policy)
+    assert document["budgets"] == {"max_turns": 5}
+    assert "deadline" not in document["stop"]
+    assert policy_from_data(document) == policy

@@ -29,7 +29,7 @@ from loopwarden.ledger.bundles import export_bundle, load_bundle, verify_bundle
 from loopwarden.ledger.keys import Keyring, KeyStore, decode_public_key, public_key_b64
 from loopwarden.ledger.receipts import open_envelope
 from loopwarden.ledger.store import Txn
-from loopwarden.policy.digest import policy_digest
+from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.evaluate import explain as explain_tool
 from loopwarden.policy.loader import format_for, parse_policy, policy_schema
 from loopwarden.principals import Principal
@@ -129,10 +129,14 @@ def serve(
     allow_remote: Annotated[
         bool, typer.Option("--allow-remote", help="Allow a non-loopback --http bind.")
     ] = False,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option("--allowed-host", help="A Host name clients use for a remote bind (repeat)."),
+    ] = None,
 ) -> None:
     """Run the MCP server (stdio by default). Logs go to stderr; stdout is the protocol."""
     from loopwarden.server.app import build_server
-    from loopwarden.server.settings import Settings
+    from loopwarden.server.settings import Settings, url_host
     from loopwarden.server.transports import configure_logging, serve_http, serve_stdio
 
     configure_logging()
@@ -144,6 +148,7 @@ def serve(
             http=http,
             no_auth=no_auth,
             allow_remote=allow_remote,  # type: ignore[arg-type]
+            allowed_hosts=tuple(allowed_host or ()),
         )
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE)
@@ -158,7 +163,9 @@ def serve(
         anyio.run(serve_stdio, server)
     else:
         host, port = settings.http
-        render.err.print(f"loopwarden serving streamable HTTP on http://{host}:{port}/mcp")
+        render.err.print(
+            f"loopwarden serving streamable HTTP on http://{url_host(host)}:{port}/mcp"
+        )
         anyio.run(serve_http, server, settings)
 
 
@@ -205,7 +212,7 @@ def loop_open(
         request = _model(
             loops_op.OpenLoopRequest,
             objective=objective,
-            policy=parsed.model_dump(mode="json"),
+            policy=policy_document(parsed),
             todos=items,
             loop_id=loop_id,
         )
@@ -870,7 +877,7 @@ def policy_check(file: Path, json_out: Json = False) -> None:
                 "valid": True,
                 "digest": digest,
                 "notes": notes,
-                "policy": policy.model_dump(mode="json"),
+                "policy": policy_document(policy),
             }
         )
     else:

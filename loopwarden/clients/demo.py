@@ -21,6 +21,7 @@ from loopwarden.ledger.audit import audit
 from loopwarden.ledger.bundles import export_bundle, verify_bundle
 from loopwarden.ledger.keys import Keyring
 from loopwarden.ledger.store import Txn
+from loopwarden.policy.digest import policy_document
 from loopwarden.policy.loader import parse_policy
 from loopwarden.tools.approvals import DecideApprovalRequest, decide_approval
 from loopwarden.tools.loops import OpenLoopRequest, open_loop
@@ -78,7 +79,7 @@ class Narrator:
 
 def _policy(name: str) -> dict[str, Any]:
     path = EXAMPLES / name
-    return parse_policy(path.read_text(), "toml", source=name).model_dump(mode="json")
+    return policy_document(parse_policy(path.read_text(), "toml", source=name))
 
 
 def _reasons(reasons) -> list[str]:

@@ -9,8 +9,9 @@ from loopwarden.policy.model import LoopPolicy
 
 
 def policy_document(policy: LoopPolicy) -> dict[str, Any]:
-    """The normalized policy as JSON-native data: every default written out, lists sorted."""
-    return policy.model_dump(mode="json")
+    """The normalized policy as JSON-native data: every default written out, lists sorted, and
+    unset optional values (no limit, no deadline) left out rather than written as null."""
+    return policy.model_dump(mode="json", exclude_none=True)
 
 
 def policy_digest(policy: LoopPolicy) -> str:

@@ -99,6 +99,19 @@ class Budgets(_Section):
     max_cost_usd: float | None = Field(default=None, ge=0, le=10**9, allow_inf_nan=False)
     max_wall_seconds: float | None = Field(default=None, ge=0, le=10**9, allow_inf_nan=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_null_limits(cls, data: object) -> object:
+        # `null` would read as "no limit": that must be said by leaving the key out, never
+        # arrive by accident (a NaN turned into null on the wire, say).
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if value is None:
+                    raise ValueError(
+                        f"budgets.{key} is null; leave the key out for no limit on that dimension"
+                    )
+        return data
+
     def limit(self, dimension: str) -> float | int | None:
         return getattr(self, f"max_{dimension}")
 

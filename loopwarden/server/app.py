@@ -13,7 +13,7 @@ from loopwarden.clock import Clock, system_clock
 from loopwarden.server.auth import StoreTokenVerifier
 from loopwarden.server.resources import register_resources
 from loopwarden.server.runtime import Runtime
-from loopwarden.server.settings import Settings
+from loopwarden.server.settings import Settings, url_host
 from loopwarden.server.tools import build_tools
 
 INSTRUCTIONS = """\
@@ -43,7 +43,9 @@ def build_server(settings: Settings, *, clock: Clock = system_clock) -> MCPServe
             "token_verifier": StoreTokenVerifier(
                 lambda: runtime.kernel.store if runtime.kernel else None
             ),
-            "auth": AuthSettings(issuer_url=f"http://{host}:{port}", resource_server_url=None),
+            "auth": AuthSettings(
+                issuer_url=f"http://{url_host(host)}:{port}", resource_server_url=None
+            ),
         }
     server = MCPServer(
         "loopwarden",

@@ -41,6 +41,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def url_host(host: str) -> str:
+    """A host as it appears in a URL (IPv6 addresses in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
 def parse_bind(text: str) -> tuple[str, int]:
     """`HOST:PORT` (IPv6 as `[::1]:PORT`) → (host, port); `InvalidInput` if malformed."""
     match = re.fullmatch(r"\[?([^\[\]]+?)\]?:(\d{1,5})", text.strip())
@@ -58,6 +63,7 @@ class Settings:
     http: tuple[str, int] | None = None
     auth: bool = True  # HTTP only: bearer tokens required
     allow_remote: bool = False
+    allowed_hosts: tuple[str, ...] = ()  # extra Host names accepted (DNS-rebinding protection)
     synchronous: str = "full"
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
 
@@ -74,6 +80,7 @@ class Settings:
         http: str | None = None,
         no_auth: bool = False,
         allow_remote: bool = False,
+        allowed_hosts: tuple[str, ...] = (),
     ) -> Settings:
         """Validate a serve configuration. Identity comes from here (launch configuration),
         never from a tool argument: `--agent`/`LOOPWARDEN_AGENT`, `--role`/`LOOPWARDEN_ROLE`."""
@@ -82,6 +89,11 @@ class Settings:
             raise InvalidInput(
                 f"refusing to listen on non-loopback address {bind[0]}; pass --allow-remote to mean it"
             )
+        for name in allowed_hosts:
+            if not re.fullmatch(r"[A-Za-z0-9.:\[\]-]{1,253}", name):
+                raise InvalidInput(f"--allowed-host expects a host name or address (got {name!r})")
+        if allowed_hosts and bind is None:
+            raise InvalidInput("--allowed-host only applies to --http")
         if no_auth and bind is None:
             raise InvalidInput("--no-auth only applies to --http (stdio has no tokens)")
         if no_auth and not is_loopback(bind[0]):  # type: ignore[index]
@@ -111,5 +123,6 @@ class Settings:
             http=bind,
             auth=bind is not None and not no_auth,
             allow_remote=allow_remote,
+            allowed_hosts=tuple(allowed_hosts),
             synchronous=synchronous,
         )

@@ -9,9 +9,10 @@ import inspect
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from loopwarden.ledger.events import (
     APPROVAL_ID_PATTERN,
@@ -26,7 +27,7 @@ from loopwarden.ledger.events import (
     Usage,
 )
 from loopwarden.policy.patterns import TOOL_NAME_RE
-from loopwarden.server.runtime import Runtime, invoke
+from loopwarden.server.runtime import Runtime, describe_validation, invoke
 from loopwarden.tools import approvals as approvals_op
 from loopwarden.tools import claim as claim_op
 from loopwarden.tools import loops as loops_op
@@ -270,7 +271,7 @@ async def decide_approval(
     approve: Annotated[bool, Field(description="true to approve, false to reject.")],
     ctx: Context,
     expires_in_seconds: Annotated[
-        int | None, Field(description="How long an approval stays usable.", ge=1)
+        int, Field(description="How long an approval stays usable, in seconds.", ge=1)
     ] = 3600,
     reason: Annotated[str, Field(description="Why.", max_length=MAX_SUMMARY)] = "",
 ) -> approvals_op.DecideApprovalResult:
@@ -307,6 +308,28 @@ TOOLS = {
 }
 
 
+class GovernedTool(Tool):
+    """A tool whose argument errors read like every other loopwarden error.
+
+    The SDK validates the flat arguments before the handler runs and reports pydantic's raw
+    dump (URLs, echoed input). Those become `invalid_input: field: reason` lines here; any other
+    failure is passed through untouched.
+    """
+
+    async def run(
+        self, arguments: dict[str, Any], context: Any, convert_result: bool = False
+    ) -> Any:
+        try:
+            return await super().run(arguments, context, convert_result)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if type(exc) is ToolError and isinstance(cause, ValidationError):
+                raise ToolError(
+                    f"Error executing tool {self.name}: {describe_validation(cause)}"
+                ) from None
+            raise
+
+
 def strict(tool: Tool) -> Tool:
     """Reject unknown arguments (the SDK ignores them by default) and advertise it in the schema."""
     model = tool.fn_metadata.arg_model
@@ -319,7 +342,7 @@ def strict(tool: Tool) -> Tool:
 def build_tools() -> list[Tool]:
     return [
         strict(
-            Tool.from_function(
+            GovernedTool.from_function(
                 fn,
                 name=name,
                 description=inspect.cleandoc(fn.__doc__ or ""),

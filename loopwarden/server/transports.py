@@ -9,7 +9,7 @@ import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 
-from loopwarden.server.settings import Settings, is_loopback
+from loopwarden.server.settings import Settings, is_loopback, url_host
 
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
 LOOPBACK_ORIGINS = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
@@ -24,12 +24,13 @@ def configure_logging(level: int = logging.WARNING) -> None:
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
-def transport_security(host: str) -> TransportSecuritySettings:
-    """DNS-rebinding protection stays on: loopback names always, plus the bind host if remote."""
+def transport_security(host: str, extra: tuple[str, ...] = ()) -> TransportSecuritySettings:
+    """DNS-rebinding protection stays on: loopback names always, the bind host if remote, and
+    every `--allowed-host` (the names remote clients use to reach this server)."""
     hosts, origins = list(LOOPBACK_HOSTS), list(LOOPBACK_ORIGINS)
-    if not is_loopback(host):
-        hosts.append(f"{host}:*")
-        origins += [f"http://{host}:*", f"https://{host}:*"]
+    for name in ([] if is_loopback(host) else [host]) + list(extra):
+        hosts.append(f"{url_host(name)}:*")
+        origins += [f"http://{url_host(name)}:*", f"https://{url_host(name)}:*"]
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
     )
@@ -43,7 +44,9 @@ async def serve_http(server: MCPServer, settings: Settings) -> None:
     """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM."""
     assert settings.http is not None
     host, port = settings.http
-    app = server.streamable_http_app(transport_security=transport_security(host), host=host)
+    app = server.streamable_http_app(
+        transport_security=transport_security(host, settings.allowed_hosts), host=host
+    )
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False, lifespan="on"
     )

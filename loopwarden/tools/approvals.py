@@ -153,7 +153,7 @@ async def decide_approval(
         if approval.status != "pending":
             raise Conflict(f"approval {req.approval_id} is already {approval.status}")
         expires = None
-        if req.approve and req.expires_in_seconds is not None:
+        if req.approve:
             expires = format_time(tx.now_dt + timedelta(seconds=req.expires_in_seconds))
         code = "approved" if req.approve else "rejected"
         sealed = tx.append(

@@ -24,6 +24,7 @@ from loopwarden.tools.common import (
     rate_out,
     reasons_out,
     require_loop,
+    require_visible,
 )
 from loopwarden.tools.kernel import Kernel
 from loopwarden.tools.rules import apply_stop_rules, claim_facts, expire_leases, stop_facts
@@ -49,12 +50,14 @@ async def quota(kernel: Kernel, who: Principal, req: QuotaRequest) -> QuotaResul
 
     A claim first sweeps expired leases and applies the stop rules; when either would change
     the loop, quota plays those steps in a transaction that is rolled back, so its answer is
-    the claim's. `NotFound` for an unknown loop.
+    the claim's. `NotFound` for an unknown loop; `Forbidden` for an agent the loop does not
+    admit (it learns nothing about the loop's budgets).
     """
     now = kernel.store.clock()
 
     def stale(reader: Reader) -> bool:
         loop = require_loop(reader, req.loop_id)
+        require_visible(reader, loop, who)
         return bool(reader.expired_turns(loop.loop_id, format_time(now))) or (
             evaluate_stop(reader.policy(loop.policy_digest), stop_facts(reader, loop, now))
             is not None

@@ -1,0 +1,501 @@
+"""A real `loopwarden serve --http` on a free loopback port, driven by the MCP SDK over HTTP.
+
+Principals come from bearer tokens minted with `loopwarden token create`; the server checks
+every request against the store, so a revoked token fails at once. Every wait is bounded:
+servers must accept connections within `STARTUP_TIMEOUT`, every async test runs under
+`anyio.fail_after(TEST_TIMEOUT)` (the `bounded` decorator), every subprocess has a timeout, and
+every server is terminated by its fixture's finalizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from conftest import BASIC_POLICY
+from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
+
+from loopwarden.clients.agent import AgentClient, ToolCallError
+from loopwarden.tools.claim import ClaimResult
+
+pytestmark = pytest.mark.anyio
+
+STARTUP_TIMEOUT = 20.0  # seconds for a server to accept connections
+TEST_TIMEOUT = 60.0  # seconds for any one async test
+CLI_TIMEOUT = 60.0  # seconds for any one CLI subprocess
+EVIDENCE = [{"kind": "test", "summary": "green"}]
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw-http-test", "version": "0"},
+    },
+}
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def bounded(test: Callable[..., Any]) -> Callable[..., Any]:
+    """Fail an async test that runs longer than TEST_TIMEOUT instead of letting it hang."""
+
+    @functools.wraps(test)
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        with anyio.fail_after(TEST_TIMEOUT):
+            return await test(*args, **kwargs)
+
+    return run
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def cli_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
+    env["LOOPWARDEN_SYNCHRONOUS"] = "normal"
+    return env
+
+
+def loopwarden(*args: str) -> list[str]:
+    return [sys.executable, "-m", "loopwarden", *args]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        loopwarden(*args),
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+        stdin=subprocess.DEVNULL,
+        env=cli_env(),
+    )
+
+
+def cli_json(*args: str) -> dict[str, Any]:
+    done = cli(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    url: str
+    home: Path
+    log: Path
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_server(home: Path, logs: Path, *args: str, host: str = "127.0.0.1") -> Served:
+    """`loopwarden serve --http HOST:PORT --home HOME ARGS`, once it accepts connections."""
+    port = free_port(host)
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"serve-{port}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            loopwarden("serve", "--http", bind, "--home", str(home), *args),
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=cli_env(),
+        )
+    served = Served(process, f"http://{bind}/mcp", home, log)
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"serve exited with {process.returncode}:\n{served.stderr()}")
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return served
+        except OSError:
+            if time.monotonic() > deadline:
+                stop_server(served)
+                raise AssertionError(f"serve did not listen within {STARTUP_TIMEOUT}s") from None
+            time.sleep(0.05)
+
+
+def stop_server(served: Served) -> None:
+    served.process.terminate()
+    try:
+        served.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        served.process.kill()
+        served.process.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class Token:
+    token: str
+    token_id: str
+    agent: str
+    role: str
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One authenticated server for the module (each test uses its own loop ids)."""
+    root = tmp_path_factory.mktemp("http")
+    served = start_server(root / "home", root / "logs")
+    try:
+        yield served
+    finally:
+        stop_server(served)
+
+
+@pytest.fixture(scope="module")
+def tokens(server: Served) -> dict[str, Token]:
+    """Tokens minted with the CLI while the server runs (it reads them from the store)."""
+    specs = [("builder", "agent"), ("reviewer", "agent"), ("alice", "operator")]
+    running = [
+        subprocess.Popen(
+            loopwarden(
+                "token",
+                "create",
+                "--agent",
+                agent,
+                "--role",
+                role,
+                "--json",
+                "--home",
+                str(server.home),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=cli_env(),
+        )
+        for agent, role in specs
+    ]
+    minted = {}
+    for (agent, role), process in zip(specs, running, strict=True):
+        out, err = process.communicate(timeout=CLI_TIMEOUT)
+        assert process.returncode == 0, err
+        issued = json.loads(out)
+        assert (issued["agent"], issued["role"]) == (agent, role)
+        assert issued["token"] and issued["token_id"].startswith("tok-")
+        minted[agent] = Token(issued["token"], issued["token_id"], agent, role)
+    return minted
+
+
+@asynccontextmanager
+async def connect(url: str, token: str | None = None) -> AsyncIterator[AgentClient]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        yield AgentClient(client)
+
+
+async def raw_initialize(url: str, **headers: str) -> httpx2.Response:
+    """A bare POST of an MCP initialize request (no SDK client in the way)."""
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(10)) as http:
+        return await http.post(url, json=INITIALIZE, headers={**MCP_HEADERS, **headers})
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def loop_policy(agents: list[str], **claims: int) -> dict[str, Any]:
+    policy = copy.deepcopy(BASIC_POLICY)
+    policy["agents"] = agents
+    policy["claims"].update(claims)
+    return policy
+
+
+async def open_loop(
+    server: Served, operator: Token, loop_id: str, todos: list[str], agents: list[str]
+) -> None:
+    async with connect(server.url, operator.token) as alice:
+        opened = await alice.open_loop(
+            "governed over http",
+            loop_policy(agents, max_active_per_agent=1),
+            [{"id": t, "title": f"todo {t}"} for t in todos],
+            loop_id=loop_id,
+        )
+    assert (opened.loop_id, opened.status, opened.todos) == (loop_id, "active", len(todos))
+
+
+# --- two agents, one loop --------------------------------------------------------------------
+
+
+@bounded
+async def test_two_agents_with_their_own_tokens_finish_one_loop_without_doing_a_todo_twice(
+    server, tokens
+):
+    todos = [f"t{n}" for n in range(1, 7)]
+    await open_loop(server, tokens["alice"], "duo", todos, ["builder", "reviewer"])
+    done: list[tuple[str, str, str, str]] = []  # (agent, todo, claim receipt, report receipt)
+    first_claims = {"builder": anyio.Event(), "reviewer": anyio.Event()}
+
+    async def work(agent: str) -> None:
+        async with connect(server.url, tokens[agent].token) as me:
+            other = "reviewer" if agent == "builder" else "builder"
+            while True:
+                turn = await me.claim("duo")
+                if not turn.granted:
+                    if turn.status != "active":
+                        return
+                    await anyio.sleep(0.02)  # nothing claimable right now: the other holds it
+                    continue
+                if not first_claims[agent].is_set():
+                    first_claims[agent].set()
+                    await first_claims[other].wait()  # both hold a lease at the same time
+                assert turn.turn_id and turn.fence is not None
+                result = await me.update(
+                    turn.turn_id,
+                    turn.fence,
+                    "completed",
+                    f"{agent} did {turn.todo_id}",
+                    f"{agent}-{turn.todo_id}-{turn.fence}",
+                    evidence=EVIDENCE,
+                    tools_used=[{"name": "fs.write", "count": 1}],
+                )
+                assert result.accepted, result.reasons
+                done.append((agent, turn.todo_id, turn.receipt_id, result.receipt_id))  # type: ignore[arg-type]
+                if result.route == "stop":
+                    return
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(work, "builder")
+        group.start_soon(work, "reviewer")
+
+    per_todo = Counter(todo for _, todo, _, _ in done)
+    assert sorted(per_todo) == todos and set(per_todo.values()) == {1}, per_todo
+    assert {agent for agent, *_ in done} == {"builder", "reviewer"}
+    async with connect(server.url, tokens["alice"].token) as alice:
+        state = await alice.projection("duo")
+        assert state.status == "completed" and state.todo_counts["done"] == len(todos)
+        for agent, todo, claim_id, report_id in done:
+            for receipt_id in (claim_id, report_id):
+                sealed = await alice.receipt(receipt_id)
+                assert sealed.verified and sealed.body["todo_id"] == todo
+                assert sealed.body["principal"] == {"id": agent, "role": "agent"}
+
+    # The operator's view of the same journal: every turn under its own token's principal.
+    journal = cli_json("receipts", "duo", "--home", str(server.home))["receipts"]
+    assert journal[0]["kind"] == "loop.opened" and journal[0]["principal"] == "alice"
+    owners: dict[str, str] = {}
+    for item in journal:
+        assert item["verified"], item
+        if item["kind"] == "turn.claimed":
+            owners[item["turn_id"]] = item["principal"]
+        elif item["kind"] == "turn.reported":
+            assert item["principal"] == owners[item["turn_id"]]
+    assert sorted(owners.values()) == sorted(agent for agent, *_ in done)
+
+
+# --- authentication --------------------------------------------------------------------------
+
+
+@bounded
+async def test_a_request_without_a_token_is_401(server):
+    response = await raw_initialize(server.url)
+    assert response.status_code == 401
+    assert response.json()["error"] == "invalid_token"
+    assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+@bounded
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        "Bearer lw_not-a-real-token",
+        "Bearer " + "lw_" + "x" * 300,
+        "Bearer",
+        "Basic YWxpY2U6cGFzc3dvcmQ=",
+        "lw_no-scheme",
+    ],
+    ids=["unknown-token", "overlong-token", "empty-token", "basic-auth", "no-scheme"],
+)
+async def test_a_request_with_a_wrong_token_is_401(server, authorization):
+    response = await raw_initialize(server.url, Authorization=authorization)
+    assert response.status_code == 401
+
+
+@bounded
+async def test_a_valid_token_is_accepted_and_a_revoked_one_is_refused_at_once(server, tokens):
+    temp = cli_json("token", "create", "--agent", "temp-agent", "--home", str(server.home))
+    ok = await raw_initialize(server.url, **bearer(temp["token"]))
+    assert ok.status_code == 200, ok.text
+    async with connect(server.url, temp["token"]) as agent:
+        with pytest.raises(ToolCallError, match="not_found"):
+            await agent.quota("no-such-loop")  # authenticated: the call reaches the tool
+        revoked = cli_json("token", "revoke", temp["token_id"], "--home", str(server.home))
+        assert revoked == {"token_id": temp["token_id"], "revoked": True}
+        with pytest.raises(MCPError):  # the live session is cut off on its next request
+            await agent.quota("no-such-loop")
+    after = await raw_initialize(server.url, **bearer(temp["token"]))
+    assert after.status_code == 401
+    still = await raw_initialize(server.url, **bearer(tokens["builder"].token))
+    assert still.status_code == 200, "revoking one token must not affect the others"
+
+
+@bounded
+async def test_an_agent_token_calling_open_loop_is_forbidden(server, tokens):
+    async with connect(server.url, tokens["builder"].token) as builder:
+        with pytest.raises(ToolCallError, match="forbidden") as refused:
+            await builder.open_loop("mine now", loop_policy(["builder"]), loop_id="grab")
+        assert "operator" in str(refused.value)
+        with pytest.raises(ToolCallError, match="not_found"):
+            await builder.projection("grab")  # and nothing was opened
+        with pytest.raises(ToolCallError, match="forbidden"):
+            await builder.decide_approval("appr-" + "0" * 20, approve=True)
+
+
+@bounded
+async def test_an_operator_token_can_open_a_loop_recorded_under_the_operator(server, tokens):
+    async with connect(server.url, tokens["alice"].token) as alice:
+        opened = await alice.open_loop(
+            "opened over http", loop_policy(["builder"]), [{"title": "one"}], loop_id="op-1"
+        )
+        sealed = await alice.receipt(opened.receipt_id)
+    assert sealed.kind == "loop.opened"
+    assert sealed.body["principal"] == {"id": "alice", "role": "operator"}
+
+
+@bounded
+async def test_a_tool_argument_cannot_change_the_tokens_principal(server, tokens):
+    async with connect(server.url, tokens["alice"].token) as alice:
+        await alice.open_loop(
+            "who am i", loop_policy(["builder"]), [{"title": "x"}], loop_id="id-1"
+        )
+    async with connect(server.url, tokens["reviewer"].token) as reviewer:
+        with pytest.raises(ToolCallError, match="agent"):
+            await reviewer.call("claim", ClaimResult, loop_id="id-1", agent="builder")
+        refused = await reviewer.claim("id-1")
+        assert not refused.granted and refused.reasons[0].code == "agent_not_allowed"
+        with pytest.raises(ToolCallError, match="forbidden"):
+            await reviewer.receipt(refused.receipt_id)  # not its loop: it cannot even read it
+
+
+@bounded
+async def test_resources_answer_for_the_tokens_principal(server, tokens):
+    async with connect(server.url, tokens["alice"].token) as alice:
+        await alice.open_loop("for reviewers", loop_policy(["reviewer"]), loop_id="res-r")
+        await alice.open_loop("for builders", loop_policy(["builder"]), loop_id="res-b")
+    async with connect(server.url, tokens["reviewer"].token) as reviewer:
+        listed = json.loads(
+            (await reviewer.client.read_resource("loopwarden://loops")).contents[0].text  # type: ignore[union-attr]
+        )
+        visible = {item["loop_id"] for item in listed["loops"]}
+        assert "res-r" in visible and "res-b" not in visible
+        with pytest.raises(MCPError, match="forbidden"):
+            await reviewer.client.read_resource("loopwarden://loops/res-b/projection")
+        read = await reviewer.client.read_resource("loopwarden://loops/res-r/policy")
+        assert json.loads(read.contents[0].text)["agents"] == ["reviewer"]  # type: ignore[union-attr]
+
+
+# --- DNS-rebinding protection ----------------------------------------------------------------
+
+
+@bounded
+async def test_a_foreign_host_header_gets_421_and_a_foreign_origin_403(server, tokens):
+    auth = bearer(tokens["builder"].token)
+    rebound = await raw_initialize(server.url, Host="evil.example", **auth)
+    assert rebound.status_code == 421
+    foreign = await raw_initialize(server.url, Origin="http://evil.example", **auth)
+    assert foreign.status_code == 403
+    local = await raw_initialize(server.url, Origin="http://localhost:1234", **auth)
+    assert local.status_code == 200
+
+
+# --- --no-auth -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def solo_server(tmp_path: Path) -> Iterator[Served]:
+    home = tmp_path / "solo-home"
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(loop_policy(["solo"])))
+    opened = cli_json(
+        "loop", "open", "--policy", str(policy), "--objective", "solo work",
+        "--todo", "a", "--todo", "b", "--id", "solo-1", "--home", str(home),
+    )  # fmt: skip
+    assert opened["loop_id"] == "solo-1"
+    served = start_server(home, tmp_path / "logs", "--no-auth", "--agent", "solo")
+    try:
+        yield served
+    finally:
+        stop_server(served)
+
+
+@bounded
+async def test_no_auth_serves_every_request_as_the_launch_agent(solo_server):
+    async with connect(solo_server.url) as solo:  # no Authorization header at all
+        turn = await solo.claim("solo-1")
+        assert turn.granted, turn.reasons
+        sealed = await solo.receipt(turn.receipt_id)
+        assert sealed.body["principal"] == {"id": "solo", "role": "agent"}
+        with pytest.raises(ToolCallError, match="forbidden"):
+            await solo.open_loop("nope", loop_policy(["solo"]))
+    async with connect(solo_server.url, "lw_someone-elses-token") as other:
+        refused = await other.claim("solo-1")  # a header changes nothing: still solo
+        assert not refused.granted and refused.reasons[0].code == "agent_lease_limit"
+        sealed = await other.receipt(refused.receipt_id)
+        assert sealed.body["principal"]["id"] == "solo"
+    rebound = await raw_initialize(solo_server.url, Host="evil.example")
+    assert rebound.status_code == 421, "DNS-rebinding protection stays on without auth"
+
+
+# --- refused binds ---------------------------------------------------------------------------
+
+
+def test_serve_on_a_non_loopback_address_without_allow_remote_exits_2(tmp_path):
+    done = cli("serve", "--http", f"0.0.0.0:{free_port()}", "--home", str(tmp_path / "h"))
+    assert done.returncode == 2
+    message = " ".join(done.stderr.split())
+    assert "non-loopback" in message and "--allow-remote" in message
+    assert done.stdout == "" and "Traceback" not in done.stderr
+
+
+def test_no_auth_on_a_non_loopback_address_is_refused_even_with_allow_remote(tmp_path):
+    done = cli(
+        "serve", "--http", f"0.0.0.0:{free_port()}", "--no-auth", "--agent", "solo",
+        "--allow-remote", "--home", str(tmp_path / "h"),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--no-auth" in " ".join(done.stderr.split()) and "loopback" in done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+
+
+def test_serve_on_the_ipv6_loopback_requires_a_token(tmp_path):
+    served = start_server(tmp_path / "home", tmp_path / "logs", host="::1")
+    try:
+        with httpx2.Client(timeout=10) as http:
+            response = http.post(served.url, json=INITIALIZE, headers=MCP_HEADERS)
+        assert response.status_code == 401
+    finally:
+        stop_server(served)
