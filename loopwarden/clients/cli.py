@@ -18,6 +18,7 @@ import typer
 
 from loopwarden import __version__
 from loopwarden.clients import admin, render
+from loopwarden.clock import format_time
 from loopwarden.errors import (
     IntegrityError,
     InvalidInput,
@@ -359,6 +360,14 @@ def loop_cancel(
 # --- receipts --------------------------------------------------------------------------------
 
 
+def _keyring(home: Path | None, json_out: bool) -> Keyring:
+    """The trusted keys of `home`'s key directory; a broken key file is a clean failure."""
+    try:
+        return admin.keyring_of(home)
+    except LoopwardenError as exc:
+        fail(exc.message, as_json=json_out, error=exc.code)
+
+
 def _receipt_rows(rows, keyring) -> list[dict[str, Any]]:
     out = []
     for row in rows:
@@ -393,7 +402,7 @@ def receipts(
     json_out: Json = False,
 ) -> None:
     """The loop's journal as a table (signature checked per row)."""
-    keyring = admin.keyring_of(home)
+    keyring = _keyring(home, json_out)
     after = 0
     first = True
     while True:
@@ -438,7 +447,7 @@ def receipts(
 @app.command()
 def receipt(receipt_id: str, home: Home = None, json_out: Json = False) -> None:
     """One receipt: the envelope, its decoded body, and whether it verifies."""
-    keyring = admin.keyring_of(home)
+    keyring = _keyring(home, json_out)
     try:
         with admin.open_reader(home) as reader:
             row = reader.receipt_by_id(receipt_id)
@@ -494,7 +503,7 @@ def verify(
     checkpoint consistency, and every projection rebuilt from receipts. Exit 3 on any finding."""
     from rich.progress import Progress
 
-    keyring = _load_trusted(trusted_keys) if trusted_keys else admin.keyring_of(home)
+    keyring = _load_trusted(trusted_keys) if trusted_keys else _keyring(home, json_out)
     try:
         with admin.open_reader(home) as reader:
             if loop is not None and reader.loop_row(loop) is None:
@@ -544,22 +553,25 @@ def export(
     """Export an offline proof bundle: the loop's envelopes, public keys, a fresh signed
     checkpoint and an inclusion proof per receipt."""
 
+    if not output.parent.is_dir():
+        fail(f"cannot write {output}: no such directory", EXIT_USAGE, as_json=json_out)
+
     async def action():
         async with admin.open_kernel(home) as kernel:
+            if await kernel.store.read(lambda r: r.loop_row(loop_id)) is None:
+                raise NotFound(f"no loop with id {loop_id!r}")
             await kernel.store.write(Txn.checkpoint)
-            now = kernel.store.clock()
-
-            def build(reader):
-                if reader.loop_row(loop_id) is None:
-                    raise NotFound(f"no loop with id {loop_id!r}")
-                from loopwarden.clock import format_time
-
-                return export_bundle(reader, loop_id, kernel.keyring, format_time(now))
-
-            return await kernel.store.read(build)
+            now = format_time(kernel.store.clock())
+            signer = kernel.store.signer
+            return await kernel.store.read(
+                lambda reader: export_bundle(reader, loop_id, kernel.keyring, now, signer)
+            )
 
     bundle = run(action, as_json=json_out)
-    output.write_text(json.dumps(bundle, indent=2) + "\n")
+    try:
+        output.write_text(json.dumps(bundle, indent=2) + "\n")
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror}", EXIT_USAGE, as_json=json_out)
     summary = {
         "loop_id": loop_id,
         "output": str(output),
@@ -590,10 +602,10 @@ def verify_bundle_cmd(
 ) -> None:
     """Verify a bundle with no database and no server. With --key/--trusted-keys, a bundle
     signed by any other key fails. Exit 3 on any finding."""
-    if key and trusted_keys:
+    if key is not None and trusted_keys is not None:
         fail("give --key or --trusted-keys, not both", EXIT_USAGE, as_json=json_out)
     trusted = None
-    if key:
+    if key is not None:
         try:
             trusted = Keyring({"k": decode_public_key(key)})
         except LoopwardenError as exc:

@@ -366,7 +366,10 @@ async def scenario_bundle(home: Path, n: Narrator, work: Path) -> bool:
     async with admin.open_kernel(home) as kernel:
         await kernel.store.write(Txn.checkpoint)
         now = format_time(kernel.store.clock())
-        bundle = await kernel.store.read(lambda r: export_bundle(r, "guarded", kernel.keyring, now))
+        signer = kernel.store.signer
+        bundle = await kernel.store.read(
+            lambda r: export_bundle(r, "guarded", kernel.keyring, now, signer)
+        )
         key = kernel.store.signer.public_key
     path = work / "guarded-bundle.json"
     path.write_text(json.dumps(bundle, indent=2))

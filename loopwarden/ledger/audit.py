@@ -170,9 +170,15 @@ def audit(
             }
         report.findings.append(Finding(code, message, **extra))  # type: ignore[arg-type]
 
+    expected = 0  # the next leaf index the journal should hold
     for row in reader.iter_journal():
-        if row.leaf_index != size:
-            add("leaf_gap", f"leaf {size} is missing; the journal jumps to {row.leaf_index}", row)
+        if row.leaf_index != expected:
+            add(
+                "leaf_gap",
+                f"leaf {expected} is missing; the journal jumps to {row.leaf_index}",
+                row,
+            )
+        expected = row.leaf_index + 1
         frontier, _ = merkle.append_leaf(frontier, size, merkle.leaf_hash(row.envelope))
         size += 1
         while pending and pending[0].size == size:
@@ -186,11 +192,13 @@ def audit(
         progress(size, total)
 
     stored_size, stored_frontier = reader.log_state()
-    if stored_size != size or stored_frontier != frontier:
+    if stored_size != size:
         add(
             "frontier_mismatch",
-            f"the stored Merkle log (size {stored_size}) does not match the journal (size {size})",
+            f"the stored Merkle log has size {stored_size}; the journal holds {size} receipts",
         )
+    elif stored_frontier != frontier:
+        add("frontier_mismatch", "the stored Merkle frontier does not hash the journal's receipts")
     for cp in pending:
         add(
             "checkpoint_beyond_journal",

@@ -16,25 +16,35 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from loopwarden.canonical import sha256_digest
+from loopwarden.canonical import canonical_bytes, sha256_digest
+from loopwarden.errors import LoopwardenError
 from loopwarden.ledger import merkle
 from loopwarden.ledger.checkpoints import open_checkpoint
 from loopwarden.ledger.events import ReceiptBody
-from loopwarden.ledger.keys import Keyring, decode_public_key, public_key_b64
+from loopwarden.ledger.keys import Keyring, Signer, decode_public_key, public_key_b64
 from loopwarden.ledger.projection import LoopView, ProjectionError, apply
 from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.receipts import open_envelope
+from loopwarden.ledger.receipts import open_envelope, pae
 
 BUNDLE_FORMAT = "loopwarden.bundle/v1"
 
 
+MANIFEST_TYPE = "application/vnd.loopwarden.bundle-manifest+json; version=1"
+
+
+def _manifest_message(manifest: dict[str, Any]) -> bytes:
+    return pae(MANIFEST_TYPE, canonical_bytes(manifest))
+
+
 def export_bundle(
-    reader: Reader, loop_id: str, keyring: Keyring, exported_at: str
+    reader: Reader, loop_id: str, keyring: Keyring, exported_at: str, signer: Signer
 ) -> dict[str, Any]:
     """Build the bundle for `loop_id` against the latest checkpoint (which must cover the loop).
 
-    The caller signs a fresh checkpoint first (`Txn.checkpoint`). Raises `LookupError` if the
-    loop has no receipts or the checkpoint does not cover them.
+    The caller signs a fresh checkpoint first (`Txn.checkpoint`). The bundle carries a manifest
+    signed by `signer` naming the loop's head (seq and digest) at export time, so a bundle with
+    its last receipts cut off cannot pass for a complete one. Raises `LookupError` if the loop
+    has no receipts or the checkpoint does not cover them.
     """
     rows = reader.loop_journal(loop_id)
     checkpoint = reader.latest_checkpoint()
@@ -43,9 +53,18 @@ def export_bundle(
     if checkpoint is None or checkpoint.size <= rows[-1].leaf_index:
         raise LookupError("no checkpoint covers the loop's last receipt")
     key_ids = sorted(
-        {open_envelope(r.envelope, keyring).key_id or "" for r in rows} | {checkpoint.key_id}
+        {open_envelope(r.envelope, keyring).key_id or "" for r in rows}
+        | {checkpoint.key_id, signer.key_id}
     )
     public = keyring.public_keys()
+    manifest = {
+        "loop_id": loop_id,
+        "head_seq": rows[-1].seq,
+        "head_digest": rows[-1].digest,
+        "checkpoint_size": checkpoint.size,
+        "exported_at": exported_at,
+    }
+    signature = signer.sign(_manifest_message(manifest))
     return {
         "format": BUNDLE_FORMAT,
         "origin": reader.meta("origin"),
@@ -56,6 +75,11 @@ def export_bundle(
             "note": checkpoint.note,
             "size": checkpoint.size,
             "root": base64.b64encode(checkpoint.root).decode(),
+        },
+        "manifest": manifest,
+        "manifest_signature": {
+            "keyid": signer.key_id,
+            "sig": base64.b64encode(signature).decode(),
         },
         "receipts": [
             {
@@ -118,16 +142,38 @@ def verify_bundle(bundle: Any, trusted: Keyring | None = None) -> BundleReport:
             raise ValueError(f"not a {BUNDLE_FORMAT} document")
         report.loop_id = str(bundle["loop_id"])
         keyring = trusted or Keyring(
-            {k: decode_public_key(v) for k, v in dict(bundle["public_keys"]).items()}
+            {str(k): decode_public_key(str(v)) for k, v in dict(bundle["public_keys"]).items()}
         )
         report.key_ids = keyring.ids()
-        cp = bundle["checkpoint"]
+        note = bundle["checkpoint"]["note"]
         items = list(bundle["receipts"])
-    except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+        manifest = bundle["manifest"]
+        manifest_sig = bundle["manifest_signature"]
+        if not isinstance(note, str) or not isinstance(manifest, dict):
+            raise ValueError("checkpoint note or manifest has the wrong type")
+        manifest_key = str(manifest_sig["keyid"])
+        manifest_sig_bytes = base64.b64decode(str(manifest_sig["sig"]), validate=True)
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+        binascii.Error,
+        LoopwardenError,
+    ) as exc:
         add("bundle_malformed", f"the bundle cannot be read: {exc}")
         return report
 
-    signed = open_checkpoint(str(cp.get("note", "")), keyring)
+    try:
+        manifest_ok = keyring.verify(manifest_key, _manifest_message(manifest), manifest_sig_bytes)
+    except LoopwardenError:
+        manifest_ok = False
+    if manifest_key not in keyring:
+        add("manifest_unknown_key", "the manifest is signed by an untrusted key")
+    elif not manifest_ok:
+        add("manifest_signature_invalid", "the manifest signature does not verify")
+
+    signed = open_checkpoint(note, keyring)
     report.checkpoint_size = signed.size
     if signed.problem == "unknown_key":
         add("checkpoint_unknown_key", "the checkpoint is signed by an untrusted key")
@@ -177,6 +223,16 @@ def verify_bundle(bundle: Any, trusted: Keyring | None = None) -> BundleReport:
         report.receipts += 1
     if not items:
         add("bundle_malformed", "the bundle holds no receipts")
+    elif (
+        manifest.get("loop_id") != report.loop_id
+        or manifest.get("head_seq") != len(items)
+        or (manifest.get("head_digest") != previous)
+    ):
+        add(
+            "bundle_incomplete",
+            f"the manifest names head seq {manifest.get('head_seq')} of loop "
+            f"{manifest.get('loop_id')}, but the bundle's receipts end at seq {report.receipts}",
+        )
     if view is not None:
         report.status = view.loop.status
         report.stop_reason = view.loop.stop_reason

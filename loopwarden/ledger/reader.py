@@ -129,6 +129,14 @@ class JournalRow:
     envelope: bytes
 
 
+def journal_from_sql(r: tuple) -> JournalRow:
+    # A hand-edited envelope may come back as TEXT; the audit must see bytes either way.
+    envelope = r[8]
+    if not isinstance(envelope, bytes):
+        envelope = str(envelope).encode("utf-8", "surrogatepass")
+    return JournalRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], envelope)
+
+
 @dataclass(frozen=True)
 class CheckpointRow:
     size: int
@@ -388,7 +396,7 @@ class Reader:
 
     def _journal(self, where: str, params: tuple) -> JournalRow | None:
         r = self._one(f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE {where}", params)
-        return JournalRow(*r) if r else None
+        return journal_from_sql(r) if r else None
 
     def receipt_by_id(self, receipt_id: str) -> JournalRow | None:
         return self._journal("receipt_id = ?", (receipt_id,))
@@ -411,14 +419,14 @@ class Reader:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        return [JournalRow(*r) for r in self.conn.execute(sql, params)]
+        return [journal_from_sql(r) for r in self.conn.execute(sql, params)]
 
     def recent_receipts(self, loop_id: str, limit: int) -> list[JournalRow]:
         rows = self.conn.execute(
             f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE loop_id = ? ORDER BY seq DESC LIMIT ?",
             (loop_id, limit),
         )
-        return [JournalRow(*r) for r in rows]
+        return [journal_from_sql(r) for r in rows]
 
     def iter_journal(self, batch: int = 2048) -> Iterator[JournalRow]:
         """Every receipt in leaf order, streamed in batches."""
@@ -431,7 +439,7 @@ class Reader:
             if not rows:
                 return
             for r in rows:
-                yield JournalRow(*r)
+                yield journal_from_sql(r)
             after = rows[-1][0]
 
     def journal_count(self) -> int:

@@ -1,0 +1,1049 @@
+"""The admin CLI: every command, its exit code (0 ok, 1 refused / not found, 2 usage or invalid
+input, 3 verification failed) and the shape of its `--json` document.
+
+Most commands run in-process through typer's `CliRunner`; a handful run as real
+`python -m loopwarden` subprocesses to prove exit codes and home resolution end to end. Agent
+activity (claims, reports, approval requests) is driven through the kernel API on the same data
+home, as a server process would do it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import jsonschema
+import pytest
+import yaml
+from click.testing import Result
+from conftest import BASIC_POLICY, BUILDER, REVIEWER
+from typer.testing import CliRunner
+
+import loopwarden
+from loopwarden.clients import admin
+from loopwarden.clients.cli import app
+from loopwarden.clock import parse_time
+from loopwarden.ledger.events import Evidence, ToolUse, Usage
+from loopwarden.ledger.keys import Signer, public_key_b64
+from loopwarden.principals import Principal
+from loopwarden.tools.approvals import ApprovalRequest, request_approval
+from loopwarden.tools.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.tools.kernel import Kernel
+from loopwarden.tools.projection import ProjectionRequest, projection
+from loopwarden.tools.update import UpdateRequest, UpdateResult, update
+
+T = TypeVar("T")
+
+SUBPROCESS_TIMEOUT = 60  # seconds, per CLI subprocess
+NO_SUCH_APPROVAL = "appr-" + "0" * 20
+
+# BASIC_POLICY written as TOML by hand (same keys and values, hence the same digest).
+POLICY_TOML = """\
+agents = ["builder", "reviewer"]
+
+[tools]
+allow = ["fs.read", "fs.write", "tests.run", "git.diff"]
+deny = ["git.push"]
+approval = ["deploy.*"]
+
+[budgets]
+max_turns = 20
+max_cost_usd = 5.0
+
+[claims]
+lease_seconds = 900
+max_active = 4
+max_active_per_agent = 1
+max_attempts = 3
+
+[stop]
+on_violation = "stop_loop"
+repeated_failure_limit = 3
+
+[todos]
+agents_may_add = true
+max_todos = 100
+"""
+
+runner = CliRunner()
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def env_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No LOOPWARDEN_* from outside; a command without --home lands in tmp, never in the user's
+    data dir. Returns that environment home."""
+    for name in list(os.environ):
+        if name.startswith("LOOPWARDEN_"):
+            monkeypatch.delenv(name)
+    path = tmp_path / "env-home"
+    monkeypatch.setenv("LOOPWARDEN_HOME", str(path))
+    return path
+
+
+def cli(command: str) -> Result:
+    """`loopwarden <command>` in-process (a shell-like command line; tmp paths need no quoting)."""
+    return runner.invoke(app, shlex.split(command), catch_exceptions=False)
+
+
+def cli_json(command: str) -> tuple[int, Any]:
+    result = cli(f"{command} --json")
+    try:
+        return result.exit_code, json.loads(result.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"not JSON (exit {result.exit_code}): {result.stdout!r} {result.stderr!r}")
+
+
+def ok_json(command: str) -> Any:
+    code, out = cli_json(command)
+    assert code == 0, out
+    return out
+
+
+def one_line(text: str) -> str:
+    """rich wraps stderr at the terminal width; compare messages with the wrapping undone."""
+    return " ".join(text.split())
+
+
+def subprocess_cli(command: str, env_home: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
+    env["LOOPWARDEN_SYNCHRONOUS"] = "normal"
+    if env_home is not None:
+        env["LOOPWARDEN_HOME"] = str(env_home)
+    return subprocess.run(
+        [sys.executable, "-m", "loopwarden", *shlex.split(command)],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+
+
+def assert_error_document(out: Any, code: str | None = None) -> None:
+    """`--json` failures print `{"error": code, "message": text}` on stdout."""
+    assert set(out) == {"error", "message"}
+    assert isinstance(out["error"], str) and isinstance(out["message"], str) and out["message"]
+    if code is not None:
+        assert out["error"] == code
+
+
+def with_kernel(home: Path, fn: Callable[[Kernel], Awaitable[T]]) -> T:
+    async def go() -> T:
+        async with admin.open_kernel(home) as kernel:
+            return await fn(kernel)
+
+    return anyio.run(go)
+
+
+def agent_claim(home: Path, loop_id: str, who: Principal = BUILDER) -> ClaimResult:
+    return with_kernel(home, lambda k: claim(k, who, ClaimRequest(loop_id=loop_id)))
+
+
+def agent_report(home: Path, granted: ClaimResult, who: Principal = BUILDER) -> UpdateResult:
+    """Complete the claimed todo with evidence (accepted)."""
+    assert granted.granted, granted.reasons
+    request = UpdateRequest(
+        turn_id=granted.turn_id,  # type: ignore[arg-type]
+        fence=granted.fence,  # type: ignore[arg-type]
+        outcome="completed",
+        tools_used=[ToolUse(name="fs.write", count=1)],
+        usage=Usage(model_calls=1, cost_usd=0.5),
+        evidence=[Evidence(kind="test", summary="green")],
+        summary=f"did {granted.todo_id}",
+        idempotency_key=f"report-{granted.turn_id}",
+    )
+    result = with_kernel(home, lambda k: update(k, who, request))
+    assert result.accepted, result.reasons
+    return result
+
+
+def request_deploy_approval(home: Path, granted: ClaimResult, summary: str) -> str:
+    request = ApprovalRequest(
+        turn_id=granted.turn_id,  # type: ignore[arg-type]
+        fence=granted.fence,  # type: ignore[arg-type]
+        tool="deploy.prod",
+        summary=summary,
+    )
+    asked = with_kernel(home, lambda k: request_approval(k, BUILDER, request))
+    assert asked.requested, asked.reasons
+    return asked.approval_id  # type: ignore[return-value]
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path) -> Path:
+    path = tmp_path / "policy.toml"
+    path.write_text(POLICY_TOML)
+    return path
+
+
+def open_loop(home: Path, policy: Path, loop_id: str, *todos: str) -> dict[str, Any]:
+    todo_args = " ".join(f"--todo {shlex.quote(t)}" for t in todos)
+    return ok_json(
+        f"loop open --policy {policy} --objective 'ship it' {todo_args} --id {loop_id} "
+        f"--home {home}"
+    )
+
+
+@pytest.fixture
+def loop(home: Path, policy_file: Path) -> str:
+    """Loop L1 with todos t1 'first' and t2 'second', opened through the CLI."""
+    return open_loop(home, policy_file, "L1", "first", "second")["loop_id"]
+
+
+def kinds(home: Path, loop_id: str) -> list[str]:
+    return [r["kind"] for r in ok_json(f"receipts {loop_id} --home {home}")["receipts"]]
+
+
+# --- loop open -------------------------------------------------------------------------------
+
+
+def test_loop_open_with_todos_and_id_prints_the_documented_json(home, policy_file):
+    out = ok_json(
+        f"loop open --policy {policy_file} --objective 'ship it' --todo build --todo test "
+        f"--id L1 --home {home}"
+    )
+    assert out["loop_id"] == "L1"
+    assert out["todos"] == 2 and isinstance(out["todos"], int)
+    assert out["status"] == "active"
+    assert out["policy_digest"].startswith("sha256:") and len(out["policy_digest"]) == 71
+    assert out["receipt_id"].startswith("rcpt-")
+    assert kinds(home, "L1") == ["loop.opened"]
+
+
+def test_loop_open_without_id_generates_one_and_says_so(home, policy_file):
+    result = cli(f"loop open --policy {policy_file} --objective o --todo a --home {home}")
+    assert result.exit_code == 0, result.stderr
+    assert "opened loop loop-" in result.stdout and "with 1 todos" in result.stdout
+    generated = result.stdout.split("opened loop ")[1].split()[0]
+    assert [lp["loop_id"] for lp in ok_json(f"loop list --home {home}")["loops"]] == [generated]
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_loop_open_todos_file_keeps_ids_titles_and_dependencies(home, policy_file, tmp_path, fmt):
+    todos = [
+        {"id": "verify", "title": "verify the release", "depends_on": ["build"]},
+        {"id": "build", "title": "build the release"},
+        "write the notes",  # a bare string is a title
+    ]
+    path = tmp_path / f"todos.{fmt}"
+    path.write_text(yaml.safe_dump(todos) if fmt == "yaml" else json.dumps(todos))
+    out = ok_json(
+        f"loop open --policy {policy_file} --objective o --todo 'kick off' --todos {path} "
+        f"--id R1 --home {home}"
+    )
+    assert out["todos"] == 4
+    shown = ok_json(f"loop show R1 --home {home}")
+    by_id = {t["todo_id"]: t for t in shown["todos"]}
+    assert by_id["verify"]["depends_on"] == ["build"]
+    assert by_id["build"]["title"] == "build the release"
+    assert "write the notes" in {t["title"] for t in shown["todos"]}
+    # --todo items come first; then `verify` waits for `build` although it is listed before it.
+    assert agent_claim(home, "R1").todo_title == "kick off"
+    assert agent_claim(home, "R1", REVIEWER).todo_id == "build"
+
+
+def test_loop_open_todos_file_with_an_unknown_dependency_exits_2(home, policy_file, tmp_path):
+    path = tmp_path / "todos.json"
+    path.write_text(json.dumps([{"id": "a", "title": "a", "depends_on": ["nope"]}]))
+    code, out = cli_json(
+        f"loop open --policy {policy_file} --objective o --todos {path} --home {home}"
+    )
+    assert code == 2
+    assert_error_document(out)
+    assert "nope" in out["message"]
+    assert ok_json(f"loop list --home {home}") == {"loops": []}
+
+
+def test_loop_open_todos_file_that_is_not_a_list_exits_2(home, policy_file, tmp_path):
+    path = tmp_path / "todos.yaml"
+    path.write_text("title: not a list\n")
+    result = cli(f"loop open --policy {policy_file} --objective o --todos {path} --home {home}")
+    assert result.exit_code == 2
+    assert "expected a list" in one_line(result.stderr)
+
+
+def test_loop_open_with_an_invalid_policy_exits_2_naming_the_field(home, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(POLICY_TOML.replace("max_turns = 20", 'max_turns = "twenty"'))
+    code, out = cli_json(f"loop open --policy {bad} --objective o --home {home}")
+    assert code == 2
+    assert_error_document(out, "policy_invalid")
+    assert "budgets.max_turns" in out["message"]
+    human = cli(f"loop open --policy {bad} --objective o --home {home}")
+    assert human.exit_code == 2 and "budgets.max_turns" in one_line(human.stderr)
+    assert ok_json(f"loop list --home {home}") == {"loops": []}
+
+
+def test_loop_open_with_an_unknown_policy_extension_exits_2(home, tmp_path):
+    path = tmp_path / "policy.txt"
+    path.write_text(POLICY_TOML)
+    result = cli(f"loop open --policy {path} --objective o --home {home}")
+    assert result.exit_code == 2
+    assert "unknown policy file extension" in one_line(result.stderr)
+
+
+def test_loop_open_with_a_missing_policy_file_exits_2(home, tmp_path):
+    result = cli(f"loop open --policy {tmp_path / 'nope.toml'} --objective o --home {home}")
+    assert result.exit_code == 2
+    assert "cannot read policy file" in one_line(result.stderr)
+
+
+def test_loop_open_with_a_duplicate_id_exits_1_and_seals_nothing(home, policy_file, loop):
+    code, out = cli_json(
+        f"loop open --policy {policy_file} --objective again --id {loop} --home {home}"
+    )
+    assert code == 1
+    assert_error_document(out, "conflict")
+    assert kinds(home, loop) == ["loop.opened"]
+
+
+def test_loop_open_without_an_objective_is_a_usage_error(home, policy_file):
+    assert cli(f"loop open --policy {policy_file} --home {home}").exit_code == 2
+
+
+# --- loop list / show ------------------------------------------------------------------------
+
+
+def test_loop_list_on_an_empty_home_is_an_empty_list(home):
+    assert cli_json(f"loop list --home {home}") == (0, {"loops": []})
+
+
+def test_loop_list_json_shape_and_table(home, policy_file):
+    open_loop(home, policy_file, "L1", "a", "b")
+    open_loop(home, policy_file, "L2", "c")
+    agent_report(home, agent_claim(home, "L1"))
+    out = ok_json(f"loop list --home {home}")
+    assert set(out) == {"loops"}
+    by_id = {lp["loop_id"]: lp for lp in out["loops"]}
+    assert set(by_id) == {"L1", "L2"}
+    for item in out["loops"]:
+        assert set(item) == {
+            "loop_id",
+            "status",
+            "stop_reason",
+            "objective",
+            "opened_at",
+            "receipts",
+            "todos",
+        }
+        assert isinstance(item["receipts"], int) and isinstance(item["opened_at"], str)
+        assert set(item["todos"]) == {"open", "claimed", "done", "blocked"}
+    assert by_id["L1"]["todos"] == {"open": 1, "claimed": 0, "done": 1, "blocked": 0}
+    assert (by_id["L1"]["receipts"], by_id["L2"]["receipts"]) == (3, 1)
+    assert (by_id["L2"]["status"], by_id["L2"]["stop_reason"]) == ("active", None)
+    table = cli(f"loop list --home {home}")
+    assert table.exit_code == 0
+    rows = {line.split()[0]: line.split() for line in table.stdout.splitlines()[2:]}
+    assert rows["L1"][:5] == ["L1", "active", "1/2", "1", "3"]
+    assert rows["L2"][:5] == ["L2", "active", "0/1", "0", "1"]
+
+
+def test_loop_show_human_output_has_status_budgets_todos_and_receipts(home, loop):
+    agent_report(home, agent_claim(home, loop))
+    result = cli(f"loop show {loop} --home {home}")
+    assert result.exit_code == 0
+    out = result.stdout
+    assert out.splitlines()[0].split() == [loop, "active"]
+    assert "objective: ship it" in out
+    assert "budgets" in out and "turns" in out and "cost_usd" in out
+    assert "█" in out  # a used/limit bar
+    assert "todos (open 1, claimed 0, done 1, blocked 0)" in one_line(out)  # title wraps
+    assert "first" in out and "second" in out
+    assert "recent receipts" in out and "turn.reported" in out and "loop.opened" in out
+    assert "head: seq 3" in out
+
+
+def test_loop_show_json_is_the_projection(home, loop):
+    agent_claim(home, loop)
+    out = ok_json(f"loop show {loop} --home {home}")
+    expected = with_kernel(
+        home, lambda k: projection(k, admin.operator(), ProjectionRequest(loop_id=loop))
+    )
+    assert out == expected.model_dump(mode="json")
+    assert (out["status"], out["head"]["seq"]) == ("active", 2)
+    assert (len(out["active_leases"]), out["todo_counts"]["claimed"]) == (1, 1)
+
+
+def test_loop_show_unknown_loop_exits_1_and_malformed_id_exits_2(home, loop):
+    code, out = cli_json(f"loop show nope --home {home}")
+    assert code == 1
+    assert_error_document(out, "not_found")
+    assert cli(f"loop show 'bad id!' --home {home}").exit_code == 2
+
+
+# --- loop pause / resume / cancel ------------------------------------------------------------
+
+
+def test_pause_resume_cancel_follow_the_state_machine(home, loop):
+    out = ok_json(f"loop pause {loop} --reason lunch --home {home}")
+    assert set(out) == {"loop_id", "status", "receipt_id"}
+    assert (out["loop_id"], out["status"]) == (loop, "paused")
+    refused = agent_claim(home, loop)
+    assert not refused.granted and "loop_not_active" in {r.code for r in refused.reasons}
+
+    assert cli_json(f"loop pause {loop} --home {home}")[0] == 1  # already paused
+    assert ok_json(f"loop resume {loop} --home {home}")["status"] == "active"
+    assert cli_json(f"loop resume {loop} --home {home}")[0] == 1  # not paused
+    assert ok_json(f"loop cancel {loop} --home {home}")["status"] == "cancelled"
+    for action in ("pause", "resume", "cancel"):
+        code, out = cli_json(f"loop {action} {loop} --home {home}")
+        assert code == 1, action
+        assert_error_document(out, "conflict")
+    assert kinds(home, loop) == [
+        "loop.opened",
+        "loop.paused",
+        "claim.refused",
+        "loop.resumed",
+        "loop.cancelled",
+    ]
+
+
+def test_cancel_closes_open_turns_and_shows_in_list(home, loop):
+    agent_claim(home, loop)
+    result = cli(f"loop cancel {loop} --home {home}")
+    assert result.exit_code == 0 and "is now cancelled" in result.stdout
+    shown = ok_json(f"loop show {loop} --home {home}")
+    assert shown["status"] == "cancelled" and shown["active_leases"] == []
+    assert ok_json(f"loop list --home {home}")["loops"][0]["status"] == "cancelled"
+
+
+@pytest.mark.parametrize("action", ["pause", "resume", "cancel"])
+def test_control_of_an_unknown_loop_exits_1(home, loop, action):
+    code, out = cli_json(f"loop {action} ghost --home {home}")
+    assert code == 1
+    assert_error_document(out, "not_found")
+
+
+def test_operator_name_and_reason_are_recorded_in_the_receipt(home, loop, monkeypatch):
+    paused = ok_json(f"loop pause {loop} --reason audit --as carol --home {home}")
+    body = ok_json(f"receipt {paused['receipt_id']} --home {home}")["body"]
+    assert body["principal"] == {"id": "carol", "role": "operator"}
+    assert body["decision"]["reasons"][0]["message"] == "audit"
+    monkeypatch.setenv("LOOPWARDEN_OPERATOR", "dave")
+    resumed = ok_json(f"loop resume {loop} --home {home}")
+    body = ok_json(f"receipt {resumed['receipt_id']} --home {home}")["body"]
+    assert body["principal"]["id"] == "dave"
+
+
+# --- receipts / receipt ----------------------------------------------------------------------
+
+
+def test_receipts_table_lists_every_receipt_with_its_signature_state(home, loop):
+    agent_report(home, agent_claim(home, loop))
+    result = cli(f"receipts {loop} --home {home}")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0].strip() == f"receipts of {loop}"
+    assert lines[1].split() == ["seq", "kind", "principal", "effect", "reasons", "receipt", "sig"]
+    rows = [line.split() for line in lines[2:] if line.strip()]
+    assert [(r[0], r[1], r[-1]) for r in rows] == [
+        ("1", "loop.opened", "ok"),
+        ("2", "turn.claimed", "ok"),
+        ("3", "turn.reported", "ok"),
+    ]
+
+
+def test_receipts_json_shape_and_kind_filter(home, loop):
+    granted = agent_claim(home, loop)
+    agent_report(home, granted)
+    out = ok_json(f"receipts {loop} --home {home}")
+    assert set(out) == {"loop_id", "receipts"} and out["loop_id"] == loop
+    assert [r["seq"] for r in out["receipts"]] == [1, 2, 3]
+    for item in out["receipts"]:
+        assert set(item) == {
+            "seq",
+            "receipt_id",
+            "kind",
+            "at",
+            "principal",
+            "effect",
+            "reasons",
+            "turn_id",
+            "verified",
+        }
+        assert item["verified"] is True and isinstance(item["reasons"], list)
+        assert item["receipt_id"].startswith("rcpt-") and item["effect"] in ("allow", "deny")
+    claimed = out["receipts"][1]
+    assert (claimed["principal"], claimed["turn_id"]) == ("builder", granted.turn_id)
+    only = ok_json(f"receipts {loop} --kind turn.claimed --home {home}")
+    assert [r["kind"] for r in only["receipts"]] == ["turn.claimed"]
+    assert ok_json(f"receipts {loop} --kind loop.stopped --home {home}")["receipts"] == []
+
+
+def test_receipts_of_an_unknown_loop_exits_1(home, loop):
+    code, out = cli_json(f"receipts ghost --home {home}")
+    assert code == 1
+    assert_error_document(out, "not_found")
+
+
+def test_receipt_json_has_the_envelope_decoded_body_and_verification(home, loop):
+    granted = agent_claim(home, loop)
+    out = ok_json(f"receipt {granted.receipt_id} --home {home}")
+    assert set(out) == {
+        "receipt_id",
+        "leaf_index",
+        "digest",
+        "verified",
+        "problems",
+        "key_id",
+        "body",
+        "envelope",
+    }
+    assert (out["receipt_id"], out["leaf_index"]) == (granted.receipt_id, 1)
+    assert out["verified"] is True and out["problems"] == []
+    assert out["digest"].startswith("sha256:") and out["key_id"].startswith("ed25519-")
+    assert (out["body"]["kind"], out["body"]["seq"], out["body"]["loop_id"]) == (
+        "turn.claimed",
+        2,
+        loop,
+    )
+    envelope = out["envelope"]
+    assert envelope["signatures"][0]["keyid"] == out["key_id"]
+    assert json.loads(base64.b64decode(envelope["payload"])) == out["body"]
+    human = cli(f"receipt {granted.receipt_id} --home {home}")
+    assert human.exit_code == 0
+    assert granted.receipt_id in human.stdout and "signature ok" in human.stdout
+
+
+def test_receipt_unknown_id_exits_1(home, loop):
+    code, out = cli_json(f"receipt rcpt-{'0' * 24} --home {home}")
+    assert code == 1
+    assert_error_document(out, "not_found")
+
+
+# --- verify ----------------------------------------------------------------------------------
+
+
+def test_verify_clean_database_exits_0_with_the_documented_json(home, loop):
+    agent_report(home, agent_claim(home, loop))
+    out = ok_json(f"verify --home {home}")
+    assert set(out) == {
+        "verdict",
+        "receipts",
+        "loops",
+        "checkpoints",
+        "tree_size",
+        "root",
+        "seconds",
+        "findings",
+    }
+    assert (out["verdict"], out["findings"]) == ("clean", [])
+    assert (out["receipts"], out["loops"], out["tree_size"]) == (3, 1, 3)
+    assert isinstance(out["checkpoints"], int) and isinstance(out["seconds"], int | float)
+    assert len(bytes.fromhex(out["root"])) == 32
+    human = cli(f"verify --home {home}")
+    assert human.exit_code == 0
+    assert human.stdout.startswith("audit: clean — 3 receipts, 1 loops")
+
+
+def test_verify_one_loop_exits_0_and_an_unknown_loop_exits_1(home, policy_file):
+    open_loop(home, policy_file, "L1")
+    open_loop(home, policy_file, "L2")
+    out = ok_json(f"verify --loop L2 --home {home}")
+    assert (out["verdict"], out["receipts"], out["tree_size"]) == ("clean", 1, 2)
+    code, out = cli_json(f"verify --loop ghost --home {home}")
+    assert code == 1
+    assert_error_document(out, "not_found")
+
+
+def test_verify_a_home_without_a_database_exits_1(tmp_path):
+    code, out = cli_json(f"verify --home {tmp_path / 'empty'}")
+    assert code == 1
+    assert_error_document(out, "not_found")
+
+
+def test_verify_with_a_trusted_keys_file(home, loop, tmp_path):
+    exported = ok_json(f"keys export --home {home}")
+    trusted = tmp_path / "trusted.json"
+    trusted.write_text(json.dumps({exported["key_id"]: exported["public_key"]}))
+    assert cli_json(f"verify --trusted-keys {trusted} --home {home}")[0] == 0
+    stranger = Signer.generate()
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"keys": {stranger.key_id: public_key_b64(stranger.public_key)}}))
+    code, out = cli_json(f"verify --trusted-keys {other} --home {home}")
+    assert (code, out["verdict"]) == (3, "tampered")
+    assert any(
+        (f["code"], f.get("loop_id"), f.get("seq")) == ("unknown_key", loop, 1)
+        for f in out["findings"]
+    )
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("[1, 2")
+    assert cli(f"verify --trusted-keys {garbage} --home {home}").exit_code == 2
+
+
+@pytest.mark.parametrize("command", ["verify", "receipts L1", "receipt RECEIPT"])
+def test_an_unreadable_public_key_file_is_a_clean_error(home, loop, command):
+    opened = ok_json(f"receipts {loop} --home {home}")["receipts"][0]["receipt_id"]
+    (home / "keys" / "ed25519-0000000000000000.pub").write_text("not base64!\n")
+    result = runner.invoke(app, [*command.replace("RECEIPT", opened).split(), "--home", str(home)])
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.exit_code != 0
+    assert "cannot read key file" in one_line(result.stderr)
+
+
+# --- export / verify-bundle ------------------------------------------------------------------
+
+
+@pytest.fixture
+def bundle(home: Path, loop: str, tmp_path: Path) -> Path:
+    agent_report(home, agent_claim(home, loop))
+    path = tmp_path / "bundle.json"
+    out = ok_json(f"export {loop} -o {path} --home {home}")
+    assert set(out) == {"loop_id", "output", "receipts", "checkpoint_size", "key_ids"}
+    assert (out["loop_id"], out["output"], out["receipts"]) == (loop, str(path), 3)
+    assert out["checkpoint_size"] == 3 and len(out["key_ids"]) == 1
+    return path
+
+
+def test_export_writes_a_bundle_file(bundle, loop):
+    data = json.loads(bundle.read_text())
+    assert (data["format"], data["loop_id"]) == ("loopwarden.bundle/v1", loop)
+    assert (len(data["receipts"]), data["checkpoint"]["size"]) == (3, 3)
+
+
+def test_export_of_an_unknown_loop_exits_1(home, loop, tmp_path):
+    out_file = tmp_path / "nope.json"
+    code, out = cli_json(f"export ghost -o {out_file} --home {home}")
+    assert code == 1
+    assert_error_document(out, "not_found")
+    assert not out_file.exists()
+
+
+def test_export_to_an_unwritable_path_is_a_usage_error(home, loop, tmp_path):
+    target = tmp_path / "no" / "such" / "dir" / "bundle.json"
+    result = runner.invoke(app, ["export", loop, "-o", str(target), "--home", str(home)])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output and not isinstance(result.exception, OSError)
+
+
+def test_verify_bundle_clean_exits_0_with_the_documented_json(bundle):
+    out = ok_json(f"verify-bundle {bundle}")
+    assert set(out) == {
+        "verdict",
+        "loop_id",
+        "receipts",
+        "checkpoint_size",
+        "key_ids",
+        "keys_pinned",
+        "status",
+        "stop_reason",
+        "findings",
+    }
+    assert (out["verdict"], out["receipts"], out["keys_pinned"], out["status"]) == (
+        "clean",
+        3,
+        False,
+        "active",
+    )
+    human = cli(f"verify-bundle {bundle}")
+    assert human.exit_code == 0
+    assert "bundle: clean" in human.stdout and "not pinned" in human.stdout
+
+
+def test_verify_bundle_with_the_exported_key_exits_0(home, bundle):
+    public_key, key_id = cli(f"keys export --home {home}").stdout.split()
+    assert key_id.startswith("ed25519-")
+    out = ok_json(f"verify-bundle {bundle} --key {public_key}")
+    assert (out["verdict"], out["keys_pinned"]) == ("clean", True)
+
+
+def test_verify_bundle_with_another_key_exits_3_unknown_key(bundle):
+    other = public_key_b64(Signer.generate().public_key)
+    code, out = cli_json(f"verify-bundle {bundle} --key {other}")
+    assert (code, out["verdict"]) == (3, "tampered")
+    assert {"unknown_key", "checkpoint_unknown_key"} <= {f["code"] for f in out["findings"]}
+    assert {f.get("position") for f in out["findings"] if f["code"] == "unknown_key"} == {1, 2, 3}
+
+
+def test_verify_bundle_with_a_trusted_keys_file(home, bundle, tmp_path):
+    shown = ok_json(f"keys show --home {home}")
+    trusted = tmp_path / "trusted.json"
+    trusted.write_text(json.dumps({k["key_id"]: k["public_key"] for k in shown["keys"]}))
+    assert ok_json(f"verify-bundle {bundle} --trusted-keys {trusted}")["keys_pinned"] is True
+    stranger = Signer.generate()
+    trusted.write_text(json.dumps({stranger.key_id: public_key_b64(stranger.public_key)}))
+    assert cli_json(f"verify-bundle {bundle} --trusted-keys {trusted}")[0] == 3
+
+
+def test_verify_bundle_usage_errors_exit_2(bundle, tmp_path):
+    key = public_key_b64(Signer.generate().public_key)
+    trusted = tmp_path / "t.json"
+    trusted.write_text("{}")
+    assert cli(f"verify-bundle {bundle} --key {key} --trusted-keys {trusted}").exit_code == 2
+    assert cli(f"verify-bundle {bundle} --key not-a-key").exit_code == 2
+    assert cli(f"verify-bundle {tmp_path / 'missing.json'}").exit_code == 2
+    trusted.write_text("not json")
+    assert cli(f"verify-bundle {bundle} --trusted-keys {trusted}").exit_code == 2
+
+
+def test_verify_bundle_of_garbage_exits_3_bundle_malformed(tmp_path):
+    path = tmp_path / "garbage.json"
+    path.write_text("{not json")
+    code, out = cli_json(f"verify-bundle {path}")
+    assert code == 3
+    assert [f["code"] for f in out["findings"]] == ["bundle_malformed"]
+
+
+def test_verify_bundle_with_another_key_exits_3_in_a_real_process(bundle):
+    other = public_key_b64(Signer.generate().public_key)
+    proc = subprocess_cli(f"verify-bundle {bundle} --key {other}")
+    assert proc.returncode == 3
+    assert "TAMPERED" in proc.stdout and "unknown_key" in proc.stdout
+
+
+# --- approvals -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_pending(home: Path, loop: str) -> tuple[str, str]:
+    granted = agent_claim(home, loop)
+    return (
+        request_deploy_approval(home, granted, "deploy to prod"),
+        request_deploy_approval(home, granted, "deploy again"),
+    )
+
+
+APPROVAL_KEYS = {
+    "approval_id",
+    "loop_id",
+    "turn_id",
+    "todo_id",
+    "tool",
+    "summary",
+    "artifact_digest",
+    "status",
+    "requested_by",
+    "requested_at",
+    "decided_by",
+    "decided_at",
+    "expires_at",
+    "reason",
+    "consumed_by",
+}
+
+
+def pending_ids(home: Path) -> list[str]:
+    return [a["approval_id"] for a in ok_json(f"approvals --pending --home {home}")["approvals"]]
+
+
+def test_approvals_lists_requests_with_the_documented_json(home, loop, two_pending):
+    out = ok_json(f"approvals --home {home}")
+    assert set(out) == {"approvals"}
+    assert {a["approval_id"] for a in out["approvals"]} == set(two_pending)
+    for item in out["approvals"]:
+        assert set(item) == APPROVAL_KEYS
+        assert (item["status"], item["tool"], item["loop_id"]) == ("pending", "deploy.prod", loop)
+        assert item["requested_by"] == "builder"
+    assert ok_json(f"approvals --loop {loop} --home {home}") == out
+    assert ok_json(f"approvals --loop other --home {home}") == {"approvals": []}
+    table = cli(f"approvals --pending --home {home}")
+    assert table.exit_code == 0
+    assert all(a in table.stdout for a in two_pending) and "deploy.prod" in table.stdout
+
+
+def test_approve_with_expiry_and_reason_then_pending_shrinks(home, two_pending):
+    first, second = two_pending
+    before = datetime.now(UTC)
+    out = ok_json(f"approve {first} --expires 30m --reason 'go ahead' --home {home}")
+    assert set(out) == {"approval_id", "status", "expires_at", "receipt_id"}
+    assert (out["approval_id"], out["status"]) == (first, "approved")
+    expires = parse_time(out["expires_at"])
+    assert before + timedelta(minutes=29) < expires < datetime.now(UTC) + timedelta(minutes=31)
+    assert pending_ids(home) == [second]
+    decided = ok_json(f"receipt {out['receipt_id']} --home {home}")["body"]
+    assert decided["kind"] == "approval.decided"
+    assert (decided["data"]["reason"], decided["data"]["approved"]) == ("go ahead", True)
+
+
+def test_reject_then_deciding_again_exits_1(home, two_pending):
+    first, second = two_pending
+    out = ok_json(f"reject {second} --reason 'not today' --home {home}")
+    assert (out["status"], out["expires_at"]) == ("rejected", None)
+    human = cli(f"approve {first} --home {home}")
+    assert human.exit_code == 0 and f"approval {first} approved until" in human.stdout
+    for command in (f"approve {first}", f"reject {first} --reason x", f"approve {second}"):
+        code, out = cli_json(f"{command} --home {home}")
+        assert code == 1, command
+        assert_error_document(out, "conflict")
+    decided = ok_json(f"approvals --home {home}")["approvals"]
+    assert {a["approval_id"]: a["status"] for a in decided} == {
+        first: "approved",
+        second: "rejected",
+    }
+
+
+@pytest.mark.parametrize("expires", ["3x", "soon", "-5m", "0", "31d"])
+def test_approve_with_a_bad_duration_exits_2_and_decides_nothing(home, two_pending, expires):
+    code, out = cli_json(f"approve {two_pending[0]} --expires={expires} --home {home}")
+    assert code == 2
+    assert_error_document(out)
+    assert len(pending_ids(home)) == 2
+
+
+def test_approve_unknown_id_exits_1_malformed_id_exits_2_reject_needs_a_reason(home, loop):
+    assert cli(f"approve {NO_SUCH_APPROVAL} --home {home}").exit_code == 1
+    assert cli(f"approve not-an-approval --home {home}").exit_code == 2
+    assert cli(f"reject {NO_SUCH_APPROVAL} --home {home}").exit_code == 2  # --reason is required
+
+
+# --- tokens ----------------------------------------------------------------------------------
+
+
+def test_token_create_prints_the_token_once_and_list_never_shows_it(home):
+    result = cli(f"token create --agent builder --home {home}")
+    assert result.exit_code == 0
+    assert "shown once" in result.stdout
+    token = result.stdout.strip().splitlines()[-1]
+    assert token.startswith("lw_") and result.stdout.count(token) == 1
+    created = ok_json(f"token create --agent ops --role operator --home {home}")
+    assert set(created) == {"token", "token_id", "agent", "role"}
+    assert (created["agent"], created["role"]) == ("ops", "operator")
+    assert created["token"].startswith("lw_") and created["token"] != token
+
+    listed = ok_json(f"token list --home {home}")
+    assert set(listed) == {"tokens"}
+    for item in listed["tokens"]:
+        assert set(item) == {"token_id", "agent", "role", "created_at", "revoked_at"}
+        assert item["revoked_at"] is None
+    assert {t["agent"] for t in listed["tokens"]} == {"builder", "ops"}
+    human = cli(f"token list --home {home}")
+    assert created["token_id"] in human.stdout
+    for secret in (token, created["token"]):
+        assert secret not in json.dumps(listed) and secret not in human.stdout
+        for path in home.iterdir():  # only the hash is stored
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), path.name
+
+
+def test_token_revoke_marks_it_and_unknown_or_repeated_revoke_exits_1(home):
+    created = ok_json(f"token create --agent builder --home {home}")
+    out = ok_json(f"token revoke {created['token_id']} --home {home}")
+    assert out == {"token_id": created["token_id"], "revoked": True}
+    assert ok_json(f"token list --home {home}")["tokens"][0]["revoked_at"] is not None
+    assert cli_json(f"token revoke {created['token_id']} --home {home}")[0] == 1
+    code, out = cli_json(f"token revoke tok-ghost --home {home}")
+    assert code == 1
+    assert_error_document(out)
+
+
+def test_token_create_with_an_invalid_role_exits_2(home):
+    assert cli(f"token create --agent x --role root --home {home}").exit_code == 2
+    assert ok_json(f"token list --home {home}") == {"tokens": []}
+
+
+# --- keys ------------------------------------------------------------------------------------
+
+
+def test_keys_show_and_export_describe_the_active_key(home):
+    shown = ok_json(f"keys show --home {home}")
+    assert set(shown) == {"active", "keys"} and len(shown["keys"]) == 1
+    (key,) = shown["keys"]
+    assert set(key) == {"key_id", "public_key", "active"}
+    assert key["active"] is True and key["key_id"] == shown["active"]
+    assert len(base64.b64decode(key["public_key"])) == 32
+    exported = ok_json(f"keys export --home {home}")
+    assert exported == {"key_id": key["key_id"], "public_key": key["public_key"]}
+    human = cli(f"keys export --home {home}").stdout.split()
+    assert human == [key["public_key"], key["key_id"]]
+
+
+def test_keys_rotate_keeps_the_old_public_key_and_old_receipts_still_verify(home, loop):
+    old = ok_json(f"keys export --home {home}")
+    rotated = ok_json(f"keys rotate --home {home}")
+    assert set(rotated) == {"retired", "active", "public_key"}
+    assert rotated["retired"] == old["key_id"] and rotated["active"] != old["key_id"]
+    shown = ok_json(f"keys show --home {home}")
+    assert shown["active"] == rotated["active"]
+    assert {(k["key_id"], k["active"]) for k in shown["keys"]} == {
+        (old["key_id"], False),
+        (rotated["active"], True),
+    }
+    assert not (home / "keys" / f"{old['key_id']}.key").exists()
+    assert ok_json(f"verify --home {home}")["verdict"] == "clean"  # under the retired key
+
+    paused = ok_json(f"loop pause {loop} --home {home}")
+    signed = ok_json(f"receipt {paused['receipt_id']} --home {home}")
+    assert signed["key_id"] == rotated["active"] and signed["verified"]
+    out = ok_json(f"verify --home {home}")
+    assert (out["verdict"], out["receipts"]) == ("clean", 2)
+    receipts = ok_json(f"receipts {loop} --home {home}")["receipts"]
+    assert [r["verified"] for r in receipts] == [True, True]
+
+
+# --- policy ----------------------------------------------------------------------------------
+
+
+def test_policy_check_prints_the_same_digest_for_toml_yaml_and_json(tmp_path, policy_file):
+    as_yaml = tmp_path / "policy.yaml"
+    as_yaml.write_text(yaml.safe_dump(BASIC_POLICY))
+    as_json = tmp_path / "policy.json"
+    as_json.write_text(json.dumps(BASIC_POLICY))
+    digests = set()
+    for path in (policy_file, as_yaml, as_json):
+        result = cli(f"policy check {path}")
+        assert result.exit_code == 0
+        verdict, name, digest = result.stdout.split()[:3]
+        assert (verdict, name) == ("valid", path.name) and digest.startswith("sha256:")
+        digests.add(digest)
+        out = ok_json(f"policy check {path}")
+        assert set(out) == {"valid", "digest", "notes", "policy"}
+        assert (out["valid"], out["digest"], out["notes"]) == (True, digest, [])
+        assert out["policy"]["agents"] == ["builder", "reviewer"]
+    assert len(digests) == 1
+
+
+def test_policy_check_notes_a_policy_nobody_can_use(tmp_path):
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps({"budgets": {"max_turns": 1}}))
+    assert len(ok_json(f"policy check {path}")["notes"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "needle"),
+    [
+        ("broken.toml", "agents = [", "malformed TOML"),
+        ("broken.yaml", "agents: [builder", "malformed YAML"),
+        ("broken.json", '{"agents": ', "malformed JSON"),
+        ("field.toml", POLICY_TOML.replace('"stop_loop"', '"explode"'), "stop.on_violation"),
+        ("extra.json", json.dumps({**BASIC_POLICY, "surprise": 1}), "surprise"),
+        ("policy.ini", POLICY_TOML, "unknown policy file extension"),
+    ],
+)
+def test_policy_check_of_a_bad_file_exits_2_with_the_reason(tmp_path, name, text, needle):
+    path = tmp_path / name
+    path.write_text(text)
+    code, out = cli_json(f"policy check {path}")
+    assert code == 2
+    assert_error_document(out, "policy_invalid")
+    assert needle in out["message"]
+
+
+def test_policy_check_of_a_missing_file_exits_2(tmp_path):
+    assert cli(f"policy check {tmp_path / 'missing.toml'}").exit_code == 2
+
+
+def test_policy_schema_is_a_json_schema_that_accepts_a_policy():
+    result = cli("policy schema")
+    assert result.exit_code == 0
+    schema = json.loads(result.stdout)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert {"agents", "tools", "budgets", "claims", "stop", "todos"} <= set(schema["properties"])
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid(BASIC_POLICY)
+    assert not validator.is_valid({**BASIC_POLICY, "surprise": 1})
+
+
+def test_policy_explain_names_the_deciding_pattern(policy_file):
+    tools = "--tool git.push --tool deploy.prod --tool fs.read --tool curl"
+    result = cli(f"policy explain {policy_file} {tools}")
+    assert result.exit_code == 0
+    assert result.stdout.splitlines() == [
+        "deny     git.push: denied by tools.deny pattern 'git.push'",
+        "approval deploy.prod: needs approval by tools.approval pattern 'deploy.*'",
+        "allow    fs.read: allowed by tools.allow pattern 'fs.read'",
+        "deny     curl: denied (no allow pattern matches; default deny)",
+    ]
+    out = ok_json(f"policy explain {policy_file} {tools}")
+    assert set(out) == {"tools"}
+    for item in out["tools"]:
+        assert set(item) == {"tool", "effect", "rule", "pattern", "explanation"}
+    assert [(t["tool"], t["effect"], t["rule"], t["pattern"]) for t in out["tools"]] == [
+        ("git.push", "deny", "deny", "git.push"),
+        ("deploy.prod", "approval", "approval", "deploy.*"),
+        ("fs.read", "allow", "allow", "fs.read"),
+        ("curl", "deny", "default", None),
+    ]
+
+
+def test_policy_explain_usage_errors_exit_2(policy_file, tmp_path):
+    assert cli(f"policy explain {policy_file}").exit_code == 2  # no --tool
+    bad = tmp_path / "bad.toml"
+    bad.write_text("agents = [")
+    assert cli(f"policy explain {bad} --tool fs.read").exit_code == 2
+
+
+# --- serve argument errors -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ("--http 0.0.0.0:8765 --agent builder", "--allow-remote"),
+        ("--http 10.1.2.3:8765", "--allow-remote"),
+        ("--no-auth --agent builder", "--no-auth only applies to --http"),
+        ("--http 0.0.0.0:8765 --no-auth --allow-remote --agent b", "loopback"),
+        ("--http nonsense", "HOST:PORT"),
+        ("--agent builder --role root", "role must be agent or operator"),
+        ("", "--agent"),
+    ],
+    ids=[
+        "non-loopback-http",
+        "private-address-http",
+        "no-auth-without-http",
+        "no-auth-remote",
+        "malformed-http",
+        "bad-role",
+        "stdio-without-agent",
+    ],
+)
+def test_serve_argument_errors_exit_2_before_serving(home, args, needle):
+    result = cli(f"serve {args} --home {home}")
+    assert result.exit_code == 2
+    assert needle in one_line(result.stderr)
+    assert result.stdout == ""
+
+
+def test_serve_stdio_without_agent_exits_2_as_a_real_process(home):
+    proc = subprocess_cli(f"serve --home {home}")
+    assert proc.returncode == 2
+    assert "--agent" in one_line(proc.stderr) and proc.stdout == ""
+
+
+# --- data home resolution --------------------------------------------------------------------
+
+
+def test_home_flag_wins_over_environment_and_environment_is_the_fallback(
+    tmp_path, policy_file, env_home
+):
+    flag_home = tmp_path / "flag-home"
+    ok_json(f"loop open --policy {policy_file} --objective e --id ENV")
+    ok_json(f"loop open --policy {policy_file} --objective f --id FLAG --home {flag_home}")
+    assert (env_home / "loopwarden.db").exists() and (flag_home / "loopwarden.db").exists()
+    assert [lp["loop_id"] for lp in ok_json("loop list")["loops"]] == ["ENV"]
+    assert [lp["loop_id"] for lp in ok_json(f"loop list --home {flag_home}")["loops"]] == ["FLAG"]
+    assert ok_json("keys export") != ok_json(f"keys export --home {flag_home}")
+    assert (env_home / "keys").stat().st_mode & 0o777 == 0o700
+
+
+def test_home_resolution_end_to_end_in_real_processes(tmp_path, policy_file):
+    env_home, flag_home = tmp_path / "a", tmp_path / "b"
+    opened = subprocess_cli(
+        f"loop open --policy {policy_file} --objective o --id P1 --json", env_home=env_home
+    )
+    assert opened.returncode == 0, opened.stderr
+    assert json.loads(opened.stdout)["loop_id"] == "P1"
+    assert (env_home / "loopwarden.db").exists()
+    listed = subprocess_cli(f"loop list --json --home {flag_home}", env_home=env_home)
+    assert listed.returncode == 0 and json.loads(listed.stdout) == {"loops": []}
+    missing = subprocess_cli(f"loop show P1 --home {flag_home}", env_home=env_home)
+    assert missing.returncode == 1 and "P1" in missing.stderr
+    verified = subprocess_cli("verify --json", env_home=env_home)
+    assert verified.returncode == 0, verified.stdout
+    assert json.loads(verified.stdout)["receipts"] == 1
+
+
+def test_version_prints_the_package_version():
+    result = cli("--version")
+    assert (result.exit_code, result.stdout.strip()) == (0, loopwarden.__version__)
