@@ -34,6 +34,7 @@ from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.clients import admin
 from loopwarden.clients.cli import app
 from loopwarden.clock import ManualClock
+from loopwarden.ledger import audit as audit_module
 from loopwarden.ledger import bundles, merkle
 from loopwarden.ledger.audit import AuditReport, Finding, audit
 from loopwarden.ledger.bundles import export_bundle, verify_bundle
@@ -924,3 +925,16 @@ def test_verify_bundle_with_trusted_keys_file_rejects_the_reforged_bundle(pristi
 def test_verify_bundle_with_an_empty_key_is_a_usage_error(reforged):
     result = CliRunner().invoke(app, ["verify-bundle", str(reforged), "--key", ""])
     assert result.exit_code == 2
+
+
+def test_parallel_signature_checks_find_exactly_what_inline_checks_find(
+    pristine, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(audit_module, "PARALLEL_FROM", 0)  # force worker processes on a small log
+    home = damaged_copy(pristine, tmp_path, edited_body_not_resigned)
+    with admin.open_reader(home) as reader:
+        parallel = audit(reader, admin.keyring_of(home), workers=1)
+        inline = audit(reader, admin.keyring_of(home), workers=0)
+    assert parallel.findings == inline.findings
+    assert any(f.code == "signature_invalid" for f in parallel.findings)
+    assert parallel.receipts == inline.receipts and parallel.root == inline.root

@@ -107,11 +107,15 @@ class Opened:
         return not self.problems
 
 
-def open_envelope(envelope_bytes: bytes, keyring: Keyring) -> Opened:
+def open_envelope(
+    envelope_bytes: bytes, keyring: Keyring | None, *, canonical: bool = True
+) -> Opened:
     """Parse and verify an envelope. Never raises, whatever the bytes: every defect is a problem.
 
     Problem codes: `envelope_malformed`, `payload_type_mismatch`, `unknown_key`,
-    `signature_invalid`, `payload_malformed`, `not_canonical`.
+    `signature_invalid`, `payload_malformed`, `not_canonical`. With `keyring=None` the
+    signature is not checked (the caller checks it elsewhere, see `signature_problems`); with
+    `canonical=False` the RFC 8785 re-serialization check is skipped.
     """
     try:
         envelope = json.loads(envelope_bytes)
@@ -130,17 +134,53 @@ def open_envelope(envelope_bytes: bytes, keyring: Keyring) -> Opened:
     problems: list[str] = []
     if payload_type != PAYLOAD_TYPE:
         problems.append("payload_type_mismatch")
-    if key_id not in keyring:
-        problems.append("unknown_key")
-    elif not keyring.verify(key_id, pae(payload_type, payload), signature):
-        problems.append("signature_invalid")
+    if keyring is not None:
+        problems.extend(_signature_problem(keyring, key_id, payload_type, payload, signature))
     body = _parse_body(payload)
     if body is None:
         problems.append("payload_malformed")
         body = {}
-    elif not _is_canonical(body, payload):
+    elif canonical and not _is_canonical(body, payload):
         problems.append("not_canonical")
     return Opened(envelope, payload, body, key_id, tuple(problems))
+
+
+def _signature_problem(
+    keyring: Keyring, key_id: str, payload_type: str, payload: bytes, signature: bytes
+) -> tuple[str, ...]:
+    if key_id not in keyring:
+        return ("unknown_key",)
+    if not keyring.verify(key_id, pae(payload_type, payload), signature):
+        return ("signature_invalid",)
+    return ()
+
+
+def signature_problems(
+    envelopes: list[bytes], public_keys: dict[str, bytes]
+) -> list[tuple[str, ...]]:
+    """Only the signature check of each envelope: `()`, `("unknown_key",)` or
+    `("signature_invalid",)` (a malformed envelope is `()` here; `open_envelope` reports it).
+
+    A plain function of plain data, so an audit can run it in worker processes.
+    """
+    keyring = Keyring(public_keys)
+    out: list[tuple[str, ...]] = []
+    for raw in envelopes:
+        try:
+            envelope = json.loads(raw)
+            sig = envelope["signatures"][0]
+            out.append(
+                _signature_problem(
+                    keyring,
+                    sig["keyid"],
+                    envelope["payloadType"],
+                    base64.b64decode(envelope["payload"], validate=True),
+                    base64.b64decode(sig["sig"], validate=True),
+                )
+            )
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError, binascii.Error):
+            out.append(())
+    return out
 
 
 def _reject_constant(name: str) -> Any:
