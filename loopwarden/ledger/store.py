@@ -1,13 +1,14 @@
 """The store: the only writer. One SQLite file (WAL), shared safely by several processes.
 
-One write path. `Store.write(fn)` runs `fn(tx)` inside one `BEGIN IMMEDIATE` transaction on the
-store's worker thread: `fn` reads current state and decides, and each `tx.append(...)` seals a
-receipt, chains it to the loop's previous one, extends the Merkle frontier and folds it into the
-projection tables. Either everything `fn` did commits, or nothing does.
+One write path. `Store.write(fn)` runs `fn(tx)` inside a `BEGIN IMMEDIATE` transaction on a
+worker thread: `fn` reads current state and decides, and each `tx.append(...)` seals a receipt,
+chains it to the loop's previous one, extends the Merkle frontier and folds it into the
+projection tables. Either everything `fn` did commits, or nothing does. Concurrent writes are
+group-committed: one transaction, one savepoint per body, one durable COMMIT for all.
 
-Why a sync transaction body on a worker thread (and not a statement-per-await async driver):
-no `await` can split a transaction, so a cancelled caller can never leave one half done, and a
-whole governed step costs one thread hop instead of one per statement.
+Why a sync transaction body on a worker thread (and not a statement-per-await async driver such
+as aiosqlite): no `await` can split a transaction, so a cancelled caller can never leave one
+half done, and a whole governed step costs one thread hop instead of one per statement.
 """
 
 from __future__ import annotations
@@ -130,7 +131,6 @@ class Txn(Reader):
         self._store = store
         self.now_dt = now
         self.now = format_time(now)
-        self.appended: list[Appended] = []
         # Rows this transaction has read or written; only this transaction can change them
         # (it holds the write lock), so repeated reads are served from here.
         self._loops: dict[str, LoopRow | None] = {}
@@ -199,10 +199,7 @@ class Txn(Reader):
                 "INSERT OR IGNORE INTO policies (digest, document) VALUES (?, ?)",
                 (policy_digest, canonical_bytes(body.data["policy"]).decode()),
             )
-        view = self._fold(body, sealed.digest, data)
-        result = Appended(sealed, body, leaf_index, view)
-        self.appended.append(result)
-        return result
+        return Appended(sealed, body, leaf_index, self._fold(body, sealed.digest, data))
 
     def _append_leaf(self, body: ReceiptBody, sealed: Sealed) -> int:
         size, frontier = self.log_state()
