@@ -55,23 +55,25 @@ async def quota(kernel: Kernel, who: Principal, req: QuotaRequest) -> QuotaResul
     """
     now = kernel.store.clock()
 
-    def stale(reader: Reader) -> bool:
+    def read(reader: Reader) -> QuotaResult | None:
         loop = require_loop(reader, req.loop_id)
         require_visible(reader, loop, who)
-        return bool(reader.expired_turns(loop.loop_id, format_time(now))) or (
+        stale = bool(reader.expired_turns(loop.loop_id, format_time(now))) or (
             evaluate_stop(reader.policy(loop.policy_digest), stop_facts(reader, loop, now))
             is not None
         )
+        return None if stale else _answer(reader, who, req, now)
 
-    if await kernel.store.read(stale):
+    answer = await kernel.store.read(read)
+    if answer is not None:
+        return answer
 
-        def predict(tx: Txn) -> QuotaResult:
-            expire_leases(tx, req.loop_id, who)
-            apply_stop_rules(tx, req.loop_id, who)
-            return _answer(tx, who, req, tx.now_dt)
+    def predict(tx: Txn) -> QuotaResult:
+        expire_leases(tx, req.loop_id, who)
+        apply_stop_rules(tx, req.loop_id, who)
+        return _answer(tx, who, req, tx.now_dt)
 
-        return await kernel.store.simulate(predict)
-    return await kernel.store.read(lambda reader: _answer(reader, who, req, now))
+    return await kernel.store.simulate(predict)
 
 
 def _answer(reader: Reader, who: Principal, req: QuotaRequest, now: datetime) -> QuotaResult:
