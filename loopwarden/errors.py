@@ -7,6 +7,20 @@ server turns these into MCP tool errors. A policy refusal is never an exception:
 
 from __future__ import annotations
 
+QUOTE_LIMIT = 80
+
+
+def clip(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """`value` as text for an error message, cut to `limit` characters: an error must never
+    echo a huge input back (a 1 MiB field name stays a short message)."""
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def one_line(text: str) -> str:
+    """Collapse a multi-line library message into one line."""
+    return " ".join(text.split())
+
 
 class LoopwardenError(Exception):
     """Base class. `code` is a stable, machine-readable identifier; the message is for humans."""

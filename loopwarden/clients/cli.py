@@ -15,6 +15,7 @@ from typing import Annotated, Any, NoReturn
 
 import anyio
 import typer
+from rich.markup import escape
 
 from loopwarden import __version__
 from loopwarden.clients import admin, render
@@ -24,6 +25,7 @@ from loopwarden.errors import (
     InvalidInput,
     LoopwardenError,
     NotFound,
+    one_line,
 )
 from loopwarden.ledger.audit import audit as run_audit
 from loopwarden.ledger.bundles import export_bundle, load_bundle, verify_bundle
@@ -78,7 +80,7 @@ def fail(
 ) -> NoReturn:
     if as_json:
         render.emit_json({"error": error, "message": message})
-    render.err.print(f"[red]error:[/red] {message}")
+    render.err.print(f"[red]error:[/red] {escape(one_line(message))}")
     raise typer.Exit(code)
 
 
@@ -288,7 +290,9 @@ def loop_list(home: Home = None, json_out: Json = False) -> None:
         [
             [
                 lp.loop_id,
-                render.status(lp.status) + (f" ({lp.stop_reason})" if lp.stop_reason else ""),
+                render.Styled(
+                    render.status(lp.status) + (f" ({lp.stop_reason})" if lp.stop_reason else "")
+                ),
                 f"{lp.count('done')}/{lp.todo_total}",
                 lp.totals.turns,
                 lp.head_seq,
@@ -433,7 +437,7 @@ def receipts(
                         i["effect"] or "?",
                         ", ".join(i["reasons"]),
                         i["receipt_id"],
-                        "ok" if i["verified"] else "[red]BAD[/red]",
+                        "ok" if i["verified"] else render.Styled("[red]BAD[/red]"),
                     ]
                     for i in items
                 ],

@@ -7,7 +7,9 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from loopwarden.ledger.audit import AuditReport
 from loopwarden.ledger.bundles import BundleReport
@@ -15,19 +17,30 @@ from loopwarden.tools.projection import ProjectionResult
 
 # Piped output (scripts, docs) gets a wide fixed width instead of rich's 80-column default.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one error, one line
+
+
+class Styled(str):
+    """Markup we wrote ourselves; every other string is shown literally (a loop's objective or
+    an agent's summary may contain `[...]`, which rich would otherwise read as markup)."""
+
+
+def cell(value: Any) -> str | Text:
+    if isinstance(value, Styled):
+        return value
+    return Text(value if isinstance(value, str) else _num(value))
 
 
 def emit_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=False, default=str))
 
 
-def bar(used: float, limit: float | None, width: int = 20) -> str:
+def bar(used: float, limit: float | None, width: int = 20) -> Styled:
     if not limit:
-        return "[dim]no limit[/dim]"
+        return Styled("[dim]no limit[/dim]")
     filled = min(width, round(width * used / limit))
     color = "green" if used < 0.8 * limit else "yellow" if used < limit else "red"
-    return f"[{color}]{'█' * filled}{'░' * (width - filled)}[/{color}]"
+    return Styled(f"[{color}]{'█' * filled}{'░' * (width - filled)}[/{color}]")
 
 
 def _num(value: Any) -> str:
@@ -45,31 +58,33 @@ STATUS_COLORS = {
 }
 
 
-def status(text: str) -> str:
-    return f"[{STATUS_COLORS.get(text, 'white')}]{text}[/]"
+def status(text: str) -> Styled:
+    return Styled(f"[{STATUS_COLORS.get(text, 'white')}]{escape(text)}[/]")
 
 
 def projection(p: ProjectionResult) -> None:
-    head = f"[bold]{p.loop_id}[/bold]  {status(p.status)}"
+    head = f"[bold]{escape(p.loop_id)}[/bold]  {status(p.status)}"
     if p.stop_reason:
-        head += f" ({p.stop_reason})"
+        head += f" ({escape(p.stop_reason)})"
     console.print(head)
-    console.print(f"objective: {p.objective}")
+    console.print(f"objective: {escape(p.objective)}")
     console.print(f"policy:    {p.policy_digest}")
-    console.print(f"attention: [bold]{p.attention.who}[/bold] — {p.attention.why}")
-    console.print(f"next:      {p.next_action}")
+    console.print(f"attention: [bold]{p.attention.who}[/bold] — {escape(p.attention.why)}")
+    console.print(f"next:      {escape(p.next_action)}")
     budgets = Table(title="budgets", title_justify="left", box=None, pad_edge=False)
     for column in ("dimension", "used", "limit", "remaining", ""):
         budgets.add_column(column)
     for dim, b in p.budgets.items():
-        budgets.add_row(dim, _num(b.used), _num(b.limit), _num(b.remaining), bar(b.used, b.limit))
+        budgets.add_row(*map(cell, (dim, b.used, b.limit, b.remaining, bar(b.used, b.limit))))
     console.print(budgets)
     counts = ", ".join(f"{k} {v}" for k, v in p.todo_counts.items())
     todos = Table(title=f"todos ({counts})", title_justify="left", box=None, pad_edge=False)
     for column in ("id", "status", "attempts", "depends on", "title"):
         todos.add_column(column)
     for t in p.todos:
-        todos.add_row(t.todo_id, t.status, str(t.attempts), ", ".join(t.depends_on), t.title)
+        todos.add_row(
+            *map(cell, (t.todo_id, t.status, t.attempts, ", ".join(t.depends_on), t.title))
+        )
     console.print(todos)
     if p.todos_truncated:
         console.print("[dim]… more todos (loopwarden loop show --json lists the first 200)[/dim]")
@@ -78,25 +93,27 @@ def projection(p: ProjectionResult) -> None:
         for column in ("turn", "todo", "agent", "fence", "expires"):
             leases.add_column(column)
         for t in p.active_leases:
-            leases.add_row(t.turn_id, t.todo_id, t.agent, str(t.fence), t.lease_expires_at)
+            leases.add_row(*map(cell, (t.turn_id, t.todo_id, t.agent, t.fence, t.lease_expires_at)))
         console.print(leases)
     if p.approvals:
         approvals = Table(title="approvals", title_justify="left", box=None, pad_edge=False)
         for column in ("id", "tool", "status", "requested by", "summary"):
             approvals.add_column(column)
         for a in p.approvals:
-            approvals.add_row(a.approval_id, a.tool, a.status, a.requested_by, a.summary)
+            approvals.add_row(
+                *map(cell, (a.approval_id, a.tool, a.status, a.requested_by, a.summary))
+            )
         console.print(approvals)
     recent = Table(title="recent receipts", title_justify="left", box=None, pad_edge=False)
     for column in ("seq", "kind", "principal", "effect", "reasons", "receipt"):
         recent.add_column(column)
     for r in p.recent_receipts:
         recent.add_row(
-            str(r.seq), r.kind, r.principal, r.effect, ", ".join(r.reasons), r.receipt_id
+            *map(cell, (r.seq, r.kind, r.principal, r.effect, ", ".join(r.reasons), r.receipt_id))
         )
     console.print(recent)
     for warning in p.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     console.print(f"[dim]head: seq {p.head.seq} {p.head.digest}[/dim]")
 
 
@@ -105,7 +122,7 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     for column in columns:
         out.add_column(column)
     for row in rows:
-        out.add_row(*[_num(v) if not isinstance(v, str) else v for v in row])
+        out.add_row(*map(cell, row))
     console.print(out)
 
 
@@ -118,7 +135,7 @@ def audit(report: AuditReport) -> None:
     console.print(f"[dim]root {report.root}[/dim]")
     for f in report.findings:
         where = " ".join(f"{k}={v}" for k, v in f.as_dict().items() if k not in ("code", "message"))
-        console.print(f"  [red]{f.code}[/red] {where}: {f.message}")
+        console.print(f"  [red]{f.code}[/red] {escape(where)}: {escape(f.message)}")
 
 
 def bundle(report: BundleReport) -> None:
@@ -129,13 +146,13 @@ def bundle(report: BundleReport) -> None:
         else "[yellow]keys taken from the bundle (not pinned)[/yellow]"
     )
     console.print(
-        f"bundle: {verdict} — loop {report.loop_id}, {report.receipts} receipts, checkpoint size "
+        f"bundle: {verdict} — loop {escape(report.loop_id)}, {report.receipts} receipts, checkpoint size "
         f"{report.checkpoint_size}, {pinned}"
     )
     if report.status:
         console.print(
             f"replayed status: {status(report.status)}"
-            + (f" ({report.stop_reason})" if report.stop_reason else "")
+            + (f" ({escape(report.stop_reason)})" if report.stop_reason else "")
         )
     for f in report.findings:
-        console.print(f"  [red]{f['code']}[/red]: {f['message']}")
+        console.print(f"  [red]{escape(str(f['code']))}[/red]: {escape(str(f['message']))}")

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from loopwarden.errors import PolicyError
+from loopwarden.errors import PolicyError, clip, one_line
 from loopwarden.policy.model import LoopPolicy
 
 FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "json"}
@@ -36,23 +36,31 @@ def _decode(text: str, fmt: str, source: str) -> Any:
         if fmt == "json":
             return json.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"{source}: malformed TOML: {exc}") from None
+        raise PolicyError(f"{source}: malformed TOML: {clip(one_line(str(exc)), 200)}") from None
     except yaml.YAMLError as exc:
-        raise PolicyError(f"{source}: malformed YAML: {exc}".rstrip()) from None
+        raise PolicyError(f"{source}: malformed YAML: {_yaml_problem(exc)}") from None
     except json.JSONDecodeError as exc:
-        raise PolicyError(f"{source}: malformed JSON: {exc}") from None
+        raise PolicyError(f"{source}: malformed JSON: {clip(one_line(str(exc)), 200)}") from None
     raise PolicyError(f"{source}: unknown policy format {fmt!r}")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's multi-line report as one line: `line L, column C: problem`."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + clip(one_line(str(problem)), 200)
 
 
 def _describe(exc: ValidationError, source: str) -> str:
     problems = []
-    for error in exc.errors(include_url=False):
-        where = ".".join(str(part) for part in error["loc"]) or "(policy)"
-        message = error["msg"].removeprefix("Value error, ")
+    for error in exc.errors(include_url=False)[:10]:
+        where = clip(".".join(str(part) for part in error["loc"]) or "(policy)")
+        message = clip(error["msg"].removeprefix("Value error, "), 200)
         if error["type"] == "extra_forbidden":
             message = "unknown key"
         problems.append(f"{where}: {message}")
-    return f"{source}: invalid policy: " + "; ".join(problems)
+    return f"{clip(source)}: invalid policy: " + one_line("; ".join(problems))
 
 
 def policy_from_data(data: Any, source: str = "policy") -> LoopPolicy:

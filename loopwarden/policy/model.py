@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from loopwarden.errors import clip
 from loopwarden.policy.patterns import check_pattern
 
 AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$")
@@ -43,7 +44,7 @@ def _check_agents(values: tuple[str, ...]) -> tuple[str, ...]:
     for agent in values:
         if agent != "*" and not AGENT_ID_RE.fullmatch(agent):
             raise ValueError(
-                f"invalid agent id {agent!r}: use 1-64 characters of letters, digits and "
+                f"invalid agent id {clip(repr(agent))}: use 1-64 characters of letters, digits and "
                 "'_.@:-', starting with a letter or digit, or '*' for any authenticated agent"
             )
     return values
@@ -55,8 +56,14 @@ def _check_patterns(values: tuple[str, ...]) -> tuple[str, ...]:
     return values
 
 
+MAX_PATTERNS = 1_000
+MAX_AGENTS = 1_000
+
 Patterns = Annotated[
-    tuple[str, ...], AfterValidator(_sorted_unique), AfterValidator(_check_patterns)
+    tuple[str, ...],
+    Field(max_length=MAX_PATTERNS),
+    AfterValidator(_sorted_unique),
+    AfterValidator(_check_patterns),
 ]
 
 
@@ -178,7 +185,10 @@ class LoopPolicy(_Section):
     """The rules of one loop. Parse with `parse_policy`; version with `policy_digest`."""
 
     agents: Annotated[
-        tuple[str, ...], AfterValidator(_sorted_unique), AfterValidator(_check_agents)
+        tuple[str, ...],
+        Field(max_length=MAX_AGENTS),
+        AfterValidator(_sorted_unique),
+        AfterValidator(_check_agents),
     ] = Field(default=(), description="Agent ids allowed to work the loop, or ['*'].")
     tools: ToolRules = ToolRules()
     budgets: Budgets = Budgets()

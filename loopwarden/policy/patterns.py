@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from loopwarden.errors import clip
+
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 _PATTERN_RE = re.compile(r"^[A-Za-z0-9_*?-]+(\.[A-Za-z0-9_*?-]+)*$")
 MAX_NAME_LENGTH = 128
@@ -26,10 +28,12 @@ def check_pattern(pattern: str) -> str:
     if not pattern:
         raise ValueError("empty tool pattern")
     if len(pattern) > MAX_NAME_LENGTH:
-        raise ValueError(f"tool pattern {pattern!r} is longer than {MAX_NAME_LENGTH} characters")
+        raise ValueError(
+            f"tool pattern {clip(repr(pattern))} is longer than {MAX_NAME_LENGTH} characters"
+        )
     if _PATTERN_RE.fullmatch(pattern) is None:
         raise ValueError(
-            f"invalid tool pattern {pattern!r}: use dot-separated segments of letters, digits, "
+            f"invalid tool pattern {clip(repr(pattern))}: use dot-separated segments of letters, digits, "
             "'_' or '-', with '*' (any characters) and '?' (one character) as wildcards"
         )
     return pattern

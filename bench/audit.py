@@ -1,0 +1,255 @@
+"""Family 3 — audit speed: `audit()` receipts per second next to the raw PyNaCl verify rate
+over the same envelopes in the same run, where the rest of an audit's time goes, and offline
+bundle export and verification for a loop of N receipts."""
+
+from __future__ import annotations
+
+import base64
+import inspect
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import nacl.signing
+
+from bench import harness as h
+from bench.report import Section, Table, Target
+from loopwarden.canonical import canonical_bytes, sha256_digest
+from loopwarden.clock import format_time, system_clock
+from loopwarden.ledger import merkle
+from loopwarden.ledger.audit import audit
+from loopwarden.ledger.bundles import export_bundle, load_bundle, verify_bundle
+from loopwarden.ledger.events import ReceiptBody
+from loopwarden.ledger.keys import Keyring, KeyStore
+from loopwarden.ledger.projection import apply
+from loopwarden.ledger.reader import JournalRow
+from loopwarden.ledger.receipts import open_envelope, pae
+from loopwarden.ledger.store import Txn
+
+T = TypeVar("T")
+NAME = "audit"
+TARGET = 0.80  # of the raw PyNaCl verify rate
+
+
+@dataclass(frozen=True)
+class Config:
+    receipts: int
+    repeats: int  # for audit() and the raw verify rate
+    detail_repeats: int  # for the breakdown and the bundles
+
+
+QUICK = Config(receipts=1_000, repeats=2, detail_repeats=1)
+FULL = Config(receipts=10_000, repeats=3, detail_repeats=1)
+BUILD_SHARE = 0.5  # of the family's budget, for building the journal
+
+
+async def build(home: Path, receipts: int, deadline: h.Deadline) -> None:
+    """One loop of about `receipts` receipts (loop.opened + claim/update pairs), then a fresh
+    checkpoint so a bundle can cover all of it. synchronous=normal: setup speed only."""
+    async with h.open_kernel(home, synchronous="normal") as kernel:
+        await h.open_bench_loop(kernel, todos=10)
+        for _ in range((receipts - 1) // 2):
+            if deadline.expired:
+                break
+            await h.governed_turn(kernel, h.AGENT, h.LOOP_ID)
+        await kernel.store.write(Txn.checkpoint)
+
+
+def median_time(repeats: int, fn: Callable[[], T]) -> tuple[float, T]:
+    """Median wall time of `repeats` (≥ 1) runs of `fn`, and the last run's result."""
+    times = []
+    for _ in range(repeats - 1):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    result = fn()
+    times.append(time.perf_counter() - t0)
+    return h.median(times), result
+
+
+def raw_inputs(rows: list[JournalRow], keyring: Keyring) -> list[tuple]:
+    """(verify key, PAE message, signature) per envelope, decoded outside the timed loop."""
+    keys = {kid: nacl.signing.VerifyKey(pub) for kid, pub in keyring.public_keys().items()}
+    out = []
+    for row in rows:
+        env = json.loads(row.envelope)
+        sig = env["signatures"][0]
+        message = pae(env["payloadType"], base64.b64decode(env["payload"]))
+        out.append((keys[sig["keyid"]], message, base64.b64decode(sig["sig"])))
+    return out
+
+
+def raw_verify(inputs: list[tuple]) -> int:
+    for key, message, signature in inputs:
+        key.verify(message, signature)
+    return len(inputs)
+
+
+def primitives(
+    rows: list[JournalRow], inputs: list[tuple], keyring: Keyring, repeats: int
+) -> dict[str, float]:
+    """Seconds per receipt of the primitive steps any audit of these envelopes has to take,
+    each timed alone over all of them: they show what the audit's time could be made of,
+    whatever its implementation."""
+    envelopes = [json.loads(r.envelope) for r in rows]
+    payloads = [base64.b64decode(e["payload"]) for e in envelopes]
+    bodies = [json.loads(p) for p in payloads]
+    models = [ReceiptBody.model_validate(b) for b in bodies]
+    digests = [sha256_digest(r.envelope) for r in rows]
+
+    def parse() -> None:
+        for r in rows:
+            envelope = json.loads(r.envelope)
+            json.loads(base64.b64decode(envelope["payload"]))
+            base64.b64decode(envelope["signatures"][0]["sig"])
+
+    def schema() -> None:
+        for body in bodies:
+            ReceiptBody.model_validate(body).facts()
+
+    def fold() -> None:
+        view = None
+        for body, digest in zip(models, digests, strict=True):
+            view = apply(view, body, digest)
+
+    def merkle_log() -> None:
+        frontier: list[bytes] = []
+        for size, r in enumerate(rows):
+            frontier, _ = merkle.append_leaf(frontier, size, merkle.leaf_hash(r.envelope))
+
+    steps: dict[str, Callable[[], object]] = {
+        "Ed25519 signature (raw PyNaCl)": lambda: raw_verify(inputs),
+        "JSON parse of envelope and payload, base64": parse,
+        "RFC 8785 re-serialization of the body (canonical check)": lambda: [
+            canonical_bytes(b) for b in bodies
+        ],
+        "receipt schema (ReceiptBody + facts)": schema,
+        "projection fold (apply)": fold,
+        "Merkle leaf hash + frontier append": merkle_log,
+        "envelope digest (SHA-256)": lambda: [sha256_digest(r.envelope) for r in rows],
+        "open_envelope with the keyring (every check)": lambda: [
+            open_envelope(r.envelope, keyring) for r in rows
+        ],
+    }
+    return {name: median_time(repeats, fn)[0] / len(rows) for name, fn in steps.items()}
+
+
+async def run(quick: bool, budget: float) -> Section:
+    cfg = QUICK if quick else FULL
+    section = Section(
+        family=NAME,
+        number=3,
+        title="Audit speed",
+        how=(
+            f"one loop of about {cfg.receipts:,} receipts built with the kernel operations; "
+            "`audit(reader, keyring)` (what `loopwarden verify` runs, default settings) over a "
+            "read-only snapshot next to PyNaCl `VerifyKey.verify` over each envelope's DSSE PAE "
+            "and signature (decoded beforehand) in one process: same envelopes, same run, median "
+            f"of {cfg.repeats} runs. Then primitive steps timed alone over the same envelopes, "
+            "and a bundle of the loop: `export_bundle` + `json.dumps`, `load_bundle` + "
+            "`verify_bundle` pinned to the home's keys."
+        ),
+    )
+    with h.temp_home(NAME) as home:
+        h.progress(NAME, f"building ~{cfg.receipts:,} receipts")
+        await build(home, cfg.receipts, h.Deadline(budget * BUILD_SHARE))
+        keys = KeyStore(home)
+        keyring, signer = keys.keyring(), keys.load_signer()
+        with h.snapshot(home) as reader:
+            rows = list(reader.iter_journal())
+            h.progress(NAME, f"audit of {len(rows):,} receipts")
+            audit_s, report = median_time(cfg.repeats, lambda: audit(reader, keyring))
+            if not report.clean:
+                raise RuntimeError(f"the bench journal does not audit clean: {report.findings}")
+            inline_s = None
+            if "workers" in inspect.signature(audit).parameters:  # signatures in processes
+                inline_s, _ = median_time(
+                    cfg.repeats,
+                    lambda: audit(reader, keyring, workers=0),  # type: ignore[call-arg]
+                )
+            inputs = raw_inputs(rows, keyring)
+            raw_s, _ = median_time(cfg.repeats, lambda: raw_verify(inputs))
+            parts = primitives(rows, inputs, keyring, cfg.detail_repeats)
+            h.progress(NAME, "bundle export and verify")
+            now = format_time(system_clock())
+            export_s, text = median_time(
+                cfg.detail_repeats,
+                lambda: json.dumps(
+                    export_bundle(reader, h.LOOP_ID, keyring, now, signer), indent=2
+                ),
+            )
+        verify_s, bundle_report = median_time(
+            cfg.detail_repeats,
+            lambda: verify_bundle(load_bundle(text), keyring),
+        )
+        if not bundle_report.clean:
+            raise RuntimeError(f"the bench bundle does not verify: {bundle_report.findings}")
+    n = len(rows)
+    audit_rate, raw_rate = n / audit_s, n / raw_s
+    share = audit_rate / raw_rate
+    measured = [("raw PyNaCl verify, one process", raw_s), ("audit()", audit_s)]
+    if inline_s is not None:
+        measured.append(("audit(workers=0): signatures checked inline", inline_s))
+    section.tables.append(
+        Table(
+            ["what", "receipts", "time ms", "receipts/s", "µs per receipt", "of raw verify rate"],
+            [
+                [label, str(n), h.ms(t), h.rate(n / t), h.us(t / n), f"{raw_s / t:.0%}"]
+                for label, t in measured
+            ],
+        )
+    )
+    per = audit_s / n
+    section.tables.append(
+        Table(
+            ["step, timed alone over the same envelopes", "µs per receipt", "÷ audit per receipt"],
+            [[name, h.us(sec), f"{sec / per:.0%}"] for name, sec in parts.items()],
+            title="What an audit's time can be made of",
+        )
+    )
+    size = len(text.encode())
+    section.tables.append(
+        Table(
+            ["bundle of one loop", "receipts", "size", "time ms", "receipts/s"],
+            [
+                [
+                    "export (build + JSON)",
+                    str(n),
+                    h.mib(size),
+                    h.ms(export_s),
+                    h.rate(n / export_s),
+                ],
+                [
+                    "verify (parse + check)",
+                    str(n),
+                    h.mib(size),
+                    h.ms(verify_s),
+                    h.rate(n / verify_s),
+                ],
+            ],
+            title="Offline bundles",
+        )
+    )
+    why = ""
+    if share < TARGET:
+        others = sum(
+            sec for name, sec in parts.items() if not name.startswith(("Ed25519", "open_envelope"))
+        )
+        why = (
+            f"an audit spends {h.us(per)} µs per receipt where the signature alone takes "
+            f"{h.us(raw_s / n)} µs; the other steps, timed alone above, add up to "
+            f"{h.us(others)} µs per receipt"
+        )
+    section.targets.append(
+        Target(
+            f"verify ≥ {TARGET:.0%} of the raw PyNaCl verify rate",
+            f"{share:.0%} ({h.rate(audit_rate)} vs {h.rate(raw_rate)} receipts/s)",
+            share >= TARGET,
+            why,
+        )
+    )
+    return section

@@ -1,0 +1,469 @@
+"""Helpers shared by the reliability and security suites (plain functions, no fixtures).
+
+- real `loopwarden` processes: CLI runs, `serve --http` on a free loopback port, every wait
+  bounded and every process stoppable (`stop_server` / `kill_server` in the caller's finalizer);
+- MCP clients over streamable HTTP (bearer token), stdio and in-process (manual clock);
+- what happened, rebuilt from the signed journal: every envelope verified, then grants, fences,
+  completions, budget sums, `seq` chains and the Merkle frontier checked against it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from loopwarden.clients.agent import AgentClient
+from loopwarden.clock import Clock
+from loopwarden.ledger import merkle
+from loopwarden.ledger.events import ReceiptBody
+from loopwarden.ledger.keys import KeyStore
+from loopwarden.ledger.reader import JournalRow, Reader
+from loopwarden.ledger.receipts import open_envelope
+from loopwarden.ledger.store import connect
+from loopwarden.policy.budgets import Totals, to_micros
+from loopwarden.principals import Principal
+from loopwarden.server.app import build_server
+from loopwarden.server.settings import DB_NAME, Settings
+
+STARTUP_TIMEOUT = 20.0  # seconds for a server to accept connections
+CLI_TIMEOUT = 60.0  # seconds for any one CLI subprocess
+EVIDENCE = [{"kind": "test", "summary": "green"}]
+# What must never reach a client: tracebacks and server-side file paths.
+LEAKS = re.compile(r"Traceback|File \"|site-packages|\.py\"|\.py\b|/work/|/tmp/|/home/|/root/")
+
+
+def scale(default: int, env: str = "LOOPWARDEN_TEST_SCALE") -> int:
+    """`default`, multiplied by the float in `env` if set (never below 1)."""
+    factor = float(os.environ.get(env, "1") or 1)
+    return max(1, round(default * factor))
+
+
+def bounded(seconds: float) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Fail an async test that runs longer than `seconds` instead of letting it hang."""
+
+    def wrap(test: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(test)
+        async def run(*args: Any, **kwargs: Any) -> Any:
+            with anyio.fail_after(seconds):
+                return await test(*args, **kwargs)
+
+        return run
+
+    return wrap
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def cli_env(synchronous: str | None = "normal", **extra: str) -> dict[str, str]:
+    """The environment minus anything that could choose a principal or a home for us."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
+    if synchronous is not None:
+        env["LOOPWARDEN_SYNCHRONOUS"] = synchronous
+    env.update(extra)
+    return env
+
+
+def loopwarden(*args: str) -> list[str]:
+    return [sys.executable, "-m", "loopwarden", *args]
+
+
+def cli(*args: str, env: dict[str, str] | None = None, **popen: Any) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        loopwarden(*args),
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+        stdin=subprocess.DEVNULL,
+        env=env or cli_env(),
+        **popen,
+    )
+
+
+def cli_json(*args: str) -> dict[str, Any]:
+    done = cli(*args, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[bytes]
+    url: str
+    home: Path
+    log: Path
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def spawn_server(
+    home: Path,
+    logs: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    command: list[str] | None = None,
+) -> tuple[Served, int]:
+    """Start `loopwarden serve --http 127.0.0.1:PORT --home HOME ARGS` without waiting for it.
+
+    `command` replaces `loopwarden serve` (e.g. a wrapper that changes the log level). The
+    caller must `stop_server` or `kill_server` it in a finalizer. Returns (served, port).
+    """
+    port = free_port()
+    bind = f"127.0.0.1:{port}"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"serve-{port}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [*(command or loopwarden("serve")), "--http", bind, "--home", str(home), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env or cli_env(),
+        )
+    return Served(process, f"http://{bind}/mcp", home, log), port
+
+
+def wait_listening(served: Served, port: int) -> Served:
+    """Block until the spawned server accepts connections (bounded by STARTUP_TIMEOUT)."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while True:
+        if served.process.poll() is not None:
+            raise AssertionError(
+                f"serve exited with {served.process.returncode}:\n{served.stderr()}"
+            )
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return served
+        except OSError:
+            if time.monotonic() > deadline:
+                kill_server(served)
+                raise AssertionError(f"serve did not listen within {STARTUP_TIMEOUT}s") from None
+            time.sleep(0.02)
+
+
+def start_server(
+    home: Path,
+    logs: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    command: list[str] | None = None,
+) -> Served:
+    """`spawn_server`, then wait (bounded) until it accepts connections."""
+    return wait_listening(*spawn_server(home, logs, *args, env=env, command=command))
+
+
+def stop_server(served: Served) -> None:
+    """SIGTERM (graceful), then SIGKILL if it does not exit within 10 s."""
+    if served.process.poll() is not None:
+        return
+    served.process.terminate()
+    try:
+        served.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        kill_server(served)
+
+
+def kill_server(served: Served) -> None:
+    """SIGKILL: no cleanup, no flush, no shutdown handler — a crash."""
+    if served.process.poll() is None:
+        served.process.send_signal(signal.SIGKILL)
+    served.process.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class Token:
+    token: str
+    token_id: str
+    agent: str
+    role: str
+
+
+def mint_tokens(home: Path, specs: list[tuple[str, str]]) -> dict[str, Token]:
+    """`loopwarden token create --agent NAME --role ROLE --json` for each (name, role), run
+    in-process through the CLI app (the same command, without an interpreter start each)."""
+    from typer.testing import CliRunner
+
+    from loopwarden.clients.cli import app
+
+    runner = CliRunner()
+    minted = {}
+    for agent, role in specs:
+        result = runner.invoke(
+            app,
+            ["token", "create", "--agent", agent, "--role", role, "--json", "--home", str(home)],
+        )
+        assert result.exit_code == 0, result.output
+        issued = json.loads(result.stdout)
+        minted[agent] = Token(issued["token"], issued["token_id"], issued["agent"], issued["role"])
+    return minted
+
+
+def run_cli_app(*args: str) -> Any:
+    """`loopwarden ARGS` in-process (typer's runner); returns the click `Result`."""
+    from typer.testing import CliRunner
+
+    from loopwarden.clients.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+# --- MCP clients -----------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def connect_http(
+    url: str, token: str | None = None, *, read_timeout: float = 60
+) -> AsyncIterator[AgentClient]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=read_timeout)) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        yield AgentClient(client)
+
+
+def stdio_params(agent: str, home: Path, synchronous: str = "normal") -> StdioServerParameters:
+    """`loopwarden serve --agent AGENT --home HOME` over stdio, as a desktop client launches it."""
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "loopwarden", "serve", "--agent", agent, "--home", str(home)],
+        env={"LOOPWARDEN_SYNCHRONOUS": synchronous},
+    )
+
+
+@asynccontextmanager
+async def serving(home: Path, clock: Clock, principal: Principal) -> AsyncIterator[AgentClient]:
+    """A fresh in-process server for `principal` on `home` (manual clock), and its client."""
+    server = build_server(
+        Settings(home=home, principal=principal, auth=False, synchronous="normal"), clock=clock
+    )
+    async with Client(server) as client:
+        yield AgentClient(client)
+
+
+def text_of(result: Any) -> str:
+    return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+def strings_in(value: Any) -> Iterator[str]:
+    """Every string (keys included) inside a JSON-like value."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from strings_in(k)
+            yield from strings_in(v)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from strings_in(item)
+
+
+def assert_no_leak(text: str, *, echoes: Any = None, paths: tuple[Path | str, ...] = ()) -> None:
+    """No traceback or server path in `text`. Echoes of the caller's own input (`echoes`, any
+    JSON-like value) are removed first: repeating what was sent is not a leak."""
+    scrubbed = text
+    for s in sorted(set(strings_in(echoes)), key=len, reverse=True):
+        for form in (s, repr(s)[1:-1], json.dumps(s)[1:-1]):
+            if form:
+                scrubbed = scrubbed.replace(form, "")
+    assert not LEAKS.search(scrubbed), f"internals leaked to the client: {text[:2000]!r}"
+    for path in (*paths, Path.home()):
+        assert str(path) not in scrubbed, f"a server path leaked: {text[:2000]!r}"
+
+
+# --- the journal, rebuilt --------------------------------------------------------------------
+
+
+@contextmanager
+def open_db(home: Path, *, readonly: bool = True) -> Iterator[Reader]:
+    """One snapshot of `home`'s database. Writable mode lets SQLite recover a crashed WAL
+    exactly as the next server would; nothing else is written."""
+    conn = connect(home / DB_NAME, readonly=readonly)
+    try:
+        conn.execute("BEGIN")
+        yield Reader(conn)
+    finally:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        conn.close()
+
+
+@dataclass(frozen=True)
+class Entry:
+    row: JournalRow
+    body: ReceiptBody
+
+
+def loop_entries(reader: Reader, home: Path, loop_id: str) -> list[Entry]:
+    """The loop's receipts in `seq` order, each signature verified under the home's keys."""
+    keyring = KeyStore(home).keyring()
+    entries = []
+    for row in reader.loop_journal(loop_id):
+        opened = open_envelope(row.envelope, keyring)
+        assert opened.verified, (row.receipt_id, opened.problems)
+        entries.append(Entry(row, ReceiptBody.model_validate(opened.body)))
+    return entries
+
+
+@dataclass
+class Replay:
+    """What the receipts say happened to one loop."""
+
+    claims: Counter[str] = field(default_factory=Counter)  # todo → grants
+    completed: Counter[str] = field(default_factory=Counter)  # todo → accepted completions
+    reports: Counter[str] = field(default_factory=Counter)  # turn → turn.reported receipts
+    max_open: int = 0  # most turns open at once
+    expired: int = 0
+    charged: Totals = field(default_factory=Totals)
+    kinds: Counter[str] = field(default_factory=Counter)
+
+
+def _charge(usage: dict[str, Any]) -> Totals:
+    return Totals(
+        model_calls=usage.get("model_calls", 0),
+        input_tokens=usage.get("input_tokens", 0),
+        output_tokens=usage.get("output_tokens", 0),
+        tool_calls=usage.get("tool_calls", 0),
+        cost_micros=to_micros(usage.get("cost_usd", 0.0)),
+        wall_micros=to_micros(usage.get("wall_seconds", 0.0)),
+    )
+
+
+def replay_grants(entries: list[Entry], *, chain: bool = True) -> Replay:
+    """Replay the loop's grants and closures, asserting the lease invariants on the way:
+
+    - (with `chain`) `seq` runs 1..n without a gap and each `prev` is the previous digest;
+    - a todo is never granted while an earlier turn on it is still open (one live lease);
+    - each todo's fences strictly increase with every grant;
+    - a turn is closed at most once, and only a granted, open turn is closed;
+    - budget charges are summed from `turn.reported` and charged `turn.refused` usage.
+    """
+    out = Replay()
+    open_turn: dict[str, str] = {}  # todo → open turn
+    turn_todo: dict[str, str] = {}
+    fence: dict[str, int] = defaultdict(int)
+    prev = None
+    for seq, entry in enumerate(entries, start=1):
+        body, data = entry.body, entry.body.data
+        if chain:
+            assert body.seq == entry.row.seq == seq, f"seq gap at {seq}: {body.seq}"
+            assert body.prev == prev, f"prev chain broken at seq {seq}"
+        prev = entry.row.digest
+        out.kinds[body.kind] += 1
+
+        def close(turn_id: str, todo_id: str) -> None:
+            assert turn_todo.get(turn_id) == todo_id, f"closing unknown turn {turn_id}"
+            assert open_turn.get(todo_id) == turn_id, f"turn {turn_id} closed twice or not open"
+            del open_turn[todo_id]
+
+        if body.kind == "turn.claimed":
+            todo = data["todo_id"]
+            assert todo not in open_turn, (
+                f"seq {seq}: todo {todo} granted to {data['turn_id']} while "
+                f"{open_turn[todo]} still holds a live lease"
+            )
+            assert data["fence"] > fence[todo], f"seq {seq}: fence of {todo} did not increase"
+            fence[todo] = data["fence"]
+            open_turn[todo] = data["turn_id"]
+            turn_todo[data["turn_id"]] = todo
+            out.claims[todo] += 1
+            out.max_open = max(out.max_open, len(open_turn))
+        elif body.kind == "turn.reported":
+            close(data["turn_id"], data["todo_id"])
+            out.reports[data["turn_id"]] += 1
+            out.charged = out.charged.plus(_charge(data.get("usage", {})))
+            if data["outcome"] == "completed":
+                out.completed[data["todo_id"]] += 1
+        elif body.kind == "turn.refused":
+            if data["charged"]:
+                out.charged = out.charged.plus(_charge(data.get("usage", {})))
+            if data["closes_turn"]:
+                close(data["turn_id"], data["todo_id"])
+        elif body.kind == "lease.expired":
+            close(data["turn_id"], data["todo_id"])
+            out.expired += 1
+        elif body.kind in ("loop.stopped", "loop.completed", "loop.cancelled"):
+            for closed in data.get("closed_turns", ()):
+                close(closed["turn_id"], closed["todo_id"])
+    return out
+
+
+def assert_totals_match(stored: Totals, replayed: Replay) -> None:
+    """Every stored budget counter equals the sum over the receipts; turns = grants."""
+    expected = replayed.charged.as_dict() | {"turns": replayed.kinds["turn.claimed"]}
+    assert stored.as_dict() == expected, (stored.as_dict(), expected)
+
+
+def merkle_problems(reader: Reader) -> list[str]:
+    """Disagreements between the journal, the stored Merkle frontier and the stored nodes."""
+    problems = []
+    size, frontier = reader.log_state()
+    leaves, expected_index = [], 0
+    for row in reader.iter_journal():
+        if row.leaf_index != expected_index:
+            problems.append(f"leaf {expected_index} missing (next is {row.leaf_index})")
+            expected_index = row.leaf_index
+        leaves.append(merkle.leaf_hash(row.envelope))
+        expected_index += 1
+    if size != len(leaves):
+        problems.append(f"log size {size} != {len(leaves)} journal rows")
+    try:
+        if merkle.frontier_at(size, reader.node) != frontier:
+            problems.append("stored frontier != frontier rebuilt from the stored nodes")
+    except LookupError as exc:
+        problems.append(str(exc))
+    if leaves and merkle.root_from_frontier(frontier) != merkle.root_from_leaves(leaves):
+        problems.append("root of the stored frontier != root over the journal's envelopes")
+    return problems
+
+
+def db_bytes(home: Path) -> bytes:
+    """Every byte SQLite keeps for the home's database (main file, WAL, shared memory)."""
+    data = b""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        path = home / f"{DB_NAME}{suffix}"
+        if path.exists():
+            data += path.read_bytes()
+    return data
+
+
+def raw_sql(home: Path, *statements: str) -> None:
+    """Damage a store by hand, as an operator with sqlite3 might."""
+    conn = sqlite3.connect(home / DB_NAME)
+    try:
+        for statement in statements:
+            conn.execute(statement)
+        conn.commit()
+    finally:
+        conn.close()
