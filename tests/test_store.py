@@ -475,3 +475,46 @@ async def test_several_processes_share_one_store_without_breaking_invariants(hom
         assert loop.totals.turns == turns and loop.totals.model_calls == turns
     finally:
         await kernel.store.close()
+
+
+# --- schema migrations -----------------------------------------------------------------------
+
+
+async def test_a_version_1_database_is_migrated_in_place_and_keeps_working(home):
+    from loopwarden.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+
+    home.mkdir(parents=True)
+    path = home / "loopwarden.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("INSERT INTO meta (key, value) VALUES ('origin', 'loopwarden.local/old')")
+    conn.execute("INSERT INTO log_state (id, size, frontier) VALUES (1, 0, x'')")
+    conn.execute("PRAGMA user_version = 1")
+    conn.close()
+
+    kernel = await open_kernel(home)
+    try:
+        await open_test_loop(kernel, 3)
+        await work_one(kernel, BUILDER, "L1", "k0")
+        await assert_fold_equals_stored(kernel, "L1")
+    finally:
+        await kernel.store.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"todos_by_order", "turns_by_status_and_claim"} <= indexes
+    assert conn.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()[0] == (
+        "loopwarden.local/old"
+    )
+
+
+async def test_a_database_from_a_newer_loopwarden_is_refused(home):
+    from loopwarden.ledger.schema import SCHEMA_VERSION
+
+    home.mkdir(parents=True)
+    conn = sqlite3.connect(home / "loopwarden.db", isolation_level=None)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(LoopwardenError, match="Upgrade loopwarden"):
+        await open_kernel(home)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -305,7 +306,7 @@ class Reader:
 
     def recent_turns(self, loop_id: str, limit: int) -> list[TurnRow]:
         rows = self.conn.execute(
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? ORDER BY claimed_at DESC, turn_id "
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? ORDER BY claimed_at DESC, turn_id DESC "
             "LIMIT ?",
             (loop_id, limit),
         )
@@ -483,7 +484,12 @@ class Reader:
             "SELECT operation, request_digest, response FROM idempotency WHERE principal = ? AND key = ?",
             (principal, key),
         )
-        return (r[0], r[1], r[2]) if r else None
+        if r is None:
+            return None
+        response = r[2]
+        if isinstance(response, bytes):  # zlib-compressed JSON (see Txn.remember)
+            response = zlib.decompress(response).decode()
+        return (r[0], r[1], response)
 
     def token(self, token_hash: str) -> TokenRow | None:
         r = self._one(

@@ -141,6 +141,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             first_used_at TEXT NOT NULL
         )""",
     ),
+    # version 2: indexes that keep the projection's reads flat as a loop grows (open turns in
+    # claim order, the todo page in claim order, recent turns without a sort).
+    (
+        "DROP INDEX turns_by_claim_time",
+        "CREATE INDEX turns_by_claim_time ON turns (loop_id, claimed_at, turn_id)",
+        "CREATE INDEX turns_by_status_and_claim ON turns (loop_id, status, claimed_at, turn_id)",
+        "CREATE INDEX todos_by_order ON todos (loop_id, ord, todo_id)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
