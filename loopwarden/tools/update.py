@@ -21,7 +21,7 @@ from loopwarden.ledger.events import (
     check_evidence_size,
 )
 from loopwarden.ledger.projection import ApprovalRow, TurnRow
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.store import Appended, Txn
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Decision, Reason
 from loopwarden.policy.evaluate import POLICY_VIOLATION, ReportFacts, evaluate_report
@@ -218,15 +218,35 @@ def _handle_refusal(
             expire_leases(tx, turn.loop_id, who)
         return _refused(tx, who, req, turn, decision, charged=True, closes=False)
     if found & codes.VIOLATIONS:
-        result = _refused(tx, who, req, turn, decision, charged=True, closes=True, stop=False)
+        sealed = _seal_refusal(tx, who, req, turn, decision, charged=True, closes=True)
         if on_violation == "stop_loop":
             violation = Reason(POLICY_VIOLATION, "; ".join(r.message for r in decision.reasons))
             close_loop(tx, turn.loop_id, who, "loop.stopped", violation)
-        else:
-            apply_stop_rules(tx, turn.loop_id, who)
-        return _result(tx, who, turn, False, decision, result.receipt_id, result.seq, result.digest)
+        return _result(tx, who, turn, False, decision, sealed)
     # Evidence missing (or an evaluation error): correctable, nothing charged, the turn stays open.
     return _refused(tx, who, req, turn, decision, charged=False, closes=False)
+
+
+def _seal_refusal(
+    tx: Txn,
+    who: Principal,
+    req: UpdateRequest,
+    turn: TurnRow,
+    decision: Decision,
+    *,
+    charged: bool,
+    closes: bool,
+) -> Appended:
+    return tx.append(
+        turn.loop_id,
+        "turn.refused",
+        who,
+        TurnRefused(**_report(req, turn), charged=charged, closes_turn=closes),
+        decision=decision,
+        turn_id=turn.turn_id,
+        todo_id=turn.todo_id,
+        idempotency_key=req.idempotency_key,
+    )
 
 
 def _refused(
@@ -238,23 +258,9 @@ def _refused(
     *,
     charged: bool,
     closes: bool,
-    stop: bool = True,
 ) -> UpdateResult:
-    sealed = tx.append(
-        turn.loop_id,
-        "turn.refused",
-        who,
-        TurnRefused(**_report(req, turn), charged=charged, closes_turn=closes),
-        decision=decision,
-        turn_id=turn.turn_id,
-        todo_id=turn.todo_id,
-        idempotency_key=req.idempotency_key,
-    )
-    if stop and charged:
-        apply_stop_rules(tx, turn.loop_id, who)
-    return _result(
-        tx, who, turn, False, decision, sealed.receipt_id, sealed.seq, sealed.sealed.digest
-    )
+    sealed = _seal_refusal(tx, who, req, turn, decision, charged=charged, closes=closes)
+    return _result(tx, who, turn, False, decision, sealed)
 
 
 def _accepted(
@@ -270,23 +276,15 @@ def _accepted(
         todo_id=turn.todo_id,
         idempotency_key=req.idempotency_key,
     )
-    apply_stop_rules(tx, turn.loop_id, who)
-    return _result(
-        tx, who, turn, True, decision, sealed.receipt_id, sealed.seq, sealed.sealed.digest
-    )
+    return _result(tx, who, turn, True, decision, sealed)
 
 
 def _result(
-    tx: Txn,
-    who: Principal,
-    turn: TurnRow,
-    accepted: bool,
-    decision: Decision,
-    receipt_id: str,
-    seq: int,
-    digest: str,
+    tx: Txn, who: Principal, turn: TurnRow, accepted: bool, decision: Decision, sealed: Appended
 ) -> UpdateResult:
-    # Other agents' stale leases are released first, so the route sees what a claim would see.
+    """After the report's receipt: the stop rules (usage may have been charged), then the
+    answer. Other agents' stale leases are released first, so the route sees what a claim
+    would see."""
     expire_leases(tx, turn.loop_id, who)
     apply_stop_rules(tx, turn.loop_id, who)
     loop = require_loop(tx, turn.loop_id)
@@ -300,8 +298,8 @@ def _result(
         loop_id=turn.loop_id,
         turn_id=turn.turn_id,
         todo_status=todo.status if todo else None,
-        receipt_id=receipt_id,
-        seq=seq,
-        digest=digest,
+        receipt_id=sealed.receipt_id,
+        seq=sealed.seq,
+        digest=sealed.sealed.digest,
         budgets=budgets_out(tx.policy(loop.policy_digest), loop),
     )
