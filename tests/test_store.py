@@ -28,7 +28,7 @@ from loopwarden.ledger.events import Evidence, ReceiptBody, TodoAdded, TodoSpec
 from loopwarden.ledger.keys import KeyStore
 from loopwarden.ledger.projection import rebuild
 from loopwarden.ledger.receipts import open_envelope
-from loopwarden.ledger.store import Store, startup_check
+from loopwarden.ledger.store import Store, migrate, startup_check
 from loopwarden.principals import Principal
 from loopwarden.tools.claim import ClaimRequest, claim
 from loopwarden.tools.kernel import Kernel
@@ -490,7 +490,18 @@ async def test_a_version_1_database_is_migrated_in_place_and_keeps_working(home)
         conn.execute(statement)
     conn.execute("INSERT INTO meta (key, value) VALUES ('origin', 'loopwarden.local/old')")
     conn.execute("INSERT INTO log_state (id, size, frontier) VALUES (1, 0, x'')")
+    # Rows in the tables version 2 rebuilds must survive the rebuild unchanged.
+    old_loop = ("OLD", "o", "cancelled", "cancelled", "sha256:" + "0" * 64, "t", "op",
+                *([0] * 11), None, 0, 0, "", "t")  # fmt: skip
+    conn.execute(f"INSERT INTO loops VALUES ({','.join('?' * len(old_loop))})", old_loop)
+    old_turn = ("turn-" + "0" * 20, "OLD", "t1", "a", 1, "closed", "t", "t", "t", None)
+    conn.execute(f"INSERT INTO turns VALUES ({','.join('?' * len(old_turn))})", old_turn)
     conn.execute("PRAGMA user_version = 1")
+    migrate(conn)  # what Store.open runs first
+    assert conn.execute("SELECT * FROM loops WHERE loop_id = 'OLD'").fetchone() == old_loop
+    assert conn.execute("SELECT * FROM turns WHERE loop_id = 'OLD'").fetchone() == old_turn
+    conn.execute("DELETE FROM turns")  # the stand-in rows have no receipts behind them
+    conn.execute("DELETE FROM loops")
     conn.close()
 
     kernel = await open_kernel(home)
@@ -504,6 +515,7 @@ async def test_a_version_1_database_is_migrated_in_place_and_keeps_working(home)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"todos_by_order", "turns_by_status_and_claim"} <= indexes
+    assert "journal_turn" not in indexes and "turns_by_agent" not in indexes
     assert conn.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()[0] == (
         "loopwarden.local/old"
     )

@@ -141,12 +141,58 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             first_used_at TEXT NOT NULL
         )""",
     ),
-    # version 2: indexes that keep the projection's reads flat as a loop grows (open turns in
-    # claim order, the todo page in claim order, recent turns without a sort).
+    # version 2: fewer B-trees per write (every one a page in each commit) and indexes that
+    # keep the projection's reads flat as a loop grows. `loops` and `turns` become WITHOUT
+    # ROWID tables keyed by their ids; open turns (at most `claims.max_active` per loop) are
+    # found through one index in claim order, so the per-agent and lease indexes go; the todo
+    # page is read in claim order without sorting every todo.
     (
-        "DROP INDEX turns_by_claim_time",
+        """CREATE TABLE loops_v2 (
+            loop_id TEXT PRIMARY KEY,
+            objective TEXT NOT NULL,
+            status TEXT NOT NULL,
+            stop_reason TEXT,
+            policy_digest TEXT NOT NULL,
+            opened_at TEXT NOT NULL,
+            opened_by TEXT NOT NULL,
+            turns INTEGER NOT NULL,
+            model_calls INTEGER NOT NULL,
+            input_tokens INTEGER NOT NULL,
+            output_tokens INTEGER NOT NULL,
+            tool_calls INTEGER NOT NULL,
+            cost_micros INTEGER NOT NULL,
+            wall_micros INTEGER NOT NULL,
+            todos_open INTEGER NOT NULL,
+            todos_claimed INTEGER NOT NULL,
+            todos_done INTEGER NOT NULL,
+            todos_blocked INTEGER NOT NULL,
+            failure_signature TEXT,
+            failure_streak INTEGER NOT NULL,
+            head_seq INTEGER NOT NULL,
+            head_digest TEXT NOT NULL,
+            updated_at TEXT NOT NULL
+        ) WITHOUT ROWID""",
+        "INSERT INTO loops_v2 SELECT * FROM loops",
+        "DROP TABLE loops",
+        "ALTER TABLE loops_v2 RENAME TO loops",
+        """CREATE TABLE turns_v2 (
+            turn_id TEXT PRIMARY KEY,
+            loop_id TEXT NOT NULL,
+            todo_id TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            fence INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            claimed_at TEXT NOT NULL,
+            lease_expires_at TEXT NOT NULL,
+            closed_at TEXT,
+            outcome TEXT
+        ) WITHOUT ROWID""",
+        "INSERT INTO turns_v2 SELECT * FROM turns",
+        "DROP TABLE turns",
+        "ALTER TABLE turns_v2 RENAME TO turns",
         "CREATE INDEX turns_by_claim_time ON turns (loop_id, claimed_at, turn_id)",
         "CREATE INDEX turns_by_status_and_claim ON turns (loop_id, status, claimed_at, turn_id)",
+        "DROP INDEX journal_turn",
         "CREATE INDEX todos_by_order ON todos (loop_id, ord, todo_id)",
     ),
 )
