@@ -285,7 +285,7 @@ def _check_receipt(row: JournalRow, chains: dict[str, _LoopChain], add) -> None:
     chain = chains.setdefault(row.loop_id, _LoopChain())
     try:
         body = ReceiptBody.model_validate(opened.body)
-        body.facts()
+        facts = body.facts()
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -308,7 +308,7 @@ def _check_receipt(row: JournalRow, chains: dict[str, _LoopChain], add) -> None:
     if chain.broken:
         return
     try:
-        chain.view = apply(chain.view, body, digest)
+        chain.view = apply(chain.view, body, digest, facts)
     except ProjectionError as exc:
         add("projection_mismatch", f"the receipt does not fold: {exc}", row)
         chain.broken = True

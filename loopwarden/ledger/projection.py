@@ -11,7 +11,8 @@ and writes those rows back, so an append costs the same at 10 or 100,000 todos.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger.events import (
@@ -37,6 +38,7 @@ from loopwarden.policy.loader import policy_from_data
 from loopwarden.policy.model import LoopPolicy
 
 TODO_STATUSES = ("open", "claimed", "done", "blocked")
+R = TypeVar("R")
 
 
 class ProjectionError(LoopwardenError):
@@ -164,6 +166,15 @@ def touched(body: ReceiptBody) -> Touched:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+def replace(row: R, **changes: object) -> R:
+    """`dataclasses.replace` for the projection's plain frozen rows, without re-running
+    `__init__` (the fold calls this several times per receipt; it is the audit's hot path).
+    Rows have no `__post_init__`, so copying the field dict is the whole construction."""
+    new = object.__new__(type(row))
+    new.__dict__.update(row.__dict__, **changes)
+    return new
 
 
 def usage_totals(usage: Usage) -> Totals:

@@ -41,7 +41,13 @@ class Totals:
 
     def plus(self, other: Totals) -> Totals:
         return Totals(
-            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+            self.turns + other.turns,
+            self.model_calls + other.model_calls,
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.tool_calls + other.tool_calls,
+            self.cost_micros + other.cost_micros,
+            self.wall_micros + other.wall_micros,
         )
 
     def as_dict(self) -> dict[str, int]:
