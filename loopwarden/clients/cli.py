@@ -36,8 +36,8 @@ from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.evaluate import explain as explain_tool
 from loopwarden.policy.loader import format_for, parse_policy, policy_schema
 from loopwarden.principals import Principal
-from loopwarden.server.auth import issue_token, revoke_token
 from loopwarden.server.settings import resolve_home
+from loopwarden.server.tokens import issue_token, revoke_token
 from loopwarden.tools import approvals as approvals_op
 from loopwarden.tools import loops as loops_op
 from loopwarden.tools import projection as projection_op

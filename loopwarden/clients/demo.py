@@ -62,7 +62,7 @@ class Narrator:
         step = Step(self.scenario, actor, action, outcome, **extra)
         self.steps.append(step)
         if not self.as_json:
-            color = "red" if step.decision in ("deny", "refused") else "green"
+            color = {"deny": "red", "wait": "yellow"}.get(step.decision, "green")
             line = f"  [bold]{actor:9}[/bold] {action:32} → [{color}]{outcome}[/{color}]"
             details = []
             if step.route:
@@ -110,22 +110,31 @@ async def _claim(
     n: Narrator, who: str, agent: AgentClient, loop_id: str, todo_id: str | None = None
 ):
     grant = await agent.claim(loop_id, todo_id)
+    action = f"claim {todo_id}" if todo_id else "claim"
     if grant.granted:
         n.step(
             who,
-            "claim",
+            action,
             f"granted {grant.todo_id} “{grant.todo_title}” (fence {grant.fence})",
             decision="allow",
             turn_id=grant.turn_id or "",
             receipt_id=grant.receipt_id or "",
         )
+    elif grant.receipt_id is None:  # nothing to claim yet: a plain answer, not a refusal
+        n.step(
+            who,
+            action,
+            "not yet: " + "; ".join(r.message for r in grant.reasons),
+            decision="wait",
+            reasons=_reasons(grant.reasons),
+        )
     else:
         n.step(
             who,
-            "claim",
+            action,
             "refused: " + ", ".join(_reasons(grant.reasons)),
             decision="deny",
-            receipt_id=grant.receipt_id or "",
+            receipt_id=grant.receipt_id,
             reasons=_reasons(grant.reasons),
         )
     return grant

@@ -1,55 +1,21 @@
-"""Bearer tokens for streamable HTTP: minted once, stored only as SHA-256 hashes.
+"""Bearer-token authentication for streamable HTTP (tokens themselves: `tokens.py`).
 
-A token maps to one principal (agent id and role). The verifier looks the hash up on every
-request, so a revoked token stops working at once. Tokens are never logged or stored in clear.
+The verifier looks the token's hash up on every request, so a revoked token stops working at
+once. Tokens are never logged or stored in clear.
 """
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 
-from loopwarden.errors import Forbidden, NotFound
+from loopwarden.errors import Forbidden
 from loopwarden.ledger.reader import TokenRow
-from loopwarden.ledger.store import Store, Txn
+from loopwarden.ledger.store import Store
 from loopwarden.principals import Principal
-
-TOKEN_PREFIX = "lw_"
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def token_id_for(hashed: str) -> str:
-    return "tok-" + hashed[:12]
-
-
-@dataclass(frozen=True)
-class IssuedToken:
-    token: str  # shown once, never stored
-    token_id: str
-    agent: str
-    role: str
-
-
-def issue_token(tx: Txn, principal: Principal) -> IssuedToken:
-    """Mint a token for `principal` and store its hash. Returns the clear token exactly once."""
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    hashed = token_hash(token)
-    tx.add_token(hashed, token_id_for(hashed), principal.id, principal.role)
-    return IssuedToken(token, token_id_for(hashed), principal.id, principal.role)
-
-
-def revoke_token(tx: Txn, token_id: str) -> None:
-    """Revoke by id; `NotFound` if no live token has this id."""
-    if not tx.revoke_token(token_id):
-        raise NotFound(f"no live token with id {token_id!r}")
+from loopwarden.server.tokens import TOKEN_PREFIX, token_hash
 
 
 class StoreTokenVerifier:
