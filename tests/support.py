@@ -1,14 +1,17 @@
-"""Helpers shared by the reliability and security suites (plain functions, no fixtures).
+"""Helpers shared by the test suites (plain functions and constants, no fixtures).
 
+- policies: `make_policy` (BASIC_POLICY with sections overridden);
 - real `loopwarden` processes: CLI runs, `serve --http` on a free loopback port, every wait
   bounded and every process stoppable (`stop_server` / `kill_server` in the caller's finalizer);
-- MCP clients over streamable HTTP (bearer token), stdio and in-process (manual clock);
+- MCP clients over streamable HTTP (bearer token, or a bare `initialize` POST), stdio and
+  in-process (manual clock);
 - what happened, rebuilt from the signed journal: every envelope verified, then grants, fences,
   completions, budget sums, `seq` chains and the Merkle frontier checked against it.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -28,6 +31,7 @@ from typing import Any
 
 import anyio
 import httpx2
+from conftest import BASIC_POLICY
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
@@ -47,6 +51,20 @@ from loopwarden.server.settings import DB_NAME, Settings
 STARTUP_TIMEOUT = 20.0  # seconds for a server to accept connections
 CLI_TIMEOUT = 60.0  # seconds for any one CLI subprocess
 EVIDENCE = [{"kind": "test", "summary": "green"}]
+# The ten governance tools a server lists, in a fixed order (fuzzing samples from it).
+TOOL_NAMES = (
+    "quota",
+    "claim",
+    "update",
+    "receipt",
+    "projection",
+    "heartbeat",
+    "todo_add",
+    "request_approval",
+    "open_loop",
+    "decide_approval",
+)
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 # What must never reach a client: tracebacks and server-side file paths.
 LEAKS = re.compile(r"Traceback|File \"|site-packages|\.py\"|\.py\b|/work/|/tmp/|/home/|/root/")
 
@@ -69,6 +87,23 @@ def bounded(seconds: float) -> Callable[[Callable[..., Any]], Callable[..., Any]
         return run
 
     return wrap
+
+
+def make_policy(**sections: Any) -> dict[str, Any]:
+    """A deep copy of BASIC_POLICY with some sections' keys overridden: a dict value updates that
+    section (creating it if missing), any other value (e.g. the `agents` list) replaces it."""
+    policy = copy.deepcopy(BASIC_POLICY)
+    for name, value in sections.items():
+        if isinstance(value, dict):
+            policy.setdefault(name, {}).update(value)
+        else:
+            policy[name] = value
+    return policy
+
+
+def codes(result: Any) -> set[str]:
+    """The reason codes of a decision-bearing result (claim, update, quota, ...)."""
+    return {r.code for r in result.reasons}
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -106,6 +141,7 @@ def cli_json(*args: str) -> dict[str, Any]:
 
 
 def one_line(text: str) -> str:
+    """rich wraps stderr at the terminal width; compare messages with the wrapping undone."""
     return " ".join(text.split())
 
 
@@ -133,14 +169,16 @@ def spawn_server(
     *args: str,
     env: dict[str, str] | None = None,
     command: list[str] | None = None,
+    host: str = "127.0.0.1",
 ) -> tuple[Served, int]:
-    """Start `loopwarden serve --http 127.0.0.1:PORT --home HOME ARGS` without waiting for it.
+    """Start `loopwarden serve --http HOST:PORT --home HOME ARGS` without waiting for it.
 
-    `command` replaces `loopwarden serve` (e.g. a wrapper that changes the log level). The
-    caller must `stop_server` or `kill_server` it in a finalizer. Returns (served, port).
+    `command` replaces `loopwarden serve` (e.g. a wrapper that changes the log level); an IPv6
+    `host` is bracketed in the bind address and URL. The caller must `stop_server` or
+    `kill_server` it in a finalizer. Returns (served, port).
     """
-    port = free_port()
-    bind = f"127.0.0.1:{port}"
+    port = free_port(host)
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"serve-{port}.log"
     with log.open("wb") as sink:
@@ -154,7 +192,7 @@ def spawn_server(
     return Served(process, f"http://{bind}/mcp", home, log), port
 
 
-def wait_listening(served: Served, port: int) -> Served:
+def wait_listening(served: Served, port: int, host: str = "127.0.0.1") -> Served:
     """Block until the spawned server accepts connections (bounded by STARTUP_TIMEOUT)."""
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while True:
@@ -163,7 +201,7 @@ def wait_listening(served: Served, port: int) -> Served:
                 f"serve exited with {served.process.returncode}:\n{served.stderr()}"
             )
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            socket.create_connection((host, port), timeout=0.5).close()
             return served
         except OSError:
             if time.monotonic() > deadline:
@@ -178,9 +216,11 @@ def start_server(
     *args: str,
     env: dict[str, str] | None = None,
     command: list[str] | None = None,
+    host: str = "127.0.0.1",
 ) -> Served:
     """`spawn_server`, then wait (bounded) until it accepts connections."""
-    return wait_listening(*spawn_server(home, logs, *args, env=env, command=command))
+    served, port = spawn_server(home, logs, *args, env=env, command=command, host=host)
+    return wait_listening(served, port, host)
 
 
 def stop_server(served: Served) -> None:
@@ -251,6 +291,29 @@ async def connect_http(
         Client(streamable_http_client(url, http_client=http)) as client,
     ):
         yield AgentClient(client)
+
+
+def initialize_request(client_name: str, request_id: int = 1) -> dict[str, Any]:
+    """A JSON-RPC MCP `initialize` request (protocol 2025-11-25) from a client so named."""
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": client_name, "version": "0"},
+        },
+    }
+
+
+async def raw_initialize(url: str, client_name: str, **headers: str) -> httpx2.Response:
+    """A bare POST of an MCP initialize request to `url` (no SDK client in the way), with
+    `headers` added to the MCP ones; every httpx timeout 10 s."""
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(10)) as http:
+        return await http.post(
+            url, json=initialize_request(client_name), headers={**MCP_HEADERS, **headers}
+        )
 
 
 def stdio_params(agent: str, home: Path, synchronous: str = "normal") -> StdioServerParameters:

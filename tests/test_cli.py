@@ -14,7 +14,6 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,6 +25,8 @@ import pytest
 import yaml
 from click.testing import Result
 from conftest import BASIC_POLICY, BUILDER, REVIEWER
+from support import cli as run_process
+from support import cli_env, one_line
 from typer.testing import CliRunner
 
 import loopwarden
@@ -43,7 +44,6 @@ from loopwarden.tools.update import UpdateRequest, UpdateResult, update
 
 T = TypeVar("T")
 
-SUBPROCESS_TIMEOUT = 60  # seconds, per CLI subprocess
 NO_SUCH_APPROVAL = "appr-" + "0" * 20
 
 # BASIC_POLICY written as TOML by hand (same keys and values, hence the same digest).
@@ -111,24 +111,10 @@ def ok_json(command: str) -> Any:
     return out
 
 
-def one_line(text: str) -> str:
-    """rich wraps stderr at the terminal width; compare messages with the wrapping undone."""
-    return " ".join(text.split())
-
-
 def subprocess_cli(command: str, env_home: Path | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
-    env["LOOPWARDEN_SYNCHRONOUS"] = "normal"
-    if env_home is not None:
-        env["LOOPWARDEN_HOME"] = str(env_home)
-    return subprocess.run(
-        [sys.executable, "-m", "loopwarden", *shlex.split(command)],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
+    """`loopwarden <command>` in a real process, with LOOPWARDEN_HOME=`env_home` if given."""
+    extra = {} if env_home is None else {"LOOPWARDEN_HOME": str(env_home)}
+    return run_process(*shlex.split(command), env=cli_env(**extra))
 
 
 def assert_error_document(out: Any, code: str | None = None) -> None:

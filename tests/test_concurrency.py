@@ -41,6 +41,7 @@ from support import (
     bounded,
     cli,
     cli_env,
+    codes,
     connect_http,
     loop_entries,
     merkle_problems,
@@ -307,10 +308,6 @@ async def test_8_stdio_server_processes_on_one_sqlite_file_drain_200_todos_consi
 
 
 # --- lease expiry under contention -----------------------------------------------------------
-
-
-def codes(result: Any) -> set[str]:
-    return {r.code for r in result.reasons}
 
 
 @bounded(60)

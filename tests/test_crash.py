@@ -160,7 +160,9 @@ def crash_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A home with the crash loop open and a bearer token for the agent (minted by the CLI)."""
     root = tmp_path_factory.mktemp("crash")
     home = root / "home"
-    todos = max(50, KILLS * 4)
+    # Enough work that the driver never finishes the loop before the last kill (a fast run
+    # completes about 4 todos between kills; 20 per kill leaves a wide margin).
+    todos = max(200, KILLS * 20)
     policy = root / "policy.json"
     policy.write_text(json.dumps(crash_policy(todos)))
     items = root / "todos.json"

@@ -34,7 +34,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from conftest import BASIC_POLICY, BUILDER, OPERATOR
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import assert_no_leak, serving, text_of
+from support import TOOL_NAMES, assert_no_leak, serving, text_of
 
 from loopwarden.clients.agent import AgentClient
 from loopwarden.clock import ManualClock
@@ -148,18 +148,6 @@ def check_call(world: World, who: AgentClient, tool: str, arguments: dict[str, A
 
 # --- hostile values --------------------------------------------------------------------------
 
-TOOL_NAMES = (
-    "quota",
-    "claim",
-    "update",
-    "receipt",
-    "projection",
-    "heartbeat",
-    "todo_add",
-    "request_approval",
-    "open_loop",
-    "decide_approval",
-)
 ANY_CHAR = st.characters(exclude_categories=())  # every category: surrogates, NUL, controls
 SPECIAL_TEXT = [
     "",

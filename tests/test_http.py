@@ -9,153 +9,44 @@ every server is terminated by its fixture's finalizer.
 
 from __future__ import annotations
 
-import copy
-import functools
 import json
-import os
-import socket
 import subprocess
-import sys
-import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx2
 import pytest
-from conftest import BASIC_POLICY
-from mcp import Client, MCPError
-from mcp.client.streamable_http import streamable_http_client
+from mcp import MCPError
+from support import (
+    CLI_TIMEOUT,
+    EVIDENCE,
+    MCP_HEADERS,
+    Served,
+    Token,
+    bounded,
+    cli,
+    cli_env,
+    cli_json,
+    connect_http,
+    free_port,
+    initialize_request,
+    loopwarden,
+    make_policy,
+    raw_initialize,
+    start_server,
+    stop_server,
+)
 
-from loopwarden.clients.agent import AgentClient, ToolCallError
+from loopwarden.clients.agent import ToolCallError
 from loopwarden.tools.claim import ClaimResult
 
 pytestmark = pytest.mark.anyio
 
-STARTUP_TIMEOUT = 20.0  # seconds for a server to accept connections
 TEST_TIMEOUT = 60.0  # seconds for any one async test
-CLI_TIMEOUT = 60.0  # seconds for any one CLI subprocess
-EVIDENCE = [{"kind": "test", "summary": "green"}]
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "raw-http-test", "version": "0"},
-    },
-}
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-
-
-def bounded(test: Callable[..., Any]) -> Callable[..., Any]:
-    """Fail an async test that runs longer than TEST_TIMEOUT instead of letting it hang."""
-
-    @functools.wraps(test)
-    async def run(*args: Any, **kwargs: Any) -> Any:
-        with anyio.fail_after(TEST_TIMEOUT):
-            return await test(*args, **kwargs)
-
-    return run
-
-
-# --- processes -------------------------------------------------------------------------------
-
-
-def cli_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
-    env["LOOPWARDEN_SYNCHRONOUS"] = "normal"
-    return env
-
-
-def loopwarden(*args: str) -> list[str]:
-    return [sys.executable, "-m", "loopwarden", *args]
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        loopwarden(*args),
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT,
-        stdin=subprocess.DEVNULL,
-        env=cli_env(),
-    )
-
-
-def cli_json(*args: str) -> dict[str, Any]:
-    done = cli(*args, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class Served:
-    process: subprocess.Popen[bytes]
-    url: str
-    home: Path
-    log: Path
-
-    def stderr(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
-def start_server(home: Path, logs: Path, *args: str, host: str = "127.0.0.1") -> Served:
-    """`loopwarden serve --http HOST:PORT --home HOME ARGS`, once it accepts connections."""
-    port = free_port(host)
-    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    logs.mkdir(parents=True, exist_ok=True)
-    log = logs / f"serve-{port}.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            loopwarden("serve", "--http", bind, "--home", str(home), *args),
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=cli_env(),
-        )
-    served = Served(process, f"http://{bind}/mcp", home, log)
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while True:
-        if process.poll() is not None:
-            raise AssertionError(f"serve exited with {process.returncode}:\n{served.stderr()}")
-        try:
-            socket.create_connection((host, port), timeout=0.5).close()
-            return served
-        except OSError:
-            if time.monotonic() > deadline:
-                stop_server(served)
-                raise AssertionError(f"serve did not listen within {STARTUP_TIMEOUT}s") from None
-            time.sleep(0.05)
-
-
-def stop_server(served: Served) -> None:
-    served.process.terminate()
-    try:
-        served.process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        served.process.kill()
-        served.process.wait(timeout=10)
-
-
-@dataclass(frozen=True)
-class Token:
-    token: str
-    token_id: str
-    agent: str
-    role: str
+CLIENT = "raw-http-test"  # clientInfo name of the bare initialize requests
 
 
 # --- fixtures --------------------------------------------------------------------------------
@@ -208,37 +99,18 @@ def tokens(server: Served) -> dict[str, Token]:
     return minted
 
 
-@asynccontextmanager
-async def connect(url: str, token: str | None = None) -> AsyncIterator[AgentClient]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http,
-        Client(streamable_http_client(url, http_client=http)) as client,
-    ):
-        yield AgentClient(client)
-
-
-async def raw_initialize(url: str, **headers: str) -> httpx2.Response:
-    """A bare POST of an MCP initialize request (no SDK client in the way)."""
-    async with httpx2.AsyncClient(timeout=httpx2.Timeout(10)) as http:
-        return await http.post(url, json=INITIALIZE, headers={**MCP_HEADERS, **headers})
-
-
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
 def loop_policy(agents: list[str], **claims: int) -> dict[str, Any]:
-    policy = copy.deepcopy(BASIC_POLICY)
-    policy["agents"] = agents
-    policy["claims"].update(claims)
-    return policy
+    return make_policy(agents=agents, claims=claims)
 
 
 async def open_loop(
     server: Served, operator: Token, loop_id: str, todos: list[str], agents: list[str]
 ) -> None:
-    async with connect(server.url, operator.token) as alice:
+    async with connect_http(server.url, operator.token) as alice:
         opened = await alice.open_loop(
             "governed over http",
             loop_policy(agents, max_active_per_agent=1),
@@ -251,7 +123,7 @@ async def open_loop(
 # --- two agents, one loop --------------------------------------------------------------------
 
 
-@bounded
+@bounded(TEST_TIMEOUT)
 async def test_two_agents_with_their_own_tokens_finish_one_loop_without_doing_a_todo_twice(
     server, tokens
 ):
@@ -261,7 +133,7 @@ async def test_two_agents_with_their_own_tokens_finish_one_loop_without_doing_a_
     first_claims = {"builder": anyio.Event(), "reviewer": anyio.Event()}
 
     async def work(agent: str) -> None:
-        async with connect(server.url, tokens[agent].token) as me:
+        async with connect_http(server.url, tokens[agent].token) as me:
             other = "reviewer" if agent == "builder" else "builder"
             while True:
                 turn = await me.claim("duo")
@@ -295,7 +167,7 @@ async def test_two_agents_with_their_own_tokens_finish_one_loop_without_doing_a_
     per_todo = Counter(todo for _, todo, _, _ in done)
     assert sorted(per_todo) == todos and set(per_todo.values()) == {1}, per_todo
     assert {agent for agent, *_ in done} == {"builder", "reviewer"}
-    async with connect(server.url, tokens["alice"].token) as alice:
+    async with connect_http(server.url, tokens["alice"].token) as alice:
         state = await alice.projection("duo")
         assert state.status == "completed" and state.todo_counts["done"] == len(todos)
         for agent, todo, claim_id, report_id in done:
@@ -320,15 +192,15 @@ async def test_two_agents_with_their_own_tokens_finish_one_loop_without_doing_a_
 # --- authentication --------------------------------------------------------------------------
 
 
-@bounded
+@bounded(TEST_TIMEOUT)
 async def test_a_request_without_a_token_is_401(server):
-    response = await raw_initialize(server.url)
+    response = await raw_initialize(server.url, CLIENT)
     assert response.status_code == 401
     assert response.json()["error"] == "invalid_token"
     assert response.headers["www-authenticate"].startswith("Bearer")
 
 
-@bounded
+@bounded(TEST_TIMEOUT)
 @pytest.mark.parametrize(
     "authorization",
     [
@@ -341,31 +213,31 @@ async def test_a_request_without_a_token_is_401(server):
     ids=["unknown-token", "overlong-token", "empty-token", "basic-auth", "no-scheme"],
 )
 async def test_a_request_with_a_wrong_token_is_401(server, authorization):
-    response = await raw_initialize(server.url, Authorization=authorization)
+    response = await raw_initialize(server.url, CLIENT, Authorization=authorization)
     assert response.status_code == 401
 
 
-@bounded
+@bounded(TEST_TIMEOUT)
 async def test_a_valid_token_is_accepted_and_a_revoked_one_is_refused_at_once(server, tokens):
     temp = cli_json("token", "create", "--agent", "temp-agent", "--home", str(server.home))
-    ok = await raw_initialize(server.url, **bearer(temp["token"]))
+    ok = await raw_initialize(server.url, CLIENT, **bearer(temp["token"]))
     assert ok.status_code == 200, ok.text
-    async with connect(server.url, temp["token"]) as agent:
+    async with connect_http(server.url, temp["token"]) as agent:
         with pytest.raises(ToolCallError, match="not_found"):
             await agent.quota("no-such-loop")  # authenticated: the call reaches the tool
         revoked = cli_json("token", "revoke", temp["token_id"], "--home", str(server.home))
         assert revoked == {"token_id": temp["token_id"], "revoked": True}
         with pytest.raises(MCPError):  # the live session is cut off on its next request
             await agent.quota("no-such-loop")
-    after = await raw_initialize(server.url, **bearer(temp["token"]))
+    after = await raw_initialize(server.url, CLIENT, **bearer(temp["token"]))
     assert after.status_code == 401
-    still = await raw_initialize(server.url, **bearer(tokens["builder"].token))
+    still = await raw_initialize(server.url, CLIENT, **bearer(tokens["builder"].token))
     assert still.status_code == 200, "revoking one token must not affect the others"
 
 
-@bounded
+@bounded(TEST_TIMEOUT)
 async def test_an_agent_token_calling_open_loop_is_forbidden(server, tokens):
-    async with connect(server.url, tokens["builder"].token) as builder:
+    async with connect_http(server.url, tokens["builder"].token) as builder:
         with pytest.raises(ToolCallError, match="forbidden") as refused:
             await builder.open_loop("mine now", loop_policy(["builder"]), loop_id="grab")
         assert "operator" in str(refused.value)
@@ -375,9 +247,9 @@ async def test_an_agent_token_calling_open_loop_is_forbidden(server, tokens):
             await builder.decide_approval("appr-" + "0" * 20, approve=True)
 
 
-@bounded
+@bounded(TEST_TIMEOUT)
 async def test_an_operator_token_can_open_a_loop_recorded_under_the_operator(server, tokens):
-    async with connect(server.url, tokens["alice"].token) as alice:
+    async with connect_http(server.url, tokens["alice"].token) as alice:
         opened = await alice.open_loop(
             "opened over http", loop_policy(["builder"]), [{"title": "one"}], loop_id="op-1"
         )
@@ -386,13 +258,13 @@ async def test_an_operator_token_can_open_a_loop_recorded_under_the_operator(ser
     assert sealed.body["principal"] == {"id": "alice", "role": "operator"}
 
 
-@bounded
+@bounded(TEST_TIMEOUT)
 async def test_a_tool_argument_cannot_change_the_tokens_principal(server, tokens):
-    async with connect(server.url, tokens["alice"].token) as alice:
+    async with connect_http(server.url, tokens["alice"].token) as alice:
         await alice.open_loop(
             "who am i", loop_policy(["builder"]), [{"title": "x"}], loop_id="id-1"
         )
-    async with connect(server.url, tokens["reviewer"].token) as reviewer:
+    async with connect_http(server.url, tokens["reviewer"].token) as reviewer:
         with pytest.raises(ToolCallError, match="agent"):
             await reviewer.call("claim", ClaimResult, loop_id="id-1", agent="builder")
         refused = await reviewer.claim("id-1")
@@ -401,12 +273,12 @@ async def test_a_tool_argument_cannot_change_the_tokens_principal(server, tokens
             await reviewer.receipt(refused.receipt_id)  # not its loop: it cannot even read it
 
 
-@bounded
+@bounded(TEST_TIMEOUT)
 async def test_resources_answer_for_the_tokens_principal(server, tokens):
-    async with connect(server.url, tokens["alice"].token) as alice:
+    async with connect_http(server.url, tokens["alice"].token) as alice:
         await alice.open_loop("for reviewers", loop_policy(["reviewer"]), loop_id="res-r")
         await alice.open_loop("for builders", loop_policy(["builder"]), loop_id="res-b")
-    async with connect(server.url, tokens["reviewer"].token) as reviewer:
+    async with connect_http(server.url, tokens["reviewer"].token) as reviewer:
         listed = json.loads(
             (await reviewer.client.read_resource("loopwarden://loops")).contents[0].text  # type: ignore[union-attr]
         )
@@ -421,14 +293,14 @@ async def test_resources_answer_for_the_tokens_principal(server, tokens):
 # --- DNS-rebinding protection ----------------------------------------------------------------
 
 
-@bounded
+@bounded(TEST_TIMEOUT)
 async def test_a_foreign_host_header_gets_421_and_a_foreign_origin_403(server, tokens):
     auth = bearer(tokens["builder"].token)
-    rebound = await raw_initialize(server.url, Host="evil.example", **auth)
+    rebound = await raw_initialize(server.url, CLIENT, Host="evil.example", **auth)
     assert rebound.status_code == 421
-    foreign = await raw_initialize(server.url, Origin="http://evil.example", **auth)
+    foreign = await raw_initialize(server.url, CLIENT, Origin="http://evil.example", **auth)
     assert foreign.status_code == 403
-    local = await raw_initialize(server.url, Origin="http://localhost:1234", **auth)
+    local = await raw_initialize(server.url, CLIENT, Origin="http://localhost:1234", **auth)
     assert local.status_code == 200
 
 
@@ -452,21 +324,21 @@ def solo_server(tmp_path: Path) -> Iterator[Served]:
         stop_server(served)
 
 
-@bounded
+@bounded(TEST_TIMEOUT)
 async def test_no_auth_serves_every_request_as_the_launch_agent(solo_server):
-    async with connect(solo_server.url) as solo:  # no Authorization header at all
+    async with connect_http(solo_server.url) as solo:  # no Authorization header at all
         turn = await solo.claim("solo-1")
         assert turn.granted, turn.reasons
         sealed = await solo.receipt(turn.receipt_id)
         assert sealed.body["principal"] == {"id": "solo", "role": "agent"}
         with pytest.raises(ToolCallError, match="forbidden"):
             await solo.open_loop("nope", loop_policy(["solo"]))
-    async with connect(solo_server.url, "lw_someone-elses-token") as other:
+    async with connect_http(solo_server.url, "lw_someone-elses-token") as other:
         refused = await other.claim("solo-1")  # a header changes nothing: still solo
         assert not refused.granted and refused.reasons[0].code == "agent_lease_limit"
         sealed = await other.receipt(refused.receipt_id)
         assert sealed.body["principal"]["id"] == "solo"
-    rebound = await raw_initialize(solo_server.url, Host="evil.example")
+    rebound = await raw_initialize(solo_server.url, CLIENT, Host="evil.example")
     assert rebound.status_code == 421, "DNS-rebinding protection stays on without auth"
 
 
@@ -495,7 +367,7 @@ def test_serve_on_the_ipv6_loopback_requires_a_token(tmp_path):
     served = start_server(tmp_path / "home", tmp_path / "logs", host="::1")
     try:
         with httpx2.Client(timeout=10) as http:
-            response = http.post(served.url, json=INITIALIZE, headers=MCP_HEADERS)
+            response = http.post(served.url, json=initialize_request(CLIENT), headers=MCP_HEADERS)
         assert response.status_code == 401
     finally:
         stop_server(served)

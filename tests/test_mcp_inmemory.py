@@ -24,6 +24,7 @@ from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER, STRANGER
 from mcp import Client, MCPError
 from mcp.types import INVALID_PARAMS
 from pydantic import BaseModel
+from support import TOOL_NAMES, codes, make_policy, text_of
 
 from loopwarden.clock import ManualClock, parse_time
 from loopwarden.principals import Principal
@@ -42,18 +43,6 @@ pytestmark = pytest.mark.anyio
 
 M = TypeVar("M", bound=BaseModel)
 
-TOOL_NAMES = {
-    "quota",
-    "claim",
-    "update",
-    "receipt",
-    "projection",
-    "heartbeat",
-    "todo_add",
-    "request_approval",
-    "open_loop",
-    "decide_approval",
-}
 READ_ONLY_TOOLS = {"quota", "receipt", "projection"}
 EVIDENCE = [{"kind": "test", "summary": "12 passed"}]
 UNKNOWN_TURN = "turn-" + "0" * 20
@@ -64,10 +53,6 @@ LEAKS = re.compile(r"Traceback|File \"|site-packages|\.py\b|/work/|/tmp/|/home/"
 
 
 # --- harness ---------------------------------------------------------------------------------
-
-
-def text_of(result: Any) -> str:
-    return " ".join(getattr(c, "text", "") for c in result.content)
 
 
 def assert_no_leak(text: str, home: Path | None = None) -> None:
@@ -170,14 +155,6 @@ async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Worl
         yield world
 
 
-def policy(**sections: Any) -> dict[str, Any]:
-    """BASIC_POLICY with some sections' keys overridden."""
-    doc = copy.deepcopy(BASIC_POLICY)
-    for name, value in sections.items():
-        doc.setdefault(name, {}).update(value)
-    return doc
-
-
 async def open_loop(
     world: World, loop_id: str = "L1", todo_ids: tuple[str, ...] = ("a", "b", "c"), **sections: Any
 ) -> OpenLoopResult:
@@ -185,7 +162,7 @@ async def open_loop(
         "open_loop",
         OpenLoopResult,
         objective="ship it",
-        policy=policy(**sections),
+        policy=make_policy(**sections),
         todos=[{"id": t, "title": f"todo {t}"} for t in todo_ids],
         loop_id=loop_id,
     )
@@ -227,16 +204,12 @@ async def head_seq(world: World, loop_id: str = "L1") -> int:
     return state.head.seq
 
 
-def codes(result: Any) -> set[str]:
-    return {r.code for r in result.reasons}
-
-
 # --- discovery: tools, resources, prompt, instructions ---------------------------------------
 
 
 async def test_list_tools_shows_exactly_the_ten_governance_tools_with_descriptions(world):
     tools = (await world.builder.client.list_tools()).tools
-    assert {t.name for t in tools} == TOOL_NAMES
+    assert {t.name for t in tools} == set(TOOL_NAMES)
     assert len(tools) == len(TOOL_NAMES)
     for tool in tools:
         assert tool.description and len(tool.description) > 30, tool.name
@@ -732,7 +705,7 @@ async def test_nan_usage_is_refused_rather_than_charged(world, loop):
         ),
         pytest.param(
             "open_loop",
-            {"objective": "x", "policy": policy(budgets={"max_turns": 0})},
+            {"objective": "x", "policy": make_policy(budgets={"max_turns": 0})},
             "max_turns",
             id="policy-max-turns-zero",
         ),

@@ -7,13 +7,13 @@ store and checks both the result and what was (or was not) sealed in the journal
 from __future__ import annotations
 
 import base64
-import copy
 import itertools
 from collections import Counter
 from typing import Any
 
 import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER, STRANGER
+from support import codes, make_policy
 
 from loopwarden.canonical import canonical_bytes
 from loopwarden.errors import Conflict, Forbidden, InvalidInput, NotFound, PolicyError
@@ -53,17 +53,6 @@ _keys = itertools.count(1)
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def make_policy(**sections: dict[str, Any]) -> dict[str, Any]:
-    """BASIC_POLICY with some sections' keys overridden (or replaced, for `agents`)."""
-    policy = copy.deepcopy(BASIC_POLICY)
-    for name, value in sections.items():
-        if isinstance(value, dict):
-            policy.setdefault(name, {}).update(value)
-        else:
-            policy[name] = value
-    return policy
 
 
 async def open_test_loop(
@@ -142,10 +131,6 @@ async def view(kernel: Kernel, loop_id: str = "L1") -> LoopView:
 async def body_of(kernel: Kernel, receipt_id: str) -> dict[str, Any]:
     got = await receipt(kernel, OPERATOR, ReceiptRequest(receipt_id=receipt_id))
     return got.body
-
-
-def codes(result: Any) -> set[str]:
-    return {r.code for r in result.reasons}
 
 
 def granted(result: ClaimResult) -> ClaimResult:

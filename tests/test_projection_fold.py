@@ -20,6 +20,7 @@ import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER, STRANGER
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import make_policy
 
 from loopwarden.clock import ManualClock
 from loopwarden.errors import LoopwardenError
@@ -137,10 +138,7 @@ async def full_check(kernel: Kernel, loop_id: str) -> list[ReceiptBody]:
 
 
 def _policy(**stop: Any) -> dict[str, Any]:
-    policy = copy.deepcopy(BASIC_POLICY)
-    policy["agents"] = ["builder", "reviewer", "carol"]
-    policy["stop"].update(stop)
-    return policy
+    return make_policy(agents=["builder", "reviewer", "carol"], stop=stop)
 
 
 def _report(turn: ClaimResult, outcome: str, key: str, **kw: Any) -> UpdateRequest:

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER
 from support import (
@@ -34,10 +33,12 @@ from support import (
     cli_env,
     connect_http,
     db_bytes,
+    initialize_request,
     loopwarden,
     mint_tokens,
     one_line,
     open_db,
+    raw_initialize,
     run_cli_app,
     serving,
     start_server,
@@ -54,6 +55,7 @@ from loopwarden.server.transports import transport_security
 
 pytestmark = pytest.mark.anyio
 
+CLIENT = "security-test"  # clientInfo name of the bare initialize requests
 LIMIT_POLICY = {
     **copy.deepcopy(BASIC_POLICY),
     "tools": {"allow": ["fs.*", "tests.run"], "deny": ["git.push"], "approval": ["deploy.*"]},
@@ -545,22 +547,6 @@ def debug_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Ser
         stop_server(served)
 
 
-async def raw_post(url: str, **headers: str) -> httpx2.Response:
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "security-test", "version": "0"},
-        },
-    }
-    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-    async with httpx2.AsyncClient(timeout=httpx2.Timeout(10)) as http:
-        return await http.post(url, json=initialize, headers={**accept, **headers})
-
-
 async def test_tokens_are_never_logged_or_stored_in_clear_even_at_debug(debug_server):
     served, tokens = debug_server
     alice, builder, doomed = tokens["alice"], tokens["builder"], tokens["doomed"]
@@ -575,9 +561,13 @@ async def test_tokens_are_never_logged_or_stored_in_clear_even_at_debug(debug_se
             await agent.quota("no-such-loop")
     near_miss = builder.token[:-1] + ("A" if builder.token[-1] != "A" else "B")
     for wrong in (near_miss, "lw_" + "z" * 43):
-        assert (await raw_post(served.url, Authorization=f"Bearer {wrong}")).status_code == 401
+        assert (
+            await raw_initialize(served.url, CLIENT, Authorization=f"Bearer {wrong}")
+        ).status_code == 401
     revoked = run_revoke(served.home, doomed)
-    assert (await raw_post(served.url, Authorization=f"Bearer {doomed.token}")).status_code == 401
+    assert (
+        await raw_initialize(served.url, CLIENT, Authorization=f"Bearer {doomed.token}")
+    ).status_code == 401
     assert revoked
 
     log = served.stderr()  # logging flushes every record; the WAL file is read too
@@ -685,8 +675,11 @@ def test_loopback_binds_are_accepted_with_auth_on(tmp_path, bind):
 async def test_rebinding_style_host_headers_get_421(debug_server, host):
     served, tokens = debug_server
     port = served.url.split(":")[2].split("/")[0]
-    response = await raw_post(
-        served.url, Host=host.format(port=port), Authorization=f"Bearer {tokens['builder'].token}"
+    response = await raw_initialize(
+        served.url,
+        CLIENT,
+        Host=host.format(port=port),
+        Authorization=f"Bearer {tokens['builder'].token}",
     )
     assert response.status_code == 421, (host, response.status_code)
 
@@ -697,8 +690,8 @@ async def test_rebinding_style_host_headers_get_421(debug_server, host):
 )
 async def test_foreign_origins_get_403(debug_server, origin):
     served, tokens = debug_server
-    response = await raw_post(
-        served.url, Origin=origin, Authorization=f"Bearer {tokens['builder'].token}"
+    response = await raw_initialize(
+        served.url, CLIENT, Origin=origin, Authorization=f"Bearer {tokens['builder'].token}"
     )
     assert response.status_code == 403, (origin, response.status_code)
 
@@ -710,18 +703,8 @@ def raw_stdio_session(home: Path, lines: list[bytes], expect: set[int]) -> dict[
     """Send raw lines to `loopwarden serve` over stdio (after a proper handshake) and collect the
     answers until every id in `expect` is answered (bounded). Every byte on stdout must be
     JSON-RPC."""
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 0,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "0"},
-        },
-    }
     handshake = [
-        json.dumps(initialize).encode(),
+        json.dumps(initialize_request("raw", request_id=0)).encode(),
         b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
     ]
     process = subprocess.Popen(

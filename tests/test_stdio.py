@@ -7,10 +7,7 @@ data home, exactly as a desktop MCP client would launch it. Every subprocess is 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,34 +15,16 @@ import anyio
 import pytest
 from anyio.streams.text import TextReceiveStream
 from conftest import BASIC_POLICY
+from support import cli, cli_env, initialize_request, loopwarden
 
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.tools.claim import ClaimResult
 
 pytestmark = pytest.mark.anyio
 
-CLI_TIMEOUT = 60  # seconds, per CLI subprocess
 SESSION_TIMEOUT = 90  # seconds, for a whole stdio session
 EVIDENCE = [{"kind": "test", "summary": "all green"}]
 LEAKS = re.compile(r"Traceback|File \"|site-packages|\.py\b")
-
-
-def cli_env() -> dict[str, str]:
-    """The environment minus anything that could choose a principal or a home for us."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
-    env["LOOPWARDEN_SYNCHRONOUS"] = "normal"
-    return env
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "loopwarden", *args],
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT,
-        stdin=subprocess.DEVNULL,
-        env=cli_env(),
-    )
 
 
 def write_policy(tmp_path: Path, **overrides: Any) -> Path:
@@ -161,16 +140,7 @@ async def test_stdio_errors_are_clean_and_identity_comes_from_the_launch_config(
 async def test_serve_writes_only_json_rpc_to_stdout(home):
     """Raw stdio: every byte the server writes to stdout, until it exits, is protocol."""
     requests = [
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "raw-test", "version": "0"},
-            },
-        },
+        initialize_request("raw-test"),
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
         {
@@ -180,7 +150,7 @@ async def test_serve_writes_only_json_rpc_to_stdout(home):
             "params": {"name": "quota", "arguments": {"loop_id": "nope"}},
         },
     ]
-    command = [sys.executable, "-m", "loopwarden", "serve", "--agent", "builder"]
+    command = loopwarden("serve", "--agent", "builder")
     output = ""
     with anyio.fail_after(SESSION_TIMEOUT):
         async with await anyio.open_process(

@@ -14,12 +14,9 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import os
 import secrets
 import shutil
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +24,8 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER
+from conftest import BUILDER, OPERATOR, REVIEWER
+from support import cli, cli_env, make_policy
 from typer.testing import CliRunner
 
 from loopwarden.canonical import canonical_bytes, sha256_digest
@@ -63,8 +61,7 @@ from loopwarden.tools.update import UpdateRequest, update
 
 DB = "loopwarden.db"
 CHECKPOINT_EVERY = 4
-POLICY = copy.deepcopy(BASIC_POLICY)
-POLICY["stop"]["on_violation"] = "refuse_turn"  # a refusal that keeps the loop going
+POLICY = make_policy(stop={"on_violation": "refuse_turn"})  # a refusal that keeps the loop going
 
 # The journal the fixture builds, in leaf order: (loop, seq, kind). Cases below rely on it.
 LAYOUT = [
@@ -626,10 +623,9 @@ def test_audit_of_one_loop_still_checks_the_whole_log(pristine, tmp_path):
     assert report.receipts == 4
 
 
-def cli_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWARDEN_")}
-    env["LOOPWARDEN_HOME"] = str(home)
-    return env
+def home_env(home: Path) -> dict[str, str]:
+    """No outside LOOPWARDEN_* (so SQLite's default synchronous mode); `home` is the data home."""
+    return cli_env(synchronous=None, LOOPWARDEN_HOME=str(home))
 
 
 @pytest.mark.parametrize(
@@ -638,14 +634,7 @@ def cli_env(home: Path) -> dict[str, str]:
 )
 def test_verify_command_exits_3_and_lists_the_finding(pristine, tmp_path, case, code):
     home = damaged_copy(pristine, tmp_path, CASES[case].damage)
-    proc = subprocess.run(
-        [sys.executable, "-m", "loopwarden", "verify", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        env=cli_env(home),
-    )
+    proc = cli("verify", "--json", env=home_env(home))
     assert proc.returncode == 3, proc.stderr
     out = json.loads(proc.stdout)
     assert out["verdict"] == "tampered"
@@ -894,16 +883,9 @@ def test_verify_bundle_with_the_real_key_rejects_the_reforged_bundle_in_a_real_p
     pristine, reforged
 ):
     real = KeyStore(pristine.home).load_signer()
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "loopwarden", "verify-bundle", str(reforged)),
-            *("--key", public_key_b64(real.public_key), "--json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        env=cli_env(pristine.home),
+    proc = cli(
+        *("verify-bundle", str(reforged), "--key", public_key_b64(real.public_key), "--json"),
+        env=home_env(pristine.home),
     )
     assert proc.returncode == 3, proc.stderr
     out = json.loads(proc.stdout)
