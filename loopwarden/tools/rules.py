@@ -93,7 +93,7 @@ def apply_stop_rules(tx: Txn, loop_id: str, who: Principal) -> Appended | None:
 
 
 def claim_facts(
-    reader: Reader, loop: LoopRow, policy: LoopPolicy, agent: str, now, now_text: str
+    reader: Reader, loop: LoopRow, policy: LoopPolicy, agent: str, now: datetime, now_text: str
 ) -> ClaimFacts:
     return ClaimFacts(
         agent=agent,
