@@ -530,3 +530,30 @@ async def test_a_database_from_a_newer_loopwarden_is_refused(home):
     conn.close()
     with pytest.raises(LoopwardenError, match="Upgrade loopwarden"):
         await open_kernel(home)
+
+
+async def test_a_write_cancelled_while_queued_never_commits(kernel):
+    """A caller that gives up while waiting for the writer must not be committed later by
+    someone else's group (it would hold leases nobody knows about)."""
+    await open_test_loop(kernel, 2)
+    before = await kernel.store.read(snapshot)
+    started = anyio.Event()
+
+    def slow(tx):
+        anyio.from_thread.run_sync(started.set)
+        time.sleep(0.3)  # hold the writer while the second call queues behind it
+
+    def doomed(tx):
+        tx.append(
+            "L1", "todo.added", OPERATOR, TodoAdded(todo=TodoSpec(id="late", title="x", order=9))
+        )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(kernel.store.write, slow)
+        await started.wait()
+        with anyio.move_on_after(0.05):
+            await kernel.store.write(doomed)  # cancelled while queued
+    await kernel.store.write(lambda tx: None)  # a later group must not pick it up
+    after = await kernel.store.read(snapshot)
+    assert after == before
+    assert await kernel.store.read(lambda r: r.todo("L1", "late")) is None

@@ -175,9 +175,9 @@ class ApprovalDecided(Fact):
     reason: str = Field(default="", max_length=MAX_SUMMARY)
 
     @model_validator(mode="after")
-    def _expiry_only_when_approved(self) -> ApprovalDecided:
-        if self.expires_at is not None and not self.approved:
-            raise ValueError("a rejection has no expiry")
+    def _expiry_exactly_when_approved(self) -> ApprovalDecided:
+        if (self.expires_at is not None) != self.approved:
+            raise ValueError("an approval has an expiry and a rejection has none")
         return self
 
 

@@ -437,10 +437,17 @@ class Store:
         """
         item = _Pending(fn)
         self._queue.append(item)
-        async with self._write_lock:
-            if not item.done:
-                batch, self._queue = self._queue, []
-                await anyio.to_thread.run_sync(self._commit_group, batch)
+        try:
+            async with self._write_lock:
+                if not item.done:
+                    batch, self._queue = self._queue, []
+                    await anyio.to_thread.run_sync(self._commit_group, batch)
+        except anyio.get_cancelled_exc_class():
+            # Cancelled while still queued: withdraw the body so no later group runs it. (Once a
+            # group has taken it, it runs to its end; a retry with the idempotency key finds it.)
+            if not item.done and item in self._queue:
+                self._queue.remove(item)
+            raise
         if item.error is not None:
             raise item.error
         return item.result

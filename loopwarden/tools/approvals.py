@@ -123,11 +123,11 @@ async def request_approval(
 class DecideApprovalRequest(Model):
     approval_id: ApprovalId
     approve: bool = Field(description="true to approve, false to reject.")
-    expires_in_seconds: int | None = Field(
+    expires_in_seconds: int = Field(
         default=3600,
         ge=1,
         le=MAX_APPROVAL_SECONDS,
-        description="Approval lifetime (approvals only).",
+        description="Approval lifetime in seconds (approvals always expire; at most 30 days).",
     )
     reason: str = Field(default="", max_length=MAX_SUMMARY)
 
