@@ -701,23 +701,49 @@ async def test_decide_approval_is_operator_only_and_decides_once(kernel):
 # --- update: evidence ------------------------------------------------------------------------
 
 
-async def test_completion_without_evidence_is_refused_uncharged_and_correctable(kernel):
+async def test_completion_without_evidence_is_refused_charged_and_correctable(kernel):
+    """The refused report's usage is charged (the work happened; budgets must hold even if the
+    agent never reports again); the turn stays open and the correction carries only new usage."""
     await open_test_loop(kernel)
     first = granted(await claim_as(kernel, BUILDER))
     refused = await report(
         kernel, BUILDER, first, usage=Usage(cost_usd=0.4), evidence=[], key="e-1"
     )
     assert not refused.accepted and codes(refused) == {"evidence_required"}
-    assert refused.budgets["cost_usd"].used == 0
+    assert refused.budgets["cost_usd"].used == 0.4
     body = await body_of(kernel, refused.receipt_id)
-    assert body["data"]["charged"] is False and body["data"]["closes_turn"] is False
+    assert body["data"]["charged"] is True and body["data"]["closes_turn"] is False
     state = await view(kernel)
     assert state.turns[first.turn_id].status == "open"  # type: ignore[index]
     assert state.todos[first.todo_id].status == "claimed"  # type: ignore[index]
 
-    fixed = await report(kernel, BUILDER, first, usage=Usage(cost_usd=0.4), key="e-2")
+    fixed = await report(kernel, BUILDER, first, usage=Usage(cost_usd=0.1), key="e-2")
     assert fixed.accepted and fixed.todo_status == "done"
-    assert fixed.budgets["cost_usd"].used == 0.4
+    assert fixed.budgets["cost_usd"].used == 0.5
+
+
+async def test_a_stale_fence_does_not_hide_a_violation_on_a_live_turn(kernel):
+    """Reporting a denied tool with a wrong fence on one's own live turn must still stop the
+    loop under on_violation = stop_loop (a wrong fence used to route it to the 'late' path)."""
+    await open_test_loop(kernel)
+    first = granted(await claim_as(kernel, BUILDER))
+    sneaky = await report(kernel, BUILDER, first, fence=0, tools={"git.push": 1}, key="s-1")
+    assert not sneaky.accepted and {"stale_fence", "tool_denied"} <= codes(sneaky)
+    assert sneaky.status == "stopped" and sneaky.stop_reason == "policy_violation"
+    state = await view(kernel)
+    assert state.turns[first.turn_id].status == "refused"  # type: ignore[index]
+
+
+async def test_an_outsider_claim_is_sealed_but_reveals_nothing_and_sweeps_nothing(kernel, clock):
+    await open_test_loop(kernel)
+    granted(await claim_as(kernel, BUILDER))
+    clock.advance(BASIC_POLICY["claims"]["lease_seconds"] + 1)  # the builder's lease is stale
+    before = await kernel.store.read(lambda r: r.journal_count())
+    refused = await claim_as(kernel, STRANGER)
+    assert codes(refused) == {"agent_not_allowed"} and refused.receipt_id
+    assert refused.status is None and refused.budgets == {}
+    kinds = await kernel.store.read(lambda r: [row.kind for row in r.loop_journal("L1")])
+    assert kinds[before:] == ["claim.refused"]  # no lease.expired sealed in the outsider's name
 
 
 async def test_completion_without_evidence_accepted_when_policy_does_not_require_it(kernel):

@@ -192,32 +192,63 @@ class ReportFacts:
     approval_problems: tuple[Reason, ...] = ()
 
 
+def turn_reasons(
+    *,
+    agent: str,
+    loop_status: str,
+    turn_agent: str,
+    turn_status: str,
+    turn_fence: int,
+    todo_fence: int,
+    given_fence: int,
+    lease_expires_at: datetime,
+    now: datetime,
+) -> list[Reason]:
+    """Why `agent` may not act on a turn now (report, heartbeat, approval request).
+
+    Ownership is checked first and alone: a caller acting on someone else's turn learns nothing
+    more about it. Then liveness: the loop closed, the turn closed, a stale fence (the given
+    one, or the todo re-claimed since), the lease run out.
+    """
+    if agent != turn_agent:
+        return [Reason(codes.NOT_TURN_OWNER, "this turn belongs to another agent")]
+    reasons = []
+    if loop_status in CLOSED_STATUSES:
+        reasons.append(Reason(codes.LOOP_NOT_ACTIVE, f"the loop is {loop_status}"))
+    if turn_status != "open":
+        reasons.append(Reason(codes.TURN_CLOSED, f"the turn is already {turn_status}"))
+    if given_fence != turn_fence or turn_fence != todo_fence:
+        reasons.append(
+            Reason(
+                codes.STALE_FENCE,
+                f"fence {given_fence} is not current (the todo's fence is {todo_fence})",
+            )
+        )
+    if turn_status == "open" and now > lease_expires_at:
+        reasons.append(Reason(codes.LEASE_EXPIRED, "the turn's lease has expired"))
+    return reasons
+
+
 @_fail_closed
 def evaluate_report(policy: LoopPolicy, facts: ReportFacts, *, digest: str) -> Decision:
     """Is this turn report admissible?
 
-    Ownership is checked first and alone: a caller reporting on someone else's turn learns
-    nothing more about it. Then the turn's liveness (closed, stale fence, expired lease, loop
-    closed), then tool use and approvals (violations), then evidence rules.
+    The turn's owner and liveness first (`turn_reasons`), then tool use and approvals
+    (violations), then evidence rules.
     """
-    if facts.agent != facts.turn_agent:
-        return Decision.of(
-            [Reason(codes.NOT_TURN_OWNER, "this turn belongs to another agent")], digest
-        )
-    reasons = []
-    if facts.loop_status in CLOSED_STATUSES:
-        reasons.append(Reason(codes.LOOP_NOT_ACTIVE, f"the loop is {facts.loop_status}"))
-    if facts.turn_status != "open":
-        reasons.append(Reason(codes.TURN_CLOSED, f"the turn is already {facts.turn_status}"))
-    if facts.given_fence != facts.turn_fence or facts.turn_fence != facts.todo_fence:
-        reasons.append(
-            Reason(
-                codes.STALE_FENCE,
-                f"fence {facts.given_fence} is not current (the todo's fence is {facts.todo_fence})",
-            )
-        )
-    if facts.turn_status == "open" and facts.now > facts.lease_expires_at:
-        reasons.append(Reason(codes.LEASE_EXPIRED, "the turn's lease expired before this update"))
+    reasons = turn_reasons(
+        agent=facts.agent,
+        loop_status=facts.loop_status,
+        turn_agent=facts.turn_agent,
+        turn_status=facts.turn_status,
+        turn_fence=facts.turn_fence,
+        todo_fence=facts.todo_fence,
+        given_fence=facts.given_fence,
+        lease_expires_at=facts.lease_expires_at,
+        now=facts.now,
+    )
+    if any(r.code == codes.NOT_TURN_OWNER for r in reasons):
+        return Decision.of(reasons, digest)
     reasons.extend(facts.approval_problems)
     reasons.extend(tool_reasons(policy, facts.tools, facts.approved_tools))
     if (

@@ -31,7 +31,8 @@ Run each turn like this:
    report honestly - every tool you used with its count, the model calls, tokens, cost and wall
    time you consumed, and evidence (test output, diffs, digests). Completing a todo needs
    evidence. Cite approval_ids for approval-gated tools. If a call fails in transit, resend it
-   with the same idempotency_key; after a refusal, fix the report and use a new key.
+   with the same idempotency_key. A refused report is still charged (the work happened): if
+   the turn stays open, fix the report, use a new key, and report only the usage since.
 5. Respect the route: continue → claim again; wait → pause and check projection later;
    user_action_required → stop and tell the user what is needed; stop → the loop is over.
 

@@ -44,7 +44,7 @@ class ClaimResult(Model):
     granted: bool
     reasons: list[ReasonOut]
     loop_id: str
-    status: Status
+    status: Status | None = Field(description="The loop's status (null for an agent it does not admit).")
     turn_id: str | None = None
     todo_id: str | None = None
     todo_title: str | None = None
@@ -89,6 +89,10 @@ async def claim(kernel: Kernel, who: Principal, req: ClaimRequest) -> ClaimResul
             )
         if prior is not None:
             return prior
+        if not tx.policy(loop.policy_digest).admits_agent(who.id):
+            # An outsider learns nothing about the loop and changes nothing but the journal.
+            decision = deny(codes.AGENT_NOT_ALLOWED, f"agent {who.id!r} is not in the policy's agents")
+            return _remember(tx, who, req, digest, _refuse(tx, who, req, decision, reveal=False))
         expire_leases(tx, loop.loop_id, who)
         apply_stop_rules(tx, loop.loop_id, who)
         loop = require_loop(tx, req.loop_id)
@@ -155,7 +159,10 @@ async def claim(kernel: Kernel, who: Principal, req: ClaimRequest) -> ClaimResul
     return await kernel.store.write(write)
 
 
-def _refuse(tx: Txn, who: Principal, req: ClaimRequest, decision: Decision) -> ClaimResult:
+def _refuse(
+    tx: Txn, who: Principal, req: ClaimRequest, decision: Decision, *, reveal: bool = True
+) -> ClaimResult:
+    """Seal `claim.refused`; `reveal=False` (an outsider) leaves the loop's state out."""
     loop = require_loop(tx, req.loop_id)
     sealed = tx.append(
         loop.loop_id,
@@ -170,8 +177,8 @@ def _refuse(tx: Txn, who: Principal, req: ClaimRequest, decision: Decision) -> C
         granted=False,
         reasons=reasons_out(decision.reasons),
         loop_id=loop.loop_id,
-        status=loop.status,  # type: ignore[arg-type]
-        budgets=budgets_out(tx.policy(loop.policy_digest), loop),
+        status=loop.status if reveal else None,  # type: ignore[arg-type]
+        budgets=budgets_out(tx.policy(loop.policy_digest), loop) if reveal else {},
         receipt_id=sealed.receipt_id,
     )
 

@@ -23,7 +23,7 @@ from loopwarden.ledger.projection import TurnRow
 from loopwarden.ledger.store import Txn
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Decision, Reason
-from loopwarden.policy.evaluate import TodoAddFacts, evaluate_todo_add
+from loopwarden.policy.evaluate import TodoAddFacts, evaluate_todo_add, turn_reasons
 from loopwarden.principals import Principal
 from loopwarden.tools.common import Model, ReasonOut, reasons_out, require_loop
 from loopwarden.tools.kernel import Kernel
@@ -31,18 +31,20 @@ from loopwarden.tools.rules import expire_leases
 
 
 def turn_problems(tx: Txn, who: Principal, turn: TurnRow, fence: int) -> list[Reason]:
-    """Why `who` may not act on `turn` now (owner, open, current fence, live lease)."""
-    if turn.agent != who.id:
-        return [Reason(codes.NOT_TURN_OWNER, "this turn belongs to another agent")]
-    reasons = []
-    if turn.status != "open":
-        reasons.append(Reason(codes.TURN_CLOSED, f"the turn is already {turn.status}"))
+    """Why `who` may not act on `turn` now (see `policy.evaluate.turn_reasons`)."""
     todo = tx.todo(turn.loop_id, turn.todo_id)
-    if fence != turn.fence or todo is None or todo.fence != turn.fence:
-        reasons.append(Reason(codes.STALE_FENCE, f"fence {fence} is not current"))
-    if turn.status == "open" and tx.now_dt > parse_time(turn.lease_expires_at):
-        reasons.append(Reason(codes.LEASE_EXPIRED, "the turn's lease has expired"))
-    return reasons
+    loop = require_loop(tx, turn.loop_id)
+    return turn_reasons(
+        agent=who.id,
+        loop_status=loop.status,
+        turn_agent=turn.agent,
+        turn_status=turn.status,
+        turn_fence=turn.fence,
+        todo_fence=todo.fence if todo else -1,
+        given_fence=fence,
+        lease_expires_at=parse_time(turn.lease_expires_at),
+        now=tx.now_dt,
+    )
 
 
 def refuse_request(

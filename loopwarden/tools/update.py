@@ -44,9 +44,6 @@ from loopwarden.tools.common import (
 from loopwarden.tools.kernel import Kernel
 from loopwarden.tools.rules import apply_stop_rules, close_loop, expire_leases, route_for
 
-# Reasons meaning "this turn is no longer yours to report on": the work is charged, nothing else.
-LATE = frozenset({codes.TURN_CLOSED, codes.STALE_FENCE, codes.LEASE_EXPIRED, codes.LOOP_NOT_ACTIVE})
-
 
 class UpdateRequest(Model):
     turn_id: TurnId
@@ -79,7 +76,7 @@ class UpdateResult(Model):
     accepted: bool
     reasons: list[ReasonOut]
     route: Route = Field(description="continue | wait | user_action_required | stop")
-    status: Status
+    status: Status | None = Field(description="The loop's status (null if the turn is not yours).")
     stop_reason: str | None
     loop_id: str
     turn_id: str
@@ -87,7 +84,9 @@ class UpdateResult(Model):
     receipt_id: str
     seq: int
     digest: str
-    budgets: dict[str, BudgetOut]
+    budgets: dict[str, BudgetOut] = Field(
+        description="Every budget after this update (empty if the turn is not yours)."
+    )
 
 
 def _report(req: UpdateRequest, turn: TurnRow) -> dict:
@@ -140,15 +139,20 @@ async def update(kernel: Kernel, who: Principal, req: UpdateRequest) -> UpdateRe
     """Close a turn with the agent's report.
 
     Idempotent: the same principal, key and arguments return the original result; the same key
-    with other arguments is refused (`idempotency_conflict`). Otherwise, in one transaction:
-    - the caller must own the turn (`not_turn_owner`: refused, nothing charged);
-    - the turn must be open with a current fence and a live lease (`turn_closed`,
-      `stale_fence`, `lease_expired`: refused, the usage still charged — the work happened);
-    - every tool used must be allowed, or approval-gated with a valid cited approval; a
-      violation is refused and charged, closes the turn and releases its todo, and with
-      `on_violation = "stop_loop"` stops the loop (`policy_violation`);
-    - completing without evidence when the policy requires it is refused; the turn stays open
-      for a corrected update and nothing is charged;
+    with other arguments is refused (`idempotency_conflict`, nothing charged). Otherwise, in
+    one transaction:
+    - the caller must own the turn (`not_turn_owner`: refused and sealed, nothing charged, and
+      the answer says nothing about the loop);
+    - every other refusal is charged: the usage in a report happened, whatever is wrong with
+      the report, so budgets always hold. A corrected report for a turn that stays open
+      carries only the usage since the refused one;
+    - a tool violation (a denied or not-allowed tool, or an approval-gated tool without a valid
+      cited approval) closes the turn if it is still open, releases its todo, and with
+      `on_violation = "stop_loop"` stops the loop (`policy_violation`) — whatever else is
+      wrong with the report (a stale fence does not hide a violation);
+    - a closed turn, a stale fence or an expired lease (`turn_closed`, `stale_fence`,
+      `lease_expired`; an expired lease is released first), or completing without required
+      evidence (`evidence_required`), is refused; the turn, if still open, stays open;
     - else `turn.reported`: usage charged, the todo moves per outcome, approvals consumed.
     Then the stop rules run, and the result carries the route for the next turn.
     `NotFound` for an unknown turn.
@@ -167,6 +171,10 @@ async def update(kernel: Kernel, who: Principal, req: UpdateRequest) -> UpdateRe
             return _refused(tx, who, req, turn, decision, charged=False, closes=False)
         if prior is not None:
             return prior
+        if turn.agent != who.id:
+            result = _foreign(tx, who, req, turn)
+            tx.remember(who.id, req.idempotency_key, "update", digest, dump(result))
+            return result
         loop = require_loop(tx, turn.loop_id)
         policy = tx.policy(loop.policy_digest)
         todo = tx.todo(loop.loop_id, turn.todo_id)
@@ -210,21 +218,43 @@ def _handle_refusal(
     decision: Decision,
     on_violation: str,
 ) -> UpdateResult:
+    """Every refusal of the owner's report is charged; a violation also closes the turn (if
+    still open) and applies `on_violation`."""
     found = set(decision.codes)
-    if codes.NOT_TURN_OWNER in found:
-        return _refused(tx, who, req, turn, decision, charged=False, closes=False)
-    if found & LATE:
-        if codes.LEASE_EXPIRED in found:
-            expire_leases(tx, turn.loop_id, who)
-        return _refused(tx, who, req, turn, decision, charged=True, closes=False)
-    if found & codes.VIOLATIONS:
-        sealed = _seal_refusal(tx, who, req, turn, decision, charged=True, closes=True)
-        if on_violation == "stop_loop":
-            violation = Reason(POLICY_VIOLATION, "; ".join(r.message for r in decision.reasons))
-            close_loop(tx, turn.loop_id, who, "loop.stopped", violation)
-        return _result(tx, who, turn, False, decision, sealed)
-    # Evidence missing (or an evaluation error): correctable, nothing charged, the turn stays open.
-    return _refused(tx, who, req, turn, decision, charged=False, closes=False)
+    if codes.LEASE_EXPIRED in found:
+        expire_leases(tx, turn.loop_id, who)  # releases this turn (and any other stale one)
+    still_open = (tx.turn(turn.turn_id) or turn).status == "open"
+    violation = bool(found & codes.VIOLATIONS)
+    sealed = _seal_refusal(
+        tx, who, req, turn, decision, charged=True, closes=violation and still_open
+    )
+    if violation and on_violation == "stop_loop":
+        loop = require_loop(tx, turn.loop_id)
+        if loop.status not in ("stopped", "completed", "cancelled"):
+            reason = Reason(POLICY_VIOLATION, "; ".join(r.message for r in decision.reasons))
+            close_loop(tx, turn.loop_id, who, "loop.stopped", reason)
+    return _result(tx, who, turn, False, decision, sealed)
+
+
+def _foreign(tx: Txn, who: Principal, req: UpdateRequest, turn: TurnRow) -> UpdateResult:
+    """A report on another agent's turn: sealed as a refusal, nothing charged, nothing swept,
+    and nothing about the loop in the answer (the caller may not even be admitted to it)."""
+    decision = deny(codes.NOT_TURN_OWNER, "this turn belongs to another agent")
+    sealed = _seal_refusal(tx, who, req, turn, decision, charged=False, closes=False)
+    return UpdateResult(
+        accepted=False,
+        reasons=reasons_out(decision.reasons),
+        route="stop",
+        status=None,
+        stop_reason=None,
+        loop_id=turn.loop_id,
+        turn_id=turn.turn_id,
+        todo_status=None,
+        receipt_id=sealed.receipt_id,
+        seq=sealed.seq,
+        digest=sealed.sealed.digest,
+        budgets={},
+    )
 
 
 def _seal_refusal(
