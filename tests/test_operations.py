@@ -1190,3 +1190,27 @@ async def test_every_refusal_is_sealed(kernel, clock):
     kinds = Counter(await loop_kinds(kernel))
     for kind, n in refusals.items():
         assert kinds[kind] == n, kind
+
+
+async def test_todo_add_and_request_approval_are_idempotent_per_key(kernel):
+    await open_test_loop(kernel)
+    add = TodoAddRequest(loop_id="L1", title="found work", idempotency_key="add-1")
+    first = await todo_add(kernel, BUILDER, add)
+    again = await todo_add(kernel, BUILDER, add)
+    assert first.added and again == first  # one todo, one receipt
+    todos = await kernel.store.read(lambda r: [t.todo_id for t in r.all_todos("L1")])
+    assert todos.count(first.todo_id) == 1
+    other = await todo_add(
+        kernel, BUILDER, TodoAddRequest(loop_id="L1", title="else", idempotency_key="add-1")
+    )
+    assert not other.added and codes(other) == {"idempotency_conflict"} and other.receipt_id
+
+    turn = granted(await claim_as(kernel, BUILDER))
+    ask = ApprovalRequest(
+        turn_id=turn.turn_id, fence=turn.fence, tool="deploy.prod", summary="ship",
+        idempotency_key="ask-1",
+    )  # fmt: skip
+    asked = await request_approval(kernel, BUILDER, ask)
+    assert asked.requested and await request_approval(kernel, BUILDER, ask) == asked
+    pending = await kernel.store.read(lambda r: r.loop_approvals("L1", "pending"))
+    assert [a.approval_id for a in pending] == [asked.approval_id]

@@ -114,7 +114,13 @@ class AgentClient:
         return await self.call("todo_add", TodoAddResult, loop_id=loop_id, title=title, **options)
 
     async def request_approval(
-        self, turn_id: str, fence: int, tool: str, summary: str, artifact_digest: str | None = None
+        self,
+        turn_id: str,
+        fence: int,
+        tool: str,
+        summary: str,
+        artifact_digest: str | None = None,
+        idempotency_key: str | None = None,
     ) -> ApprovalRequestResult:
         return await self.call(
             "request_approval",
@@ -124,6 +130,7 @@ class AgentClient:
             tool=tool,
             summary=summary,
             artifact_digest=artifact_digest,
+            idempotency_key=idempotency_key,
         )
 
     async def open_loop(

@@ -18,7 +18,9 @@ from loopwarden.ledger.events import (
     APPROVAL_ID_PATTERN,
     DIGEST_PATTERN,
     ID_PATTERN,
+    MAX_OBJECTIVE,
     MAX_SUMMARY,
+    MAX_TITLE,
     RECEIPT_ID_PATTERN,
     TURN_ID_PATTERN,
     Evidence,
@@ -42,7 +44,16 @@ LoopIdArg = Annotated[str, Field(description="The loop's id.", pattern=ID_PATTER
 TurnIdArg = Annotated[
     str, Field(description="The turn id returned by claim.", pattern=TURN_ID_PATTERN)
 ]
-FenceArg = Annotated[int, Field(description="The fence returned by claim.", ge=0)]
+FenceArg = Annotated[int, Field(description="The fence returned by claim.", ge=0, le=2**53)]
+TodoIdArg = Annotated[str | None, Field(description="A todo id.", pattern=ID_PATTERN)]
+OptionalKeyArg = Annotated[
+    str | None,
+    Field(
+        description="Optional key: resending the same call with the same key returns the "
+        "original result instead of acting twice.",
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+    ),
+]
 KeyArg = Annotated[
     str,
     Field(
@@ -69,12 +80,13 @@ async def claim(
     loop_id: LoopIdArg,
     ctx: Context,
     todo_id: Annotated[
-        str | None, Field(description="A specific todo to claim; omit for the next eligible one.")
-    ] = None,
-    idempotency_key: Annotated[
         str | None,
-        Field(description="Optional key making a retried claim return the original grant."),
+        Field(
+            description="A specific todo to claim; omit for the next eligible one.",
+            pattern=ID_PATTERN,
+        ),
     ] = None,
+    idempotency_key: OptionalKeyArg = None,
 ) -> claim_op.ClaimResult:
     """Start a turn: claim the next eligible todo under a lease before doing any work.
 
@@ -148,7 +160,9 @@ async def receipt(
     receipt_id: Annotated[
         str | None, Field(description="The receipt id (rcpt-…).", pattern=RECEIPT_ID_PATTERN)
     ] = None,
-    loop_id: Annotated[str | None, Field(description="With seq: the loop of the receipt.")] = None,
+    loop_id: Annotated[
+        str | None, Field(description="With seq: the loop of the receipt.", pattern=ID_PATTERN)
+    ] = None,
     seq: Annotated[
         int | None, Field(description="With loop_id: the receipt's sequence number.", ge=1)
     ] = None,
@@ -184,13 +198,18 @@ async def heartbeat(turn_id: TurnIdArg, fence: FenceArg, ctx: Context) -> turns_
 
 async def todo_add(
     loop_id: LoopIdArg,
-    title: Annotated[str, Field(description="What the new todo is.", min_length=1, max_length=500)],
+    title: Annotated[
+        str, Field(description="What the new todo is.", min_length=1, max_length=MAX_TITLE)
+    ],
     ctx: Context,
-    todo_id: Annotated[str | None, Field(description="Optional id for the todo.")] = None,
+    todo_id: TodoIdArg = None,
     depends_on: Annotated[
         list[str], Field(description="Ids of todos that must be done first.")
     ] = [],  # noqa: B006
-    order: Annotated[int | None, Field(description="Claim order; default: last.", ge=0)] = None,
+    order: Annotated[
+        int | None, Field(description="Claim order; default: last.", ge=0, le=10**9)
+    ] = None,
+    idempotency_key: OptionalKeyArg = None,
 ) -> turns_op.TodoAddResult:
     """Add a todo you discovered, if the loop's policy lets agents add work."""
     return await invoke(
@@ -202,6 +221,7 @@ async def todo_add(
         todo_id=todo_id,
         depends_on=depends_on,
         order=order,
+        idempotency_key=idempotency_key,
     )
 
 
@@ -214,7 +234,10 @@ async def request_approval(
             description="The approval-gated tool, e.g. deploy.prod.", pattern=TOOL_NAME_RE.pattern
         ),
     ],
-    summary: Annotated[str, Field(description="What the tool will do and why.", min_length=1)],
+    summary: Annotated[
+        str,
+        Field(description="What the tool will do and why.", min_length=1, max_length=MAX_SUMMARY),
+    ],
     ctx: Context,
     artifact_digest: Annotated[
         str | None,
@@ -223,6 +246,7 @@ async def request_approval(
             pattern=DIGEST_PATTERN,
         ),
     ] = None,
+    idempotency_key: OptionalKeyArg = None,
 ) -> approvals_op.ApprovalRequestResult:
     """Ask a human operator to approve one approval-gated tool for your open turn.
 
@@ -238,11 +262,14 @@ async def request_approval(
         tool=tool,
         summary=summary,
         artifact_digest=artifact_digest,
+        idempotency_key=idempotency_key,
     )
 
 
 async def open_loop(
-    objective: Annotated[str, Field(description="What the loop is for.", min_length=1)],
+    objective: Annotated[
+        str, Field(description="What the loop is for.", min_length=1, max_length=MAX_OBJECTIVE)
+    ],
     policy: Annotated[
         dict[str, Any], Field(description="The policy document (same keys as a policy file).")
     ],
@@ -250,7 +277,9 @@ async def open_loop(
     todos: Annotated[
         list[loops_op.TodoInput], Field(description="Initial todos, in claim order.")
     ] = [],  # noqa: B006
-    loop_id: Annotated[str | None, Field(description="Optional id for the loop.")] = None,
+    loop_id: Annotated[
+        str | None, Field(description="Optional id for the loop.", pattern=ID_PATTERN)
+    ] = None,
 ) -> loops_op.OpenLoopResult:
     """Operator only: open a governed loop with an objective, a policy and initial todos."""
     return await invoke(

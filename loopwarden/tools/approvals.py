@@ -20,9 +20,16 @@ from loopwarden.ledger.events import (
 from loopwarden.ledger.store import Txn
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Decision, Reason
-from loopwarden.policy.evaluate import explain
+from loopwarden.policy.evaluate import explain, tool_reasons
 from loopwarden.principals import Principal
-from loopwarden.tools.common import Model, ReasonOut, reasons_out, require_loop
+from loopwarden.tools.common import (
+    IDEMPOTENCY_KEY_PATTERN,
+    Model,
+    ReasonOut,
+    once,
+    reasons_out,
+    require_loop,
+)
 from loopwarden.tools.kernel import Kernel
 from loopwarden.tools.loops import require_operator
 from loopwarden.tools.turns import refuse_request, turn_problems
@@ -40,6 +47,11 @@ class ApprovalRequest(Model):
     artifact_digest: Digest | None = Field(
         default=None,
         description="Bind the approval to an artifact (sha256:…): the update must cite it as evidence.",
+    )
+    idempotency_key: str | None = Field(
+        default=None,
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+        description="Optional key making a retried call return the original result.",
     )
 
 
@@ -66,56 +78,63 @@ async def request_approval(
         if turn is None:
             raise NotFound(f"no turn with id {req.turn_id!r}")
         loop = require_loop(tx, turn.loop_id)
-        problems = turn_problems(tx, who, turn, req.fence)
-        if not problems:
-            verdict = explain(tx.policy(loop.policy_digest), req.tool)
-            if verdict.rule == "allow":
-                problems.append(Reason(codes.APPROVAL_NOT_NEEDED, verdict.explain()))
-            elif verdict.rule == "deny":
-                problems.append(Reason(codes.TOOL_DENIED, verdict.explain()))
-            elif verdict.rule == "default":
-                problems.append(Reason(codes.TOOL_NOT_ALLOWED, verdict.explain()))
-        if problems:
+
+        def refuse(decision: Decision) -> ApprovalRequestResult:
             receipt_id = refuse_request(
                 tx,
                 who,
                 turn.loop_id,
                 "request_approval",
-                problems,
+                list(decision.reasons),
                 turn_id=turn.turn_id,
                 todo_id=turn.todo_id,
             )
             return ApprovalRequestResult(
                 requested=False,
-                reasons=reasons_out(problems),
+                reasons=reasons_out(decision.reasons),
                 approval_id=None,
                 status=None,
                 receipt_id=receipt_id,
             )
-        approval_id = kernel.new_id("appr")
-        sealed = tx.append(
-            turn.loop_id,
-            "approval.requested",
-            who,
-            ApprovalRequested(
-                approval_id=approval_id,
+
+        def ask() -> ApprovalRequestResult:
+            problems = turn_problems(tx, who, turn, req.fence)
+            if not problems:
+                policy = tx.policy(loop.policy_digest)
+                verdict = explain(policy, req.tool)
+                if verdict.rule == "allow":
+                    problems = [Reason(codes.APPROVAL_NOT_NEEDED, verdict.explain())]
+                elif verdict.rule != "approval":  # denied, or allowed by nothing
+                    problems = tool_reasons(policy, [req.tool], frozenset())
+            if problems:
+                return refuse(Decision("deny", tuple(problems)))
+            approval_id = kernel.new_id("appr")
+            sealed = tx.append(
+                turn.loop_id,
+                "approval.requested",
+                who,
+                ApprovalRequested(
+                    approval_id=approval_id,
+                    turn_id=turn.turn_id,
+                    todo_id=turn.todo_id,
+                    tool=req.tool,
+                    summary=req.summary,
+                    artifact_digest=req.artifact_digest,
+                ),
                 turn_id=turn.turn_id,
                 todo_id=turn.todo_id,
-                tool=req.tool,
-                summary=req.summary,
-                artifact_digest=req.artifact_digest,
-            ),
-            turn_id=turn.turn_id,
-            todo_id=turn.todo_id,
-            approval_id=approval_id,
-        )
-        return ApprovalRequestResult(
-            requested=True,
-            reasons=[],
-            approval_id=approval_id,
-            status="pending",
-            receipt_id=sealed.receipt_id,
-        )
+                approval_id=approval_id,
+                idempotency_key=req.idempotency_key,
+            )
+            return ApprovalRequestResult(
+                requested=True,
+                reasons=[],
+                approval_id=approval_id,
+                status="pending",
+                receipt_id=sealed.receipt_id,
+            )
+
+        return once(tx, who, "request_approval", req, ApprovalRequestResult, ask, refuse)
 
     return await kernel.store.write(write)
 

@@ -44,7 +44,9 @@ class ClaimResult(Model):
     granted: bool
     reasons: list[ReasonOut]
     loop_id: str
-    status: Status | None = Field(description="The loop's status (null for an agent it does not admit).")
+    status: Status | None = Field(
+        description="The loop's status (null for an agent it does not admit)."
+    )
     turn_id: str | None = None
     todo_id: str | None = None
     todo_title: str | None = None
@@ -91,7 +93,9 @@ async def claim(kernel: Kernel, who: Principal, req: ClaimRequest) -> ClaimResul
             return prior
         if not tx.policy(loop.policy_digest).admits_agent(who.id):
             # An outsider learns nothing about the loop and changes nothing but the journal.
-            decision = deny(codes.AGENT_NOT_ALLOWED, f"agent {who.id!r} is not in the policy's agents")
+            decision = deny(
+                codes.AGENT_NOT_ALLOWED, f"agent {who.id!r} is not in the policy's agents"
+            )
             return _remember(tx, who, req, digest, _refuse(tx, who, req, decision, reveal=False))
         expire_leases(tx, loop.loop_id, who)
         apply_stop_rules(tx, loop.loop_id, who)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -12,6 +13,8 @@ from loopwarden.clock import format_time
 from loopwarden.errors import Forbidden, InvalidInput, NotFound
 from loopwarden.ledger.projection import LoopRow
 from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.store import Txn
+from loopwarden.policy import decision as codes
 from loopwarden.policy.budgets import budget_lines
 from loopwarden.policy.decision import Decision, Reason
 from loopwarden.policy.model import LoopPolicy
@@ -125,6 +128,34 @@ def replay(
     if stored_operation != operation or stored_digest != digest:
         return "conflict"
     return result_type.model_validate_json(response)
+
+
+def once(
+    tx: Txn,
+    who: Principal,
+    operation: str,
+    request: BaseModel,
+    result_type: type[M],
+    run: Callable[[], M],
+    refuse: Callable[[Decision], M],
+) -> M:
+    """Run `run()` once per principal and `request.idempotency_key` (if the request has one).
+
+    A repeat with the same arguments returns the stored result; the same key with other
+    arguments is answered by `refuse(decision)` (which seals the refusal)."""
+    key = getattr(request, "idempotency_key", None)
+    digest = request_digest(operation, request)
+    prior = replay(tx, who.id, key, operation, digest, result_type)
+    if prior == "conflict":
+        return refuse(
+            deny(codes.IDEMPOTENCY_CONFLICT, "this idempotency key was used with other arguments")
+        )
+    if prior is not None:
+        return prior
+    result = run()
+    if key is not None:
+        tx.remember(who.id, key, operation, digest, dump(result))
+    return result
 
 
 def dump(result: BaseModel) -> dict[str, Any]:

@@ -25,7 +25,15 @@ from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Decision, Reason
 from loopwarden.policy.evaluate import TodoAddFacts, evaluate_todo_add, turn_reasons
 from loopwarden.principals import Principal
-from loopwarden.tools.common import Model, ReasonOut, reasons_out, require_loop
+from loopwarden.tools.common import (
+    IDEMPOTENCY_KEY_PATTERN,
+    Model,
+    ReasonOut,
+    deny,
+    once,
+    reasons_out,
+    require_loop,
+)
 from loopwarden.tools.kernel import Kernel
 from loopwarden.tools.rules import expire_leases
 
@@ -137,6 +145,11 @@ class TodoAddRequest(Model):
     order: int | None = Field(
         default=None, ge=0, le=10**9, description="Claim order; default: last."
     )
+    idempotency_key: str | None = Field(
+        default=None,
+        pattern=IDEMPOTENCY_KEY_PATTERN,
+        description="Optional key making a retried call return the original result.",
+    )
 
 
 class TodoAddResult(Model):
@@ -154,18 +167,8 @@ async def todo_add(kernel: Kernel, who: Principal, req: TodoAddRequest) -> TodoA
 
     def write(tx: Txn) -> TodoAddResult:
         loop = require_loop(tx, req.loop_id)
-        policy = tx.policy(loop.policy_digest)
-        decision = evaluate_todo_add(
-            policy,
-            TodoAddFacts(
-                agent=who.id,
-                is_operator=who.is_operator,
-                loop_status=loop.status,
-                todo_count=loop.todo_total,
-            ),
-            digest=loop.policy_digest,
-        )
-        if not decision.allowed:
+
+        def refuse(decision: Decision) -> TodoAddResult:
             receipt_id = refuse_request(tx, who, loop.loop_id, "todo_add", list(decision.reasons))
             return TodoAddResult(
                 added=False,
@@ -174,30 +177,51 @@ async def todo_add(kernel: Kernel, who: Principal, req: TodoAddRequest) -> TodoA
                 todo_id=None,
                 receipt_id=receipt_id,
             )
-        deps = tuple(dict.fromkeys(req.depends_on))
-        missing = sorted(set(deps) - set(tx.todos(loop.loop_id, deps)))
-        if missing:
-            raise InvalidInput(f"depends_on names unknown todos: {', '.join(missing)}")
-        todo_id = req.todo_id or _free_id(tx, loop.loop_id, loop.todo_total + 1)
-        if tx.todo(loop.loop_id, todo_id) is not None:
-            raise InvalidInput(f"loop {loop.loop_id!r} already has a todo {todo_id!r}")
-        order = req.order if req.order is not None else tx.max_todo_order(loop.loop_id) + 1
-        spec = TodoSpec(id=todo_id, title=req.title, order=order, depends_on=deps)
-        sealed = tx.append(
-            loop.loop_id,
-            "todo.added",
-            who,
-            TodoAdded(todo=spec),
-            decision=decision,
-            todo_id=todo_id,
-        )
-        return TodoAddResult(
-            added=True,
-            reasons=[],
-            loop_id=loop.loop_id,
-            todo_id=todo_id,
-            receipt_id=sealed.receipt_id,
-        )
+
+        def add() -> TodoAddResult:
+            policy = tx.policy(loop.policy_digest)
+            if not who.is_operator and not policy.admits_agent(who.id):
+                # An outsider learns nothing (not even how many todos the loop has).
+                return refuse(deny(codes.AGENT_NOT_ALLOWED, "you are not among the loop's agents"))
+            decision = evaluate_todo_add(
+                policy,
+                TodoAddFacts(
+                    agent=who.id,
+                    is_operator=who.is_operator,
+                    loop_status=loop.status,
+                    todo_count=loop.todo_total,
+                ),
+                digest=loop.policy_digest,
+            )
+            if not decision.allowed:
+                return refuse(decision)
+            deps = tuple(dict.fromkeys(req.depends_on))
+            missing = sorted(set(deps) - set(tx.todos(loop.loop_id, deps)))
+            if missing:
+                raise InvalidInput(f"depends_on names unknown todos: {', '.join(missing)}")
+            todo_id = req.todo_id or _free_id(tx, loop.loop_id, loop.todo_total + 1)
+            if tx.todo(loop.loop_id, todo_id) is not None:
+                raise InvalidInput(f"loop {loop.loop_id!r} already has a todo {todo_id!r}")
+            order = req.order if req.order is not None else tx.max_todo_order(loop.loop_id) + 1
+            spec = TodoSpec(id=todo_id, title=req.title, order=order, depends_on=deps)
+            sealed = tx.append(
+                loop.loop_id,
+                "todo.added",
+                who,
+                TodoAdded(todo=spec),
+                decision=decision,
+                todo_id=todo_id,
+                idempotency_key=req.idempotency_key,
+            )
+            return TodoAddResult(
+                added=True,
+                reasons=[],
+                loop_id=loop.loop_id,
+                todo_id=todo_id,
+                receipt_id=sealed.receipt_id,
+            )
+
+        return once(tx, who, "todo_add", req, TodoAddResult, add, refuse)
 
     return await kernel.store.write(write)
 
