@@ -7,6 +7,11 @@ server turns these into MCP tool errors. A policy refusal is never an exception:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 QUOTE_LIMIT = 80
 
 
@@ -20,6 +25,15 @@ def clip(value: object, limit: int = QUOTE_LIMIT) -> str:
 def one_line(text: str) -> str:
     """Collapse a multi-line library message into one line."""
     return " ".join(text.split())
+
+
+def describe_validation(exc: ValidationError) -> str:
+    """One line per problem, `field: reason`, without pydantic's URLs or input echoes."""
+    parts = []
+    for error in exc.errors(include_url=False)[:10]:
+        where = clip(".".join(str(p) for p in error["loc"]) or "arguments")
+        parts.append(f"{where}: {clip(error['msg'].removeprefix('Value error, '), 200)}")
+    return "invalid_input: " + one_line("; ".join(parts))
 
 
 class LoopwardenError(Exception):

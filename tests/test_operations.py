@@ -1214,3 +1214,13 @@ async def test_todo_add_and_request_approval_are_idempotent_per_key(kernel):
     assert asked.requested and await request_approval(kernel, BUILDER, ask) == asked
     pending = await kernel.store.read(lambda r: r.loop_approvals("L1", "pending"))
     assert [a.approval_id for a in pending] == [asked.approval_id]
+
+
+async def test_projection_does_not_send_agents_to_work_a_loop_that_is_due_to_stop(kernel, clock):
+    await open_test_loop(kernel, make_policy(stop={"deadline": "2026-01-01T00:10:00Z"}))
+    clock.advance(601)  # the deadline passed; nothing has sealed the stop yet
+    state = await projection(kernel, BUILDER, ProjectionRequest(loop_id="L1"))
+    assert state.attention.who == "none" and "due to stop" in state.attention.why
+    assert "deadline" in state.next_action
+    claimed = await claim_as(kernel, BUILDER)  # and the next call seals it, as it says
+    assert not claimed.granted and claimed.status == "stopped"

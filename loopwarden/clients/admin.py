@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
-from loopwarden.errors import NotFound, StoreError
 from loopwarden.ledger.keys import KeyStore
 from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.store import Store, connect
+from loopwarden.ledger.store import Store, snapshot
 from loopwarden.principals import Principal
 from loopwarden.server.settings import DB_NAME, resolve_home
 from loopwarden.tools.kernel import Kernel
@@ -40,18 +38,9 @@ async def open_kernel(home: str | Path | None, *, check: bool = True) -> AsyncIt
 
 @contextmanager
 def open_reader(home: str | Path | None) -> Iterator[Reader]:
-    """A read-only connection to `home`'s database, for audits (works while servers run)."""
-    path = resolve_home(home) / DB_NAME
-    if not path.exists():
-        raise NotFound(f"there is no loopwarden database in {path.parent}")
-    conn = connect(path, readonly=True)
-    try:
-        conn.execute("BEGIN")  # one snapshot for the whole audit
-        yield Reader(conn)
-    except sqlite3.Error as exc:
-        raise StoreError(f"cannot read the database: {exc}") from None
-    finally:
-        conn.close()
+    """A read-only snapshot of `home`'s database, for audits (works while servers run)."""
+    with snapshot(resolve_home(home) / DB_NAME) as reader:
+        yield reader
 
 
 def keyring_of(home: str | Path | None):

@@ -25,6 +25,7 @@ from loopwarden.errors import (
     InvalidInput,
     LoopwardenError,
     NotFound,
+    describe_validation,
     one_line,
 )
 from loopwarden.ledger.audit import audit as run_audit
@@ -246,8 +247,6 @@ def _read_todos(path: Path) -> list[dict[str, Any]]:
 
 def _model(model, **values):
     from pydantic import ValidationError
-
-    from loopwarden.server.runtime import describe_validation
 
     try:
         return model.model_validate(values)

@@ -324,17 +324,17 @@ class Reader:
         return bool(r) and r[0] == len(set(deps))
 
     def next_eligible_todo(self, loop_id: str) -> TodoRow | None:
-        """The first open todo (by order, then id) whose dependencies are all done."""
-        rows = self.conn.execute(
-            f"SELECT {TODO_COLUMNS} FROM todos WHERE loop_id = ? AND status = 'open' "
-            "ORDER BY ord, todo_id",
+        """The first open todo (by order, then id) whose dependencies are all done: one query,
+        however many open todos wait on unfinished ones."""
+        r = self._one(
+            f"SELECT {TODO_COLUMNS} FROM todos t WHERE t.loop_id = ? AND t.status = 'open' "
+            "AND NOT EXISTS (SELECT 1 FROM json_each(t.depends_on) d "
+            "LEFT JOIN todos u ON u.loop_id = t.loop_id AND u.todo_id = d.value "
+            "WHERE u.status IS NOT 'done') "
+            "ORDER BY t.ord, t.todo_id LIMIT 1",
             (loop_id,),
         )
-        for r in rows:
-            todo = todo_from_sql(r)
-            if self.dependencies_done(loop_id, todo):
-                return todo
-        return None
+        return todo_from_sql(r) if r else None
 
     def approvals(self, ids: Iterable[str]) -> dict[str, ApprovalRow]:
         ids = list(ids)
@@ -505,7 +505,3 @@ class Reader:
             "ORDER BY created_at, token_id"
         )
         return [TokenRow(*r) for r in rows]
-
-    def stored_keys(self) -> dict[str, str]:
-        rows = self.conn.execute("SELECT key_id, public_key FROM keys ORDER BY key_id")
-        return {r[0]: r[1] for r in rows}

@@ -195,6 +195,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "DROP INDEX journal_turn",
         "CREATE INDEX todos_by_order ON todos (loop_id, ord, todo_id)",
     ),
+    # version 3: the `keys` table goes. The audit trusts only the key directory (a key the
+    # database vouches for proves nothing), and bundles carry their own public keys, so the
+    # table was written on every open and never read.
+    ("DROP TABLE keys",),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

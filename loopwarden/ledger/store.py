@@ -17,7 +17,8 @@ import json
 import secrets
 import sqlite3
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +33,7 @@ from loopwarden.errors import Conflict, IntegrityError, NotFound, StoreError
 from loopwarden.ledger import merkle
 from loopwarden.ledger.checkpoints import sign_checkpoint
 from loopwarden.ledger.events import Fact, ReceiptBody
-from loopwarden.ledger.keys import Signer, public_key_b64
+from loopwarden.ledger.keys import Signer
 from loopwarden.ledger.projection import LoopRow, LoopView, apply, touched
 from loopwarden.ledger.reader import (
     APPROVAL_COLUMNS,
@@ -331,12 +332,6 @@ class Txn(Reader):
         )
         return cur.rowcount == 1
 
-    def record_key(self, key_id: str, public_key: bytes) -> None:
-        self.conn.execute(
-            "INSERT OR IGNORE INTO keys (key_id, public_key, first_used_at) VALUES (?, ?, ?)",
-            (key_id, public_key_b64(public_key), self.now),
-        )
-
 
 class _Pending:
     """One caller's transaction body waiting for the next group commit."""
@@ -416,9 +411,7 @@ class Store:
                     raise StoreError(f"cannot open the database: {exc}") from None
                 raise
 
-        store = await anyio.to_thread.run_sync(_open)
-        await store.write(lambda tx: tx.record_key(signer.key_id, signer.public_key))
-        return store
+        return await anyio.to_thread.run_sync(_open)
 
     async def close(self) -> None:
         async with self._write_lock:
@@ -534,6 +527,25 @@ def _as_store_error(exc: BaseException) -> BaseException:
         error.__cause__ = exc
         return error
     return exc
+
+
+@contextmanager
+def snapshot(path: Path) -> Iterator[Reader]:
+    """A read-only, consistent snapshot of the database at `path` (for audits and exports).
+
+    Opens its own read-only connection, so it works while servers write. `NotFound` if there
+    is no database; `sqlite3` failures become `StoreError`.
+    """
+    if not Path(path).exists():
+        raise NotFound(f"there is no loopwarden database in {Path(path).parent}")
+    conn = connect(Path(path), readonly=True)
+    try:
+        conn.execute("BEGIN")  # one snapshot for the whole read
+        yield Reader(conn)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot read the database: {exc}") from None
+    finally:
+        conn.close()
 
 
 def startup_check(reader: Reader) -> None:

@@ -12,7 +12,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, ValidationError
 
 from loopwarden.clock import Clock, system_clock
-from loopwarden.errors import LoopwardenError, StoreError, clip, one_line
+from loopwarden.errors import LoopwardenError, StoreError, describe_validation
 from loopwarden.ledger.keys import KeyStore
 from loopwarden.ledger.store import Store
 from loopwarden.principals import Principal
@@ -61,15 +61,6 @@ class Runtime:
         finally:
             self.kernel = None
             await store.close()
-
-
-def describe_validation(exc: ValidationError) -> str:
-    """One line per problem, `field: reason`, without pydantic's URLs or input echoes."""
-    parts = []
-    for error in exc.errors(include_url=False)[:10]:
-        where = clip(".".join(str(p) for p in error["loc"]) or "arguments")
-        parts.append(f"{where}: {clip(error['msg'].removeprefix('Value error, '), 200)}")
-    return "invalid_input: " + one_line("; ".join(parts))
 
 
 async def invoke(

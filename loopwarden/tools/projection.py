@@ -10,11 +10,12 @@ from pydantic import Field
 
 from loopwarden.clock import format_time
 from loopwarden.ledger.events import LoopId
-from loopwarden.ledger.keys import Keyring
 from loopwarden.ledger.projection import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.ledger.reader import JournalRow, Reader
 from loopwarden.ledger.receipts import open_envelope
 from loopwarden.policy.budgets import budget_lines
+from loopwarden.policy.decision import Reason
+from loopwarden.policy.evaluate import evaluate_stop
 from loopwarden.principals import Principal
 from loopwarden.tools.common import (
     BudgetOut,
@@ -27,6 +28,7 @@ from loopwarden.tools.common import (
     require_visible,
 )
 from loopwarden.tools.kernel import Kernel
+from loopwarden.tools.rules import stop_facts
 
 TODO_PAGE = 200
 RECENT = 10
@@ -153,8 +155,9 @@ def approval_out(a: ApprovalRow) -> ApprovalOut:
     )
 
 
-def receipt_summary(row: JournalRow, keyring: Keyring) -> ReceiptSummary:
-    body = open_envelope(row.envelope, keyring).body or {}
+def receipt_summary(row: JournalRow) -> ReceiptSummary:
+    """One line about a receipt, for display: decoded, not verified (`receipt` verifies)."""
+    body = open_envelope(row.envelope, None, canonical=False).body or {}
     decision = body.get("decision", {})
     return ReceiptSummary(
         seq=row.seq,
@@ -168,9 +171,21 @@ def receipt_summary(row: JournalRow, keyring: Keyring) -> ReceiptSummary:
 
 
 def attention_for(
-    loop: LoopRow, pending: list[ApprovalRow], live: list[TurnRow], eligible: TodoRow | None
+    loop: LoopRow,
+    pending: list[ApprovalRow],
+    live: list[TurnRow],
+    eligible: TodoRow | None,
+    stop_due: Reason | None = None,
 ) -> tuple[Attention, str]:
-    """Who must act next, and the next action in one line."""
+    """Who must act next, and the next action in one line.
+
+    `stop_due` is a stop rule that fires now but is not sealed yet (the next claim or report
+    seals it): then nobody should start work, whatever todos are open."""
+    if stop_due is not None and loop.status not in ("completed", "stopped", "cancelled"):
+        return (
+            Attention(who="none", why=f"the loop is due to stop: {stop_due.message}"),
+            f"nothing: the next call seals loop.stopped ({stop_due.code})",
+        )
     if loop.status == "completed":
         return Attention(who="none", why="the loop is completed"), "nothing: all todos are done"
     if loop.status == "cancelled":
@@ -229,7 +244,8 @@ async def projection(kernel: Kernel, who: Principal, req: ProjectionRequest) -> 
         ]
         pending = [a for a in approvals if a.status == "pending"]
         eligible = reader.next_eligible_todo(loop.loop_id) if loop.status == "active" else None
-        attention, next_action = attention_for(loop, pending, live, eligible)
+        stop_due = evaluate_stop(policy, stop_facts(reader, loop, now))
+        attention, next_action = attention_for(loop, pending, live, eligible, stop_due)
         warnings = []
         for dim, line in budget_lines(policy, loop.totals).items():
             if line.limit and line.used >= WARN_FRACTION * line.limit and line.used < line.limit:
@@ -263,8 +279,7 @@ async def projection(kernel: Kernel, who: Principal, req: ProjectionRequest) -> 
             turns=[turn_out(t) for t in reader.recent_turns(loop.loop_id, RECENT)],
             approvals=[approval_out(a) for a in approvals],
             recent_receipts=[
-                receipt_summary(r, kernel.keyring)
-                for r in reader.recent_receipts(loop.loop_id, RECENT)
+                receipt_summary(r) for r in reader.recent_receipts(loop.loop_id, RECENT)
             ],
             attention=attention,
             next_action=next_action,
