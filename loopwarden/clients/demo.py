@@ -11,6 +11,7 @@ import hashlib
 import json
 import tempfile
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,6 @@ from loopwarden.policy.loader import parse_policy
 from loopwarden.tools.approvals import DecideApprovalRequest, decide_approval
 from loopwarden.tools.loops import OpenLoopRequest, open_loop
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "demo"
 OPERATOR = admin.operator("operator")
 
 
@@ -78,8 +78,9 @@ class Narrator:
 
 
 def _policy(name: str) -> dict[str, Any]:
-    path = EXAMPLES / name
-    return policy_document(parse_policy(path.read_text(), "toml", source=name))
+    """A demo policy shipped with the package (`loopwarden/clients/demo_policies/`)."""
+    text = resources.files("loopwarden.clients.demo_policies").joinpath(name).read_text()
+    return policy_document(parse_policy(text, "toml", source=name))
 
 
 def _reasons(reasons) -> list[str]:

@@ -1,0 +1,1 @@
+"""The policies `loopwarden demo` opens its three loops with (package data)."""
