@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 from mcp.server.mcpserver import MCPServer
@@ -10,9 +9,8 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
 from loopwarden.errors import LoopwardenError, NotFound
 from loopwarden.ledger.events import ID_PATTERN, RECEIPT_ID_PATTERN
-from loopwarden.ledger.reader import Reader
 from loopwarden.server.runtime import Runtime
-from loopwarden.tools import projection, receipt
+from loopwarden.tools import loops, projection, receipt
 from loopwarden.tools.projection import policy_json
 
 LOOP_OPERATOR_PROMPT = """\
@@ -68,24 +66,7 @@ def register_resources(server: MCPServer, runtime: Runtime) -> None:
         mime_type="application/json",
     )
     async def loops_resource() -> str:
-        async def make(kernel, who):
-            def read(reader: Reader) -> str:
-                visible = [
-                    {
-                        "loop_id": loop.loop_id,
-                        "objective": loop.objective,
-                        "status": loop.status,
-                        "stop_reason": loop.stop_reason,
-                        "head_seq": loop.head_seq,
-                    }
-                    for loop in reader.loops()
-                    if who.is_operator or reader.policy(loop.policy_digest).admits_agent(who.id)
-                ]
-                return json.dumps({"loops": visible}, indent=2)
-
-            return await kernel.store.read(read)
-
-        return await _read(runtime, make)
+        return await _read(runtime, loops.list_loops)
 
     @server.resource(
         "loopwarden://loops/{loop_id}/projection",

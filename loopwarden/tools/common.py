@@ -166,9 +166,7 @@ def deny(code: str, message: str, digest: str = "") -> Decision:
     return Decision("deny", (Reason(code, message),), digest)
 
 
-def check_todo_graph(
-    ids: list[str], deps: dict[str, tuple[str, ...]], known_done: set[str] | None = None
-) -> None:
+def check_todo_graph(ids: list[str], deps: dict[str, tuple[str, ...]]) -> None:
     """Todo ids are unique, dependencies name known todos, and there is no cycle."""
     seen: set[str] = set()
     for todo_id in ids:
@@ -179,7 +177,7 @@ def check_todo_graph(
         for dep in needs:
             if dep == todo_id:
                 raise InvalidInput(f"todo {todo_id!r} depends on itself")
-            if dep not in seen and (known_done is None or dep not in known_done):
+            if dep not in seen:
                 raise InvalidInput(f"todo {todo_id!r} depends on unknown todo {dep!r}")
     # Kahn's algorithm: anything left over sits on a cycle.
     indegree = {t: sum(1 for d in deps.get(t, ()) if d in seen) for t in ids}

@@ -18,6 +18,7 @@ from loopwarden.ledger.events import (
     TodoId,
     TodoSpec,
 )
+from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.store import Txn
 from loopwarden.policy.decision import Decision, Reason
 from loopwarden.policy.digest import policy_digest, policy_document
@@ -106,6 +107,40 @@ async def open_loop(kernel: Kernel, who: Principal, req: OpenLoopRequest) -> Ope
         )
 
     return await kernel.store.write(write)
+
+
+class LoopSummary(Model):
+    loop_id: str
+    objective: str
+    status: Status
+    stop_reason: str | None
+    head_seq: int
+
+
+class LoopList(Model):
+    loops: list[LoopSummary]
+
+
+async def list_loops(kernel: Kernel, who: Principal) -> LoopList:
+    """The loops `who` may see: every loop for an operator, the loops whose policy admits it for
+    an agent. Read-only."""
+
+    def read(reader: Reader) -> LoopList:
+        return LoopList(
+            loops=[
+                LoopSummary(
+                    loop_id=loop.loop_id,
+                    objective=loop.objective,
+                    status=loop.status,  # type: ignore[arg-type]
+                    stop_reason=loop.stop_reason,
+                    head_seq=loop.head_seq,
+                )
+                for loop in reader.loops()
+                if who.is_operator or reader.policy(loop.policy_digest).admits_agent(who.id)
+            ]
+        )
+
+    return await kernel.store.read(read)
 
 
 class LoopControlRequest(Model):

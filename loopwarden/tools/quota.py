@@ -12,7 +12,7 @@ from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.store import Txn
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Reason
-from loopwarden.policy.evaluate import claim_reasons, evaluate_stop
+from loopwarden.policy.evaluate import evaluate_claim, evaluate_stop
 from loopwarden.principals import Principal
 from loopwarden.tools.common import (
     BudgetOut,
@@ -81,7 +81,7 @@ def _answer(reader: Reader, who: Principal, req: QuotaRequest, now: datetime) ->
     loop = require_loop(reader, req.loop_id)
     policy = reader.policy(loop.policy_digest)
     facts = claim_facts(reader, loop, policy, who.id, now, now_text)
-    reasons: list[Reason] = claim_reasons(policy, facts)
+    reasons = list(evaluate_claim(policy, facts, digest=loop.policy_digest).reasons)
     if not reasons and reader.next_eligible_todo(loop.loop_id) is None:
         reasons.append(Reason(codes.NO_ELIGIBLE_TODO, "no open todo has its dependencies done"))
     return QuotaResult(
