@@ -834,40 +834,36 @@ def test_concurrent_load_signer_on_a_fresh_home_yields_one_active_key(tmp_path, 
     assert store.keyring().ids() == [store.active_id()]
 
 
-def test_load_signer_loads_the_winner_while_its_active_pointer_is_still_being_written(
-    tmp_path, monkeypatch
-):
-    # A deterministic replay of the interleaving two processes can hit: the other process has
-    # written its key pair and created `active`, but not yet written the key id into it.
+def test_load_signer_loads_the_winner_when_another_process_publishes_first(tmp_path, monkeypatch):
+    # A deterministic replay of the interleaving two processes can hit on a fresh home: both
+    # see no `active` pointer and make a key; the other process links its (complete) pointer
+    # into place just before this one tries. This one must load the winner's key and discard
+    # its own, never fail or end up with two keys.
     store = KeyStore(tmp_path)
     winner = Signer.from_seed(hashlib.sha256(b"winner").digest())
-    real_write_new = keys_module._write_new
-    real_read_text = Path.read_text
-    race: dict[str, Any] = {"phase": "before"}
+    real_link = os.link
+    race = {"won": False}
 
-    def write_new(path: Path, text: str, mode: int) -> None:
-        if path.name == "active" and race["phase"] == "before":
-            real_write_new(
-                path.parent / f"{winner.key_id}.key", _b64(bytes(winner.signing_key)), 0o600
+    def link(src, dst, *args, **kwargs):
+        if Path(dst).name == "active" and not race["won"]:
+            race["won"] = True
+            keys_module._write_new(
+                store.dir / f"{winner.key_id}.key", _b64(bytes(winner.signing_key)), 0o600
             )
-            real_write_new(path.parent / f"{winner.key_id}.pub", _b64(winner.public_key), 0o644)
-            race["fd"] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            race["phase"] = "created"
-        real_write_new(path, text, mode)
+            keys_module._write_new(
+                store.dir / f"{winner.key_id}.pub", _b64(winner.public_key), 0o644
+            )
+            keys_module._write_new(store.dir / "winner.tmp", winner.key_id, 0o644)
+            real_link(store.dir / "winner.tmp", dst)
+            (store.dir / "winner.tmp").unlink()
+        return real_link(src, dst, *args, **kwargs)
 
-    def read_text(self: Path, *args: Any, **kwargs: Any) -> str:
-        text = real_read_text(self, *args, **kwargs)
-        if self.name == "active" and race["phase"] == "created":
-            os.write(race["fd"], (winner.key_id + "\n").encode())  # the winner finishes writing
-            os.close(race["fd"])
-            race["phase"] = "written"
-        return text
-
-    monkeypatch.setattr(keys_module, "_write_new", write_new)
-    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(os, "link", link)
     loaded = store.load_signer()
-    assert loaded.key_id == store.active_id()
-    assert (store.dir / f"{loaded.key_id}.key").exists()
+    assert race["won"], "the replay did not run: load_signer no longer links the pointer"
+    assert loaded.key_id == winner.key_id == store.active_id()
+    assert sorted(p.name for p in store.dir.glob("*.key")) == [f"{winner.key_id}.key"]
+    assert not list(store.dir.glob("*.tmp"))
 
 
 @settings(max_examples=200, deadline=None)

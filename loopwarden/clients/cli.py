@@ -372,23 +372,12 @@ def _keyring(home: Path | None, json_out: bool) -> Keyring:
 
 
 def _receipt_rows(rows, keyring) -> list[dict[str, Any]]:
+    """The journal rows as the projection summarizes them, plus turn id and signature check."""
     out = []
     for row in rows:
         opened = open_envelope(row.envelope, keyring)
-        decision = opened.body.get("decision", {})
-        out.append(
-            {
-                "seq": row.seq,
-                "receipt_id": row.receipt_id,
-                "kind": row.kind,
-                "at": row.at,
-                "principal": opened.body.get("principal", {}).get("id"),
-                "effect": decision.get("effect"),
-                "reasons": [r.get("code") for r in decision.get("reasons", [])],
-                "turn_id": opened.body.get("turn_id"),
-                "verified": opened.verified,
-            }
-        )
+        summary = projection_op.receipt_summary(row, opened).model_dump(mode="json")
+        out.append({**summary, "turn_id": opened.body.get("turn_id"), "verified": opened.verified})
     return out
 
 
@@ -432,8 +421,8 @@ def receipts(
                     [
                         i["seq"],
                         i["kind"],
-                        i["principal"] or "?",
-                        i["effect"] or "?",
+                        i["principal"],
+                        i["effect"],
                         ", ".join(i["reasons"]),
                         i["receipt_id"],
                         "ok" if i["verified"] else render.Styled("[red]BAD[/red]"),

@@ -36,7 +36,6 @@ FINDING_CODES = (
     "unknown_key",
     "envelope_malformed",
     "payload_type_mismatch",
-    "not_canonical",
     "payload_malformed",
     "schema_invalid",
     "digest_mismatch",
@@ -100,7 +99,6 @@ _ENVELOPE_PROBLEMS = {
     "unknown_key": "signed by a key that is not trusted",
     "envelope_malformed": "the envelope is not a DSSE envelope",
     "payload_type_mismatch": "the payloadType is not a loopwarden receipt",
-    "not_canonical": "the payload is not RFC 8785 canonical JSON",
     "payload_malformed": "the payload is not a JSON object",
 }
 

@@ -12,7 +12,7 @@ from loopwarden.clock import format_time
 from loopwarden.ledger.events import LoopId
 from loopwarden.ledger.projection import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.ledger.reader import JournalRow, Reader
-from loopwarden.ledger.receipts import open_envelope
+from loopwarden.ledger.receipts import Opened, open_envelope
 from loopwarden.policy.budgets import budget_lines
 from loopwarden.policy.decision import Reason
 from loopwarden.policy.evaluate import evaluate_stop
@@ -155,9 +155,11 @@ def approval_out(a: ApprovalRow) -> ApprovalOut:
     )
 
 
-def receipt_summary(row: JournalRow) -> ReceiptSummary:
-    """One line about a receipt, for display: decoded, not verified (`receipt` verifies)."""
-    body = open_envelope(row.envelope, None, canonical=False).body or {}
+def receipt_summary(row: JournalRow, opened: Opened | None = None) -> ReceiptSummary:
+    """One line about a receipt, for display. Decoded here without verification (`receipt`
+    verifies) unless the caller passes the envelope it already opened."""
+    opened = opened or open_envelope(row.envelope, None, canonical=False)
+    body = opened.body or {}
     decision = body.get("decision", {})
     return ReceiptSummary(
         seq=row.seq,
