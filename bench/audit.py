@@ -22,9 +22,9 @@ from loopwarden.clock import format_time, system_clock
 from loopwarden.ledger import merkle
 from loopwarden.ledger.audit import audit
 from loopwarden.ledger.bundles import export_bundle, load_bundle, verify_bundle
-from loopwarden.ledger.events import ReceiptBody
+from loopwarden.ledger.events import parse_body
+from loopwarden.ledger.fold import apply
 from loopwarden.ledger.keys import Keyring, KeyStore
-from loopwarden.ledger.projection import apply
 from loopwarden.ledger.reader import JournalRow
 from loopwarden.ledger.receipts import open_envelope, pae
 from loopwarden.ledger.store import Txn
@@ -49,13 +49,13 @@ BUILD_SHARE = 0.5  # of the family's budget, for building the journal
 async def build(home: Path, receipts: int, deadline: h.Deadline) -> None:
     """One loop of about `receipts` receipts (loop.opened + claim/update pairs), then a fresh
     checkpoint so a bundle can cover all of it. synchronous=normal: setup speed only."""
-    async with h.open_kernel(home, synchronous="normal") as kernel:
-        await h.open_bench_loop(kernel, todos=10)
+    async with h.open_store(home, synchronous="normal") as store:
+        await h.open_bench_loop(store, todos=10)
         for _ in range((receipts - 1) // 2):
             if deadline.expired:
                 break
-            await h.governed_turn(kernel, h.AGENT, h.LOOP_ID)
-        await kernel.store.write(Txn.checkpoint)
+            await h.governed_turn(store, h.AGENT, h.LOOP_ID)
+        await store.write(Txn.checkpoint)
 
 
 def median_time(repeats: int, fn: Callable[[], T]) -> tuple[float, T]:
@@ -98,7 +98,7 @@ def primitives(
     envelopes = [json.loads(r.envelope) for r in rows]
     payloads = [base64.b64decode(e["payload"]) for e in envelopes]
     bodies = [json.loads(p) for p in payloads]
-    models = [ReceiptBody.model_validate(b) for b in bodies]
+    models = [parse_body(b) for b in bodies]
     digests = [sha256_digest(r.envelope) for r in rows]
 
     def parse() -> None:
@@ -109,7 +109,7 @@ def primitives(
 
     def schema() -> None:
         for body in bodies:
-            ReceiptBody.model_validate(body).facts()
+            parse_body(body)
 
     def fold() -> None:
         view = None
@@ -127,8 +127,8 @@ def primitives(
         "RFC 8785 re-serialization of the body (canonical check)": lambda: [
             canonical_bytes(b) for b in bodies
         ],
-        "receipt schema (ReceiptBody + facts)": schema,
-        "projection fold (apply)": fold,
+        "receipt schema (typed body, one pass)": schema,
+        "fold (apply)": fold,
         "Merkle leaf hash + frontier append": merkle_log,
         "envelope digest (SHA-256)": lambda: [sha256_digest(r.envelope) for r in rows],
         "open_envelope with the keyring (every check)": lambda: [

@@ -22,12 +22,11 @@ from typing import Any
 from loopwarden.ledger.keys import KeyStore
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.store import Store, Synchronous, connect
+from loopwarden.operations import claim as claim_op
+from loopwarden.operations import loops as loops_op
+from loopwarden.operations import update as update_op
 from loopwarden.principals import Principal
 from loopwarden.server.settings import DB_NAME
-from loopwarden.tools import claim as claim_op
-from loopwarden.tools import loops as loops_op
-from loopwarden.tools import update as update_op
-from loopwarden.tools.kernel import Kernel
 
 REPO = Path(__file__).resolve().parent.parent
 OPERATOR = Principal(id="bench-operator", role="operator")
@@ -97,9 +96,9 @@ def temp_home(name: str) -> Iterator[Path]:
 
 
 @asynccontextmanager
-async def open_kernel(
+async def open_store(
     home: Path, *, synchronous: Synchronous = "full", checkpoint_every: int = 256
-) -> AsyncIterator[Kernel]:
+) -> AsyncIterator[Store]:
     """The home's store and keys, as `Runtime.open` builds them for a server."""
     keys = KeyStore(home)
     store = await Store.open(
@@ -109,7 +108,7 @@ async def open_kernel(
         checkpoint_every=checkpoint_every,
     )
     try:
-        yield Kernel(store, keys.keyring())
+        yield store
     finally:
         await store.close()
 
@@ -125,29 +124,29 @@ def snapshot(home: Path) -> Iterator[Reader]:
         conn.close()
 
 
-async def open_bench_loop(kernel: Kernel, todos: int, loop_id: str = LOOP_ID) -> str:
+async def open_bench_loop(store: Store, todos: int, loop_id: str = LOOP_ID) -> str:
     request = loops_op.OpenLoopRequest(
         objective="benchmark loop", policy=POLICY, todos=todo_specs(todos), loop_id=loop_id
     )
-    return (await loops_op.open_loop(kernel, OPERATOR, request)).loop_id
+    return (await loops_op.open_loop(store, OPERATOR, request)).loop_id
 
 
 def update_request(turn_id: str, fence: int, key: str) -> update_op.UpdateRequest:
     return update_op.UpdateRequest(turn_id=turn_id, fence=fence, idempotency_key=key, **REPORT)
 
 
-async def claim(kernel: Kernel, who: Principal, loop_id: str) -> claim_op.ClaimResult:
-    grant = await claim_op.claim(kernel, who, claim_op.ClaimRequest(loop_id=loop_id))
+async def claim(store: Store, who: Principal, loop_id: str) -> claim_op.ClaimResult:
+    grant = await claim_op.claim(store, who, claim_op.ClaimRequest(loop_id=loop_id))
     if not grant.granted:
         raise RuntimeError(f"bench claim refused: {[r.code for r in grant.reasons]}")
     return grant
 
 
 async def report(
-    kernel: Kernel, who: Principal, grant: claim_op.ClaimResult, key: str
+    store: Store, who: Principal, grant: claim_op.ClaimResult, key: str
 ) -> update_op.UpdateResult:
     assert grant.turn_id is not None and grant.fence is not None
-    result = await update_op.update(kernel, who, update_request(grant.turn_id, grant.fence, key))
+    result = await update_op.update(store, who, update_request(grant.turn_id, grant.fence, key))
     if not result.accepted:
         raise RuntimeError(f"bench update refused: {[r.code for r in result.reasons]}")
     return result
@@ -162,12 +161,12 @@ def idempotency_key() -> str:
     return f"bench-{_KEY_PREFIX}-{next(_keys)}"
 
 
-async def governed_turn(kernel: Kernel, who: Principal, loop_id: str) -> tuple[float, float]:
+async def governed_turn(store: Store, who: Principal, loop_id: str) -> tuple[float, float]:
     """One governed turn (claim + update, two sealed receipts); returns the two latencies."""
     t0 = time.perf_counter()
-    grant = await claim(kernel, who, loop_id)
+    grant = await claim(store, who, loop_id)
     t1 = time.perf_counter()
-    await report(kernel, who, grant, idempotency_key())
+    await report(store, who, grant, idempotency_key())
     return t1 - t0, time.perf_counter() - t1
 
 

@@ -58,13 +58,13 @@ class Run:
         return self.turns / self.wall
 
 
-async def _writer(kernel, who: Principal, turns: int, deadline: h.Deadline) -> list[float]:
+async def _writer(store, who: Principal, turns: int, deadline: h.Deadline) -> list[float]:
     out = []
     for _ in range(turns):
         if deadline.expired:
             break
         t0 = time.perf_counter()
-        await h.governed_turn(kernel, who, h.LOOP_ID)
+        await h.governed_turn(store, who, h.LOOP_ID)
         out.append(time.perf_counter() - t0)
     return out
 
@@ -73,11 +73,11 @@ async def single(
     label: str, synchronous: Synchronous, turns: int, cfg: Config, seconds: float
 ) -> Run:
     with h.temp_home("kernel") as home:
-        async with h.open_kernel(home, synchronous=synchronous) as kernel:
-            await h.open_bench_loop(kernel, todos=10)
-            await _writer(kernel, h.AGENT, cfg.warmup, h.Deadline(seconds))
+        async with h.open_store(home, synchronous=synchronous) as store:
+            await h.open_bench_loop(store, todos=10)
+            await _writer(store, h.AGENT, cfg.warmup, h.Deadline(seconds))
             t0 = time.perf_counter()
-            latencies = await _writer(kernel, h.AGENT, turns, h.Deadline(seconds))
+            latencies = await _writer(store, h.AGENT, turns, h.Deadline(seconds))
             wall = time.perf_counter() - t0
     return Run(label, len(latencies), wall, latencies)
 
@@ -85,13 +85,13 @@ async def single(
 async def concurrent(cfg: Config, seconds: float) -> Run:
     agents = [Principal(id=f"writer-{n}") for n in range(WRITERS)]
     with h.temp_home("kernel8") as home:
-        async with h.open_kernel(home) as kernel:
-            await h.open_bench_loop(kernel, todos=2 * WRITERS)
-            await _writer(kernel, h.AGENT, cfg.warmup, h.Deadline(seconds))
+        async with h.open_store(home) as store:
+            await h.open_bench_loop(store, todos=2 * WRITERS)
+            await _writer(store, h.AGENT, cfg.warmup, h.Deadline(seconds))
             deadline = h.Deadline(seconds)
             t0 = time.perf_counter()
             per_agent = await asyncio.gather(
-                *(_writer(kernel, a, cfg.concurrent // WRITERS, deadline) for a in agents)
+                *(_writer(store, a, cfg.concurrent // WRITERS, deadline) for a in agents)
             )
             wall = time.perf_counter() - t0
     latencies = [x for xs in per_agent for x in xs]
@@ -144,19 +144,19 @@ def processes(cfg: Config, seconds: float) -> Run:
 
 
 async def _prepare(home: Path) -> None:
-    async with h.open_kernel(home) as kernel:
-        await h.open_bench_loop(kernel, todos=2 * PROCESSES)
+    async with h.open_store(home) as store:
+        await h.open_bench_loop(store, todos=2 * PROCESSES)
 
 
 async def _child(args: argparse.Namespace) -> None:
     who = Principal(id=args.agent)
-    async with h.open_kernel(Path(args.home)) as kernel:
-        await _writer(kernel, who, args.warmup, h.Deadline(args.seconds))
+    async with h.open_store(Path(args.home)) as store:
+        await _writer(store, who, args.warmup, h.Deadline(args.seconds))
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
             return
         start = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on the machine
-        latencies = await _writer(kernel, who, args.turns, h.Deadline(args.seconds))
+        latencies = await _writer(store, who, args.turns, h.Deadline(args.seconds))
         end = time.monotonic()
     print(json.dumps({"start": start, "end": end, "latencies": latencies}), flush=True)
 

@@ -63,8 +63,8 @@ async def _mcp_turns(client: Client, n: int) -> None:
 
 async def worker(home: Path, cfg: Config, seconds: float) -> dict[str, Any]:
     samples: list[tuple[str, int, int]] = [("after imports", 0, status_kib("VmRSS"))]
-    async with h.open_kernel(home, synchronous="normal") as kernel:
-        await h.open_bench_loop(kernel, todos=10)
+    async with h.open_store(home, synchronous="normal") as store:
+        await h.open_bench_loop(store, todos=10)
     settings = Settings(home=home, principal=h.AGENT, auth=False, synchronous="normal")
     server = build_server(settings)
     deadline = h.Deadline(seconds)
@@ -74,9 +74,9 @@ async def worker(home: Path, cfg: Config, seconds: float) -> dict[str, Any]:
     samples.append((f"after {done:,} turns over in-memory MCP", done, status_kib("VmRSS")))
     marks = {10**k for k in range(3, 8)} | {cfg.turns}
     t0 = time.perf_counter()
-    async with h.open_kernel(home, synchronous="normal") as kernel:
+    async with h.open_store(home, synchronous="normal") as store:
         while done < cfg.turns and not deadline.expired:
-            await h.governed_turn(kernel, h.AGENT, h.LOOP_ID)
+            await h.governed_turn(store, h.AGENT, h.LOOP_ID)
             done += 1
             if done in marks:
                 samples.append((f"after {h.power(done)} turns", done, status_kib("VmRSS")))
@@ -132,7 +132,7 @@ async def run(quick: bool, budget: float) -> Section:
     if result["turns"] < result["planned"]:
         section.notes.append(
             f"the time budget ended the run at {result['turns']:,} of {result['planned']:,} "
-            f"turns ({h.rate(result['kernel_rate'])} turns/s through the kernel)."
+            f"turns ({h.rate(result['kernel_rate'])} turns/s through the store)."
         )
     return section
 

@@ -1,8 +1,8 @@
 """A bench-only launcher: the loopwarden server plus a `noop` tool, served like `loopwarden serve`.
 
-The no-op is the transport floor: it goes through the same SDK path as the governance tools
-(argument validation, a pydantic result as structured output) and does no governance work.
-It exists only here, never in the product.
+The no-op is the transport floor: a tool made like the governance tools (`make_tool`: the
+request model's schema, arguments parsed by that model, a pydantic result as structured output)
+that does no governance work and touches no store. It exists only here, never in the product.
 
     python -m bench.noop_server --agent builder --home DIR              # stdio
     python -m bench.noop_server --http 127.0.0.1:PORT --home DIR         # HTTP, bearer tokens
@@ -11,39 +11,46 @@ It exists only here, never in the product.
 from __future__ import annotations
 
 import argparse
-from typing import Annotated
+from typing import Any
 
 import anyio
-from mcp.server.mcpserver import Context, MCPServer
-from pydantic import BaseModel, ConfigDict, Field
+from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult, ToolAnnotations
 
 from loopwarden.clock import Clock, system_clock
-from loopwarden.ledger.events import ID_PATTERN
+from loopwarden.ledger.events import LoopId
+from loopwarden.operations.results import Model
 from loopwarden.server.app import build_server
 from loopwarden.server.settings import Settings
-from loopwarden.server.tools import strict
+from loopwarden.server.tools import GovernedTool, make_tool, success_result
 from loopwarden.server.transports import configure_logging, serve_http, serve_stdio
 
 
-class NoopResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class NoopRequest(Model):
+    loop_id: LoopId
 
+
+class NoopResult(Model):
     ok: bool
     loop_id: str
 
 
-async def noop(
-    loop_id: Annotated[str, Field(description="Any loop id.", pattern=ID_PATTERN)], ctx: Context
-) -> NoopResult:
-    """Do nothing (benchmark floor)."""
-    ctx.request_context.lifespan_context  # noqa: B018 - reach the runtime like every real tool
-    return NoopResult(ok=True, loop_id=loop_id)
+class NoopTool(GovernedTool):
+    async def run(
+        self, arguments: dict[str, Any], context: Any, convert_result: bool = False
+    ) -> CallToolResult:
+        context.request_context.lifespan_context  # noqa: B018 - reach the runtime like every tool
+        request = NoopRequest.model_validate(self.fn_metadata.pre_parse_json(arguments))
+        return success_result(NoopResult(ok=True, loop_id=request.loop_id))
 
 
 def add_noop(server: MCPServer) -> MCPServer:
-    """Register `noop` built exactly like the governance tools (strict, structured output)."""
-    # `MCPServer.add_tool` returns nothing; the manager's returns the Tool to make strict.
-    strict(server._tool_manager.add_tool(noop, name="noop", structured_output=True))
+    """Register `noop`, made like the governance tools."""
+    hints = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+    tool = make_tool(
+        NoopTool, "noop", "Do nothing (benchmark floor).", NoopRequest, NoopResult, hints
+    )
+    server._tool_manager._tools["noop"] = tool
     return server
 
 

@@ -15,12 +15,11 @@ from pathlib import Path
 from bench import harness as h
 from bench.report import Section, Table, Target
 from loopwarden.ledger import merkle
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.store import Store, Txn
+from loopwarden.operations import projection as projection_op
+from loopwarden.operations import quota as quota_op
+from loopwarden.operations import receipt as receipt_op
 from loopwarden.server.settings import DB_NAME
-from loopwarden.tools import projection as projection_op
-from loopwarden.tools import quota as quota_op
-from loopwarden.tools import receipt as receipt_op
-from loopwarden.tools.kernel import Kernel
 
 NAME = "scale"
 TARGET = 1.5  # cost at the largest size over the cost at 10²
@@ -68,12 +67,12 @@ async def _timed(n: int, fn: Callable[[], Awaitable[object]]) -> h.Latency:
     return h.Latency.of(samples)
 
 
-async def measure_ops(kernel: Kernel, loop_id: str, n: int, *, receipts: int = 0) -> Point:
+async def measure_ops(store: Store, loop_id: str, n: int, *, receipts: int = 0) -> Point:
     """`n` governed turns (claim and update timed apart), projections and quotas; with
     `receipts`, also `receipt` lookups (with inclusion proof) of random earlier receipts."""
     claims, updates = [], []
     for _ in range(n):
-        c, u = await h.governed_turn(kernel, h.AGENT, loop_id)
+        c, u = await h.governed_turn(store, h.AGENT, loop_id)
         claims.append(c)
         updates.append(u)
     point = Point(size=0)
@@ -82,19 +81,19 @@ async def measure_ops(kernel: Kernel, loop_id: str, n: int, *, receipts: int = 0
     point.lat["projection"] = await _timed(
         n,
         lambda: projection_op.projection(
-            kernel, h.AGENT, projection_op.ProjectionRequest(loop_id=loop_id)
+            store, h.AGENT, projection_op.ProjectionRequest(loop_id=loop_id)
         ),
     )
     point.lat["quota"] = await _timed(
-        n, lambda: quota_op.quota(kernel, h.AGENT, quota_op.QuotaRequest(loop_id=loop_id))
+        n, lambda: quota_op.quota(store, h.AGENT, quota_op.QuotaRequest(loop_id=loop_id))
     )
     if receipts:
-        await kernel.store.write(Txn.checkpoint)  # so no lookup below has to sign one
+        await store.write(Txn.checkpoint)  # so no lookup below has to sign one
         rng = random.Random(receipts)
         point.lat["receipt"] = await _timed(
             n,
             lambda: receipt_op.receipt(
-                kernel,
+                store,
                 h.AGENT,
                 receipt_op.ReceiptRequest(loop_id=loop_id, seq=rng.randint(1, receipts)),
             ),
@@ -142,13 +141,13 @@ async def receipts_curve(
     note = ""
     split: tuple[int, dict[str, int]] = (0, {})
     with h.temp_home("scale-receipts") as home:
-        async with h.open_kernel(home, synchronous="normal") as kernel:
-            await h.open_bench_loop(kernel, GROWN_TODOS, loop_id=GROWN_LOOP)
+        async with h.open_store(home, synchronous="normal") as store:
+            await h.open_bench_loop(store, GROWN_TODOS, loop_id=GROWN_LOOP)
             receipts = 1
             for target in cfg.receipts:
                 h.progress(NAME, f"growing the loop to {target:,} receipts")
                 while receipts < target and not deadline.expired:
-                    await h.governed_turn(kernel, h.AGENT, GROWN_LOOP)
+                    await h.governed_turn(store, h.AGENT, GROWN_LOOP)
                     receipts += 2
                 if receipts < target:
                     note = (
@@ -156,7 +155,7 @@ async def receipts_curve(
                         f"(reached {receipts:,}); larger sizes were not measured"
                     )
                     break
-                point = await measure_ops(kernel, GROWN_LOOP, cfg.samples, receipts=receipts)
+                point = await measure_ops(store, GROWN_LOOP, cfg.samples, receipts=receipts)
                 point.size = target
                 point.extra["receipts"] = f"{receipts:,}"
                 receipts += 2 * cfg.samples
@@ -174,16 +173,16 @@ async def todos_curve(cfg: Config, deadline: h.Deadline) -> tuple[list[Point], s
     points: list[Point] = []
     note = ""
     with h.temp_home("scale-todos") as home:
-        async with h.open_kernel(home, synchronous="normal") as kernel:
+        async with h.open_store(home, synchronous="normal") as store:
             for todos in cfg.todos:
                 if deadline.expired:
                     note = f"the time budget ran out before the loop of {todos:,} todos"
                     break
                 h.progress(NAME, f"a loop of {todos:,} todos")
                 t0 = time.perf_counter()
-                loop_id = await h.open_bench_loop(kernel, todos, loop_id=f"todos-{todos}")
+                loop_id = await h.open_bench_loop(store, todos, loop_id=f"todos-{todos}")
                 opened = time.perf_counter() - t0
-                point = await measure_ops(kernel, loop_id, cfg.samples)
+                point = await measure_ops(store, loop_id, cfg.samples)
                 point.size = todos
                 point.extra["open_loop"] = f"{h.ms(opened)} ms"
                 points.append(point)

@@ -90,8 +90,8 @@ async def run(quick: bool, budget: float) -> Section:
         ),
     )
     with h.temp_home(NAME) as home:
-        async with h.open_kernel(home) as kernel:
-            await h.open_bench_loop(kernel, todos=10)
+        async with h.open_store(home) as store:
+            await h.open_bench_loop(store, todos=10)
         starts = []
         for n in range(cfg.starts):
             h.progress(NAME, f"stdio start {n + 1} of {cfg.starts}")

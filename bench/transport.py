@@ -189,8 +189,8 @@ async def connect(transport: str, home: Path, logs: Path) -> AsyncIterator[Clien
 
 async def measure(transport: str, cfg: Config, seconds: float) -> dict[str, h.Latency]:
     with h.temp_home(f"transport-{transport.lower()}") as home:
-        async with h.open_kernel(home) as kernel:
-            await h.open_bench_loop(kernel, todos=cfg.calls // cfg.rounds + 10)
+        async with h.open_store(home) as store:
+            await h.open_bench_loop(store, todos=cfg.calls // cfg.rounds + 10)
         logs = home.parent
         deadline = h.Deadline(seconds)
         with anyio.fail_after(seconds + 2 * STARTUP_TIMEOUT):

@@ -28,12 +28,12 @@ def one_line(text: str) -> str:
 
 
 def describe_validation(exc: ValidationError) -> str:
-    """One line per problem, `field: reason`, without pydantic's URLs or input echoes."""
+    """`field: reason` per problem on one line, without pydantic's URLs or input echoes."""
     parts = []
     for error in exc.errors(include_url=False)[:10]:
         where = clip(".".join(str(p) for p in error["loc"]) or "arguments")
         parts.append(f"{where}: {clip(error['msg'].removeprefix('Value error, '), 200)}")
-    return "invalid_input: " + one_line("; ".join(parts))
+    return one_line("; ".join(parts))
 
 
 class LoopwardenError(Exception):

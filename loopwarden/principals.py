@@ -1,4 +1,5 @@
-"""Who calls: an authenticated agent or operator. Identity never comes from a tool argument."""
+"""Who calls: an authenticated agent, operator or host observer. Identity never comes from a
+tool argument: over HTTP it is the bearer token's, over stdio the launch configuration's."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Role = Literal["agent", "operator"]
+Role = Literal["agent", "operator", "observer"]
+"""`observer`: a host's hooks reporting for one agent (its `id` is that agent's)."""
+ROLES: tuple[Role, ...] = ("agent", "operator", "observer")
 PRINCIPAL_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$"
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: a real data home (key files + SQLite), a manual clock, principals, a kernel."""
+"""Shared fixtures: a real data home (key files + SQLite), a manual clock, principals, a store."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from loopwarden.clock import ManualClock
 from loopwarden.ledger.keys import KeyStore
 from loopwarden.ledger.store import Store
 from loopwarden.principals import Principal
-from loopwarden.tools.kernel import Kernel
 
 OPERATOR = Principal(id="alice", role="operator")
 BUILDER = Principal(id="builder", role="agent")
@@ -48,11 +47,13 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-async def kernel(home: Path, clock: ManualClock) -> AsyncIterator[Kernel]:
+async def store(home: Path, clock: ManualClock) -> AsyncIterator[Store]:
     keys = KeyStore(home)
     signer = keys.load_signer()
-    store = await Store.open(home / "loopwarden.db", signer, clock=clock, checkpoint_every=16)
+    store = await Store.open(
+        home / "loopwarden.db", signer, keyring=keys.keyring(), clock=clock, checkpoint_every=16
+    )
     try:
-        yield Kernel(store, keys.keyring())
+        yield store
     finally:
         await store.close()

@@ -38,7 +38,7 @@ from mcp.client.streamable_http import streamable_http_client
 from loopwarden.clients.agent import AgentClient
 from loopwarden.clock import Clock
 from loopwarden.ledger import merkle
-from loopwarden.ledger.events import ReceiptBody
+from loopwarden.ledger.events import ReceiptBody, parse_body
 from loopwarden.ledger.keys import KeyStore
 from loopwarden.ledger.reader import JournalRow, Reader
 from loopwarden.ledger.receipts import open_envelope
@@ -395,7 +395,7 @@ def loop_entries(reader: Reader, home: Path, loop_id: str) -> list[Entry]:
     for row in reader.loop_journal(loop_id):
         opened = open_envelope(row.envelope, keyring)
         assert opened.verified, (row.receipt_id, opened.problems)
-        entries.append(Entry(row, ReceiptBody.model_validate(opened.body)))
+        entries.append(Entry(row, parse_body(opened.body)))
     return entries
 
 
@@ -438,7 +438,7 @@ def replay_grants(entries: list[Entry], *, chain: bool = True) -> Replay:
     fence: dict[str, int] = defaultdict(int)
     prev = None
     for seq, entry in enumerate(entries, start=1):
-        body, data = entry.body, entry.body.data
+        body, data = entry.body, entry.body.data.model_dump(mode="json")
         if chain:
             assert body.seq == entry.row.seq == seq, f"seq gap at {seq}: {body.seq}"
             assert body.prev == prev, f"prev chain broken at seq {seq}"
@@ -530,3 +530,10 @@ def raw_sql(home: Path, *statements: str) -> None:
         conn.commit()
     finally:
         conn.close()
+
+
+async def control_loop(store: Any, who: Principal, action: str, request: Any) -> Any:
+    """Pause, resume or cancel by action name (the operations are `pause_loop` and so on)."""
+    from loopwarden.operations.loops import CONTROLS
+
+    return await CONTROLS[action](store, who, request)

@@ -3,7 +3,7 @@ input, 3 verification failed) and the shape of its `--json` document.
 
 Most commands run in-process through typer's `CliRunner`; a handful run as real
 `python -m loopwarden` subprocesses to prove exit codes and home resolution end to end. Agent
-activity (claims, reports, approval requests) is driven through the kernel API on the same data
+activity (claims, reports, approval requests) is driven through the store API on the same data
 home, as a server process would do it.
 """
 
@@ -35,12 +35,12 @@ from loopwarden.clients.cli import app
 from loopwarden.clock import parse_time
 from loopwarden.ledger.events import Evidence, ToolUse, Usage
 from loopwarden.ledger.keys import Signer, public_key_b64
+from loopwarden.ledger.store import Store
+from loopwarden.operations.approvals import ApprovalRequest, request_approval
+from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.operations.projection import ProjectionRequest, projection
+from loopwarden.operations.update import UpdateRequest, UpdateResult, update
 from loopwarden.principals import Principal
-from loopwarden.tools.approvals import ApprovalRequest, request_approval
-from loopwarden.tools.claim import ClaimRequest, ClaimResult, claim
-from loopwarden.tools.kernel import Kernel
-from loopwarden.tools.projection import ProjectionRequest, projection
-from loopwarden.tools.update import UpdateRequest, UpdateResult, update
 
 T = TypeVar("T")
 
@@ -125,16 +125,16 @@ def assert_error_document(out: Any, code: str | None = None) -> None:
         assert out["error"] == code
 
 
-def with_kernel(home: Path, fn: Callable[[Kernel], Awaitable[T]]) -> T:
+def with_store(home: Path, fn: Callable[[Store], Awaitable[T]]) -> T:
     async def go() -> T:
-        async with admin.open_kernel(home) as kernel:
-            return await fn(kernel)
+        async with admin.open_store(home) as store:
+            return await fn(store)
 
     return anyio.run(go)
 
 
 def agent_claim(home: Path, loop_id: str, who: Principal = BUILDER) -> ClaimResult:
-    return with_kernel(home, lambda k: claim(k, who, ClaimRequest(loop_id=loop_id)))
+    return with_store(home, lambda k: claim(k, who, ClaimRequest(loop_id=loop_id)))
 
 
 def agent_report(home: Path, granted: ClaimResult, who: Principal = BUILDER) -> UpdateResult:
@@ -150,7 +150,7 @@ def agent_report(home: Path, granted: ClaimResult, who: Principal = BUILDER) -> 
         summary=f"did {granted.todo_id}",
         idempotency_key=f"report-{granted.turn_id}",
     )
-    result = with_kernel(home, lambda k: update(k, who, request))
+    result = with_store(home, lambda k: update(k, who, request))
     assert result.accepted, result.reasons
     return result
 
@@ -162,7 +162,7 @@ def request_deploy_approval(home: Path, granted: ClaimResult, summary: str) -> s
         tool="deploy.prod",
         summary=summary,
     )
-    asked = with_kernel(home, lambda k: request_approval(k, BUILDER, request))
+    asked = with_store(home, lambda k: request_approval(k, BUILDER, request))
     assert asked.requested, asked.reasons
     return asked.approval_id  # type: ignore[return-value]
 
@@ -354,7 +354,7 @@ def test_loop_show_human_output_has_status_budgets_todos_and_receipts(home, loop
 def test_loop_show_json_is_the_projection(home, loop):
     agent_claim(home, loop)
     out = ok_json(f"loop show {loop} --home {home}")
-    expected = with_kernel(
+    expected = with_store(
         home, lambda k: projection(k, admin.operator(), ProjectionRequest(loop_id=loop))
     )
     assert out == expected.model_dump(mode="json")

@@ -59,9 +59,9 @@ from support import (
 
 from loopwarden.clients.agent import AgentClient
 from loopwarden.clock import ManualClock
+from loopwarden.operations.claim import ClaimResult
+from loopwarden.operations.update import UpdateResult
 from loopwarden.principals import Principal
-from loopwarden.tools.claim import ClaimResult
-from loopwarden.tools.update import UpdateResult
 
 pytestmark = pytest.mark.anyio
 
@@ -496,7 +496,7 @@ async def test_the_journal_checks_catch_a_double_grant_a_gap_a_double_report_and
     assert clean.claims == {"t1": 2} and clean.completed == {"t1": 1}
 
     def with_data(entry, **changes):
-        body = entry.body.model_copy(update={"data": {**entry.body.data, **changes}})
+        body = entry.body.model_copy(update={"data": entry.body.data.model_copy(update=changes)})
         return dataclasses.replace(entry, body=body)
 
     mutations = {
@@ -504,7 +504,7 @@ async def test_the_journal_checks_catch_a_double_grant_a_gap_a_double_report_and
         "fence not rising": (
             [
                 *entries[:3],
-                with_data(entries[3], fence=entries[1].body.data["fence"]),
+                with_data(entries[3], fence=entries[1].body.data.fence),
                 *entries[4:],
             ],
             "fence",

@@ -56,9 +56,9 @@ from loopwarden.ledger.audit import audit
 from loopwarden.ledger.events import Evidence
 from loopwarden.ledger.keys import KeyStore
 from loopwarden.ledger.store import startup_check
+from loopwarden.operations.claim import ClaimRequest, claim
+from loopwarden.operations.update import UpdateRequest, update
 from loopwarden.principals import Principal
-from loopwarden.tools.claim import ClaimRequest, claim
-from loopwarden.tools.update import UpdateRequest, update
 
 pytestmark = pytest.mark.anyio
 
@@ -302,9 +302,9 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert opened.exit_code == 0, opened.output
 
     async def work() -> None:
-        async with admin.open_kernel(home) as kernel:
+        async with admin.open_store(home) as store:
             for n in range(3):
-                grant = await claim(kernel, CRASHER, ClaimRequest(loop_id=LOOP))
+                grant = await claim(store, CRASHER, ClaimRequest(loop_id=LOOP))
                 assert grant.granted and grant.turn_id and grant.fence
                 request = UpdateRequest(
                     turn_id=grant.turn_id,
@@ -314,7 +314,7 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     summary="done",
                     idempotency_key=f"k{n}",
                 )
-                assert (await update(kernel, CRASHER, request)).accepted
+                assert (await update(store, CRASHER, request)).accepted
 
     anyio.run(work)
     return home

@@ -9,7 +9,8 @@ wrong kind, of other loops, or of nothing. For every call:
 - an error is a classified tool error (`code: message`), never the SDK's bare "Error executing
   tool" of an unexpected fault;
 - an error changes nothing: journal, Merkle log, projection tables and idempotency records are
-  byte-for-byte what they were before;
+  byte-for-byte what they were before — except that an outsider's write on a loop it may not
+  see (answered `not_found`, as for a loop that does not exist) seals one refusal there;
 - the server stays healthy: a valid `quota` call succeeds after every example.
 
 The servers run in one event loop on a background thread (an anyio blocking portal), so the
@@ -50,7 +51,7 @@ FUZZ = settings(
         HealthCheck.large_base_example,
     ],
 )
-CLASSIFIED = re.compile(r"^Error executing tool (\w+): ([a-z_]+): ", re.DOTALL)
+CLASSIFIED = re.compile(r"^([a-z_]+): ", re.DOTALL)
 
 
 @dataclass
@@ -125,6 +126,19 @@ def state(home: Path) -> tuple[int, str]:
         conn.close()
 
 
+def sealed_outsider_refusal(home: Path, journal_before: int) -> bool:
+    """True if exactly one receipt was added since, and it is a refusal in loop L2 (which the
+    agent may not see)."""
+    conn = sqlite3.connect(f"file:{home / DB_NAME}?mode=ro", uri=True)
+    try:
+        rows = conn.execute(
+            "SELECT loop_id, kind FROM journal WHERE leaf_index >= ?", (journal_before,)
+        ).fetchall()
+    finally:
+        conn.close()
+    return len(rows) == 1 and rows[0][0] == "L2" and rows[0][1].endswith(".refused")
+
+
 def check_call(world: World, who: AgentClient, tool: str, arguments: dict[str, Any]) -> Any:
     """Make one hostile call and check every property in the module docstring."""
     before = state(world.home)
@@ -132,11 +146,13 @@ def check_call(world: World, who: AgentClient, tool: str, arguments: dict[str, A
     text = text_of(result)
     assert_no_leak(text, echoes=arguments, paths=(world.home,))
     if result.is_error:
-        assert not result.structured_content
-        assert state(world.home) == before, f"a rejected {tool} call changed the store: {text}"
+        after = state(world.home)
+        outsider = text.startswith("not_found: ") and sealed_outsider_refusal(world.home, before[0])
+        assert after == before or outsider, f"a rejected {tool} call changed the store: {text}"
         if tool in TOOL_NAMES:
             match = CLASSIFIED.match(text)
-            assert match and match.group(1) == tool, f"unclassified error: {text[:500]!r}"
+            error = (result.structured_content or {}).get("error", {})
+            assert match and match.group(1) == error.get("code"), f"unclassified error: {text[:500]!r}"
         else:
             assert text.startswith("Unknown tool"), text[:500]
     else:

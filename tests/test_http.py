@@ -41,7 +41,7 @@ from support import (
 )
 
 from loopwarden.clients.agent import ToolCallError
-from loopwarden.tools.claim import ClaimResult
+from loopwarden.operations.claim import ClaimResult
 
 pytestmark = pytest.mark.anyio
 
@@ -266,11 +266,13 @@ async def test_a_tool_argument_cannot_change_the_tokens_principal(server, tokens
         )
     async with connect_http(server.url, tokens["reviewer"].token) as reviewer:
         with pytest.raises(ToolCallError, match="agent"):
-            await reviewer.call("claim", ClaimResult, loop_id="id-1", agent="builder")
-        refused = await reviewer.claim("id-1")
-        assert not refused.granted and refused.reasons[0].code == "agent_not_allowed"
-        with pytest.raises(ToolCallError, match="forbidden"):
-            await reviewer.receipt(refused.receipt_id)  # not its loop: it cannot even read it
+            await reviewer.raw("claim", ClaimResult, loop_id="id-1", agent="builder")
+        with pytest.raises(ToolCallError, match="not_found") as hidden:
+            await reviewer.claim("id-1")  # not its loop: answered as if it did not exist
+        assert hidden.value.code == "not_found"
+    async with connect_http(server.url, tokens["alice"].token) as alice:
+        journal = (await alice.projection("id-1")).recent_receipts
+    assert journal[0].kind == "claim.refused" and journal[0].principal == "reviewer"
 
 
 @bounded(TEST_TIMEOUT)
@@ -284,7 +286,7 @@ async def test_resources_answer_for_the_tokens_principal(server, tokens):
         )
         visible = {item["loop_id"] for item in listed["loops"]}
         assert "res-r" in visible and "res-b" not in visible
-        with pytest.raises(MCPError, match="forbidden"):
+        with pytest.raises(MCPError, match="no loop with id 'res-b'"):
             await reviewer.client.read_resource("loopwarden://loops/res-b/projection")
         read = await reviewer.client.read_resource("loopwarden://loops/res-r/policy")
         assert json.loads(read.contents[0].text)["agents"] == ["reviewer"]  # type: ignore[union-attr]

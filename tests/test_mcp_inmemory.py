@@ -27,17 +27,18 @@ from pydantic import BaseModel
 from support import TOOL_NAMES, codes, make_policy, text_of
 
 from loopwarden.clock import ManualClock, parse_time
+from loopwarden.operations.approvals import ApprovalRequestResult, DecideApprovalResult
+from loopwarden.operations.claim import ClaimResult
+from loopwarden.operations.leases import HeartbeatResult
+from loopwarden.operations.loops import OpenLoopResult
+from loopwarden.operations.projection import ProjectionResult
+from loopwarden.operations.quota import QuotaResult
+from loopwarden.operations.receipt import ReceiptResult
+from loopwarden.operations.todos import TodoAddResult
+from loopwarden.operations.update import UpdateResult
 from loopwarden.principals import Principal
 from loopwarden.server.app import build_server
 from loopwarden.server.settings import Settings
-from loopwarden.tools.approvals import ApprovalRequestResult, DecideApprovalResult
-from loopwarden.tools.claim import ClaimResult
-from loopwarden.tools.loops import OpenLoopResult
-from loopwarden.tools.projection import ProjectionResult
-from loopwarden.tools.quota import QuotaResult
-from loopwarden.tools.receipt import ReceiptResult
-from loopwarden.tools.turns import HeartbeatResult, TodoAddResult
-from loopwarden.tools.update import UpdateResult
 
 pytestmark = pytest.mark.anyio
 
@@ -79,8 +80,10 @@ class Caller:
         """Call a tool that must fail; return its (checked-clean) error text."""
         result = await self.client.call_tool(tool, arguments)
         assert result.is_error, f"{tool} should have failed: {result.structured_content}"
-        assert not result.structured_content
         text = text_of(result)
+        if tool in TOOL_NAMES:  # our errors carry their code for machines too
+            error = (result.structured_content or {}).get("error", {})
+            assert text == f"{error.get('code')}: {error.get('message')}", (text, error)
         assert text.strip(), "an error needs a message"
         assert_no_leak(text, self.home)
         return text
@@ -427,11 +430,15 @@ async def test_a_rejected_approval_covers_nothing_and_cannot_be_decided_twice(wo
 # --- refusals are results with a receipt, not errors -----------------------------------------
 
 
-async def test_claim_by_an_agent_outside_the_policy_is_a_sealed_refusal(world, loop, stranger):
-    refused = await stranger.ok("claim", ClaimResult, loop_id="L1")
-    assert not refused.granted and "agent_not_allowed" in codes(refused)
-    assert refused.turn_id is None and refused.receipt_id
-    sealed = await world.operator.ok("receipt", ReceiptResult, receipt_id=refused.receipt_id)
+async def test_claim_by_an_agent_outside_the_policy_is_answered_not_found_and_sealed(
+    world, loop, stranger
+):
+    hidden = await stranger.error("claim", loop_id="L1")
+    missing = await stranger.error("claim", loop_id="L9")
+    assert hidden == missing.replace("L9", "L1") == "not_found: no loop with id 'L1'"
+    state = await world.operator.ok("projection", ProjectionResult, loop_id="L1")
+    last = state.recent_receipts[0]
+    sealed = await world.operator.ok("receipt", ReceiptResult, receipt_id=last.receipt_id)
     assert sealed.kind == "claim.refused" and sealed.body["principal"]["id"] == "mallory"
     assert sealed.body["decision"]["effect"] == "deny"
 
@@ -501,9 +508,9 @@ async def test_todo_add_is_refused_when_the_policy_keeps_agents_from_adding(worl
     assert not refused.added and codes(refused) == {"todos_not_addable"} and refused.receipt_id
 
 
-async def test_quota_for_an_outsider_is_forbidden_and_reveals_no_budgets(world, loop, stranger):
+async def test_quota_for_an_outsider_is_not_found_and_reveals_no_budgets(world, loop, stranger):
     text = await stranger.error("quota", loop_id="L1")
-    assert "forbidden" in text and "budget" not in text
+    assert text == "not_found: no loop with id 'L1'"
 
 
 # --- malformed input: clean tool errors, nothing sealed --------------------------------------
@@ -649,7 +656,7 @@ async def test_request_validation_errors_carry_the_invalid_input_code_and_one_li
     shared, tool, arguments, field
 ):
     text = await shared.builder.error(tool, **arguments)
-    assert text.startswith(f"Error executing tool {tool}: invalid_input: {field}: "), text
+    assert text.startswith(f"invalid_input: {field}: "), text
     assert "\n" not in text and "errors.pydantic.dev" not in text and "input_value" not in text
 
 
@@ -665,7 +672,7 @@ async def test_argument_validation_errors_carry_the_invalid_input_code_like_requ
     shared, tool, arguments, field
 ):
     text = await shared.builder.error(tool, **arguments)
-    assert text.startswith(f"Error executing tool {tool}: invalid_input: {field}: "), text
+    assert text.startswith(f"invalid_input: {field}: "), text
     assert "errors.pydantic.dev" not in text and "input_value" not in text
 
 
@@ -826,9 +833,12 @@ async def test_an_agent_deciding_its_own_approval_is_forbidden_and_it_stays_pend
 async def test_an_outsider_cannot_read_the_loops_projection_or_receipts_but_an_operator_can(
     world, loop, stranger
 ):
-    assert "forbidden" in await stranger.error("projection", loop_id="L1")
-    assert "forbidden" in await stranger.error("receipt", receipt_id=loop.receipt_id)
-    assert "forbidden" in await stranger.error("receipt", loop_id="L1", seq=1)
+    # The same answer as for things that do not exist: nothing to tell them apart by.
+    assert await stranger.error("projection", loop_id="L1") == "not_found: no loop with id 'L1'"
+    hidden = await stranger.error("receipt", receipt_id=loop.receipt_id)
+    assert hidden == f"not_found: no receipt {loop.receipt_id}"
+    assert await stranger.error("receipt", loop_id="L1", seq=1) == "not_found: no receipt L1 #1"
+    assert await stranger.error("receipt", loop_id="L9", seq=1) == "not_found: no receipt L9 #1"
     state = await world.operator.ok("projection", ProjectionResult, loop_id="L1")
     assert state.loop_id == "L1"
     sealed = await world.operator.ok("receipt", ReceiptResult, receipt_id=loop.receipt_id)
@@ -842,7 +852,7 @@ async def test_an_outsider_cannot_read_the_loop_through_resources_either(world, 
         f"loopwarden://receipts/{loop.receipt_id}",
     ):
         error = await stranger.resource_error(uri)
-        assert "forbidden" in error.error.message, uri
+        assert error.error.message.startswith("no "), uri
     listed = json.loads(await stranger.resource("loopwarden://loops"))
     assert listed == {"loops": []}
 

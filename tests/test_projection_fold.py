@@ -20,33 +20,43 @@ import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER, STRANGER
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import make_policy
+from support import control_loop, make_policy
 
 from loopwarden.clock import ManualClock
-from loopwarden.errors import LoopwardenError
-from loopwarden.ledger.events import DATA_MODELS, Evidence, ReceiptBody, ToolUse, Usage
+from loopwarden.errors import LoopwardenError, NotFound
+from loopwarden.ledger.events import (
+    DATA_MODELS,
+    Evidence,
+    ReceiptBody,
+    ToolUse,
+    TurnRefused,
+    TurnReport,
+    TurnReported,
+    Usage,
+    parse_body,
+)
+from loopwarden.ledger.fold import rebuild
 from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.projection import LoopView, rebuild
 from loopwarden.ledger.receipts import open_envelope
+from loopwarden.ledger.rows import LoopView
 from loopwarden.ledger.store import Store
-from loopwarden.principals import Principal
-from loopwarden.tools.approvals import (
+from loopwarden.operations.approvals import (
     ApprovalRequest,
     DecideApprovalRequest,
     decide_approval,
     request_approval,
 )
-from loopwarden.tools.claim import ClaimRequest, ClaimResult, claim
-from loopwarden.tools.kernel import Kernel
-from loopwarden.tools.loops import (
+from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.operations.leases import HeartbeatRequest, heartbeat
+from loopwarden.operations.loops import (
     LoopControlRequest,
     OpenLoopRequest,
     TodoInput,
-    control_loop,
     open_loop,
 )
-from loopwarden.tools.turns import HeartbeatRequest, TodoAddRequest, heartbeat, todo_add
-from loopwarden.tools.update import UpdateRequest, UpdateResult, update
+from loopwarden.operations.todos import TodoAddRequest, todo_add
+from loopwarden.operations.update import UpdateRequest, UpdateResult, update
+from loopwarden.principals import Principal
 
 CAROL = Principal(id="carol", role="agent")
 AGENTS = (BUILDER, REVIEWER, CAROL)
@@ -57,7 +67,7 @@ MICRO = 1_000_000
 # --- the fold check --------------------------------------------------------------------------
 
 
-async def fold_check(kernel: Kernel, loop_id: str) -> tuple[list[ReceiptBody], LoopView]:
+async def fold_check(store: Store, loop_id: str) -> tuple[list[ReceiptBody], LoopView]:
     """Rebuild the loop from its receipts, compare with the stored projection, check the chain.
 
     Returns the receipt bodies and the stored view for further checks.
@@ -66,14 +76,14 @@ async def fold_check(kernel: Kernel, loop_id: str) -> tuple[list[ReceiptBody], L
     def read(r):
         return r.loop_journal(loop_id), r.full_view(loop_id), r.journal_count(), r.log_state()[0]
 
-    rows, stored, count, size = await kernel.store.read(read)
+    rows, stored, count, size = await store.read(read)
     assert count == size, "journal rows and Merkle leaves disagree"
     bodies: list[ReceiptBody] = []
     prev = None
     for expected_seq, row in enumerate(rows, start=1):
-        opened = open_envelope(row.envelope, kernel.keyring)
+        opened = open_envelope(row.envelope, store.keyring)
         assert opened.verified, opened.problems
-        body = ReceiptBody.model_validate(opened.body)
+        body = parse_body(opened.body)
         assert (body.seq, row.seq) == (expected_seq, expected_seq), "seq is not contiguous from 1"
         assert body.prev == prev, f"receipt {body.seq} does not chain to its predecessor"
         prev = row.digest
@@ -94,11 +104,12 @@ def assert_counters_are_sums(bodies: list[ReceiptBody], stored: LoopView) -> Non
     for body in bodies:
         if body.kind == "turn.claimed":
             expected["turns"] += 1
-        charged = body.kind == "turn.reported" or (
-            body.kind == "turn.refused" and body.data["charged"]
+        charged = isinstance(body.data, TurnReported) or (
+            isinstance(body.data, TurnRefused) and body.data.charged
         )
         if charged:
-            usage = Usage.model_validate(body.data.get("usage", {}))
+            assert isinstance(body.data, TurnReport)
+            usage = body.data.usage
             expected["model_calls"] += usage.model_calls
             expected["input_tokens"] += usage.input_tokens
             expected["output_tokens"] += usage.output_tokens
@@ -127,8 +138,8 @@ def assert_open_turns_match_claimed_todos(stored: LoopView) -> None:
     )
 
 
-async def full_check(kernel: Kernel, loop_id: str) -> list[ReceiptBody]:
-    bodies, stored = await fold_check(kernel, loop_id)
+async def full_check(store: Store, loop_id: str) -> list[ReceiptBody]:
+    bodies, stored = await fold_check(store, loop_id)
     assert_counters_are_sums(bodies, stored)
     assert_open_turns_match_claimed_todos(stored)
     return bodies
@@ -154,12 +165,17 @@ def _report(turn: ClaimResult, outcome: str, key: str, **kw: Any) -> UpdateReque
 
 
 @pytest.mark.anyio
-async def test_fold_equals_stored_after_every_operation_of_a_scenario(kernel, clock):
+async def test_fold_equals_stored_after_every_operation_of_a_scenario(store, clock):
     seen: set[str] = set()
 
-    async def step(loop_id: str, coro):
-        result = await coro
-        bodies = await full_check(kernel, loop_id)
+    async def step(loop_id: str, coro, *, outsider: bool = False):
+        if outsider:  # answered as if the loop did not exist; the refusal is still sealed
+            with pytest.raises(NotFound):
+                await coro
+            result = None
+        else:
+            result = await coro
+        bodies = await full_check(store, loop_id)
         seen.update(b.kind for b in bodies)
         return result
 
@@ -171,33 +187,33 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(kernel, cl
     await step(
         "L1",
         open_loop(
-            kernel,
+            store,
             OPERATOR,
             OpenLoopRequest(
                 objective="o", policy=_policy(on_violation="refuse_turn"), todos=todos, loop_id="L1"
             ),
         ),
     )
-    await step("L1", claim(kernel, STRANGER, req("L1")))  # claim.refused
-    t1 = await step("L1", claim(kernel, BUILDER, req("L1")))
-    await step("L1", heartbeat(kernel, BUILDER, HeartbeatRequest(turn_id=t1.turn_id, fence=1)))
-    await step("L1", heartbeat(kernel, REVIEWER, HeartbeatRequest(turn_id=t1.turn_id, fence=1)))
+    await step("L1", claim(store, STRANGER, req("L1")), outsider=True)  # claim.refused
+    t1 = await step("L1", claim(store, BUILDER, req("L1")))
+    await step("L1", heartbeat(store, BUILDER, HeartbeatRequest(turn_id=t1.turn_id, fence=1)))
+    await step("L1", heartbeat(store, REVIEWER, HeartbeatRequest(turn_id=t1.turn_id, fence=1)))
     await step(
         "L1",
         update(
-            kernel, BUILDER, _report(t1, "progress", "s1", usage=Usage(model_calls=2, cost_usd=0.1))
+            store, BUILDER, _report(t1, "progress", "s1", usage=Usage(model_calls=2, cost_usd=0.1))
         ),
     )
-    t2 = await step("L1", claim(kernel, REVIEWER, req("L1")))
+    t2 = await step("L1", claim(store, REVIEWER, req("L1")))
     clock.advance(901)
-    t3 = await step("L1", claim(kernel, BUILDER, req("L1")))  # lease.expired + turn.claimed
+    t3 = await step("L1", claim(store, BUILDER, req("L1")))  # lease.expired + turn.claimed
     await step(
-        "L1", update(kernel, REVIEWER, _report(t2, "progress", "s2", usage=Usage(tool_calls=4)))
+        "L1", update(store, REVIEWER, _report(t2, "progress", "s2", usage=Usage(tool_calls=4)))
     )  # late
     asked = await step(
         "L1",
         request_approval(
-            kernel,
+            store,
             BUILDER,
             ApprovalRequest(
                 turn_id=t3.turn_id,
@@ -211,16 +227,16 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(kernel, cl
     await step(
         "L1",
         decide_approval(
-            kernel, OPERATOR, DecideApprovalRequest(approval_id=asked.approval_id, approve=True)
+            store, OPERATOR, DecideApprovalRequest(approval_id=asked.approval_id, approve=True)
         ),
     )
     await step(
-        "L1", update(kernel, BUILDER, _report(t3, "completed", "s3", evidence=[]))
+        "L1", update(store, BUILDER, _report(t3, "completed", "s3", evidence=[]))
     )  # evidence_required: stays open
     await step(
         "L1",
         update(
-            kernel,
+            store,
             BUILDER,
             _report(
                 t3,
@@ -233,43 +249,43 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(kernel, cl
         ),
     )
     await step(
-        "L1", todo_add(kernel, BUILDER, TodoAddRequest(loop_id="L1", title="c", depends_on=["a"]))
+        "L1", todo_add(store, BUILDER, TodoAddRequest(loop_id="L1", title="c", depends_on=["a"]))
     )
     await step(
-        "L1", todo_add(kernel, STRANGER, TodoAddRequest(loop_id="L1", title="x"))
+        "L1", todo_add(store, STRANGER, TodoAddRequest(loop_id="L1", title="x")), outsider=True
     )  # request.refused
-    await step("L1", control_loop(kernel, OPERATOR, "pause", LoopControlRequest(loop_id="L1")))
-    await step("L1", control_loop(kernel, OPERATOR, "resume", LoopControlRequest(loop_id="L1")))
-    t4 = await step("L1", claim(kernel, BUILDER, req("L1")))
+    await step("L1", control_loop(store, OPERATOR, "pause", LoopControlRequest(loop_id="L1")))
+    await step("L1", control_loop(store, OPERATOR, "resume", LoopControlRequest(loop_id="L1")))
+    t4 = await step("L1", claim(store, BUILDER, req("L1")))
     await step(
         "L1",
         update(
-            kernel, BUILDER, _report(t4, "completed", "s5", tools_used=[ToolUse(name="shell.exec")])
+            store, BUILDER, _report(t4, "completed", "s5", tools_used=[ToolUse(name="shell.exec")])
         ),
     )  # violation, refuse_turn
-    t5 = await step("L1", claim(kernel, REVIEWER, req("L1")))
-    await step("L1", update(kernel, REVIEWER, _report(t5, "failed", "s6", failure_signature="E1")))
+    t5 = await step("L1", claim(store, REVIEWER, req("L1")))
+    await step("L1", update(store, REVIEWER, _report(t5, "failed", "s6", failure_signature="E1")))
     for key in ("s7", "s8"):
-        turn = await step("L1", claim(kernel, BUILDER, req("L1")))
-        await step("L1", update(kernel, BUILDER, _report(turn, "completed", key)))
-    assert (await kernel.store.read(lambda r: r.loop_row("L1"))).status == "completed"
+        turn = await step("L1", claim(store, BUILDER, req("L1")))
+        await step("L1", update(store, BUILDER, _report(turn, "completed", key)))
+    assert (await store.read(lambda r: r.loop_row("L1"))).status == "completed"
 
     # L2: a policy violation stops the loop, closing another open turn.
     await step(
         "L2",
         open_loop(
-            kernel,
+            store,
             OPERATOR,
             OpenLoopRequest(objective="o", policy=_policy(), todos=todos, loop_id="L2"),
         ),
     )
-    u1 = await step("L2", claim(kernel, BUILDER, req("L2")))
-    await step("L2", todo_add(kernel, OPERATOR, TodoAddRequest(loop_id="L2", title="free")))
-    await step("L2", claim(kernel, REVIEWER, req("L2")))
+    u1 = await step("L2", claim(store, BUILDER, req("L2")))
+    await step("L2", todo_add(store, OPERATOR, TodoAddRequest(loop_id="L2", title="free")))
+    await step("L2", claim(store, REVIEWER, req("L2")))
     await step(
         "L2",
         update(
-            kernel,
+            store,
             BUILDER,
             _report(
                 u1,
@@ -280,50 +296,50 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(kernel, cl
             ),
         ),
     )
-    assert (await kernel.store.read(lambda r: r.loop_row("L2"))).status == "stopped"
+    assert (await store.read(lambda r: r.loop_row("L2"))).status == "stopped"
 
     # L3: cancelled with an open turn and a pending approval.
     await step(
         "L3",
         open_loop(
-            kernel,
+            store,
             OPERATOR,
             OpenLoopRequest(objective="o", policy=_policy(), todos=todos, loop_id="L3"),
         ),
     )
-    w1 = await step("L3", claim(kernel, CAROL, req("L3")))
+    w1 = await step("L3", claim(store, CAROL, req("L3")))
     await step(
         "L3",
         request_approval(
-            kernel,
+            store,
             CAROL,
             ApprovalRequest(turn_id=w1.turn_id, fence=1, tool="deploy.prod", summary="go"),
         ),
     )
-    await step("L3", control_loop(kernel, OPERATOR, "cancel", LoopControlRequest(loop_id="L3")))
+    await step("L3", control_loop(store, OPERATOR, "cancel", LoopControlRequest(loop_id="L3")))
 
     assert set(seen) == set(DATA_MODELS), f"kinds never exercised: {set(DATA_MODELS) - set(seen)}"
 
 
 @pytest.mark.anyio
-async def test_fold_check_detects_a_stored_projection_that_drifted(kernel):
+async def test_fold_check_detects_a_stored_projection_that_drifted(store):
     """The check itself can fail: a projection row edited behind the fold is caught."""
     await open_loop(
-        kernel,
+        store,
         OPERATOR,
         OpenLoopRequest(
             objective="o", policy=BASIC_POLICY, todos=[TodoInput(title="a")], loop_id="L1"
         ),
     )
-    await claim(kernel, BUILDER, ClaimRequest(loop_id="L1"))
-    await full_check(kernel, "L1")
+    await claim(store, BUILDER, ClaimRequest(loop_id="L1"))
+    await full_check(store, "L1")
 
     def drift(tx):
         tx.conn.execute("UPDATE todos SET attempts = attempts + 1 WHERE loop_id = 'L1'")
 
-    await kernel.store.write(drift)
+    await store.write(drift)
     with pytest.raises(AssertionError):
-        await fold_check(kernel, "L1")
+        await fold_check(store, "L1")
 
 
 # --- random operation sequences (hypothesis) -------------------------------------------------
@@ -354,7 +370,7 @@ FUZZ_POLICY: dict[str, Any] = {
 class World:
     """What the driver remembers to pick meaningful arguments (never used as an oracle)."""
 
-    kernel: Kernel
+    store: Store
     clock: ManualClock
     turns: list[tuple[Principal, ClaimResult]] = field(default_factory=list)
     approvals: list[str] = field(default_factory=list)
@@ -374,7 +390,7 @@ def _who(data: st.DataObject, owner: Principal) -> Principal:
 
 async def op_claim(w: World, data: st.DataObject) -> None:
     who = data.draw(st.sampled_from([*AGENTS, STRANGER]))
-    result = await claim(w.kernel, who, ClaimRequest(loop_id="L"))
+    result = await claim(w.store, who, ClaimRequest(loop_id="L"))
     if result.granted:
         w.turns.append((who, result))
 
@@ -384,13 +400,13 @@ async def op_update(w: World, data: st.DataObject) -> None:
         # Retry a previous update with its key: same arguments replay, others conflict.
         who, req, original = data.draw(st.sampled_from(w.sent))
         if data.draw(st.booleans()):
-            before = await w.kernel.store.read(lambda r: r.journal_count())
-            again = await update(w.kernel, who, req)
+            before = await w.store.read(lambda r: r.journal_count())
+            again = await update(w.store, who, req)
             assert again == original, "an idempotent retry returned a different result"
-            assert await w.kernel.store.read(lambda r: r.journal_count()) == before
+            assert await w.store.read(lambda r: r.journal_count()) == before
         else:
             changed = req.model_copy(update={"summary": req.summary + " (changed)"})
-            result = await update(w.kernel, who, changed)
+            result = await update(w.store, who, changed)
             assert not result.accepted and {r.code for r in result.reasons} == {
                 "idempotency_conflict"
             }
@@ -422,7 +438,7 @@ async def op_update(w: World, data: st.DataObject) -> None:
         approval_ids=approvals,
         idempotency_key=w.key(),
     )
-    w.sent.append((who, req, await update(w.kernel, who, req)))
+    w.sent.append((who, req, await update(w.store, who, req)))
 
 
 async def op_heartbeat(w: World, data: st.DataObject) -> None:
@@ -431,7 +447,7 @@ async def op_heartbeat(w: World, data: st.DataObject) -> None:
     owner, turn = data.draw(st.sampled_from(w.turns))
     fence = data.draw(st.sampled_from([turn.fence, turn.fence, 0]))
     await heartbeat(
-        w.kernel, _who(data, owner), HeartbeatRequest(turn_id=turn.turn_id, fence=fence)
+        w.store, _who(data, owner), HeartbeatRequest(turn_id=turn.turn_id, fence=fence)
     )  # type: ignore[arg-type]
 
 
@@ -441,9 +457,9 @@ async def op_advance(w: World, data: st.DataObject) -> None:
 
 async def op_todo_add(w: World, data: st.DataObject) -> None:
     who = data.draw(st.sampled_from([BUILDER, OPERATOR, STRANGER]))
-    todos = await w.kernel.store.read(lambda r: [t.todo_id for t in r.all_todos("L")])
+    todos = await w.store.read(lambda r: [t.todo_id for t in r.all_todos("L")])
     deps = data.draw(st.lists(st.sampled_from([*todos, "ghost"]), max_size=2, unique=True))
-    await todo_add(w.kernel, who, TodoAddRequest(loop_id="L", title="added", depends_on=deps))
+    await todo_add(w.store, who, TodoAddRequest(loop_id="L", title="added", depends_on=deps))
 
 
 async def op_request_approval(w: World, data: st.DataObject) -> None:
@@ -451,7 +467,7 @@ async def op_request_approval(w: World, data: st.DataObject) -> None:
         return
     owner, turn = data.draw(st.sampled_from(w.turns))
     result = await request_approval(
-        w.kernel,
+        w.store,
         _who(data, owner),
         ApprovalRequest(
             turn_id=turn.turn_id,  # type: ignore[arg-type]
@@ -472,7 +488,7 @@ async def op_decide(w: World, data: st.DataObject) -> None:
     approval_id = data.draw(st.sampled_from(w.pending))
     w.pending.remove(approval_id)
     await decide_approval(
-        w.kernel,
+        w.store,
         OPERATOR,
         DecideApprovalRequest(
             approval_id=approval_id,  # type: ignore[arg-type]
@@ -484,7 +500,7 @@ async def op_decide(w: World, data: st.DataObject) -> None:
 
 async def op_pause_resume(w: World, data: st.DataObject) -> None:
     action = data.draw(st.sampled_from(["pause", "resume"]))
-    await control_loop(w.kernel, OPERATOR, action, LoopControlRequest(loop_id="L"))
+    await control_loop(w.store, OPERATOR, action, LoopControlRequest(loop_id="L"))
 
 
 OPERATIONS = {
@@ -509,7 +525,6 @@ async def _drive(data: st.DataObject, on_violation: str) -> None:
             home / "loopwarden.db", keys.load_signer(), clock=clock, checkpoint_every=8
         )
         try:
-            kernel = Kernel(store, keys.keyring())
             policy = copy.deepcopy(FUZZ_POLICY)
             policy["stop"]["on_violation"] = on_violation
             todos = [
@@ -518,21 +533,25 @@ async def _drive(data: st.DataObject, on_violation: str) -> None:
                 TodoInput(id="c", title="c", depends_on=("a",)),
             ]
             await open_loop(
-                kernel,
+                store,
                 OPERATOR,
                 OpenLoopRequest(objective="fuzz", policy=policy, todos=todos, loop_id="L"),
             )
-            await full_check(kernel, "L")
-            world = World(kernel, clock)
+            await full_check(store, "L")
+            world = World(store, clock)
             for _ in range(data.draw(st.integers(1, 25), label="steps")):
                 name = data.draw(st.sampled_from(WEIGHTED), label="operation")
-                before = await kernel.store.read(lambda r: r.journal_count())
+                before = await store.read(lambda r: r.journal_count())
                 try:
                     await OPERATIONS[name](world, data)
+                except NotFound:
+                    # An outsider is answered as for a missing loop; its refusal alone is sealed.
+                    added = await store.read(lambda r, after=before: r.loop_journal("L", after_seq=after))
+                    assert [row.kind for row in added] in ([], ["claim.refused"], ["request.refused"])
                 except LoopwardenError:
                     # A raised error (Conflict, InvalidInput, ...) must leave nothing behind.
-                    assert await kernel.store.read(lambda r: r.journal_count()) == before
-                await full_check(kernel, "L")
+                    assert await store.read(lambda r: r.journal_count()) == before
+                await full_check(store, "L")
         finally:
             await store.close()
 

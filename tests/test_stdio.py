@@ -18,7 +18,8 @@ from conftest import BASIC_POLICY
 from support import cli, cli_env, initialize_request, loopwarden
 
 from loopwarden.clients.agent import AgentClient, ToolCallError
-from loopwarden.tools.claim import ClaimResult
+from loopwarden.operations.claim import ClaimResult
+from loopwarden.operations.update import UpdateResult
 
 pytestmark = pytest.mark.anyio
 
@@ -124,12 +125,21 @@ async def test_stdio_errors_are_clean_and_identity_comes_from_the_launch_config(
             with pytest.raises(ToolCallError, match="not_found"):
                 await agent.quota("no-such-loop")
             with pytest.raises(ToolCallError, match="agent"):
-                await agent.call("claim", ClaimResult, loop_id=loop_id, agent="alice")
+                await agent.raw("claim", ClaimResult, loop_id=loop_id, agent="alice")
             turn = await agent.claim(loop_id)
             assert turn.granted
             # JSON has no NaN; whatever the client sends for it must be refused, not charged.
             with pytest.raises(ToolCallError, match="cost_usd") as nan:
-                await report(agent, turn, "progress", "nan-1", usage={"cost_usd": float("nan")})
+                await agent.raw(
+                    "update",
+                    UpdateResult,
+                    turn_id=turn.turn_id,
+                    fence=turn.fence,
+                    outcome="progress",
+                    summary="nan",
+                    idempotency_key="nan-1",
+                    usage={"cost_usd": float("nan")},
+                )
             assert not LEAKS.search(str(nan.value)), str(nan.value)
             state = await agent.projection(loop_id)
             assert state.budgets["cost_usd"].used == 0

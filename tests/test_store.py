@@ -24,16 +24,15 @@ import loopwarden
 from loopwarden.errors import IntegrityError, LoopwardenError
 from loopwarden.ledger import merkle
 from loopwarden.ledger.checkpoints import open_checkpoint
-from loopwarden.ledger.events import Evidence, ReceiptBody, TodoAdded, TodoSpec
+from loopwarden.ledger.events import Evidence, ReceiptBody, TodoAdded, TodoSpec, parse_body
+from loopwarden.ledger.fold import rebuild
 from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.projection import rebuild
 from loopwarden.ledger.receipts import open_envelope
 from loopwarden.ledger.store import Store, migrate, startup_check
+from loopwarden.operations.claim import ClaimRequest, claim
+from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.operations.update import UpdateRequest, update
 from loopwarden.principals import Principal
-from loopwarden.tools.claim import ClaimRequest, claim
-from loopwarden.tools.kernel import Kernel
-from loopwarden.tools.loops import OpenLoopRequest, TodoInput, open_loop
-from loopwarden.tools.update import UpdateRequest, update
 
 pytestmark = pytest.mark.anyio
 
@@ -44,15 +43,15 @@ WIDE_POLICY = {**copy.deepcopy(BASIC_POLICY), "budgets": {"max_turns": 1000}}
 # --- helpers ---------------------------------------------------------------------------------
 
 
-async def open_kernel(home: Path, **kwargs: Any) -> Kernel:
+async def open_store(home: Path, **kwargs: Any) -> Store:
     keys = KeyStore(home)
     store = await Store.open(home / "loopwarden.db", keys.load_signer(), **kwargs)
-    return Kernel(store, keys.keyring())
+    return store
 
 
-async def open_test_loop(kernel: Kernel, todos: int, policy=WIDE_POLICY, loop_id="L1") -> str:
+async def open_test_loop(store: Store, todos: int, policy=WIDE_POLICY, loop_id="L1") -> str:
     await open_loop(
-        kernel,
+        store,
         OPERATOR,
         OpenLoopRequest(
             objective="o",
@@ -64,13 +63,13 @@ async def open_test_loop(kernel: Kernel, todos: int, policy=WIDE_POLICY, loop_id
     return loop_id
 
 
-async def work_one(kernel: Kernel, who: Principal, loop_id: str, key: str) -> bool:
+async def work_one(store: Store, who: Principal, loop_id: str, key: str) -> bool:
     """Claim the next todo and complete it; False if nothing was granted."""
-    granted = await claim(kernel, who, ClaimRequest(loop_id=loop_id))
+    granted = await claim(store, who, ClaimRequest(loop_id=loop_id))
     if not granted.granted:
         return False
     result = await update(
-        kernel,
+        store,
         who,
         UpdateRequest(
             turn_id=granted.turn_id,  # type: ignore[arg-type]
@@ -104,16 +103,16 @@ def leaf_hashes(reader) -> list[bytes]:
     return [merkle.leaf_hash(row.envelope) for row in reader.iter_journal()]
 
 
-async def assert_fold_equals_stored(kernel: Kernel, loop_id: str) -> list[ReceiptBody]:
+async def assert_fold_equals_stored(store: Store, loop_id: str) -> list[ReceiptBody]:
     def read(r):
         return r.loop_journal(loop_id), r.full_view(loop_id)
 
-    rows, stored = await kernel.store.read(read)
+    rows, stored = await store.read(read)
     bodies = []
     for expected_seq, row in enumerate(rows, start=1):
-        opened = open_envelope(row.envelope, kernel.keyring)
+        opened = open_envelope(row.envelope, store.keyring)
         assert opened.verified, opened.problems
-        body = ReceiptBody.model_validate(opened.body)
+        body = parse_body(opened.body)
         assert body.seq == row.seq == expected_seq
         bodies.append(body)
     rebuilt = rebuild([(b, r.digest) for b, r in zip(bodies, rows, strict=True)])[loop_id]
@@ -130,11 +129,11 @@ async def assert_fold_equals_stored(kernel: Kernel, loop_id: str) -> list[Receip
 # --- one write path: all or nothing ----------------------------------------------------------
 
 
-async def test_failed_transaction_after_append_leaves_no_trace(kernel):
-    await open_test_loop(kernel, 14)
+async def test_failed_transaction_after_append_leaves_no_trace(store):
+    await open_test_loop(store, 14)
     # Fill the log to one short of a checkpoint, so the aborted append would also have signed one.
-    while await kernel.store.read(lambda r: r.journal_count()) < 15:
-        await kernel.store.write(
+    while await store.read(lambda r: r.journal_count()) < 15:
+        await store.write(
             lambda tx: tx.append(
                 "L1",
                 "todo.added",
@@ -142,7 +141,7 @@ async def test_failed_transaction_after_append_leaves_no_trace(kernel):
                 TodoAdded(todo=TodoSpec(id=f"x{tx.journal_count()}", title="x", order=99)),
             )
         )
-    before = await kernel.store.read(snapshot)
+    before = await store.read(snapshot)
     assert before["journal"] == 15 and not before["checkpoints"]
 
     def doomed(tx):
@@ -154,11 +153,11 @@ async def test_failed_transaction_after_append_leaves_no_trace(kernel):
         raise RuntimeError("boom after the append")
 
     with pytest.raises(RuntimeError, match="boom"):
-        await kernel.store.write(doomed)
-    assert await kernel.store.read(snapshot) == before
+        await store.write(doomed)
+    assert await store.read(snapshot) == before
 
     # The next append continues the chain exactly where the committed state left it.
-    appended = await kernel.store.write(
+    appended = await store.write(
         lambda tx: tx.append(
             "L1", "todo.added", OPERATOR, TodoAdded(todo=TodoSpec(id="zz", title="z", order=1))
         )
@@ -167,9 +166,9 @@ async def test_failed_transaction_after_append_leaves_no_trace(kernel):
     assert appended.leaf_index == 15
 
 
-async def test_failed_transaction_with_domain_error_leaves_no_trace(kernel):
-    await open_test_loop(kernel, 2)
-    before = await kernel.store.read(snapshot)
+async def test_failed_transaction_with_domain_error_leaves_no_trace(store):
+    await open_test_loop(store, 2)
+    before = await store.read(snapshot)
 
     def doomed(tx):
         tx.append(
@@ -178,14 +177,14 @@ async def test_failed_transaction_with_domain_error_leaves_no_trace(kernel):
         raise LoopwardenError("refused late")
 
     with pytest.raises(LoopwardenError):
-        await kernel.store.write(doomed)
-    assert await kernel.store.read(snapshot) == before
+        await store.write(doomed)
+    assert await store.read(snapshot) == before
 
 
-async def test_grouped_writes_commit_together_and_a_failing_body_rolls_back_alone(kernel):
+async def test_grouped_writes_commit_together_and_a_failing_body_rolls_back_alone(store):
     """Concurrent writes are group-committed; each body still commits or vanishes on its own."""
-    await open_test_loop(kernel, 2)
-    before = await kernel.store.read(snapshot)
+    await open_test_loop(store, 2)
+    before = await store.read(snapshot)
     gate = anyio.Event()
     outcomes: dict[int, object] = {}
 
@@ -206,7 +205,7 @@ async def test_grouped_writes_commit_together_and_a_failing_body_rolls_back_alon
     async def writer(n: int) -> None:
         await gate.wait()
         try:
-            outcomes[n] = await kernel.store.write(add(n))
+            outcomes[n] = await store.write(add(n))
         except LoopwardenError as exc:
             outcomes[n] = exc
 
@@ -222,12 +221,12 @@ async def test_grouped_writes_commit_together_and_a_failing_body_rolls_back_alon
     head = before["view"].loop.head_seq
     # The survivors got exactly the next seqs, with no holes left by the rolled-back bodies.
     assert sorted(committed.values()) == list(range(head + 1, head + 1 + len(committed)))
-    after = await kernel.store.read(snapshot)
+    after = await store.read(snapshot)
     assert after["journal"] == before["journal"] + len(committed)
-    todos = await kernel.store.read(lambda r: {t.todo_id for t in r.all_todos("L1")})
+    todos = await store.read(lambda r: {t.todo_id for t in r.all_todos("L1")})
     assert {f"g{n}" for n in committed} <= todos
     assert not {f"g{n}" for n in failed} & todos
-    await assert_fold_equals_stored(kernel, "L1")
+    await assert_fold_equals_stored(store, "L1")
 
 
 # --- startup check ---------------------------------------------------------------------------
@@ -245,22 +244,22 @@ DAMAGE = {
 
 
 async def _populated_home(home: Path) -> None:
-    kernel = await open_kernel(home)
+    store = await open_store(home)
     try:
-        await open_test_loop(kernel, 4)
+        await open_test_loop(store, 4)
         for n in range(3):
-            await work_one(kernel, BUILDER, "L1", f"k{n}")
+            await work_one(store, BUILDER, "L1", f"k{n}")
     finally:
-        await kernel.store.close()
+        await store.close()
 
 
 async def test_startup_check_accepts_an_undamaged_store(home):
     await _populated_home(home)
-    kernel = await open_kernel(home)
+    store = await open_store(home)
     try:
-        await kernel.store.read(startup_check)
+        await store.read(startup_check)
     finally:
-        await kernel.store.close()
+        await store.close()
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE.values()), ids=list(DAMAGE))
@@ -273,17 +272,17 @@ async def test_startup_check_refuses_a_damaged_store(home, damage):
     finally:
         raw.close()
     with pytest.raises(IntegrityError):
-        await open_kernel(home)
+        await open_store(home)
 
 
 # --- Merkle log ------------------------------------------------------------------------------
 
 
-async def test_frontier_and_root_match_the_journal_after_every_append(kernel):
-    await open_test_loop(kernel, 6)
+async def test_frontier_and_root_match_the_journal_after_every_append(store):
+    await open_test_loop(store, 6)
     sizes = set()
     for n in range(7):
-        await work_one(kernel, BUILDER if n % 2 else REVIEWER, "L1", f"k{n}")
+        await work_one(store, BUILDER if n % 2 else REVIEWER, "L1", f"k{n}")
 
         def check(reader):
             size, frontier = reader.log_state()
@@ -293,14 +292,14 @@ async def test_frontier_and_root_match_the_journal_after_every_append(kernel):
             assert merkle.root_from_frontier(frontier) == merkle.root_from_leaves(leaves)
             return size
 
-        sizes.add(await kernel.store.read(check))
+        sizes.add(await store.read(check))
     assert len(sizes) == 7  # every round appended
 
 
-async def test_checkpoints_every_n_receipts_are_signed_and_consistent(kernel):
-    await open_test_loop(kernel, 30)
+async def test_checkpoints_every_n_receipts_are_signed_and_consistent(store):
+    await open_test_loop(store, 30)
     for n in range(30):
-        assert await work_one(kernel, BUILDER, "L1", f"k{n}")
+        assert await work_one(store, BUILDER, "L1", f"k{n}")
 
     def read(reader):
         checkpoints = reader.checkpoints()
@@ -311,12 +310,12 @@ async def test_checkpoints_every_n_receipts_are_signed_and_consistent(kernel):
         ]
         return checkpoints, leaves, proofs
 
-    checkpoints, leaves, proofs = await kernel.store.read(read)
-    every = kernel.store.checkpoint_every
+    checkpoints, leaves, proofs = await store.read(read)
+    every = store.checkpoint_every
     assert [c.size for c in checkpoints] == list(range(every, len(leaves) + 1, every))
     assert len(checkpoints) >= 3
     for cp in checkpoints:
-        signed = open_checkpoint(cp.note, kernel.keyring)
+        signed = open_checkpoint(cp.note, store.keyring)
         assert signed.verified and signed.size == cp.size and signed.root == cp.root
         assert cp.root == merkle.root_from_leaves(leaves[: cp.size])
     for (old, new), proof in zip(itertools.pairwise(checkpoints), proofs, strict=True):
@@ -337,16 +336,14 @@ WORKER = textwrap.dedent(
     from loopwarden.ledger.keys import KeyStore
     from loopwarden.ledger.store import Store
     from loopwarden.principals import Principal
-    from loopwarden.tools.claim import ClaimRequest, claim
-    from loopwarden.tools.kernel import Kernel
-    from loopwarden.tools.update import UpdateRequest, update
+    from loopwarden.operations.claim import ClaimRequest, claim
+    from loopwarden.operations.update import UpdateRequest, update
     from loopwarden.ledger.events import Usage
 
 
     async def main(home: Path, loop_id: str, agent: str) -> None:
         keys = KeyStore(home)
         store = await Store.open(home / "loopwarden.db", keys.load_signer())
-        kernel = Kernel(store, keys.keyring())
         who = Principal(id=agent, role="agent")
         (home / f"ready-{agent}").touch()
         deadline = time.monotonic() + 30
@@ -357,7 +354,7 @@ WORKER = textwrap.dedent(
         completed = n = 0
         try:
             while time.monotonic() < deadline:
-                granted = await claim(kernel, who, ClaimRequest(loop_id=loop_id))
+                granted = await claim(store, who, ClaimRequest(loop_id=loop_id))
                 if not granted.granted:
                     if granted.status != "active":
                         break
@@ -367,7 +364,7 @@ WORKER = textwrap.dedent(
                 # Every third turn reports progress: the todo goes back for anyone to claim.
                 outcome = "progress" if n % 3 == 0 else "completed"
                 result = await update(
-                    kernel,
+                    store,
                     who,
                     UpdateRequest(
                         turn_id=granted.turn_id,
@@ -398,7 +395,7 @@ def _check_no_double_grant(bodies: list[ReceiptBody]) -> Counter[str]:
     fence: Counter[str] = Counter()
     completed: Counter[str] = Counter()
     for body in bodies:
-        data = body.data
+        data = body.data.model_dump(mode="json")
         if body.kind == "turn.claimed":
             todo = data["todo_id"]
             assert todo not in open_turn, f"todo {todo} granted while {open_turn[todo]} is open"
@@ -419,11 +416,11 @@ def _check_no_double_grant(bodies: list[ReceiptBody]) -> Counter[str]:
 
 async def test_several_processes_share_one_store_without_breaking_invariants(home, tmp_path):
     todos = 40
-    kernel = await open_kernel(home)
+    store = await open_store(home)
     try:
-        await open_test_loop(kernel, todos, {**WIDE_POLICY, "agents": ["*"]})
+        await open_test_loop(store, todos, {**WIDE_POLICY, "agents": ["*"]})
     finally:
-        await kernel.store.close()
+        await store.close()
 
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -461,20 +458,20 @@ async def test_several_processes_share_one_store_without_breaking_invariants(hom
     assert sum(per_worker) == todos
     assert sum(1 for n in per_worker if n) >= 2, f"no real concurrency: {per_worker}"
 
-    kernel = await open_kernel(home)  # the startup check runs here too
+    store = await open_store(home)  # the startup check runs here too
     try:
-        await kernel.store.read(startup_check)
-        count, size = await kernel.store.read(lambda r: (r.journal_count(), r.log_state()[0]))
+        await store.read(startup_check)
+        count, size = await store.read(lambda r: (r.journal_count(), r.log_state()[0]))
         assert count == size
-        bodies = await assert_fold_equals_stored(kernel, "L1")
+        bodies = await assert_fold_equals_stored(store, "L1")
         completed = _check_no_double_grant(bodies)
         assert completed == {f"t{n}": 1 for n in range(1, todos + 1)}
-        loop = await kernel.store.read(lambda r: r.loop_row("L1"))
+        loop = await store.read(lambda r: r.loop_row("L1"))
         assert loop.status == "completed"
         turns = sum(1 for b in bodies if b.kind == "turn.claimed")
         assert loop.totals.turns == turns and loop.totals.model_calls == turns
     finally:
-        await kernel.store.close()
+        await store.close()
 
 
 # --- schema migrations -----------------------------------------------------------------------
@@ -504,13 +501,13 @@ async def test_a_version_1_database_is_migrated_in_place_and_keeps_working(home)
     conn.execute("DELETE FROM loops")
     conn.close()
 
-    kernel = await open_kernel(home)
+    store = await open_store(home)
     try:
-        await open_test_loop(kernel, 3)
-        await work_one(kernel, BUILDER, "L1", "k0")
-        await assert_fold_equals_stored(kernel, "L1")
+        await open_test_loop(store, 3)
+        await work_one(store, BUILDER, "L1", "k0")
+        await assert_fold_equals_stored(store, "L1")
     finally:
-        await kernel.store.close()
+        await store.close()
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
@@ -529,14 +526,14 @@ async def test_a_database_from_a_newer_loopwarden_is_refused(home):
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     conn.close()
     with pytest.raises(LoopwardenError, match="Upgrade loopwarden"):
-        await open_kernel(home)
+        await open_store(home)
 
 
-async def test_a_write_cancelled_while_queued_never_commits(kernel):
+async def test_a_write_cancelled_while_queued_never_commits(store):
     """A caller that gives up while waiting for the writer must not be committed later by
     someone else's group (it would hold leases nobody knows about)."""
-    await open_test_loop(kernel, 2)
-    before = await kernel.store.read(snapshot)
+    await open_test_loop(store, 2)
+    before = await store.read(snapshot)
     started = anyio.Event()
 
     def slow(tx):
@@ -549,11 +546,11 @@ async def test_a_write_cancelled_while_queued_never_commits(kernel):
         )
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(kernel.store.write, slow)
+        tg.start_soon(store.write, slow)
         await started.wait()
         with anyio.move_on_after(0.05):
-            await kernel.store.write(doomed)  # cancelled while queued
-    await kernel.store.write(lambda tx: None)  # a later group must not pick it up
-    after = await kernel.store.read(snapshot)
+            await store.write(doomed)  # cancelled while queued
+    await store.write(lambda tx: None)  # a later group must not pick it up
+    after = await store.read(snapshot)
     assert after == before
-    assert await kernel.store.read(lambda r: r.todo("L1", "late")) is None
+    assert await store.read(lambda r: r.todo("L1", "late")) is None

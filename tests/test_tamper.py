@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import pytest
 from conftest import BUILDER, OPERATOR, REVIEWER
-from support import cli, cli_env, make_policy
+from support import cli, cli_env, control_loop, make_policy
 from typer.testing import CliRunner
 
 from loopwarden.canonical import canonical_bytes, sha256_digest
@@ -34,30 +34,29 @@ from loopwarden.clients.cli import app
 from loopwarden.clock import ManualClock
 from loopwarden.ledger import audit as audit_module
 from loopwarden.ledger import bundles, merkle
-from loopwarden.ledger.audit import AuditReport, Finding, audit
+from loopwarden.ledger.audit import audit
 from loopwarden.ledger.bundles import export_bundle, verify_bundle
 from loopwarden.ledger.checkpoints import sign_checkpoint
 from loopwarden.ledger.events import Evidence, ToolUse, Usage
+from loopwarden.ledger.findings import Finding, Report
 from loopwarden.ledger.keys import Keyring, KeyStore, Signer, public_key_b64
 from loopwarden.ledger.receipts import receipt_id_for, seal
 from loopwarden.ledger.store import Store
-from loopwarden.principals import Principal
-from loopwarden.tools.approvals import (
+from loopwarden.operations.approvals import (
     ApprovalRequest,
     DecideApprovalRequest,
     decide_approval,
     request_approval,
 )
-from loopwarden.tools.claim import ClaimRequest, ClaimResult, claim
-from loopwarden.tools.kernel import Kernel
-from loopwarden.tools.loops import (
+from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.operations.loops import (
     LoopControlRequest,
     OpenLoopRequest,
     TodoInput,
-    control_loop,
     open_loop,
 )
-from loopwarden.tools.update import UpdateRequest, update
+from loopwarden.operations.update import UpdateRequest, update
+from loopwarden.principals import Principal
 
 DB = "loopwarden.db"
 CHECKPOINT_EVERY = 4
@@ -92,17 +91,16 @@ async def _build_journal(home: Path) -> None:
     store = await Store.open(
         home / DB, keys.load_signer(), clock=ManualClock(), checkpoint_every=CHECKPOINT_EVERY
     )
-    kernel = Kernel(store, keys.keyring())
     reports = iter(range(1000))
 
     async def turn(who: Principal, loop_id: str) -> ClaimResult:
-        granted = await claim(kernel, who, ClaimRequest(loop_id=loop_id))
+        granted = await claim(store, who, ClaimRequest(loop_id=loop_id))
         assert granted.granted, granted.reasons
         return granted
 
     async def report(who, granted, outcome="completed", tools=None, approvals=()):
         return await update(
-            kernel,
+            store,
             who,
             UpdateRequest(
                 turn_id=granted.turn_id,
@@ -119,7 +117,7 @@ async def _build_journal(home: Path) -> None:
 
     async def open_(loop_id: str, todos: list[TodoInput]) -> None:
         await open_loop(
-            kernel,
+            store,
             OPERATOR,
             OpenLoopRequest(objective=loop_id, policy=POLICY, todos=todos, loop_id=loop_id),
         )
@@ -140,7 +138,7 @@ async def _build_journal(home: Path) -> None:
         assert (await report(REVIEWER, await turn(REVIEWER, "beta"), "progress")).accepted
         granted = await turn(BUILDER, "alpha")
         asked = await request_approval(
-            kernel,
+            store,
             BUILDER,
             ApprovalRequest(
                 turn_id=granted.turn_id,  # type: ignore[arg-type]
@@ -150,7 +148,7 @@ async def _build_journal(home: Path) -> None:
             ),
         )
         await decide_approval(
-            kernel,
+            store,
             OPERATOR,
             DecideApprovalRequest(approval_id=asked.approval_id, approve=True, reason="ok"),  # type: ignore[arg-type]
         )
@@ -158,9 +156,9 @@ async def _build_journal(home: Path) -> None:
             BUILDER, granted, tools={"deploy.prod": 1}, approvals=[asked.approval_id]
         )
         assert used.accepted, used.reasons
-        await control_loop(kernel, OPERATOR, "pause", LoopControlRequest(loop_id="beta"))
+        await control_loop(store, OPERATOR, "pause", LoopControlRequest(loop_id="beta"))
         await open_("gamma", [TodoInput(title="z")])
-        await control_loop(kernel, OPERATOR, "cancel", LoopControlRequest(loop_id="gamma"))
+        await control_loop(store, OPERATOR, "cancel", LoopControlRequest(loop_id="gamma"))
         await store.write(lambda tx: tx.checkpoint())
     finally:
         await store.close()
@@ -187,7 +185,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Pristine:
     return Pristine(home, bundle)
 
 
-def run_audit(home: Path, loop_id: str | None = None) -> AuditReport:
+def run_audit(home: Path, loop_id: str | None = None) -> Report:
     with admin.open_reader(home) as reader:
         return audit(reader, admin.keyring_of(home), loop_id=loop_id)
 
@@ -208,10 +206,10 @@ def test_pristine_journal_audits_clean(pristine):
 
 def test_pristine_bundle_verifies_clean_pinned_and_unpinned(pristine):
     unpinned = verify_bundle(copy.deepcopy(pristine.bundle))
-    assert unpinned.findings == [] and not unpinned.pinned
-    assert (unpinned.receipts, unpinned.checkpoint_size, unpinned.status) == (9, 15, "active")
+    assert unpinned.findings == [] and not unpinned.keys_pinned
+    assert (unpinned.receipts, unpinned.tree_size, unpinned.status) == (9, 15, "active")
     pinned = verify_bundle(copy.deepcopy(pristine.bundle), admin.keyring_of(pristine.home))
-    assert pinned.findings == [] and pinned.pinned
+    assert pinned.findings == [] and pinned.keys_pinned
 
 
 # --- raw damage helpers ----------------------------------------------------------------------
@@ -581,7 +579,7 @@ def damaged_copy(pristine: Pristine, tmp_path: Path, damage: Callable[[Db], None
     return home
 
 
-def describe(report: AuditReport) -> str:
+def describe(report: Report) -> str:
     return "\n".join(str(f.as_dict()) for f in report.findings)
 
 
@@ -773,7 +771,7 @@ def test_bundle_verification_detects_tampering(pristine, case):
     trusted = admin.keyring_of(pristine.home) if spec.pinned else None
     report = verify_bundle(json.loads(json.dumps(bundle)), trusted)
     assert not report.clean
-    found = {(f["code"], f.get("position")) for f in report.findings}
+    found = {(f.code, f.position) for f in report.findings}
     for code, position in spec.expect:
         assert (code, position) in found or (position is None and code in {c for c, _ in found})
     assert found, report.findings
@@ -798,14 +796,14 @@ def test_malformed_bundle_is_a_finding_not_a_crash(pristine, damage):
     bundle = copy.deepcopy(pristine.bundle)
     damage(bundle)
     report = verify_bundle(bundle)
-    assert "bundle_malformed" in {f["code"] for f in report.findings}
+    assert "bundle_malformed" in {f.code for f in report.findings}
 
 
 def test_a_bundle_with_its_last_receipts_dropped_is_detected(pristine):
     bundle = copy.deepcopy(pristine.bundle)
     del bundle["receipts"][-2:]  # hide the approval decision and the report that used it
     report = verify_bundle(bundle, admin.keyring_of(pristine.home))
-    assert "bundle_incomplete" in {f["code"] for f in report.findings}
+    assert "bundle_incomplete" in {f.code for f in report.findings}
 
 
 def test_a_bundle_whose_manifest_was_edited_to_match_a_cut_is_detected(pristine):
@@ -813,7 +811,7 @@ def test_a_bundle_whose_manifest_was_edited_to_match_a_cut_is_detected(pristine)
     del bundle["receipts"][-2:]
     bundle["manifest"]["head_seq"] -= 2  # the cut hidden in the manifest too, without its key
     report = verify_bundle(bundle, admin.keyring_of(pristine.home))
-    assert "manifest_signature_invalid" in {f["code"] for f in report.findings}
+    assert "manifest_signature_invalid" in {f.code for f in report.findings}
 
 
 def reforge(bundle: dict[str, Any], rogue: Signer) -> dict[str, Any]:
@@ -872,9 +870,9 @@ def test_a_fully_reforged_bundle_passes_only_unpinned_and_fails_with_the_real_ke
     bundle = json.loads(reforged.read_text())
     unpinned = verify_bundle(bundle)
     # Self-consistent forgery: nothing but a pinned key can tell, and the report says so.
-    assert unpinned.clean and not unpinned.pinned
+    assert unpinned.clean and not unpinned.keys_pinned
     pinned = verify_bundle(bundle, admin.keyring_of(pristine.home))
-    codes = {(f["code"], f.get("position")) for f in pinned.findings}
+    codes = {(f.code, f.position) for f in pinned.findings}
     assert ("checkpoint_unknown_key", None) in codes
     assert {("unknown_key", p) for p in range(1, 10)} <= codes
 

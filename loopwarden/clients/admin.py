@@ -1,4 +1,4 @@
-"""The operator's direct access to a data home: open the store with the home's key, act, close."""
+"""The operator's direct access to a data home: open the store with the home's keys, act, close."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
-from loopwarden.ledger.keys import KeyStore
+from loopwarden.ledger.keys import Keyring, KeyStore
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.store import Store, snapshot
 from loopwarden.principals import Principal
 from loopwarden.server.settings import DB_NAME, resolve_home
-from loopwarden.tools.kernel import Kernel
 
 DEFAULT_OPERATOR = "operator"
 
@@ -25,13 +24,15 @@ def operator(name: str | None = None) -> Principal:
 
 
 @asynccontextmanager
-async def open_kernel(home: str | Path | None, *, check: bool = True) -> AsyncIterator[Kernel]:
+async def open_store(home: str | Path | None, *, check: bool = True) -> AsyncIterator[Store]:
     """The store and keys of `home`, opened for writing (and closed after)."""
     path = resolve_home(home)
     keys = KeyStore(path)
-    store = await Store.open(path / DB_NAME, keys.load_signer(), check=check)
+    store = await Store.open(
+        path / DB_NAME, keys.load_signer(), keyring=keys.keyring(), check=check
+    )
     try:
-        yield Kernel(store, keys.keyring())
+        yield store
     finally:
         await store.close()
 
@@ -43,5 +44,5 @@ def open_reader(home: str | Path | None) -> Iterator[Reader]:
         yield reader
 
 
-def keyring_of(home: str | Path | None):
+def keyring_of(home: str | Path | None) -> Keyring:
     return KeyStore(resolve_home(home)).keyring()

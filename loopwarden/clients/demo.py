@@ -22,10 +22,10 @@ from loopwarden.ledger.audit import audit
 from loopwarden.ledger.bundles import export_bundle, verify_bundle
 from loopwarden.ledger.keys import Keyring
 from loopwarden.ledger.store import Txn
+from loopwarden.operations.approvals import DecideApprovalRequest, decide_approval
+from loopwarden.operations.loops import OpenLoopRequest, open_loop
 from loopwarden.policy.digest import policy_document
 from loopwarden.policy.loader import parse_policy
-from loopwarden.tools.approvals import DecideApprovalRequest, decide_approval
-from loopwarden.tools.loops import OpenLoopRequest, open_loop
 
 OPERATOR = admin.operator("operator")
 
@@ -90,9 +90,9 @@ def _reasons(reasons) -> list[str]:
 async def _open(
     home: Path, n: Narrator, loop_id: str, objective: str, policy: str, todos: list[dict]
 ) -> None:
-    async with admin.open_kernel(home) as kernel:
+    async with admin.open_store(home) as store:
         result = await open_loop(
-            kernel,
+            store,
             OPERATOR,
             OpenLoopRequest(
                 objective=objective, policy=_policy(policy), todos=todos, loop_id=loop_id
@@ -305,9 +305,9 @@ async def scenario_approval(home: Path, n: Narrator) -> bool:
             turn_id=grant.turn_id,
             receipt_id=asked.receipt_id,
         )
-        async with admin.open_kernel(home) as kernel:  # the operator, through the admin API
+        async with admin.open_store(home) as store:  # the operator, through the admin API
             decided = await decide_approval(
-                kernel,
+                store,
                 OPERATOR,
                 DecideApprovalRequest(
                     approval_id=asked.approval_id,
@@ -355,8 +355,8 @@ async def scenario_approval(home: Path, n: Narrator) -> bool:
 
 async def scenario_audit(home: Path, n: Narrator, work: Path) -> bool:
     n.section("audit", "4. audit — every receipt checked offline")
-    async with admin.open_kernel(home) as kernel:
-        size = await kernel.store.write(Txn.checkpoint)
+    async with admin.open_store(home) as store:
+        size = await store.write(Txn.checkpoint)
     n.step("operator", "sign a checkpoint", f"tree size {size}", decision="allow")
     keyring = admin.keyring_of(home)
     with admin.open_reader(home) as reader:
@@ -373,14 +373,12 @@ async def scenario_audit(home: Path, n: Narrator, work: Path) -> bool:
 
 
 async def scenario_bundle(home: Path, n: Narrator, work: Path) -> bool:
-    async with admin.open_kernel(home) as kernel:
-        await kernel.store.write(Txn.checkpoint)
-        now = format_time(kernel.store.clock())
-        signer = kernel.store.signer
-        bundle = await kernel.store.read(
-            lambda r: export_bundle(r, "guarded", kernel.keyring, now, signer)
-        )
-        key = kernel.store.signer.public_key
+    async with admin.open_store(home) as store:
+        await store.write(Txn.checkpoint)
+        now = format_time(store.clock())
+        signer = store.signer
+        bundle = await store.read(lambda r: export_bundle(r, "guarded", store.keyring, now, signer))
+        key = store.signer.public_key
     path = work / "guarded-bundle.json"
     path.write_text(json.dumps(bundle, indent=2))
     n.step(

@@ -11,9 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from loopwarden.ledger.audit import AuditReport
-from loopwarden.ledger.bundles import BundleReport
-from loopwarden.tools.projection import ProjectionResult
+from loopwarden.ledger.findings import Report
+from loopwarden.operations.projection import ProjectionResult
 
 # Piped output (scripts, docs) gets a wide fixed width instead of rich's 80-column default.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -126,7 +125,7 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     console.print(out)
 
 
-def audit(report: AuditReport) -> None:
+def audit(report: Report) -> None:
     verdict = "[green]clean[/green]" if report.clean else "[red]TAMPERED[/red]"
     console.print(
         f"audit: {verdict} — {report.receipts} receipts, {report.loops} loops, "
@@ -134,20 +133,19 @@ def audit(report: AuditReport) -> None:
     )
     console.print(f"[dim]root {report.root}[/dim]")
     for f in report.findings:
-        where = " ".join(f"{k}={v}" for k, v in f.as_dict().items() if k not in ("code", "message"))
-        console.print(f"  [red]{f.code}[/red] {escape(where)}: {escape(f.message)}")
+        console.print(f"  [red]{f.code}[/red] {escape(f.where())}: {escape(f.message)}")
 
 
-def bundle(report: BundleReport) -> None:
+def bundle(report: Report) -> None:
     verdict = "[green]clean[/green]" if report.clean else "[red]TAMPERED[/red]"
     pinned = (
         "pinned key"
-        if report.pinned
+        if report.keys_pinned
         else "[yellow]keys taken from the bundle (not pinned)[/yellow]"
     )
     console.print(
         f"bundle: {verdict} — loop {escape(report.loop_id)}, {report.receipts} receipts, checkpoint size "
-        f"{report.checkpoint_size}, {pinned}"
+        f"{report.tree_size}, {pinned}"
     )
     if report.status:
         console.print(
@@ -155,4 +153,4 @@ def bundle(report: BundleReport) -> None:
             + (f" ({escape(report.stop_reason)})" if report.stop_reason else "")
         )
     for f in report.findings:
-        console.print(f"  [red]{escape(str(f['code']))}[/red]: {escape(str(f['message']))}")
+        console.print(f"  [red]{escape(f.code)}[/red]: {escape(f.message)}")

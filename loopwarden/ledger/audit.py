@@ -5,8 +5,8 @@ its DSSE signature under a *trusted* key (the key directory, never the database'
 table), canonical form, body schema, digest and index columns, the per-loop `seq`/`prev` chain;
 it recomputes the Merkle tree as it goes and compares the root with every signed checkpoint,
 checks each checkpoint consistent with the previous one, compares the stored frontier, and
-finally replays every loop's receipts through the projection fold and compares the result with
-the stored projection tables. Every defect is a typed `Finding`; nothing raises on bad data.
+finally replays every loop's receipts through the fold and compares the result with the stored
+projection tables. Every defect is a typed `Finding` in one `Report`; nothing raises on bad data.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -25,82 +26,13 @@ from loopwarden.canonical import sha256_digest
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger import merkle
 from loopwarden.ledger.checkpoints import open_checkpoint
-from loopwarden.ledger.events import ReceiptBody
+from loopwarden.ledger.events import parse_body
+from loopwarden.ledger.findings import ENVELOPE_PROBLEMS, Report
+from loopwarden.ledger.fold import FoldError, apply, chain_problem
 from loopwarden.ledger.keys import Keyring
-from loopwarden.ledger.projection import LoopView, ProjectionError, apply
 from loopwarden.ledger.reader import CheckpointRow, JournalRow, Reader
 from loopwarden.ledger.receipts import open_envelope, receipt_id_for, signature_problems
-
-FINDING_CODES = (
-    "signature_invalid",
-    "unknown_key",
-    "envelope_malformed",
-    "payload_type_mismatch",
-    "payload_malformed",
-    "schema_invalid",
-    "digest_mismatch",
-    "index_mismatch",
-    "leaf_gap",
-    "seq_gap",
-    "prev_mismatch",
-    "root_mismatch",
-    "checkpoint_malformed",
-    "checkpoint_signature_invalid",
-    "checkpoint_unknown_key",
-    "checkpoint_inconsistent",
-    "checkpoint_beyond_journal",
-    "frontier_mismatch",
-    "projection_mismatch",
-)
-
-
-@dataclass(frozen=True)
-class Finding:
-    code: str
-    message: str
-    loop_id: str | None = None
-    seq: int | None = None
-    receipt_id: str | None = None
-    leaf_index: int | None = None
-
-    def as_dict(self) -> dict[str, object]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-
-@dataclass
-class AuditReport:
-    receipts: int = 0
-    loops: int = 0
-    checkpoints: int = 0
-    tree_size: int = 0
-    root: str = ""
-    findings: list[Finding] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def clean(self) -> bool:
-        return not self.findings
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "verdict": "clean" if self.clean else "tampered",
-            "receipts": self.receipts,
-            "loops": self.loops,
-            "checkpoints": self.checkpoints,
-            "tree_size": self.tree_size,
-            "root": self.root,
-            "seconds": round(self.seconds, 3),
-            "findings": [f.as_dict() for f in self.findings],
-        }
-
-
-_ENVELOPE_PROBLEMS = {
-    "signature_invalid": "the signature does not verify",
-    "unknown_key": "signed by a key that is not trusted",
-    "envelope_malformed": "the envelope is not a DSSE envelope",
-    "payload_type_mismatch": "the payloadType is not a loopwarden receipt",
-    "payload_malformed": "the payload is not a JSON object",
-}
+from loopwarden.ledger.rows import LoopView
 
 
 @dataclass
@@ -143,6 +75,10 @@ BATCH = 1024
 PARALLEL_FROM = 4096  # receipts; below this, worker start-up costs more than it saves
 
 
+class _Result(Protocol):
+    def result(self) -> list[tuple[str, ...]]: ...
+
+
 class _Done:
     """A finished result with the `Future.result()` shape."""
 
@@ -153,8 +89,11 @@ class _Done:
         return self._value
 
 
+SignatureCheck = Callable[[list[bytes], dict[str, bytes]], _Result]
+
+
 @contextmanager
-def _signature_checker(total: int, workers: int | None) -> Iterator[Callable]:
+def _signature_checker(total: int, workers: int | None) -> Iterator[SignatureCheck]:
     """Signature checks for a batch, returned as a future.
 
     Ed25519 verification is most of an audit's cost and PyNaCl holds the GIL, so on a large
@@ -182,6 +121,140 @@ def _batches(rows: Iterable[JournalRow], size: int) -> Iterator[list[JournalRow]
         yield batch
 
 
+def _where(row: JournalRow) -> dict[str, Any]:
+    return {
+        "loop_id": row.loop_id,
+        "seq": row.seq,
+        "receipt_id": row.receipt_id,
+        "leaf_index": row.leaf_index,
+    }
+
+
+class _Audit:
+    """One pass over the journal in leaf order: the log as a whole, and each loop in depth."""
+
+    def __init__(
+        self, reader: Reader, keyring: Keyring, loop_id: str | None, report: Report
+    ) -> None:
+        self.reader, self.keyring, self.loop_id, self.report = reader, keyring, loop_id, report
+        self.checkpoints = reader.checkpoints()
+        self.pending = list(self.checkpoints)
+        self.chains: dict[str, _LoopChain] = {}
+        self.frontier: list[bytes] = []
+        self.size = 0  # leaves hashed into the recomputed tree
+        self.expected = 0  # the next leaf index the journal should hold
+        self.keys = keyring.public_keys()
+
+    def batch(self, rows: list[JournalRow], check: SignatureCheck) -> None:
+        in_scope = [row for row in rows if self.loop_id is None or row.loop_id == self.loop_id]
+        signatures = check([row.envelope for row in in_scope], self.keys)
+        for row in rows:
+            self._leaf(row)
+        for row in in_scope:
+            self._receipt(row)
+        for row, problems in zip(in_scope, signatures.result(), strict=True):
+            for problem in problems:
+                self.report.add(problem, ENVELOPE_PROBLEMS[problem], **_where(row))
+        self.report.receipts += len(in_scope)
+
+    def _leaf(self, row: JournalRow) -> None:
+        if row.leaf_index != self.expected:
+            self.report.add(
+                "leaf_gap",
+                f"leaf {self.expected} is missing; the journal jumps to {row.leaf_index}",
+                **_where(row),
+            )
+        self.expected = row.leaf_index + 1
+        self.frontier, _ = merkle.append_leaf(
+            self.frontier, self.size, merkle.leaf_hash(row.envelope)
+        )
+        self.size += 1
+        while self.pending and self.pending[0].size == self.size:
+            self._root(self.pending.pop(0))
+
+    def _root(self, cp: CheckpointRow) -> None:
+        if merkle.root_from_frontier(self.frontier) != cp.root:
+            self.report.add(
+                "root_mismatch",
+                f"the Merkle root recomputed at size {cp.size} differs from the checkpoint's",
+            )
+
+    def _receipt(self, row: JournalRow) -> None:
+        """Everything about one receipt but its signature (checked in bulk, see `audit`)."""
+        add = self.report.add
+        opened = open_envelope(row.envelope, None, canonical=False)
+        for problem in opened.problems:
+            add(problem, ENVELOPE_PROBLEMS[problem], **_where(row))
+        digest = sha256_digest(row.envelope)
+        if digest != row.digest or receipt_id_for(digest) != row.receipt_id:
+            add(
+                "digest_mismatch",
+                "the stored digest or receipt id does not match the envelope",
+                **_where(row),
+            )
+        chain = self.chains.setdefault(row.loop_id, _LoopChain())
+        try:
+            body = parse_body(opened.body)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in first["loc"])
+            add(
+                "schema_invalid",
+                f"the body does not match the receipt schema ({where}: {first['msg']})",
+                **_where(row),
+            )
+            chain.broken = True
+            return
+        if (body.loop_id, body.seq, body.kind, body.at) != (row.loop_id, row.seq, row.kind, row.at):
+            add(
+                "index_mismatch",
+                "the journal's index columns disagree with the signed body",
+                **_where(row),
+            )
+        problem = chain_problem(chain.seq, chain.digest, body)
+        if problem == "seq_gap":
+            add("seq_gap", f"seq {body.seq} follows seq {chain.seq}", **_where(row))
+        elif problem == "prev_mismatch":
+            add(
+                "prev_mismatch",
+                "prev does not name the previous receipt of this loop",
+                **_where(row),
+            )
+        chain.broken = chain.broken or problem is not None
+        chain.seq, chain.digest = body.seq, digest
+        if chain.broken:
+            return
+        try:
+            chain.view = apply(chain.view, body, digest)
+        except FoldError as exc:
+            add("projection_mismatch", f"the receipt does not fold: {exc}", **_where(row))
+            chain.broken = True
+
+    def finish(self) -> None:
+        stored_size, stored_frontier = self.reader.log_state()
+        if stored_size != self.size:
+            self.report.add(
+                "frontier_mismatch",
+                f"the stored Merkle log has size {stored_size}; the journal holds {self.size} receipts",
+            )
+        elif stored_frontier != self.frontier:
+            self.report.add(
+                "frontier_mismatch",
+                "the stored Merkle frontier does not hash the journal's receipts",
+            )
+        for cp in self.pending:
+            self.report.add(
+                "checkpoint_beyond_journal",
+                f"checkpoint for size {cp.size} is larger than the journal ({self.size} receipts): receipts were removed",
+            )
+        _check_checkpoints(self.checkpoints, self.reader, self.keyring, self.report)
+        _check_projection(self.reader, self.chains, self.loop_id, self.report)
+        self.report.loops = len(self.chains)
+        self.report.checkpoints = len(self.checkpoints)
+        self.report.tree_size = self.size
+        self.report.root = merkle.root_from_frontier(self.frontier).hex()
+
+
 def audit(
     reader: Reader,
     keyring: Keyring,
@@ -189,7 +262,7 @@ def audit(
     loop_id: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
-) -> AuditReport:
+) -> Report:
     """Audit the database behind `reader` against the trusted `keyring`.
 
     With `loop_id`, only that loop's receipts are checked in depth and folded, but the Merkle
@@ -201,160 +274,59 @@ def audit(
     RFC 8785 (seal refuses to sign anything else; `receipt` and bundle checks still do).
     """
     started = time.perf_counter()
-    report = AuditReport()
+    report = Report("database")
+    run = _Audit(reader, keyring, loop_id, report)
     total = reader.journal_count()
-    checkpoints = reader.checkpoints()
-    pending = list(checkpoints)
-    chains: dict[str, _LoopChain] = {}
-    frontier: list[bytes] = []
-    size = 0
-
-    def add(code: str, message: str, row: JournalRow | None = None, **extra: object) -> None:
-        if row is not None:
-            extra = {
-                "loop_id": row.loop_id,
-                "seq": row.seq,
-                "receipt_id": row.receipt_id,
-                "leaf_index": row.leaf_index,
-                **extra,
-            }
-        report.findings.append(Finding(code, message, **extra))  # type: ignore[arg-type]
-
-    expected = 0  # the next leaf index the journal should hold
-    keys = keyring.public_keys()
-    with _signature_checker(total, workers) as check_signatures:
+    with _signature_checker(total, workers) as check:
         for batch in _batches(reader.iter_journal(), BATCH):
-            in_scope = [row for row in batch if loop_id is None or row.loop_id == loop_id]
-            signatures = check_signatures([row.envelope for row in in_scope], keys)
-            for row in batch:
-                if row.leaf_index != expected:
-                    add(
-                        "leaf_gap",
-                        f"leaf {expected} is missing; the journal jumps to {row.leaf_index}",
-                        row,
-                    )
-                expected = row.leaf_index + 1
-                frontier, _ = merkle.append_leaf(frontier, size, merkle.leaf_hash(row.envelope))
-                size += 1
-                while pending and pending[0].size == size:
-                    _check_root(pending.pop(0), frontier, add)
-            for row in in_scope:
-                _check_receipt(row, chains, add)
-            for row, problems in zip(in_scope, signatures.result(), strict=True):
-                for problem in problems:
-                    add(problem, _ENVELOPE_PROBLEMS[problem], row)
-            report.receipts += len(in_scope)
+            run.batch(batch, check)
             if progress:
-                progress(size, total)
-
-    stored_size, stored_frontier = reader.log_state()
-    if stored_size != size:
-        add(
-            "frontier_mismatch",
-            f"the stored Merkle log has size {stored_size}; the journal holds {size} receipts",
-        )
-    elif stored_frontier != frontier:
-        add("frontier_mismatch", "the stored Merkle frontier does not hash the journal's receipts")
-    for cp in pending:
-        add(
-            "checkpoint_beyond_journal",
-            f"checkpoint for size {cp.size} is larger than the journal ({size} receipts): "
-            "receipts were removed",
-        )
-    _check_checkpoints(checkpoints, reader, keyring, add)
-    _check_projection(reader, chains, loop_id, add)
-
-    report.loops = len(chains)
-    report.checkpoints = len(checkpoints)
-    report.tree_size = size
-    report.root = merkle.root_from_frontier(frontier).hex()
+                progress(run.size, total)
+    run.finish()
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _check_receipt(row: JournalRow, chains: dict[str, _LoopChain], add) -> None:
-    """Everything about one receipt but its signature (checked in bulk, see `audit`)."""
-    opened = open_envelope(row.envelope, None, canonical=False)
-    for problem in opened.problems:
-        add(problem, _ENVELOPE_PROBLEMS[problem], row)
-    digest = sha256_digest(row.envelope)
-    if digest != row.digest or receipt_id_for(digest) != row.receipt_id:
-        add("digest_mismatch", "the stored digest or receipt id does not match the envelope", row)
-    chain = chains.setdefault(row.loop_id, _LoopChain())
-    try:
-        body = ReceiptBody.model_validate(opened.body)
-        facts = body.facts()
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"])
-        add(
-            "schema_invalid",
-            f"the body does not match the receipt schema ({where}: {first['msg']})",
-            row,
-        )
-        chain.broken = True
-        return
-    if (body.loop_id, body.seq, body.kind, body.at) != (row.loop_id, row.seq, row.kind, row.at):
-        add("index_mismatch", "the journal's index columns disagree with the signed body", row)
-    if body.seq != chain.seq + 1:
-        add("seq_gap", f"seq {body.seq} follows seq {chain.seq}", row)
-        chain.broken = True
-    elif body.prev != chain.digest:
-        add("prev_mismatch", "prev does not name the previous receipt of this loop", row)
-        chain.broken = True
-    chain.seq, chain.digest = body.seq, digest
-    if chain.broken:
-        return
-    try:
-        chain.view = apply(chain.view, body, digest, facts)
-    except ProjectionError as exc:
-        add("projection_mismatch", f"the receipt does not fold: {exc}", row)
-        chain.broken = True
-
-
-def _check_root(cp: CheckpointRow, frontier: list[bytes], add) -> None:
-    root = merkle.root_from_frontier(frontier)
-    if root != cp.root:
-        add(
-            "root_mismatch",
-            f"the Merkle root recomputed at size {cp.size} differs from the checkpoint's",
-        )
-
-
 def _check_checkpoints(
-    checkpoints: list[CheckpointRow], reader: Reader, keyring: Keyring, add
+    checkpoints: list[CheckpointRow], reader: Reader, keyring: Keyring, report: Report
 ) -> None:
     origin = reader.meta("origin")
     previous: CheckpointRow | None = None
     for cp in checkpoints:
         signed = open_checkpoint(cp.note, keyring)
         if signed.problem == "checkpoint_malformed":
-            add("checkpoint_malformed", f"checkpoint {cp.size} is not a signed note")
+            report.add("checkpoint_malformed", f"checkpoint {cp.size} is not a signed note")
             continue
         if signed.problem == "unknown_key":
-            add("checkpoint_unknown_key", f"checkpoint {cp.size} is signed by an untrusted key")
+            report.add(
+                "checkpoint_unknown_key", f"checkpoint {cp.size} is signed by an untrusted key"
+            )
         elif not signed.verified:
-            add("checkpoint_signature_invalid", f"checkpoint {cp.size}'s signature does not verify")
+            report.add(
+                "checkpoint_signature_invalid", f"checkpoint {cp.size}'s signature does not verify"
+            )
         if (signed.origin, signed.size, signed.root) != (origin, cp.size, cp.root):
-            add("checkpoint_malformed", f"checkpoint {cp.size}'s note disagrees with its row")
-        if previous is not None:
-            try:
-                proof = merkle.consistency_proof(previous.size, cp.size, reader.node)
-                ok = merkle.verify_consistency(
-                    previous.size, cp.size, previous.root, cp.root, proof
-                )
-            except (LookupError, ValueError):
-                ok = False
-            if not ok:
-                add(
-                    "checkpoint_inconsistent",
-                    f"checkpoint {cp.size} is not an append-only extension of checkpoint {previous.size}",
-                )
+            report.add(
+                "checkpoint_malformed", f"checkpoint {cp.size}'s note disagrees with its row"
+            )
+        if previous is not None and not _consistent(previous, cp, reader):
+            report.add(
+                "checkpoint_inconsistent",
+                f"checkpoint {cp.size} is not an append-only extension of checkpoint {previous.size}",
+            )
         previous = cp
 
 
+def _consistent(old: CheckpointRow, new: CheckpointRow, reader: Reader) -> bool:
+    try:
+        proof = merkle.consistency_proof(old.size, new.size, reader.node)
+        return merkle.verify_consistency(old.size, new.size, old.root, new.root, proof)
+    except (LookupError, ValueError):
+        return False
+
+
 def _check_projection(
-    reader: Reader, chains: dict[str, _LoopChain], loop_id: str | None, add
+    reader: Reader, chains: dict[str, _LoopChain], loop_id: str | None, report: Report
 ) -> None:
     stored_ids = {row.loop_id for row in reader.loops()}
     if loop_id is not None:
@@ -363,8 +335,8 @@ def _check_projection(
         chain = chains.get(lid)
         try:
             stored = reader.full_view(lid)
-        except (LookupError, LoopwardenError) as exc:
-            add(
+        except (LookupError, LoopwardenError, ValueError) as exc:
+            report.add(
                 "projection_mismatch",
                 f"loop {lid}'s stored projection is unreadable: {exc}",
                 loop_id=lid,
@@ -372,16 +344,18 @@ def _check_projection(
             continue
         if chain is None or chain.view is None:
             if chain is None or not chain.broken:
-                add("projection_mismatch", f"loop {lid} is stored but has no receipts", loop_id=lid)
+                report.add(
+                    "projection_mismatch", f"loop {lid} is stored but has no receipts", loop_id=lid
+                )
             continue
         if chain.broken:
             continue
         if stored is None:
-            add(
+            report.add(
                 "projection_mismatch",
                 f"loop {lid} has receipts but no stored projection",
                 loop_id=lid,
             )
             continue
         for difference in diff_views(stored, chain.view)[:10]:
-            add("projection_mismatch", difference, loop_id=lid)
+            report.add("projection_mismatch", difference, loop_id=lid)

@@ -3,7 +3,7 @@
 A bundle holds the loop's envelopes (the exact canonical JSON text), the public keys that
 signed them, a fresh signed checkpoint of the whole log, and an RFC 6962 inclusion proof of
 every envelope against that checkpoint. `verify_bundle` checks all of it and replays the
-receipts through the projection fold.
+receipts through the fold.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,12 +19,14 @@ from pydantic import ValidationError
 from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger import merkle
-from loopwarden.ledger.checkpoints import open_checkpoint
-from loopwarden.ledger.events import ReceiptBody
+from loopwarden.ledger.checkpoints import Checkpoint, open_checkpoint
+from loopwarden.ledger.events import parse_body
+from loopwarden.ledger.findings import ENVELOPE_PROBLEMS, Report
+from loopwarden.ledger.fold import FoldError, apply, chain_problem
 from loopwarden.ledger.keys import Keyring, Signer, decode_public_key, public_key_b64
-from loopwarden.ledger.projection import LoopView, ProjectionError, apply
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.receipts import open_envelope, pae
+from loopwarden.ledger.rows import LoopView
 
 BUNDLE_FORMAT = "loopwarden.bundle/v1"
 
@@ -96,47 +98,19 @@ def export_bundle(
     }
 
 
-@dataclass
-class BundleReport:
-    loop_id: str = ""
-    receipts: int = 0
-    checkpoint_size: int = 0
-    key_ids: list[str] = field(default_factory=list)
-    pinned: bool = False
-    status: str | None = None
-    stop_reason: str | None = None
-    findings: list[dict[str, Any]] = field(default_factory=list)
+@dataclass(frozen=True)
+class _Parts:
+    """A bundle's parts, read (not yet checked)."""
 
-    @property
-    def clean(self) -> bool:
-        return not self.findings
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": "clean" if self.clean else "tampered",
-            "loop_id": self.loop_id,
-            "receipts": self.receipts,
-            "checkpoint_size": self.checkpoint_size,
-            "key_ids": self.key_ids,
-            "keys_pinned": self.pinned,
-            "status": self.status,
-            "stop_reason": self.stop_reason,
-            "findings": self.findings,
-        }
+    keyring: Keyring
+    note: str
+    items: list[Any]
+    manifest: dict[str, Any]
+    manifest_key: str
+    manifest_sig: bytes
 
 
-def verify_bundle(bundle: Any, trusted: Keyring | None = None) -> BundleReport:
-    """Verify a bundle. Never raises on bad data: every defect is a finding.
-
-    With `trusted` keys, only those keys are accepted (a bundle signed by any other key fails
-    with `unknown_key`); without, the bundle's own public keys are used and the report says the
-    keys were not pinned.
-    """
-    report = BundleReport(pinned=trusted is not None)
-
-    def add(code: str, message: str, **where: Any) -> None:
-        report.findings.append({"code": code, "message": message, **where})
-
+def _parts(bundle: Any, trusted: Keyring | None, report: Report) -> _Parts | None:
     try:
         if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
             raise ValueError(f"not a {BUNDLE_FORMAT} document")
@@ -145,14 +119,18 @@ def verify_bundle(bundle: Any, trusted: Keyring | None = None) -> BundleReport:
             {str(k): decode_public_key(str(v)) for k, v in dict(bundle["public_keys"]).items()}
         )
         report.key_ids = keyring.ids()
-        note = bundle["checkpoint"]["note"]
-        items = list(bundle["receipts"])
-        manifest = bundle["manifest"]
-        manifest_sig = bundle["manifest_signature"]
+        note, manifest = bundle["checkpoint"]["note"], bundle["manifest"]
+        signature = bundle["manifest_signature"]
         if not isinstance(note, str) or not isinstance(manifest, dict):
             raise ValueError("checkpoint note or manifest has the wrong type")
-        manifest_key = str(manifest_sig["keyid"])
-        manifest_sig_bytes = base64.b64decode(str(manifest_sig["sig"]), validate=True)
+        return _Parts(
+            keyring,
+            note,
+            list(bundle["receipts"]),
+            manifest,
+            str(signature["keyid"]),
+            base64.b64decode(str(signature["sig"]), validate=True),
+        )
     except (
         KeyError,
         TypeError,
@@ -161,80 +139,116 @@ def verify_bundle(bundle: Any, trusted: Keyring | None = None) -> BundleReport:
         binascii.Error,
         LoopwardenError,
     ) as exc:
-        add("bundle_malformed", f"the bundle cannot be read: {exc}")
-        return report
+        report.add("bundle_malformed", f"the bundle cannot be read: {exc}")
+        return None
 
+
+def _check_signed(parts: _Parts, origin: object, report: Report) -> Checkpoint:
+    """The manifest's and the checkpoint's signatures, and the checkpoint's origin."""
     try:
-        manifest_ok = keyring.verify(manifest_key, _manifest_message(manifest), manifest_sig_bytes)
+        manifest_ok = parts.keyring.verify(
+            parts.manifest_key, _manifest_message(parts.manifest), parts.manifest_sig
+        )
     except LoopwardenError:
         manifest_ok = False
-    if manifest_key not in keyring:
-        add("manifest_unknown_key", "the manifest is signed by an untrusted key")
+    if parts.manifest_key not in parts.keyring:
+        report.add("manifest_unknown_key", "the manifest is signed by an untrusted key")
     elif not manifest_ok:
-        add("manifest_signature_invalid", "the manifest signature does not verify")
-
-    signed = open_checkpoint(note, keyring)
-    report.checkpoint_size = signed.size
+        report.add("manifest_signature_invalid", "the manifest signature does not verify")
+    signed = open_checkpoint(parts.note, parts.keyring)
+    report.tree_size = signed.size
     if signed.problem == "unknown_key":
-        add("checkpoint_unknown_key", "the checkpoint is signed by an untrusted key")
+        report.add("checkpoint_unknown_key", "the checkpoint is signed by an untrusted key")
     elif not signed.verified:
-        add("checkpoint_signature_invalid", "the checkpoint signature does not verify")
-    if signed.origin != bundle.get("origin"):
-        add("checkpoint_malformed", "the checkpoint's origin is not the bundle's origin")
+        report.add("checkpoint_signature_invalid", "the checkpoint signature does not verify")
+    if signed.origin != origin:
+        report.add("checkpoint_malformed", "the checkpoint's origin is not the bundle's origin")
+    return signed
 
+
+def _replay(
+    parts: _Parts, signed: Checkpoint, report: Report
+) -> tuple[LoopView | None, str | None]:
+    """Check and fold the receipts in order; the first one that breaks the chain ends the
+    replay (what follows it cannot be judged). Returns the view and the last good digest."""
     view: LoopView | None = None
     previous: str | None = None
-    for position, item in enumerate(items, start=1):
+    for position, item in enumerate(parts.items, start=1):
         try:
             envelope = str(item["envelope"]).encode()
             leaf_index = int(item["leaf_index"])
             proof = [base64.b64decode(h, validate=True) for h in item["inclusion_proof"]]
         except (KeyError, TypeError, ValueError, binascii.Error):
-            add("bundle_malformed", f"receipt #{position} is malformed", position=position)
+            report.add("bundle_malformed", f"receipt #{position} is malformed", position=position)
             continue
         where = {"position": position, "leaf_index": leaf_index}
-        opened = open_envelope(envelope, keyring)
+        opened = open_envelope(envelope, parts.keyring)
         for problem in opened.problems:
-            add(problem, f"receipt #{position}: {problem.replace('_', ' ')}", **where)
-        if not merkle.verify_inclusion(
-            merkle.leaf_hash(envelope), leaf_index, signed.size, proof, signed.root
-        ):
-            add("inclusion_invalid", f"receipt #{position} is not in the checkpointed log", **where)
+            report.add(problem, f"receipt #{position}: {ENVELOPE_PROBLEMS[problem]}", **where)
+        leaf = merkle.leaf_hash(envelope)
+        if not merkle.verify_inclusion(leaf, leaf_index, signed.size, proof, signed.root):
+            report.add(
+                "inclusion_invalid", f"receipt #{position} is not in the checkpointed log", **where
+            )
         digest = sha256_digest(envelope)
         try:
-            body = ReceiptBody.model_validate(opened.body)
+            body = parse_body(opened.body)
         except ValidationError:
-            add("schema_invalid", f"receipt #{position} does not match the receipt schema", **where)
+            report.add(
+                "schema_invalid", f"receipt #{position} does not match the receipt schema", **where
+            )
             break
         if body.loop_id != report.loop_id:
-            add("index_mismatch", f"receipt #{position} belongs to loop {body.loop_id}", **where)
-        if body.seq != position:
-            add("seq_gap", f"receipt #{position} has seq {body.seq}", **where)
-            break
-        if body.prev != previous:
-            add("prev_mismatch", f"receipt #{position} does not chain to its predecessor", **where)
+            report.add(
+                "index_mismatch", f"receipt #{position} belongs to loop {body.loop_id}", **where
+            )
+        problem = chain_problem(position - 1, previous, body)
+        if problem is not None:
+            what = (
+                f"has seq {body.seq}"
+                if problem == "seq_gap"
+                else "does not chain to its predecessor"
+            )
+            report.add(problem, f"receipt #{position} {what}", **where)
             break
         previous = digest
         try:
             view = apply(view, body, digest)
-        except (ProjectionError, ValidationError) as exc:
-            add("projection_mismatch", f"receipt #{position} does not fold: {exc}", **where)
+        except FoldError as exc:
+            report.add("projection_mismatch", f"receipt #{position} does not fold: {exc}", **where)
             break
         report.receipts += 1
-    if not items:
-        add("bundle_malformed", "the bundle holds no receipts")
-    elif (
+    return view, previous
+
+
+def verify_bundle(bundle: Any, trusted: Keyring | None = None) -> Report:
+    """Verify a bundle. Never raises on bad data: every defect is a finding.
+
+    With `trusted` keys, only those keys are accepted (a bundle signed by any other key fails
+    with `unknown_key`); without, the bundle's own public keys are used and the report says the
+    keys were not pinned.
+    """
+    report = Report("bundle", keys_pinned=trusted is not None)
+    parts = _parts(bundle, trusted, report)
+    if parts is None:
+        return report
+    signed = _check_signed(parts, bundle.get("origin"), report)
+    view, head = _replay(parts, signed, report)
+    manifest = parts.manifest
+    if not parts.items:
+        report.add("bundle_malformed", "the bundle holds no receipts")
+    elif report.clean and (
         manifest.get("loop_id") != report.loop_id
-        or manifest.get("head_seq") != len(items)
-        or (manifest.get("head_digest") != previous)
+        or manifest.get("head_seq") != len(parts.items)
+        or manifest.get("head_digest") != head
     ):
-        add(
+        report.add(
             "bundle_incomplete",
             f"the manifest names head seq {manifest.get('head_seq')} of loop "
             f"{manifest.get('loop_id')}, but the bundle's receipts end at seq {report.receipts}",
         )
     if view is not None:
-        report.status = view.loop.status
+        report.status = str(view.loop.status)
         report.stop_reason = view.loop.stop_reason
     return report
 

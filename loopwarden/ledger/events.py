@@ -1,15 +1,19 @@
 """Receipt bodies: the facts the journal records, one typed `data` model per kind.
 
 These models are the receipt schema an audit checks (`extra="forbid"` everywhere) and the
-vocabulary the projection folds. The small value types (usage, tool use, evidence, todo specs)
-double as the tools' input types, so one set of limits guards both.
+vocabulary the fold applies. `ReceiptBody` is a discriminated union keyed by `kind`: each kind
+has its own body class whose `data` is that kind's fact model, so consumers get typed facts,
+never a dict to index. The small value types (usage, tool use, evidence, todo specs) double as
+the operations' input types, so one set of limits guards both.
 """
 
 from __future__ import annotations
 
+import secrets
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from loopwarden.policy.patterns import TOOL_NAME_RE
 
@@ -21,6 +25,8 @@ TIME_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$"
 TURN_ID_PATTERN = r"^turn-[0-9a-f]{20}$"
 APPROVAL_ID_PATTERN = r"^appr-[0-9a-f]{20}$"
 RECEIPT_ID_PATTERN = r"^rcpt-[0-9a-f]{24}$"
+IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+MAX_FENCE = 2**53
 
 # Input limits (documented in the README): bounded so one call can never bloat the journal.
 MAX_SUMMARY = 4_000
@@ -44,6 +50,19 @@ ToolName = Annotated[str, Field(pattern=TOOL_NAME_RE.pattern, max_length=128)]
 Outcome = Literal["progress", "completed", "failed", "blocked"]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
 Amount = Annotated[float, Field(ge=0, le=MAX_FLOAT, allow_inf_nan=False)]
+Fence = Annotated[int, Field(ge=0, le=MAX_FENCE, description="The fence returned by claim.")]
+_KEY_HELP = (
+    "Resending the same call with the same key returns the original result instead of acting twice."
+)
+IdempotencyKey = Annotated[str, Field(pattern=IDEMPOTENCY_KEY_PATTERN, description=_KEY_HELP)]
+OptionalKey = Annotated[
+    str | None, Field(pattern=IDEMPOTENCY_KEY_PATTERN, description="Optional. " + _KEY_HELP)
+]
+
+
+def new_id(prefix: str) -> str:
+    """A fresh random id as issued for turns and approvals: `<prefix>-` + 20 hex digits."""
+    return f"{prefix}-{secrets.token_hex(10)}"
 
 
 class Fact(BaseModel):
@@ -95,6 +114,30 @@ class ClosedTurn(Fact):
 # --- data per kind ---------------------------------------------------------------------------
 
 
+class ReceiptKind(StrEnum):
+    LOOP_OPENED = "loop.opened"
+    TURN_CLAIMED = "turn.claimed"
+    CLAIM_REFUSED = "claim.refused"
+    REQUEST_REFUSED = "request.refused"
+    LEASE_RENEWED = "lease.renewed"
+    LEASE_EXPIRED = "lease.expired"
+    TURN_REPORTED = "turn.reported"
+    TURN_REFUSED = "turn.refused"
+    APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_DECIDED = "approval.decided"
+    TODO_ADDED = "todo.added"
+    LOOP_PAUSED = "loop.paused"
+    LOOP_RESUMED = "loop.resumed"
+    LOOP_CANCELLED = "loop.cancelled"
+    LOOP_STOPPED = "loop.stopped"
+    LOOP_COMPLETED = "loop.completed"
+
+
+CLOSING_KINDS = frozenset(
+    {ReceiptKind.LOOP_CANCELLED, ReceiptKind.LOOP_STOPPED, ReceiptKind.LOOP_COMPLETED}
+)
+
+
 class LoopOpened(Fact):
     objective: str = Field(min_length=1, max_length=MAX_OBJECTIVE)
     policy: dict[str, Any]
@@ -114,10 +157,13 @@ class ClaimRefused(Fact):
     todo_id: TodoId | None = None
 
 
+RefusedOperation = Literal["heartbeat", "todo_add", "request_approval", "decide_approval"]
+
+
 class RequestRefused(Fact):
     """A refused heartbeat, todo_add, request_approval or decide_approval (reasons in the decision)."""
 
-    operation: Literal["heartbeat", "todo_add", "request_approval", "decide_approval"]
+    operation: RefusedOperation
 
 
 class LeaseRenewed(Fact):
@@ -199,47 +245,29 @@ class LoopStopped(Fact):
     closed_turns: tuple[ClosedTurn, ...] = ()
 
 
-DATA_MODELS: dict[str, type[Fact]] = {
-    "loop.opened": LoopOpened,
-    "turn.claimed": TurnClaimed,
-    "claim.refused": ClaimRefused,
-    "request.refused": RequestRefused,
-    "lease.renewed": LeaseRenewed,
-    "lease.expired": LeaseExpired,
-    "turn.reported": TurnReported,
-    "turn.refused": TurnRefused,
-    "approval.requested": ApprovalRequested,
-    "approval.decided": ApprovalDecided,
-    "todo.added": TodoAdded,
-    "loop.paused": LoopStatusChanged,
-    "loop.resumed": LoopStatusChanged,
-    "loop.cancelled": LoopStopped,
-    "loop.stopped": LoopStopped,
-    "loop.completed": LoopStopped,
-}
-Kind = Literal[
-    "loop.opened",
-    "turn.claimed",
-    "claim.refused",
-    "request.refused",
-    "lease.renewed",
-    "lease.expired",
-    "turn.reported",
-    "turn.refused",
-    "approval.requested",
-    "approval.decided",
-    "todo.added",
-    "loop.paused",
-    "loop.resumed",
-    "loop.cancelled",
-    "loop.stopped",
-    "loop.completed",
-]
+ReceiptData = (
+    LoopOpened
+    | TurnClaimed
+    | ClaimRefused
+    | RequestRefused
+    | LeaseRenewed
+    | LeaseExpired
+    | TurnReported
+    | TurnRefused
+    | ApprovalRequested
+    | ApprovalDecided
+    | TodoAdded
+    | LoopStatusChanged
+    | LoopStopped
+)
+
+
+# --- bodies ----------------------------------------------------------------------------------
 
 
 class PrincipalRef(Fact):
     id: str
-    role: Literal["agent", "operator"]
+    role: Literal["agent", "operator", "observer"]
 
 
 class ReasonRef(Fact):
@@ -252,15 +280,14 @@ class DecisionRef(Fact):
     reasons: tuple[ReasonRef, ...] = ()
 
 
-class ReceiptBody(Fact):
-    """The signed payload of every receipt."""
+class _Body(Fact):
+    """The signed payload every receipt shares; each kind's subclass adds `kind` and `data`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     schema_: Literal["loopwarden.receipt/v1"] = Field(default=RECEIPT_SCHEMA, alias="schema")
     loop_id: LoopId
     seq: int = Field(ge=1)
-    kind: Kind
     at: Timestamp
     principal: PrincipalRef
     turn_id: TurnId | None = None
@@ -268,21 +295,122 @@ class ReceiptBody(Fact):
     approval_id: ApprovalId | None = None
     decision: DecisionRef
     policy_digest: Digest
-    data: dict[str, Any]
     prev: Digest | None = None
     idempotency_key: str | None = None
 
     @model_validator(mode="after")
-    def _chain_starts_once(self) -> ReceiptBody:
+    def _chain_starts_once(self) -> _Body:
+        kind = getattr(self, "kind", None)
         if (self.seq == 1) != (self.prev is None):
             raise ValueError("prev is null exactly for seq 1")
-        if (self.kind == "loop.opened") != (self.seq == 1):
+        if (kind == ReceiptKind.LOOP_OPENED) != (self.seq == 1):
             raise ValueError("loop.opened is exactly the first receipt of a loop")
         return self
 
-    def facts(self) -> Fact:
-        """The kind-specific data, validated (raises pydantic `ValidationError`)."""
-        return DATA_MODELS[self.kind].model_validate(self.data)
-
     def as_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class LoopOpenedBody(_Body):
+    kind: Literal["loop.opened"]
+    data: LoopOpened
+
+
+class TurnClaimedBody(_Body):
+    kind: Literal["turn.claimed"]
+    data: TurnClaimed
+
+
+class ClaimRefusedBody(_Body):
+    kind: Literal["claim.refused"]
+    data: ClaimRefused
+
+
+class RequestRefusedBody(_Body):
+    kind: Literal["request.refused"]
+    data: RequestRefused
+
+
+class LeaseRenewedBody(_Body):
+    kind: Literal["lease.renewed"]
+    data: LeaseRenewed
+
+
+class LeaseExpiredBody(_Body):
+    kind: Literal["lease.expired"]
+    data: LeaseExpired
+
+
+class TurnReportedBody(_Body):
+    kind: Literal["turn.reported"]
+    data: TurnReported
+
+
+class TurnRefusedBody(_Body):
+    kind: Literal["turn.refused"]
+    data: TurnRefused
+
+
+class ApprovalRequestedBody(_Body):
+    kind: Literal["approval.requested"]
+    data: ApprovalRequested
+
+
+class ApprovalDecidedBody(_Body):
+    kind: Literal["approval.decided"]
+    data: ApprovalDecided
+
+
+class TodoAddedBody(_Body):
+    kind: Literal["todo.added"]
+    data: TodoAdded
+
+
+class LoopStatusChangedBody(_Body):
+    kind: Literal["loop.paused", "loop.resumed"]
+    data: LoopStatusChanged
+
+
+class LoopStoppedBody(_Body):
+    kind: Literal["loop.cancelled", "loop.stopped", "loop.completed"]
+    data: LoopStopped
+
+
+ReceiptBody = Annotated[
+    LoopOpenedBody
+    | TurnClaimedBody
+    | ClaimRefusedBody
+    | RequestRefusedBody
+    | LeaseRenewedBody
+    | LeaseExpiredBody
+    | TurnReportedBody
+    | TurnRefusedBody
+    | ApprovalRequestedBody
+    | ApprovalDecidedBody
+    | TodoAddedBody
+    | LoopStatusChangedBody
+    | LoopStoppedBody,
+    Field(discriminator="kind"),
+]
+"""The signed payload of every receipt: one body class per kind, chosen by `kind`."""
+
+BODY_TYPES: dict[str, type[_Body]] = {
+    kind: cls
+    for cls in _Body.__subclasses__()
+    for kind in cls.model_fields["kind"].annotation.__args__  # type: ignore[union-attr]
+}
+DATA_MODELS: dict[str, type[Fact]] = {
+    kind: cls.model_fields["data"].annotation  # type: ignore[misc]
+    for kind, cls in BODY_TYPES.items()
+}
+_BODY = TypeAdapter[ReceiptBody](ReceiptBody)
+
+
+def parse_body(value: Any) -> ReceiptBody:
+    """Validate a decoded receipt payload (raises pydantic `ValidationError`)."""
+    return _BODY.validate_python(value)
+
+
+def make_body(kind: ReceiptKind | str, **fields: Any) -> ReceiptBody:
+    """Build the body of one kind from already-typed parts (validated like any parsed body)."""
+    return BODY_TYPES[kind].model_validate({"kind": str(kind), **fields})

@@ -12,17 +12,11 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from loopwarden.ledger.projection import (
-    ApprovalRow,
-    LoopRow,
-    LoopView,
-    TodoRow,
-    Touched,
-    TurnRow,
-)
+from loopwarden.ledger.rows import ApprovalRow, LoopRow, LoopView, TodoRow, Touched, TurnRow
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.loader import policy_from_data
 from loopwarden.policy.model import LoopPolicy
+from loopwarden.statuses import ApprovalStatus, LoopStatus, TodoStatus, TurnStatus
 
 LOOP_COLUMNS = (
     "loop_id, objective, status, stop_reason, policy_digest, opened_at, opened_by, turns, "
@@ -45,7 +39,7 @@ def loop_from_sql(r: tuple) -> LoopRow:
     return LoopRow(
         loop_id=r[0],
         objective=r[1],
-        status=r[2],
+        status=LoopStatus(r[2]),
         stop_reason=r[3],
         policy_digest=r[4],
         opened_at=r[5],
@@ -87,7 +81,8 @@ def loop_to_sql(row: LoopRow) -> tuple:
 
 
 def todo_from_sql(r: tuple) -> TodoRow:
-    return TodoRow(r[0], r[1], r[2], r[3], tuple(json.loads(r[4])), r[5], r[6], r[7], r[8], r[9])
+    deps = tuple(json.loads(r[4]))
+    return TodoRow(r[0], r[1], r[2], r[3], deps, TodoStatus(r[5]), r[6], r[7], r[8], r[9])
 
 
 def todo_to_sql(row: TodoRow) -> tuple:
@@ -106,11 +101,11 @@ def todo_to_sql(row: TodoRow) -> tuple:
 
 
 def turn_from_sql(r: tuple) -> TurnRow:
-    return TurnRow(*r)
+    return TurnRow(r[0], r[1], r[2], r[3], r[4], TurnStatus(r[5]), r[6], r[7], r[8], r[9])
 
 
 def approval_from_sql(r: tuple) -> ApprovalRow:
-    return ApprovalRow(*r)
+    return ApprovalRow(*r[:7], ApprovalStatus(r[7]), *r[8:])
 
 
 def as_sql(row: TurnRow | ApprovalRow) -> tuple:
@@ -248,7 +243,7 @@ class Reader:
     def turn(self, turn_id: str) -> TurnRow | None:
         return self.turns([turn_id]).get(turn_id)
 
-    def loop_turns(self, loop_id: str, status: str | None = None) -> list[TurnRow]:
+    def loop_turns(self, loop_id: str, status: TurnStatus | None = None) -> list[TurnRow]:
         if status is None:
             rows = self.conn.execute(
                 f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? ORDER BY claimed_at, turn_id",
@@ -350,9 +345,10 @@ class Reader:
         return self.approvals([approval_id]).get(approval_id)
 
     def loop_approvals(
-        self, loop_id: str | None = None, status: str | None = None
+        self, loop_id: str | None = None, status: ApprovalStatus | None = None
     ) -> list[ApprovalRow]:
-        clauses, params = [], []
+        clauses: list[str] = []
+        params: list[object] = []
         if loop_id is not None:
             clauses.append("loop_id = ?")
             params.append(loop_id)

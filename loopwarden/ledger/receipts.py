@@ -93,6 +93,40 @@ def seal(body: dict[str, Any], signer: Signer) -> Sealed:
 
 
 @dataclass(frozen=True)
+class Envelope:
+    """A one-signature DSSE envelope, decoded but not verified."""
+
+    envelope: dict[str, Any]
+    payload_type: str
+    payload: bytes
+    key_id: str
+    signature: bytes
+
+
+def parse_envelope(raw: bytes) -> Envelope | None:
+    """The one envelope parser: the DSSE fields of `raw`, or None if it is not an envelope with
+    exactly one signature and string fields. Never raises."""
+    try:
+        envelope = json.loads(raw)
+        signatures = envelope["signatures"]
+        if not isinstance(signatures, list) or len(signatures) != 1:
+            return None
+        fields = (
+            envelope["payload"],
+            envelope["payloadType"],
+            signatures[0]["keyid"],
+            signatures[0]["sig"],
+        )
+        if not all(isinstance(f, str) for f in fields):
+            return None
+        payload = base64.b64decode(fields[0], validate=True)
+        signature = base64.b64decode(fields[3], validate=True)
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError, binascii.Error):
+        return None
+    return Envelope(envelope, fields[1], payload, fields[2], signature)
+
+
+@dataclass(frozen=True)
 class Opened:
     """An envelope taken apart: what it says, and whether its signature holds."""
 
@@ -117,40 +151,29 @@ def open_envelope(
     signature is not checked (the caller checks it elsewhere, see `signature_problems`); with
     `canonical=False` the RFC 8785 re-serialization check is skipped.
     """
-    try:
-        envelope = json.loads(envelope_bytes)
-        signatures = envelope["signatures"]
-        payload_type = envelope["payloadType"]
-        if not isinstance(signatures, list) or len(signatures) != 1:
-            raise ValueError("exactly one signature expected")
-        key_id = signatures[0]["keyid"]
-        fields = (envelope["payload"], payload_type, key_id, signatures[0]["sig"])
-        if not all(isinstance(f, str) for f in fields):
-            raise ValueError("envelope fields must be strings")
-        payload = base64.b64decode(envelope["payload"], validate=True)
-        signature = base64.b64decode(signatures[0]["sig"], validate=True)
-    except (ValueError, KeyError, TypeError, IndexError, RecursionError, binascii.Error):
+    parsed = parse_envelope(envelope_bytes)
+    if parsed is None:
         return Opened({}, b"", {}, None, ("envelope_malformed",))
     problems: list[str] = []
-    if payload_type != PAYLOAD_TYPE:
+    if parsed.payload_type != PAYLOAD_TYPE:
         problems.append("payload_type_mismatch")
     if keyring is not None:
-        problems.extend(_signature_problem(keyring, key_id, payload_type, payload, signature))
-    body = _parse_body(payload)
+        problems.extend(_signature_problem(keyring, parsed))
+    body = _parse_body(parsed.payload)
     if body is None:
         problems.append("payload_malformed")
         body = {}
-    elif canonical and not _is_canonical(body, payload):
+    elif canonical and not _is_canonical(body, parsed.payload):
         problems.append("not_canonical")
-    return Opened(envelope, payload, body, key_id, tuple(problems))
+    return Opened(parsed.envelope, parsed.payload, body, parsed.key_id, tuple(problems))
 
 
-def _signature_problem(
-    keyring: Keyring, key_id: str, payload_type: str, payload: bytes, signature: bytes
-) -> tuple[str, ...]:
-    if key_id not in keyring:
+def _signature_problem(keyring: Keyring, parsed: Envelope) -> tuple[str, ...]:
+    if parsed.key_id not in keyring:
         return ("unknown_key",)
-    if not keyring.verify(key_id, pae(payload_type, payload), signature):
+    if not keyring.verify(
+        parsed.key_id, pae(parsed.payload_type, parsed.payload), parsed.signature
+    ):
         return ("signature_invalid",)
     return ()
 
@@ -166,20 +189,8 @@ def signature_problems(
     keyring = Keyring(public_keys)
     out: list[tuple[str, ...]] = []
     for raw in envelopes:
-        try:
-            envelope = json.loads(raw)
-            sig = envelope["signatures"][0]
-            out.append(
-                _signature_problem(
-                    keyring,
-                    sig["keyid"],
-                    envelope["payloadType"],
-                    base64.b64decode(envelope["payload"], validate=True),
-                    base64.b64decode(sig["sig"], validate=True),
-                )
-            )
-        except (ValueError, KeyError, TypeError, IndexError, RecursionError, binascii.Error):
-            out.append(())
+        parsed = parse_envelope(raw)
+        out.append(() if parsed is None else _signature_problem(keyring, parsed))
     return out
 
 

@@ -32,9 +32,9 @@ from loopwarden.clock import Clock, format_time, system_clock
 from loopwarden.errors import Conflict, IntegrityError, NotFound, StoreError
 from loopwarden.ledger import merkle
 from loopwarden.ledger.checkpoints import sign_checkpoint
-from loopwarden.ledger.events import Fact, ReceiptBody
-from loopwarden.ledger.keys import Signer
-from loopwarden.ledger.projection import LoopRow, LoopView, apply, touched
+from loopwarden.ledger.events import LoopOpened, ReceiptBody, ReceiptData, ReceiptKind, make_body
+from loopwarden.ledger.fold import apply, touched
+from loopwarden.ledger.keys import Keyring, Signer
 from loopwarden.ledger.reader import (
     APPROVAL_COLUMNS,
     LOOP_COLUMNS,
@@ -47,6 +47,7 @@ from loopwarden.ledger.reader import (
     todo_to_sql,
 )
 from loopwarden.ledger.receipts import Sealed, seal
+from loopwarden.ledger.rows import LoopRow, LoopView
 from loopwarden.ledger.schema import MIGRATIONS, SCHEMA_VERSION
 from loopwarden.policy.decision import Decision
 from loopwarden.principals import Principal
@@ -157,9 +158,9 @@ class Txn(Reader):
     def append(
         self,
         loop_id: str,
-        kind: str,
+        kind: ReceiptKind,
         principal: Principal,
-        data: Fact,
+        data: ReceiptData,
         *,
         decision: Decision | None = None,
         policy_digest: str | None = None,
@@ -171,11 +172,11 @@ class Txn(Reader):
         """Seal one receipt and apply it: journal row, Merkle leaf, projection rows.
 
         `policy_digest` is required for `loop.opened` and otherwise taken from the loop. Raises
-        `SealError` if the receipt cannot be sealed and `ProjectionError` if it does not fit the
+        `SealError` if the receipt cannot be sealed and `FoldError` if it does not fit the
         loop's state; the caller's transaction then rolls back whole.
         """
         loop = self.loop_row(loop_id)
-        if kind == "loop.opened":
+        if kind == ReceiptKind.LOOP_OPENED:
             if loop is not None:
                 raise Conflict(f"loop {loop_id!r} already exists")
             seq, prev = 1, None
@@ -183,29 +184,29 @@ class Txn(Reader):
             if loop is None:
                 raise NotFound(f"loop {loop_id!r} does not exist")
             seq, prev, policy_digest = loop.head_seq + 1, loop.head_digest, loop.policy_digest
-        body = ReceiptBody(
+        body = make_body(
+            kind,
             loop_id=loop_id,
             seq=seq,
-            kind=kind,  # type: ignore[arg-type]
             at=self.now,
-            principal={"id": principal.id, "role": principal.role},  # type: ignore[arg-type]
+            principal={"id": principal.id, "role": principal.role},
             turn_id=turn_id,
             todo_id=todo_id,
             approval_id=approval_id,
-            decision=(decision or Decision("allow")).as_dict(),  # type: ignore[arg-type]
-            policy_digest=policy_digest,  # type: ignore[arg-type]
-            data=data.model_dump(mode="json", exclude_none=True),
+            decision=(decision or Decision("allow")).as_dict(),
+            policy_digest=policy_digest,
+            data=data,
             prev=prev,
             idempotency_key=idempotency_key,
         )
         sealed = seal(body.as_json(), self._store.signer)
         leaf_index = self._append_leaf(body, sealed)
-        if kind == "loop.opened":
+        if isinstance(body.data, LoopOpened):
             self.conn.execute(
                 "INSERT OR IGNORE INTO policies (digest, document) VALUES (?, ?)",
-                (policy_digest, canonical_bytes(body.data["policy"]).decode()),
+                (policy_digest, canonical_bytes(body.data.policy).decode()),
             )
-        return Appended(sealed, body, leaf_index, self._fold(body, sealed.digest, data))
+        return Appended(sealed, body, leaf_index, self._fold(body, sealed.digest))
 
     def _append_leaf(self, body: ReceiptBody, sealed: Sealed) -> int:
         size, frontier = self.log_state()
@@ -236,7 +237,7 @@ class Txn(Reader):
             self._write_checkpoint(size + 1, merkle.root_from_frontier(frontier))
         return size
 
-    def _fold(self, body: ReceiptBody, digest: str, facts: Fact) -> LoopView:
+    def _fold(self, body: ReceiptBody, digest: str) -> LoopView:
         before = self.view(body.loop_id, touched(body))
         old = (
             {}
@@ -247,7 +248,7 @@ class Txn(Reader):
                 "approvals": dict(before.approvals),
             }
         )
-        after = apply(before, body, digest, facts)
+        after = apply(before, body, digest)
         self._save(after, old)
         return after
 
@@ -358,6 +359,7 @@ class Store:
         reader_conn: sqlite3.Connection,
         path: Path,
         signer: Signer,
+        keyring: Keyring,
         clock: Clock,
         checkpoint_every: int,
     ) -> None:
@@ -365,6 +367,7 @@ class Store:
         self._reader_conn = reader_conn
         self.path = path
         self.signer = signer
+        self.keyring = keyring
         self.clock = clock
         self.checkpoint_every = checkpoint_every
         self.policies = PolicyCache()
@@ -379,6 +382,7 @@ class Store:
         path: Path | str,
         signer: Signer,
         *,
+        keyring: Keyring | None = None,
         clock: Clock = system_clock,
         checkpoint_every: int = 256,
         synchronous: Synchronous = "full",
@@ -386,11 +390,13 @@ class Store:
     ) -> Store:
         """Open (creating and migrating if needed) the database at `path`.
 
-        With `check` (the default) the store refuses to serve a database whose journal head,
-        Merkle frontier and projection disagree: `IntegrityError`, and `loopwarden verify`
-        explains what is wrong.
+        `keyring` is the trusted public keys receipts are verified against (default: the
+        signer's own). With `check` (the default) the store refuses to serve a database whose
+        journal head, Merkle frontier and projection disagree: `IntegrityError`, and
+        `loopwarden verify` explains what is wrong.
         """
         path = Path(path)
+        trusted = keyring if keyring is not None else Keyring({signer.key_id: signer.public_key})
 
         def _open() -> Store:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -399,7 +405,7 @@ class Store:
             try:
                 migrate(conn)
                 reader_conn = connect(path, synchronous=synchronous)
-                store = cls(conn, reader_conn, path, signer, clock, checkpoint_every)
+                store = cls(conn, reader_conn, path, signer, trusted, clock, checkpoint_every)
                 if check:
                     startup_check(Reader(conn))
                 return store

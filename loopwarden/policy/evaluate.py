@@ -17,11 +17,9 @@ from loopwarden.policy.budgets import Totals, exhausted
 from loopwarden.policy.decision import Decision, Reason
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.policy.patterns import first_match
+from loopwarden.statuses import CLOSED_LOOP_STATUSES, LoopStatus, TurnStatus
 
 P = ParamSpec("P")
-
-ACTIVE = "active"
-CLOSED_STATUSES = frozenset({"completed", "stopped", "cancelled"})
 
 
 def _fail_closed(fn: Callable[P, Decision]) -> Callable[P, Decision]:
@@ -30,8 +28,12 @@ def _fail_closed(fn: Callable[P, Decision]) -> Callable[P, Decision]:
         try:
             return fn(*args, **kwargs)
         except Exception as exc:  # an evaluation error is a deny, never a crash or an allow
-            reason = Reason(codes.EVALUATION_ERROR, f"policy evaluation failed: {exc!r}")
-            return Decision("deny", (reason,), kwargs.get("digest", "") or "")
+            # Only the error's type reaches the (signed) reason: its text could carry anything.
+            reason = Reason(
+                codes.EVALUATION_ERROR, f"policy evaluation failed ({type(exc).__name__})"
+            )
+            digest = kwargs.get("digest", "")
+            return Decision("deny", (reason,), digest if isinstance(digest, str) else "")
 
     return wrapper
 
@@ -66,14 +68,15 @@ class ToolVerdict:
 
 def explain(policy: LoopPolicy, tool: str) -> ToolVerdict:
     """Classify `tool`: deny beats approval beats allow beats the default deny."""
-    for rule, patterns in (
+    rules: tuple[tuple[Rule, tuple[str, ...]], ...] = (
         ("deny", policy.tools.deny),
         ("approval", policy.tools.approval),
         ("allow", policy.tools.allow),
-    ):
+    )
+    for rule, patterns in rules:
         pattern = first_match(patterns, tool)
         if pattern is not None:
-            return ToolVerdict(tool, rule, pattern)  # type: ignore[arg-type]
+            return ToolVerdict(tool, rule, pattern)
     return ToolVerdict(tool, "default", None)
 
 
@@ -110,7 +113,7 @@ class ClaimFacts:
     """What the store knows at the moment of a claim (leases already expired)."""
 
     agent: str
-    status: str
+    status: LoopStatus
     now: datetime
     totals: Totals
     active: int
@@ -120,7 +123,7 @@ class ClaimFacts:
 
 def claim_reasons(policy: LoopPolicy, facts: ClaimFacts) -> list[Reason]:
     reasons = []
-    if facts.status != ACTIVE:
+    if facts.status != LoopStatus.ACTIVE:
         reasons.append(Reason(codes.LOOP_NOT_ACTIVE, f"the loop is {facts.status}"))
     deadline = policy.stop.deadline
     if deadline is not None and facts.now >= deadline:
@@ -138,7 +141,7 @@ def claim_reasons(policy: LoopPolicy, facts: ClaimFacts) -> list[Reason]:
             )
         )
     rate = policy.rate
-    if rate.limited and facts.claims_in_window >= rate.turns_per_window:  # type: ignore[operator]
+    if rate.turns_per_window is not None and facts.claims_in_window >= rate.turns_per_window:
         reasons.append(
             Reason(
                 codes.RATE_LIMITED,
@@ -177,9 +180,9 @@ class ReportFacts:
     """A turn report against the turn and todo as stored."""
 
     agent: str
-    loop_status: str
+    loop_status: LoopStatus
     turn_agent: str
-    turn_status: str
+    turn_status: TurnStatus
     turn_fence: int
     todo_fence: int
     given_fence: int
@@ -195,9 +198,9 @@ class ReportFacts:
 def turn_reasons(
     *,
     agent: str,
-    loop_status: str,
+    loop_status: LoopStatus,
     turn_agent: str,
-    turn_status: str,
+    turn_status: TurnStatus,
     turn_fence: int,
     todo_fence: int,
     given_fence: int,
@@ -213,9 +216,9 @@ def turn_reasons(
     if agent != turn_agent:
         return [Reason(codes.NOT_TURN_OWNER, "this turn belongs to another agent")]
     reasons = []
-    if loop_status in CLOSED_STATUSES:
+    if loop_status in CLOSED_LOOP_STATUSES:
         reasons.append(Reason(codes.LOOP_NOT_ACTIVE, f"the loop is {loop_status}"))
-    if turn_status != "open":
+    if turn_status != TurnStatus.OPEN:
         reasons.append(Reason(codes.TURN_CLOSED, f"the turn is already {turn_status}"))
     if given_fence != turn_fence or turn_fence != todo_fence:
         reasons.append(
@@ -224,7 +227,7 @@ def turn_reasons(
                 f"fence {given_fence} is not current (the todo's fence is {todo_fence})",
             )
         )
-    if turn_status == "open" and now > lease_expires_at:
+    if turn_status == TurnStatus.OPEN and now > lease_expires_at:
         reasons.append(Reason(codes.LEASE_EXPIRED, "the turn's lease has expired"))
     return reasons
 
@@ -269,7 +272,7 @@ def evaluate_report(policy: LoopPolicy, facts: ReportFacts, *, digest: str) -> D
 class TodoAddFacts:
     agent: str
     is_operator: bool
-    loop_status: str
+    loop_status: LoopStatus
     todo_count: int
     adding: int = 1
 
@@ -277,7 +280,7 @@ class TodoAddFacts:
 @_fail_closed
 def evaluate_todo_add(policy: LoopPolicy, facts: TodoAddFacts, *, digest: str) -> Decision:
     reasons = []
-    if facts.loop_status in CLOSED_STATUSES:
+    if facts.loop_status in CLOSED_LOOP_STATUSES:
         reasons.append(Reason(codes.LOOP_NOT_ACTIVE, f"the loop is {facts.loop_status}"))
     if not facts.is_operator:
         if not policy.admits_agent(facts.agent):
@@ -311,7 +314,7 @@ POLICY_VIOLATION = "policy_violation"
 
 @dataclass(frozen=True)
 class StopFacts:
-    status: str
+    status: LoopStatus
     totals: Totals
     open_turns: int
     todos_total: int
@@ -331,11 +334,13 @@ def evaluate_stop(policy: LoopPolicy, facts: StopFacts) -> Reason | None:
     try:
         return _stop_reason(policy, facts)
     except Exception as exc:
-        return Reason(codes.EVALUATION_ERROR, f"stop rules could not be evaluated: {exc!r}")
+        return Reason(
+            codes.EVALUATION_ERROR, f"stop rules could not be evaluated ({type(exc).__name__})"
+        )
 
 
 def _stop_reason(policy: LoopPolicy, facts: StopFacts) -> Reason | None:
-    if facts.status in CLOSED_STATUSES:
+    if facts.status in CLOSED_LOOP_STATUSES:
         return None
     if facts.todos_total and facts.todos_done == facts.todos_total:
         return Reason(ALL_TODOS_DONE, f"all {facts.todos_total} todos are done")

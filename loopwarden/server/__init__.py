@@ -1,1 +1,1 @@
-"""The MCP server: wires the kernel to MCP tools, resources and a prompt over stdio or streamable HTTP."""
+"""The MCP server: wires the operations to MCP tools, resources and a prompt over stdio or streamable HTTP."""

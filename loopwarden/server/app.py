@@ -1,4 +1,4 @@
-"""The one place that wires everything: settings → runtime (store, keys, kernel) → MCP server."""
+"""The one place that wires everything: settings → runtime (store, keys) → MCP server."""
 
 from __future__ import annotations
 
@@ -40,9 +40,7 @@ def build_server(settings: Settings, *, clock: Clock = system_clock) -> MCPServe
     if settings.auth and settings.http is not None:
         host, port = settings.http
         auth = {
-            "token_verifier": StoreTokenVerifier(
-                lambda: runtime.kernel.store if runtime.kernel else None
-            ),
+            "token_verifier": StoreTokenVerifier(lambda: runtime.store),
             "auth": AuthSettings(
                 issuer_url=f"http://{url_host(host)}:{port}", resource_server_url=None
             ),

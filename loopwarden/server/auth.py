@@ -14,7 +14,7 @@ from mcp.server.auth.provider import AccessToken
 from loopwarden.errors import Forbidden
 from loopwarden.ledger.reader import TokenRow
 from loopwarden.ledger.store import Store
-from loopwarden.principals import Principal
+from loopwarden.principals import ROLES, Principal
 from loopwarden.server.tokens import TOKEN_PREFIX, token_hash
 
 
@@ -44,5 +44,7 @@ def principal_from_token() -> Principal:
     access = get_access_token()
     if access is None:
         raise Forbidden("this request carries no verified bearer token")
-    role = "operator" if "role:operator" in access.scopes else "agent"
-    return Principal(id=access.client_id, role=role)
+    roles = [role for role in ROLES if f"role:{role}" in access.scopes]
+    if len(roles) != 1 or access.client_id is None:
+        raise Forbidden("this request's token names no single role")
+    return Principal(id=access.client_id, role=roles[0])

@@ -1,17 +1,21 @@
-"""MCP resources (the same read models as the tools) and the `loop-operator` prompt."""
+"""MCP resources (the same read models as the tools, through the same operations) and the
+`loop-operator` prompt."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
 from loopwarden.errors import LoopwardenError, NotFound
 from loopwarden.ledger.events import ID_PATTERN, RECEIPT_ID_PATTERN
+from loopwarden.operations.loops import list_loops
+from loopwarden.operations.operation import Operation
+from loopwarden.operations.projection import loop_policy, policy_json, projection
+from loopwarden.operations.receipt import receipt
 from loopwarden.server.runtime import Runtime
-from loopwarden.tools import loops, projection, receipt
-from loopwarden.tools.projection import policy_json
 
 LOOP_OPERATOR_PROMPT = """\
 You are working inside a loop governed by loopwarden{where}. The loop has an objective, a
@@ -45,15 +49,13 @@ def _check(value: str, pattern: str, what: str) -> None:
         raise ResourceNotFoundError(f"no {what} {value!r}")
 
 
-async def _read(runtime: Runtime, make) -> str:
+async def _read(runtime: Runtime, op: Operation[Any, Any], request: dict[str, Any]) -> Any:
     try:
-        kernel = runtime.require_kernel()
-        result = await make(kernel, runtime.principal())
+        return await op(runtime.require_store(), runtime.principal(), request)
     except NotFound as exc:
         raise ResourceNotFoundError(exc.message) from None
     except LoopwardenError as exc:
         raise ResourceError(f"{exc.code}: {exc.message}") from None
-    return result if isinstance(result, str) else result.model_dump_json(indent=2)
 
 
 def register_resources(server: MCPServer, runtime: Runtime) -> None:
@@ -66,7 +68,7 @@ def register_resources(server: MCPServer, runtime: Runtime) -> None:
         mime_type="application/json",
     )
     async def loops_resource() -> str:
-        return await _read(runtime, loops.list_loops)
+        return (await _read(runtime, list_loops, {})).model_dump_json(indent=2)
 
     @server.resource(
         "loopwarden://loops/{loop_id}/projection",
@@ -76,12 +78,7 @@ def register_resources(server: MCPServer, runtime: Runtime) -> None:
     )
     async def projection_resource(loop_id: str) -> str:
         _check(loop_id, ID_PATTERN, "loop")
-        return await _read(
-            runtime,
-            lambda kernel, who: projection.projection(
-                kernel, who, projection.ProjectionRequest(loop_id=loop_id)
-            ),
-        )
+        return (await _read(runtime, projection, {"loop_id": loop_id})).model_dump_json(indent=2)
 
     @server.resource(
         "loopwarden://loops/{loop_id}/policy",
@@ -91,10 +88,7 @@ def register_resources(server: MCPServer, runtime: Runtime) -> None:
     )
     async def policy_resource(loop_id: str) -> str:
         _check(loop_id, ID_PATTERN, "loop")
-        return await _read(
-            runtime,
-            lambda kernel, who: kernel.store.read(lambda reader: policy_json(reader, loop_id, who)),
-        )
+        return policy_json(await _read(runtime, loop_policy, {"loop_id": loop_id}))
 
     @server.resource(
         "loopwarden://receipts/{receipt_id}",
@@ -104,12 +98,7 @@ def register_resources(server: MCPServer, runtime: Runtime) -> None:
     )
     async def receipt_resource(receipt_id: str) -> str:
         _check(receipt_id, RECEIPT_ID_PATTERN, "receipt")
-        return await _read(
-            runtime,
-            lambda kernel, who: receipt.receipt(
-                kernel, who, receipt.ReceiptRequest(receipt_id=receipt_id)
-            ),
-        )
+        return (await _read(runtime, receipt, {"receipt_id": receipt_id})).model_dump_json(indent=2)
 
     @server.prompt(
         name="loop-operator",

@@ -1,0 +1,51 @@
+"""`loopwarden`: the server and the operator's admin tool, one module per command group.
+
+Exit codes: 0 ok · 1 refused, not found or failed · 2 usage or invalid input ·
+3 verification failed (tampering found, or a damaged store refused to open).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from loopwarden import __version__
+from loopwarden.clients.cli import approvals, audits, journal, keys, loops, policies, server, tokens
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="loopwarden: govern long-running AI agent loops with signed, Merkle-logged receipts.",
+    pretty_exceptions_enable=False,
+)
+app.add_typer(loops.app, name="loop")
+app.add_typer(tokens.app, name="token")
+app.add_typer(keys.app, name="keys")
+app.add_typer(policies.app, name="policy")
+app.command()(server.serve)
+app.command()(server.demo)
+app.command()(journal.receipts)
+app.command()(journal.receipt)
+app.command()(audits.verify)
+app.command()(audits.export)
+app.command("verify-bundle")(audits.verify_bundle_cmd)
+app.command()(approvals.approvals)
+app.command()(approvals.approve)
+app.command()(approvals.reject)
+
+
+@app.callback(invoke_without_command=True)
+def _main(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        print(__version__)
+        raise typer.Exit()
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,99 @@
+"""`loopwarden approvals [--pending]`, `approve ID`, `reject ID`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from loopwarden.clients import render
+from loopwarden.clients.cli.common import As, Home, Json, Reason, fail, operate, parse_duration
+from loopwarden.errors import LoopwardenError
+from loopwarden.operations.approvals import decide_approval, list_approvals
+
+
+def approvals(
+    pending: Annotated[
+        bool, typer.Option("--pending", help="Only approvals awaiting a decision.")
+    ] = False,
+    loop: Annotated[str | None, typer.Option("--loop", help="Only this loop.")] = None,
+    home: Home = None,
+    json_out: Json = False,
+) -> None:
+    """List approval requests."""
+    request = {"loop_id": loop, "status": "pending" if pending else None}
+    rows = operate(list_approvals, request, home, as_json=json_out).approvals
+    if json_out:
+        render.emit_json({"approvals": [a.model_dump(mode="json") for a in rows]})
+        return
+    render.table(
+        "approvals",
+        ["id", "loop", "tool", "status", "requested by", "expires", "summary"],
+        [
+            [
+                a.approval_id,
+                a.loop_id,
+                a.tool,
+                a.status,
+                a.requested_by,
+                a.expires_at or "-",
+                a.summary,
+            ]
+            for a in rows
+        ],
+    )
+
+
+def _decide(
+    approval_id: str,
+    approve_it: bool,
+    expires: str | None,
+    reason: str,
+    home: Path | None,
+    json_out: bool,
+    who: str | None,
+) -> None:
+    try:
+        seconds = parse_duration(expires) if expires else 3600
+    except LoopwardenError as exc:
+        fail(exc.message, 2, as_json=json_out, error=exc.code)
+    request = {
+        "approval_id": approval_id,
+        "approve": approve_it,
+        "expires_in_seconds": seconds,
+        "reason": reason,
+    }
+    result = operate(decide_approval, request, home, who=who, as_json=json_out)
+    if json_out:
+        render.emit_json(result.model_dump(mode="json"))
+    else:
+        until = f" until {result.expires_at}" if result.expires_at else ""
+        render.console.print(
+            f"approval {result.approval_id} {result.status}{until} (receipt {result.receipt_id})"
+        )
+
+
+def approve(
+    approval_id: str,
+    expires: Annotated[
+        str | None, typer.Option("--expires", help="Lifetime, e.g. 30m, 1h (default 1h).")
+    ] = None,
+    reason: Reason = "",
+    home: Home = None,
+    json_out: Json = False,
+    who: As = None,
+) -> None:
+    """Approve a pending approval request."""
+    _decide(approval_id, True, expires, reason, home, json_out, who)
+
+
+def reject(
+    approval_id: str,
+    reason: Annotated[str, typer.Option("--reason", help="Why (required).")],
+    home: Home = None,
+    json_out: Json = False,
+    who: As = None,
+) -> None:
+    """Reject a pending approval request."""
+    _decide(approval_id, False, None, reason, home, json_out, who)

@@ -1,0 +1,175 @@
+"""`loopwarden verify`, `export` and `verify-bundle`: the offline audit and proof bundles."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from loopwarden.clients import admin, render
+from loopwarden.clients.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_VERIFY,
+    Home,
+    Json,
+    fail,
+    run,
+)
+from loopwarden.clock import format_time
+from loopwarden.errors import LoopwardenError, NotFound
+from loopwarden.ledger.audit import audit as run_audit
+from loopwarden.ledger.bundles import export_bundle, load_bundle, verify_bundle
+from loopwarden.ledger.findings import Report
+from loopwarden.ledger.keys import Keyring, decode_public_key
+from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.store import Txn
+
+TrustedKeys = Annotated[
+    Path | None,
+    typer.Option(
+        "--trusted-keys", help="JSON {key_id: base64} to trust instead of the key directory."
+    ),
+]
+
+
+def home_keyring(home: Path | None, json_out: bool) -> Keyring:
+    """The trusted keys of `home`'s key directory; a broken key file is a clean failure."""
+    try:
+        return admin.keyring_of(home)
+    except LoopwardenError as exc:
+        fail(exc.message, as_json=json_out, error=exc.code)
+
+
+def load_trusted(path: Path) -> Keyring:
+    try:
+        data = json.loads(path.read_text())
+        keys = data.get("keys", data) if isinstance(data, dict) else None
+        if not isinstance(keys, dict):
+            raise ValueError("expected a JSON object {key_id: base64 public key}")
+        return Keyring({k: decode_public_key(v) for k, v in keys.items()})
+    except (OSError, ValueError, LoopwardenError) as exc:
+        fail(f"cannot read trusted keys from {path}: {exc}", EXIT_USAGE)
+
+
+def _audit(reader: Reader, keyring: Keyring, loop: str | None, interactive: bool) -> Report:
+    if not interactive:
+        return run_audit(reader, keyring, loop_id=loop)
+    from rich.progress import Progress
+
+    with Progress(console=render.err, transient=True) as progress:
+        task = progress.add_task("auditing", total=reader.journal_count())
+        return run_audit(
+            reader,
+            keyring,
+            loop_id=loop,
+            progress=lambda done, total: progress.update(task, completed=done, total=total),
+        )
+
+
+def verify(
+    loop: Annotated[
+        str | None,
+        typer.Option("--loop", help="Audit one loop in depth (the log is always checked whole)."),
+    ] = None,
+    home: Home = None,
+    json_out: Json = False,
+    trusted_keys: TrustedKeys = None,
+) -> None:
+    """Full audit: signatures, schema, seq/prev chains, Merkle root vs every checkpoint,
+    checkpoint consistency, and every projection rebuilt from receipts. Exit 3 on any finding."""
+    keyring = load_trusted(trusted_keys) if trusted_keys else home_keyring(home, json_out)
+    try:
+        with admin.open_reader(home) as reader:
+            if loop is not None and reader.loop_row(loop) is None:
+                raise NotFound(f"no loop with id {loop!r}")
+            report = _audit(reader, keyring, loop, not json_out and sys.stderr.isatty())
+    except LoopwardenError as exc:
+        fail(exc.message, as_json=json_out, error=exc.code)
+    if json_out:
+        render.emit_json(report.as_dict())
+    else:
+        render.audit(report)
+    raise typer.Exit(EXIT_OK if report.clean else EXIT_VERIFY)
+
+
+def export(
+    loop_id: str,
+    output: Annotated[
+        Path, typer.Option("-o", "--output", help="Where to write the bundle (JSON).")
+    ],
+    home: Home = None,
+    json_out: Json = False,
+) -> None:
+    """Export an offline proof bundle: the loop's envelopes, public keys, a fresh signed
+    checkpoint and an inclusion proof per receipt."""
+    if not output.parent.is_dir():
+        fail(f"cannot write {output}: no such directory", EXIT_USAGE, as_json=json_out)
+
+    async def action() -> dict[str, Any]:
+        async with admin.open_store(home) as store:
+            if await store.read(lambda r: r.loop_row(loop_id)) is None:
+                raise NotFound(f"no loop with id {loop_id!r}")
+            await store.write(Txn.checkpoint)
+            now = format_time(store.clock())
+            return await store.read(
+                lambda reader: export_bundle(reader, loop_id, store.keyring, now, store.signer)
+            )
+
+    bundle = run(action, as_json=json_out)
+    try:
+        output.write_text(json.dumps(bundle, indent=2) + "\n")
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror}", EXIT_USAGE, as_json=json_out)
+    summary = {
+        "loop_id": loop_id,
+        "output": str(output),
+        "receipts": len(bundle["receipts"]),
+        "checkpoint_size": bundle["checkpoint"]["size"],
+        "key_ids": sorted(bundle["public_keys"]),
+    }
+    if json_out:
+        render.emit_json(summary)
+    else:
+        render.console.print(
+            f"wrote {output}: {summary['receipts']} receipts of loop {loop_id}, checkpoint size "
+            f"{summary['checkpoint_size']}, keys {', '.join(summary['key_ids'])}"
+        )
+
+
+def verify_bundle_cmd(
+    bundle_file: Annotated[Path, typer.Argument(metavar="BUNDLE")],
+    key: Annotated[
+        str | None,
+        typer.Option("--key", help="Trusted public key (base64), e.g. from `keys export`."),
+    ] = None,
+    trusted_keys: Annotated[
+        Path | None, typer.Option("--trusted-keys", help="JSON {key_id: base64} of trusted keys.")
+    ] = None,
+    json_out: Json = False,
+) -> None:
+    """Verify a bundle with no database and no server. With --key/--trusted-keys, a bundle
+    signed by any other key fails. Exit 3 on any finding."""
+    if key is not None and trusted_keys is not None:
+        fail("give --key or --trusted-keys, not both", EXIT_USAGE, as_json=json_out)
+    trusted = None
+    if key is not None:
+        try:
+            trusted = Keyring({"k": decode_public_key(key)})
+        except LoopwardenError as exc:
+            fail(exc.message, EXIT_USAGE, as_json=json_out)
+    elif trusted_keys:
+        trusted = load_trusted(trusted_keys)
+    try:
+        text = bundle_file.read_text()
+    except OSError as exc:
+        fail(f"cannot read {bundle_file}: {exc.strerror}", EXIT_USAGE, as_json=json_out)
+    report = verify_bundle(load_bundle(text), trusted)
+    if json_out:
+        render.emit_json(report.as_dict())
+    else:
+        render.bundle(report)
+    raise typer.Exit(EXIT_OK if report.clean else EXIT_VERIFY)

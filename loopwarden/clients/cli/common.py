@@ -1,0 +1,95 @@
+"""What every admin command shares: options, exit codes, error mapping, running an operation."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import anyio
+import typer
+from rich.markup import escape
+
+from loopwarden.clients import admin, render
+from loopwarden.errors import IntegrityError, InvalidInput, LoopwardenError, one_line
+from loopwarden.operations.operation import Operation, Req, Res
+from loopwarden.policy.loader import format_for, parse_policy
+from loopwarden.policy.model import LoopPolicy
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_VERIFY = 0, 1, 2, 3
+T = TypeVar("T")
+
+Home = Annotated[
+    Path | None,
+    typer.Option(
+        "--home", help="Data directory (default: $LOOPWARDEN_HOME, else the user data dir)."
+    ),
+]
+Json = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+As = Annotated[
+    str | None,
+    typer.Option(
+        "--as",
+        help="Operator id recorded in receipts (default: $LOOPWARDEN_OPERATOR or 'operator').",
+    ),
+]
+Reason = Annotated[str, typer.Option("--reason", help="Why (recorded in the receipt).")]
+
+
+def fail(
+    message: str, code: int = EXIT_REFUSED, *, as_json: bool = False, error: str = "error"
+) -> NoReturn:
+    if as_json:
+        render.emit_json({"error": error, "message": message})
+    render.err.print(f"[red]error:[/red] {escape(one_line(message))}")
+    raise typer.Exit(code)
+
+
+def exit_code(exc: LoopwardenError) -> int:
+    if isinstance(exc, IntegrityError):
+        return EXIT_VERIFY
+    if isinstance(exc, InvalidInput):
+        return EXIT_USAGE
+    return EXIT_REFUSED
+
+
+def run(fn: Callable[..., Awaitable[T]], *args: Any, as_json: bool = False) -> T:
+    """Run an async admin action, mapping loopwarden errors to exit codes."""
+    try:
+        return anyio.run(fn, *args)
+    except LoopwardenError as exc:
+        fail(exc.message, exit_code(exc), as_json=as_json, error=exc.code)
+
+
+def operate(
+    op: Operation[Req, Res],
+    request: dict[str, Any],
+    home: Path | None,
+    *,
+    who: str | None = None,
+    as_json: bool = False,
+) -> Res:
+    """Run one operation as the operator, on `home`'s store (the same runner as every edge)."""
+
+    async def action() -> Res:
+        async with admin.open_store(home) as store:
+            return await op(store, admin.operator(who), request)
+
+    return run(action, as_json=as_json)
+
+
+def read_policy_file(path: Path) -> LoopPolicy:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read policy file {path}: {exc.strerror}") from None
+    return parse_policy(text, format_for(path.name), source=path.name)
+
+
+def parse_duration(text: str) -> int:
+    """`90`, `45s`, `30m`, `1h`, `2d` → seconds."""
+    match = re.fullmatch(r"(\d+)([smhd]?)", text.strip())
+    if not match:
+        raise InvalidInput(f"invalid duration {text!r}: use e.g. 45s, 30m, 1h, 2d")
+    return int(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]

@@ -1,0 +1,164 @@
+"""`loopwarden loop open | list | show | pause | resume | cancel`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from loopwarden.clients import render
+from loopwarden.clients.cli.common import As, Home, Json, Reason, fail, operate, read_policy_file
+from loopwarden.errors import InvalidInput, LoopwardenError
+from loopwarden.operations.loops import cancel_loop, list_loops, open_loop, pause_loop, resume_loop
+from loopwarden.operations.operation import Operation
+from loopwarden.operations.projection import projection
+from loopwarden.policy.digest import policy_document
+
+app = typer.Typer(no_args_is_help=True, help="Open, inspect and control loops.")
+
+
+def _read_todos(path: Path) -> list[dict[str, Any]]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidInput(f"cannot read todos file {path}: {exc}") from None
+    if not isinstance(data, list):
+        raise InvalidInput(f"{path}: expected a list of todos")
+    return [item if isinstance(item, dict) else {"title": str(item)} for item in data]
+
+
+@app.command("open")
+def loop_open(
+    policy: Annotated[Path, typer.Option("--policy", help="Policy file (.toml, .yaml, .json).")],
+    objective: Annotated[str, typer.Option("--objective", help="What the loop is for.")],
+    todo: Annotated[
+        list[str] | None, typer.Option("--todo", help="A todo title (repeat, in claim order).")
+    ] = None,
+    todos_file: Annotated[
+        Path | None,
+        typer.Option("--todos", help="JSON/YAML list of {id, title, depends_on} todos."),
+    ] = None,
+    loop_id: Annotated[
+        str | None, typer.Option("--id", help="Loop id (default: generated).")
+    ] = None,
+    home: Home = None,
+    json_out: Json = False,
+    who: As = None,
+) -> None:
+    """Open a governed loop (prints its id)."""
+    try:
+        parsed = read_policy_file(policy)
+        items: list[dict[str, Any]] = [{"title": t} for t in (todo or [])]
+        if todos_file is not None:
+            items += _read_todos(todos_file)
+    except LoopwardenError as exc:
+        fail(exc.message, 2, as_json=json_out, error=exc.code)
+    request = {
+        "objective": objective,
+        "policy": policy_document(parsed),
+        "todos": items,
+        "loop_id": loop_id,
+    }
+    result = operate(open_loop, request, home, who=who, as_json=json_out)
+    if json_out:
+        render.emit_json({"loop_id": result.loop_id, **result.model_dump(mode="json")})
+    else:
+        render.console.print(
+            f"opened loop [bold]{result.loop_id}[/bold] with {result.todos} todos "
+            f"(policy {result.policy_digest[:19]}…, receipt {result.receipt_id})"
+        )
+
+
+@app.command("list")
+def loop_list(home: Home = None, json_out: Json = False) -> None:
+    """List every loop."""
+    loops = operate(list_loops, {}, home, as_json=json_out).loops
+    if json_out:
+        render.emit_json(
+            {
+                "loops": [
+                    {
+                        "loop_id": lp.loop_id,
+                        "status": lp.status,
+                        "stop_reason": lp.stop_reason,
+                        "objective": lp.objective,
+                        "opened_at": lp.opened_at,
+                        "receipts": lp.head_seq,
+                        "todos": lp.todos,
+                    }
+                    for lp in loops
+                ]
+            }
+        )
+        return
+    render.table(
+        "loops",
+        ["id", "status", "todos done", "turns", "receipts", "objective"],
+        [
+            [
+                lp.loop_id,
+                render.Styled(
+                    render.status(lp.status) + (f" ({lp.stop_reason})" if lp.stop_reason else "")
+                ),
+                f"{lp.todos['done']}/{sum(lp.todos.values())}",
+                lp.turns,
+                lp.head_seq,
+                lp.objective,
+            ]
+            for lp in loops
+        ],
+    )
+
+
+@app.command("show")
+def loop_show(loop_id: str, home: Home = None, json_out: Json = False, who: As = None) -> None:
+    """Show a loop's projection: status, budgets, todos, leases, attention, recent receipts."""
+    result = operate(projection, {"loop_id": loop_id}, home, who=who, as_json=json_out)
+    if json_out:
+        render.emit_json(result.model_dump(mode="json"))
+    else:
+        render.projection(result)
+
+
+def _control(
+    op: Operation[Any, Any],
+    loop_id: str,
+    reason: str,
+    home: Path | None,
+    json_out: bool,
+    who: str | None,
+) -> None:
+    result = operate(op, {"loop_id": loop_id, "reason": reason}, home, who=who, as_json=json_out)
+    if json_out:
+        render.emit_json(result.model_dump(mode="json"))
+    else:
+        render.console.print(
+            f"loop {result.loop_id} is now {render.status(result.status)} (receipt {result.receipt_id})"
+        )
+
+
+@app.command("pause")
+def loop_pause(
+    loop_id: str, reason: Reason = "", home: Home = None, json_out: Json = False, who: As = None
+) -> None:
+    """Pause a loop: no new claims; open turns may still report."""
+    _control(pause_loop, loop_id, reason, home, json_out, who)
+
+
+@app.command("resume")
+def loop_resume(
+    loop_id: str, reason: Reason = "", home: Home = None, json_out: Json = False, who: As = None
+) -> None:
+    """Resume a paused loop."""
+    _control(resume_loop, loop_id, reason, home, json_out, who)
+
+
+@app.command("cancel")
+def loop_cancel(
+    loop_id: str, reason: Reason = "", home: Home = None, json_out: Json = False, who: As = None
+) -> None:
+    """Cancel a loop: every open turn is closed; nothing more can happen in it."""
+    _control(cancel_loop, loop_id, reason, home, json_out, who)

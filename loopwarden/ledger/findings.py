@@ -1,0 +1,118 @@
+"""What an audit or a bundle check found: one finding type and one report type for both."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+FINDING_CODES = (
+    "signature_invalid",
+    "unknown_key",
+    "envelope_malformed",
+    "payload_type_mismatch",
+    "payload_malformed",
+    "not_canonical",
+    "schema_invalid",
+    "digest_mismatch",
+    "index_mismatch",
+    "leaf_gap",
+    "seq_gap",
+    "prev_mismatch",
+    "root_mismatch",
+    "checkpoint_malformed",
+    "checkpoint_signature_invalid",
+    "checkpoint_unknown_key",
+    "checkpoint_inconsistent",
+    "checkpoint_beyond_journal",
+    "frontier_mismatch",
+    "projection_mismatch",
+    "bundle_malformed",
+    "bundle_incomplete",
+    "inclusion_invalid",
+    "manifest_unknown_key",
+    "manifest_signature_invalid",
+)
+"""Every code a finding can carry (the README documents them)."""
+
+ENVELOPE_PROBLEMS = {
+    "signature_invalid": "the signature does not verify",
+    "unknown_key": "signed by a key that is not trusted",
+    "envelope_malformed": "the envelope is not a DSSE envelope",
+    "payload_type_mismatch": "the payloadType is not a loopwarden receipt",
+    "payload_malformed": "the payload is not a JSON object",
+    "not_canonical": "the payload is not RFC 8785 canonical JSON",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One defect, and where: a loop and receipt in a database, a position in a bundle."""
+
+    code: str
+    message: str
+    loop_id: str | None = None
+    seq: int | None = None
+    receipt_id: str | None = None
+    leaf_index: int | None = None
+    position: int | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def where(self) -> str:
+        return " ".join(
+            f"{k}={v}" for k, v in self.as_dict().items() if k not in ("code", "message")
+        )
+
+
+@dataclass
+class Report:
+    """A verdict on a database (`subject="database"`) or a proof bundle (`"bundle"`)."""
+
+    subject: Literal["database", "bundle"]
+    findings: list[Finding] = field(default_factory=list)
+    receipts: int = 0
+    loops: int = 0
+    checkpoints: int = 0
+    tree_size: int = 0
+    root: str = ""
+    loop_id: str = ""
+    key_ids: list[str] = field(default_factory=list)
+    keys_pinned: bool = False
+    status: str | None = None
+    stop_reason: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings
+
+    def add(self, code: str, message: str, **where: Any) -> None:
+        self.findings.append(Finding(code, message, **where))
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON `verify` and `verify-bundle` print (their documented fields)."""
+        verdict = "clean" if self.clean else "tampered"
+        findings = [f.as_dict() for f in self.findings]
+        if self.subject == "database":
+            return {
+                "verdict": verdict,
+                "receipts": self.receipts,
+                "loops": self.loops,
+                "checkpoints": self.checkpoints,
+                "tree_size": self.tree_size,
+                "root": self.root,
+                "seconds": round(self.seconds, 3),
+                "findings": findings,
+            }
+        return {
+            "verdict": verdict,
+            "loop_id": self.loop_id,
+            "receipts": self.receipts,
+            "checkpoint_size": self.tree_size,
+            "key_ids": self.key_ids,
+            "keys_pinned": self.keys_pinned,
+            "status": self.status,
+            "stop_reason": self.stop_reason,
+            "findings": findings,
+        }

@@ -1,0 +1,121 @@
+"""The projection's rows: a loop's state as plain frozen values, and a view of one loop.
+
+`LoopView` holds a loop row and its todo, turn and approval rows, whole (an audit's replay) or
+partial (the rows one receipt touches, on the write path). The fold (`fold.py`) produces them;
+the store persists exactly those values; the read side returns them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from loopwarden.policy.budgets import Totals
+from loopwarden.policy.model import LoopPolicy
+from loopwarden.statuses import TODO_STATUSES, ApprovalStatus, LoopStatus, TodoStatus, TurnStatus
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class LoopRow:
+    loop_id: str
+    objective: str
+    status: LoopStatus
+    stop_reason: str | None
+    policy_digest: str
+    opened_at: str
+    opened_by: str
+    totals: Totals
+    todo_counts: tuple[int, int, int, int]  # by TODO_STATUSES: open, claimed, done, blocked
+    failure_signature: str | None
+    failure_streak: int
+    head_seq: int
+    head_digest: str
+    updated_at: str
+
+    def count(self, status: TodoStatus) -> int:
+        return self.todo_counts[TODO_STATUSES.index(status)]
+
+    @property
+    def todo_total(self) -> int:
+        return sum(self.todo_counts)
+
+    def counts_by_status(self) -> dict[str, int]:
+        return {str(s): n for s, n in zip(TODO_STATUSES, self.todo_counts, strict=True)}
+
+
+@dataclass(frozen=True)
+class TodoRow:
+    loop_id: str
+    todo_id: str
+    title: str
+    ord: int
+    depends_on: tuple[str, ...]
+    status: TodoStatus
+    attempts: int
+    fence: int
+    added_by: str
+    turn_id: str | None
+
+
+@dataclass(frozen=True)
+class TurnRow:
+    turn_id: str
+    loop_id: str
+    todo_id: str
+    agent: str
+    fence: int
+    status: TurnStatus
+    claimed_at: str
+    lease_expires_at: str
+    closed_at: str | None
+    outcome: str | None
+
+
+@dataclass(frozen=True)
+class ApprovalRow:
+    approval_id: str
+    loop_id: str
+    turn_id: str
+    todo_id: str
+    tool: str
+    summary: str
+    artifact_digest: str | None
+    status: ApprovalStatus
+    requested_by: str
+    requested_at: str
+    decided_by: str | None
+    decided_at: str | None
+    expires_at: str | None
+    reason: str | None
+    consumed_by: str | None
+
+
+@dataclass
+class LoopView:
+    """One loop's projection, whole (rebuilt) or partial (the rows one receipt touches)."""
+
+    loop: LoopRow
+    policy: LoopPolicy
+    todos: dict[str, TodoRow] = field(default_factory=dict)
+    turns: dict[str, TurnRow] = field(default_factory=dict)
+    approvals: dict[str, ApprovalRow] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Touched:
+    """Existing rows a receipt reads or changes (new rows are created, not loaded)."""
+
+    todos: frozenset[str] = frozenset()
+    turns: frozenset[str] = frozenset()
+    approvals: frozenset[str] = frozenset()
+
+
+def replace(row: R, **changes: object) -> R:
+    """`dataclasses.replace` for these plain frozen rows, without re-running `__init__` (the fold
+    calls this several times per receipt; it is the audit's hot path). Rows have no
+    `__post_init__`, so copying the field dict is the whole construction."""
+    new = object.__new__(type(row))
+    new.__dict__.update(row.__dict__, **changes)
+    return new

@@ -1,0 +1,69 @@
+"""Whether a claim would be admitted now, and the route an agent should take next."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Literal
+
+from loopwarden.clock import format_time
+from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.rows import LoopRow
+from loopwarden.policy import decision as codes
+from loopwarden.policy.evaluate import ClaimFacts, evaluate_claim
+from loopwarden.policy.model import LoopPolicy
+from loopwarden.statuses import LoopStatus, TodoStatus
+
+Route = Literal["continue", "wait", "user_action_required", "stop"]
+
+
+def claims_in_window(policy: LoopPolicy, reader: Reader, loop_id: str, now: datetime) -> int:
+    """Turns claimed in the policy's rate window ending now (0 without a rate limit)."""
+    if policy.rate.window_seconds is None:
+        return 0
+    since = format_time(now - timedelta(seconds=policy.rate.window_seconds))
+    return reader.claims_since(loop_id, since)
+
+
+def claim_facts(
+    reader: Reader, loop: LoopRow, policy: LoopPolicy, agent: str, now: datetime
+) -> ClaimFacts:
+    """What the evaluator needs to decide a claim by `agent` now (leases already swept)."""
+    now_text = format_time(now)
+    return ClaimFacts(
+        agent=agent,
+        status=loop.status,
+        now=now,
+        totals=loop.totals,
+        active=reader.count_live_turns(loop.loop_id, now_text),
+        active_for_agent=reader.count_live_turns(loop.loop_id, now_text, agent),
+        claims_in_window=claims_in_window(policy, reader, loop.loop_id, now),
+    )
+
+
+def route_for(reader: Reader, loop_id: str, agent: str, now: datetime) -> Route:
+    """What the agent should do next: continue (a claim would be granted now), wait (later),
+    user_action_required (only a human can unblock the loop) or stop (the loop is closed)."""
+    loop = reader.loop_row(loop_id)
+    if loop is None or loop.status.closed:
+        return "stop"
+    if loop.status == LoopStatus.PAUSED:
+        return "user_action_required"
+    policy = reader.policy(loop.policy_digest)
+    decision = evaluate_claim(
+        policy, claim_facts(reader, loop, policy, agent, now), digest=loop.policy_digest
+    )
+    eligible = reader.next_eligible_todo(loop_id)
+    if decision.allowed and eligible is not None:
+        return "continue"
+    hard = {codes.AGENT_NOT_ALLOWED, codes.DEADLINE_PASSED} | {
+        c for c in decision.codes if c.startswith(codes.BUDGET_EXHAUSTED)
+    }
+    if hard & set(decision.codes):
+        return "user_action_required"
+    if (
+        eligible is None
+        and reader.count_open_turns(loop_id) == 0
+        and loop.count(TodoStatus.BLOCKED)
+    ):
+        return "user_action_required"
+    return "wait"

@@ -1,0 +1,304 @@
+"""Approvals: an agent asks to use an approval-gated tool for its turn; an operator decides; a
+report cites the approval, which then covers that tool once."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Protocol
+
+from pydantic import Field
+
+from loopwarden.clock import format_time
+from loopwarden.errors import Conflict
+from loopwarden.ledger.events import (
+    MAX_SUMMARY,
+    ApprovalDecided,
+    ApprovalId,
+    ApprovalRequested,
+    Digest,
+    Evidence,
+    Fence,
+    LoopId,
+    OptionalKey,
+    ReceiptKind,
+    ToolName,
+    TurnId,
+    new_id,
+)
+from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.rows import ApprovalRow, TurnRow
+from loopwarden.ledger.store import Txn
+from loopwarden.operations.leases import turn_problems
+from loopwarden.operations.operation import OPERATOR_CALLERS, Call, operation
+from loopwarden.operations.refusals import refuse_request
+from loopwarden.operations.results import Model, ReasonOut, reasons_out
+from loopwarden.operations.visibility import by_approval, by_turn
+from loopwarden.policy import decision as codes
+from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.evaluate import explain, tool_reasons
+from loopwarden.statuses import ApprovalStatus
+
+MAX_APPROVAL_SECONDS = 30 * 86400
+
+
+class CitesApprovals(Protocol):
+    @property
+    def approval_ids(self) -> list[str]: ...
+    @property
+    def evidence(self) -> list[Evidence]: ...
+
+
+def covered_tools(
+    report: CitesApprovals, turn: TurnRow, approvals: dict[str, ApprovalRow], now: str
+) -> tuple[frozenset[str], tuple[Reason, ...]]:
+    """Tools covered by the approvals a report cites, and what is wrong with any of them.
+
+    An approval covers its tool for the turn that requested it, once: it must be approved, not
+    expired, not consumed, and if it is bound to an artifact digest, the report's evidence must
+    carry that digest.
+    """
+    covered, problems = set(), []
+    digests = {e.digest for e in report.evidence if e.digest}
+    for approval_id in dict.fromkeys(report.approval_ids):
+        approval = approvals.get(approval_id)
+        problem = None
+        if approval is None or approval.turn_id != turn.turn_id:
+            problem = "does not exist for this turn"
+        elif approval.status != ApprovalStatus.APPROVED:
+            problem = f"is {approval.status}"
+        elif approval.expires_at is not None and now >= approval.expires_at:
+            problem = f"expired at {approval.expires_at}"
+        elif approval.artifact_digest and approval.artifact_digest not in digests:
+            problem = (
+                f"is bound to artifact {approval.artifact_digest}, which no evidence item carries"
+            )
+        if problem is not None or approval is None:
+            problems.append(Reason(codes.APPROVAL_INVALID, f"approval {approval_id} {problem}"))
+        else:
+            covered.add(approval.tool)
+    return frozenset(covered), tuple(problems)
+
+
+# --- request_approval ------------------------------------------------------------------------
+
+
+class ApprovalRequest(Model):
+    turn_id: TurnId
+    fence: Fence
+    tool: ToolName = Field(description="The approval-gated tool, e.g. deploy.prod.")
+    summary: str = Field(
+        min_length=1, max_length=MAX_SUMMARY, description="What the tool will do and why."
+    )
+    artifact_digest: Digest | None = Field(
+        default=None,
+        description="Bind the approval to an artifact (sha256:…): the update must cite it as evidence.",
+    )
+    idempotency_key: OptionalKey = None
+
+
+class ApprovalRequestResult(Model):
+    requested: bool
+    reasons: list[ReasonOut]
+    approval_id: str | None
+    status: ApprovalStatus | None = Field(description="pending while an operator decides.")
+    receipt_id: str
+
+
+def _refuse_request(
+    call: Call[Txn], req: ApprovalRequest, decision: Decision
+) -> ApprovalRequestResult:
+    turn = call.turn
+    receipt_id = refuse_request(
+        call.tx,
+        call.who,
+        turn.loop_id,
+        "request_approval",
+        decision,
+        turn_id=turn.turn_id,
+        todo_id=turn.todo_id,
+    )
+    return ApprovalRequestResult(
+        requested=False,
+        reasons=reasons_out(decision.reasons),
+        approval_id=None,
+        status=None,
+        receipt_id=receipt_id,
+    )
+
+
+def _request_problems(call: Call[Txn], req: ApprovalRequest) -> list[Reason]:
+    problems = turn_problems(call.tx, call.who, call.turn, req.fence)
+    if problems:
+        return problems
+    policy = call.tx.policy(call.loop.policy_digest)
+    verdict = explain(policy, req.tool)
+    if verdict.rule == "allow":
+        return [Reason(codes.APPROVAL_NOT_NEEDED, verdict.explain())]
+    if verdict.rule != "approval":  # denied, or allowed by nothing
+        return tool_reasons(policy, [req.tool], frozenset())
+    return []
+
+
+@operation(
+    "request_approval",
+    access="write",
+    scope=by_turn,
+    refuse=_refuse_request,
+    description="""\
+Ask a human operator to approve one approval-gated tool for your open turn.
+
+Do not use the tool until projection or the operator shows the approval as approved; then
+cite its `approval_id` in your update.""",
+)
+def request_approval(call: Call[Txn], req: ApprovalRequest) -> ApprovalRequestResult:
+    """Ask an operator to approve one approval-gated tool for the caller's open turn.
+
+    Refused (sealed as `request.refused`) if the turn is not the caller's, not open, the fence
+    is stale, or the tool is not approval-gated (`approval_not_needed` if it is simply allowed,
+    `tool_denied` / `tool_not_allowed` otherwise).
+    """
+    problems = _request_problems(call, req)
+    if problems:
+        return _refuse_request(call, req, Decision("deny", tuple(problems)))
+    turn = call.turn
+    approval_id = new_id("appr")
+    sealed = call.tx.append(
+        turn.loop_id,
+        ReceiptKind.APPROVAL_REQUESTED,
+        call.who,
+        ApprovalRequested(
+            approval_id=approval_id,
+            turn_id=turn.turn_id,
+            todo_id=turn.todo_id,
+            tool=req.tool,
+            summary=req.summary,
+            artifact_digest=req.artifact_digest,
+        ),
+        turn_id=turn.turn_id,
+        todo_id=turn.todo_id,
+        approval_id=approval_id,
+        idempotency_key=req.idempotency_key,
+    )
+    return ApprovalRequestResult(
+        requested=True,
+        reasons=[],
+        approval_id=approval_id,
+        status=ApprovalStatus.PENDING,
+        receipt_id=sealed.receipt_id,
+    )
+
+
+# --- decide_approval -------------------------------------------------------------------------
+
+
+class DecideApprovalRequest(Model):
+    approval_id: ApprovalId
+    approve: bool = Field(description="true to approve, false to reject.")
+    expires_in_seconds: int = Field(
+        default=3600,
+        ge=1,
+        le=MAX_APPROVAL_SECONDS,
+        description="How long an approval stays usable, in seconds (approvals always expire; at most 30 days).",
+    )
+    reason: str = Field(default="", max_length=MAX_SUMMARY, description="Why.")
+
+
+class DecideApprovalResult(Model):
+    approval_id: str
+    status: ApprovalStatus
+    expires_at: str | None
+    receipt_id: str
+
+
+@operation(
+    "decide_approval",
+    access="write",
+    scope=by_approval,
+    callers=OPERATOR_CALLERS,
+    description="Operator only: approve or reject a pending approval request.",
+)
+def decide_approval(call: Call[Txn], req: DecideApprovalRequest) -> DecideApprovalResult:
+    """Approve or reject a pending approval (operator only). `Conflict` if it was already
+    decided."""
+    tx = call.tx
+    approval = tx.approval(req.approval_id)
+    assert approval is not None  # located by the scope in this transaction
+    if approval.status != ApprovalStatus.PENDING:
+        raise Conflict(f"approval {req.approval_id} is already {approval.status}")
+    expires = None
+    if req.approve:
+        expires = format_time(tx.now_dt + timedelta(seconds=req.expires_in_seconds))
+    status = ApprovalStatus.APPROVED if req.approve else ApprovalStatus.REJECTED
+    sealed = tx.append(
+        approval.loop_id,
+        ReceiptKind.APPROVAL_DECIDED,
+        call.who,
+        ApprovalDecided(
+            approval_id=approval.approval_id,
+            approved=req.approve,
+            expires_at=expires,
+            reason=req.reason,
+        ),
+        decision=Decision(
+            "allow" if req.approve else "deny",
+            (Reason(str(status), req.reason or f"{status} by operator {call.who.id}"),),
+        ),
+        turn_id=approval.turn_id,
+        todo_id=approval.todo_id,
+        approval_id=approval.approval_id,
+    )
+    return DecideApprovalResult(
+        approval_id=approval.approval_id,
+        status=status,
+        expires_at=expires,
+        receipt_id=sealed.receipt_id,
+    )
+
+
+# --- list_approvals --------------------------------------------------------------------------
+
+
+class ApprovalsRequest(Model):
+    loop_id: LoopId | None = Field(default=None, description="Only this loop's approvals.")
+    status: ApprovalStatus | None = Field(
+        default=None, description="Only approvals in this status."
+    )
+
+
+class ApprovalLine(Model):
+    approval_id: str
+    loop_id: str
+    turn_id: str
+    todo_id: str
+    tool: str
+    summary: str
+    artifact_digest: str | None
+    status: ApprovalStatus
+    requested_by: str
+    requested_at: str
+    decided_by: str | None
+    decided_at: str | None
+    expires_at: str | None
+    reason: str | None
+    consumed_by: str | None
+
+
+class ApprovalsResult(Model):
+    approvals: list[ApprovalLine]
+
+
+def approval_line(row: ApprovalRow) -> ApprovalLine:
+    return ApprovalLine.model_construct(**row.__dict__)
+
+
+@operation(
+    "list_approvals",
+    access="read",
+    callers=OPERATOR_CALLERS,
+    tool=False,
+    description="Operator only: approval requests, oldest first.",
+)
+def list_approvals(call: Call[Reader], req: ApprovalsRequest) -> ApprovalsResult:
+    """Every approval request (of one loop, in one status), in request order."""
+    rows = call.tx.loop_approvals(req.loop_id, req.status)
+    return ApprovalsResult(approvals=[approval_line(a) for a in rows])

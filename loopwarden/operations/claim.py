@@ -1,0 +1,190 @@
+"""`claim`: atomically admit a turn on the next eligible todo, under a lease and a fence."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import Field
+
+from loopwarden.clock import format_time
+from loopwarden.errors import NotFound
+from loopwarden.ledger.events import (
+    ClaimRefused,
+    LoopId,
+    OptionalKey,
+    ReceiptKind,
+    TodoId,
+    TurnClaimed,
+    new_id,
+)
+from loopwarden.ledger.rows import LoopRow, TodoRow
+from loopwarden.ledger.store import Txn
+from loopwarden.operations.admission import claim_facts
+from loopwarden.operations.leases import expire_leases
+from loopwarden.operations.operation import Call, operation
+from loopwarden.operations.results import BudgetOut, Model, ReasonOut, budgets_out, reasons_out
+from loopwarden.operations.stops import apply_stop_rules
+from loopwarden.operations.visibility import by_loop
+from loopwarden.policy import decision as codes
+from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.evaluate import evaluate_claim
+from loopwarden.statuses import LoopStatus, TodoStatus
+
+
+class ClaimRequest(Model):
+    loop_id: LoopId
+    todo_id: TodoId | None = Field(
+        default=None, description="A specific todo to claim; omit for the next eligible one."
+    )
+    idempotency_key: OptionalKey = None
+
+
+class ClaimResult(Model):
+    granted: bool
+    reasons: list[ReasonOut]
+    loop_id: str
+    status: LoopStatus | None = Field(description="The loop's status.")
+    turn_id: str | None = None
+    todo_id: str | None = None
+    todo_title: str | None = None
+    fence: int | None = None
+    lease_expires_at: str | None = None
+    allowed_tools: list[str] = Field(
+        default_factory=list, description="Tool patterns usable this turn."
+    )
+    approval_tools: list[str] = Field(
+        default_factory=list, description="Tool patterns usable only with an approved approval."
+    )
+    denied_tools: list[str] = Field(default_factory=list, description="Tool patterns never usable.")
+    budgets: dict[str, BudgetOut] = Field(default_factory=dict)
+    receipt_id: str | None = Field(
+        default=None, description="The turn.claimed or claim.refused receipt."
+    )
+
+
+def _refuse(call: Call[Txn], req: ClaimRequest, decision: Decision) -> ClaimResult:
+    """Seal `claim.refused` with every reason."""
+    loop = call.loop
+    sealed = call.tx.append(
+        loop.loop_id,
+        ReceiptKind.CLAIM_REFUSED,
+        call.who,
+        ClaimRefused(todo_id=req.todo_id),
+        decision=decision,
+        todo_id=req.todo_id,
+        idempotency_key=req.idempotency_key,
+    )
+    return ClaimResult(
+        granted=False,
+        reasons=reasons_out(decision.reasons),
+        loop_id=loop.loop_id,
+        status=loop.status,
+        budgets=budgets_out(call.tx.policy(loop.policy_digest), loop),
+        receipt_id=sealed.receipt_id,
+    )
+
+
+def _pick(tx: Txn, loop: LoopRow, req: ClaimRequest) -> TodoRow | Reason:
+    """The requested todo if it is eligible, else the next eligible one; a reason if none."""
+    if req.todo_id is None:
+        todo = tx.next_eligible_todo(loop.loop_id)
+        if todo is None:
+            return Reason(codes.NO_ELIGIBLE_TODO, "no open todo has its dependencies done")
+        return todo
+    todo = tx.todo(loop.loop_id, req.todo_id)
+    if todo is None:
+        raise NotFound(f"loop {loop.loop_id!r} has no todo {req.todo_id!r}")
+    if todo.status != TodoStatus.OPEN:
+        return Reason(codes.TODO_NOT_ELIGIBLE, f"todo {todo.todo_id!r} is {todo.status}")
+    if not tx.dependencies_done(loop.loop_id, todo):
+        why = f"todo {todo.todo_id!r} is open but its dependencies are not done"
+        return Reason(codes.TODO_NOT_ELIGIBLE, why)
+    return todo
+
+
+def _nothing(call: Call[Txn], reason: Reason) -> ClaimResult:
+    """Nothing to claim is not a policy decision: a plain result, no receipt, not remembered."""
+    loop = call.loop
+    return ClaimResult(
+        granted=False,
+        reasons=reasons_out([reason]),
+        loop_id=loop.loop_id,
+        status=loop.status,
+        budgets=budgets_out(call.tx.policy(loop.policy_digest), loop),
+    )
+
+
+@operation(
+    "claim",
+    access="write",
+    scope=by_loop,
+    refuse=_refuse,
+    remember=lambda result: result.receipt_id is not None,
+    description="""\
+Start a turn: claim the next eligible todo under a lease before doing any work.
+
+If `granted`, work only on `todo_id`, use only `allowed_tools` (and `approval_tools` with an
+approved approval), finish before `lease_expires_at` (or call heartbeat), then report with
+update using `turn_id` and `fence`. If not granted, `reasons` say why; do not retry in a
+tight loop.""",
+)
+def claim(call: Call[Txn], req: ClaimRequest) -> ClaimResult:
+    """Admit one turn, or refuse it with every reason.
+
+    In one transaction: sweep expired leases (`lease.expired`), apply stop rules, evaluate
+    admission (loop active, agent allowed, budgets with open turns counted, rate, lease limits),
+    pick the todo (the requested one or the next eligible: open, dependencies done), then seal
+    `turn.claimed` with a fresh turn id, fence = todo fence + 1 and the lease expiry. A policy
+    refusal is sealed as `claim.refused`; having nothing to claim is a plain result with no
+    receipt. `NotFound` for an unknown todo.
+    """
+    tx, who = call.tx, call.who
+    loop_id = call.loop.loop_id
+    expire_leases(tx, loop_id, who)
+    apply_stop_rules(tx, loop_id, who)
+    loop = call.loop
+    policy = tx.policy(loop.policy_digest)
+    decision = evaluate_claim(
+        policy, claim_facts(tx, loop, policy, who.id, tx.now_dt), digest=loop.policy_digest
+    )
+    if not decision.allowed:
+        return _refuse(call, req, decision)
+    todo = _pick(tx, loop, req)
+    if isinstance(todo, Reason):
+        return _nothing(call, todo)
+    turn_id = new_id("turn")
+    lease = format_time(tx.now_dt + timedelta(seconds=policy.claims.lease_seconds))
+    claimed = TurnClaimed(
+        turn_id=turn_id,
+        todo_id=todo.todo_id,
+        fence=todo.fence + 1,
+        lease_expires_at=lease,
+        allowed_tools=policy.tools.allow,
+        approval_tools=policy.tools.approval,
+    )
+    sealed = tx.append(
+        loop_id,
+        ReceiptKind.TURN_CLAIMED,
+        who,
+        claimed,
+        decision=decision,
+        turn_id=turn_id,
+        todo_id=todo.todo_id,
+        idempotency_key=req.idempotency_key,
+    )
+    return ClaimResult(
+        granted=True,
+        reasons=[],
+        loop_id=loop_id,
+        status=LoopStatus.ACTIVE,
+        turn_id=turn_id,
+        todo_id=todo.todo_id,
+        todo_title=todo.title,
+        fence=claimed.fence,
+        lease_expires_at=lease,
+        allowed_tools=list(policy.tools.allow),
+        approval_tools=list(policy.tools.approval),
+        denied_tools=list(policy.tools.deny),
+        budgets=budgets_out(policy, sealed.view.loop),
+        receipt_id=sealed.receipt_id,
+    )

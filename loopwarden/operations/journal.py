@@ -1,0 +1,84 @@
+"""The journal as operators read it: one line per receipt, with its signature checked."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from loopwarden.ledger.events import LoopId, ReceiptKind
+from loopwarden.ledger.reader import JournalRow, Reader
+from loopwarden.ledger.receipts import Opened, open_envelope
+from loopwarden.operations.operation import Call, operation
+from loopwarden.operations.results import Model
+from loopwarden.operations.visibility import by_loop
+
+MAX_LINES = 10_000
+
+
+class ReceiptSummary(Model):
+    seq: int
+    receipt_id: str
+    kind: str
+    at: str
+    principal: str
+    effect: str
+    reasons: list[str]
+
+
+class ReceiptLine(ReceiptSummary):
+    turn_id: str | None
+    verified: bool = Field(description="The signature holds under a trusted key.")
+
+
+def receipt_summary(row: JournalRow, opened: Opened | None = None) -> ReceiptSummary:
+    """One line about a receipt, for display. Decoded here without verification (`receipt`
+    verifies) unless the caller passes the envelope it already opened."""
+    opened = opened or open_envelope(row.envelope, None, canonical=False)
+    body = opened.body or {}
+    decision = body.get("decision", {})
+    return ReceiptSummary(
+        seq=row.seq,
+        receipt_id=row.receipt_id,
+        kind=row.kind,
+        at=row.at,
+        principal=body.get("principal", {}).get("id", "?"),
+        effect=decision.get("effect", "?"),
+        reasons=[r.get("code", "?") for r in decision.get("reasons", [])],
+    )
+
+
+class JournalRequest(Model):
+    loop_id: LoopId
+    kind: ReceiptKind | None = Field(default=None, description="Only receipts of this kind.")
+    after_seq: int = Field(default=0, ge=0, le=2**53, description="Only receipts after this seq.")
+    limit: int = Field(default=MAX_LINES, ge=1, le=MAX_LINES)
+
+
+class JournalResult(Model):
+    loop_id: str
+    receipts: list[ReceiptLine]
+    closed: bool = Field(description="The loop is closed: no receipt but refusals will follow.")
+
+
+@operation(
+    "journal",
+    access="read",
+    scope=by_loop,
+    tool=False,
+    description="A loop's receipts in order, each with its signature checked.",
+)
+def journal(call: Call[Reader], req: JournalRequest) -> JournalResult:
+    """The loop's receipts after `after_seq` (of one kind), each verified against the store's
+    trusted keys."""
+    rows = call.tx.loop_journal(
+        req.loop_id, after_seq=req.after_seq, limit=req.limit, kind=req.kind
+    )
+    lines = []
+    for row in rows:
+        opened = open_envelope(row.envelope, call.store.keyring)
+        summary = receipt_summary(row, opened)
+        lines.append(
+            ReceiptLine(
+                **dict(summary), turn_id=opened.body.get("turn_id"), verified=opened.verified
+            )
+        )
+    return JournalResult(loop_id=req.loop_id, receipts=lines, closed=call.loop.status.closed)

@@ -1,0 +1,132 @@
+"""Leases and fences: who may act on a turn now, expiry of stale leases, and `heartbeat`."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from loopwarden.clock import format_time, parse_time
+from loopwarden.ledger.events import Fence, LeaseExpired, LeaseRenewed, ReceiptKind, TurnId
+from loopwarden.ledger.rows import TurnRow
+from loopwarden.ledger.store import Appended, Txn
+from loopwarden.operations.operation import Call, operation
+from loopwarden.operations.refusals import refuse_request
+from loopwarden.operations.results import Model, ReasonOut, reasons_out
+from loopwarden.operations.visibility import by_turn
+from loopwarden.policy import decision as codes
+from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.evaluate import turn_reasons
+from loopwarden.principals import Principal
+
+
+def expire_leases(tx: Txn, loop_id: str, who: Principal) -> list[Appended]:
+    """Seal `lease.expired` for every open turn of the loop whose lease has run out."""
+    sealed = []
+    for turn in tx.expired_turns(loop_id, tx.now):
+        reason = Reason(codes.LEASE_EXPIRED, f"the lease of {turn.agent} ran out; todo released")
+        sealed.append(
+            tx.append(
+                loop_id,
+                ReceiptKind.LEASE_EXPIRED,
+                who,
+                LeaseExpired(
+                    turn_id=turn.turn_id,
+                    todo_id=turn.todo_id,
+                    lease_expires_at=turn.lease_expires_at,
+                ),
+                decision=Decision("allow", (reason,)),
+                turn_id=turn.turn_id,
+                todo_id=turn.todo_id,
+            )
+        )
+    return sealed
+
+
+def turn_problems(tx: Txn, who: Principal, turn: TurnRow, fence: int) -> list[Reason]:
+    """Why `who` may not act on `turn` now (see `policy.evaluate.turn_reasons`)."""
+    todo = tx.todo(turn.loop_id, turn.todo_id)
+    loop = tx.loop_row(turn.loop_id)
+    assert loop is not None
+    return turn_reasons(
+        agent=who.id,
+        loop_status=loop.status,
+        turn_agent=turn.agent,
+        turn_status=turn.status,
+        turn_fence=turn.fence,
+        todo_fence=todo.fence if todo else -1,
+        given_fence=fence,
+        lease_expires_at=parse_time(turn.lease_expires_at),
+        now=tx.now_dt,
+    )
+
+
+class HeartbeatRequest(Model):
+    turn_id: TurnId
+    fence: Fence
+
+
+class HeartbeatResult(Model):
+    renewed: bool
+    reasons: list[ReasonOut]
+    turn_id: str
+    lease_expires_at: str | None
+    receipt_id: str
+
+
+def _refuse_heartbeat(
+    call: Call[Txn], req: HeartbeatRequest, decision: Decision
+) -> HeartbeatResult:
+    turn = call.turn
+    if any(r.code == codes.LEASE_EXPIRED for r in decision.reasons):
+        expire_leases(call.tx, turn.loop_id, call.who)
+    receipt_id = refuse_request(
+        call.tx,
+        call.who,
+        turn.loop_id,
+        "heartbeat",
+        decision,
+        turn_id=turn.turn_id,
+        todo_id=turn.todo_id,
+    )
+    return HeartbeatResult(
+        renewed=False,
+        reasons=reasons_out(decision.reasons),
+        turn_id=turn.turn_id,
+        lease_expires_at=None,
+        receipt_id=receipt_id,
+    )
+
+
+@operation(
+    "heartbeat",
+    access="write",
+    scope=by_turn,
+    refuse=_refuse_heartbeat,
+    description="Extend your lease on an open turn when the work takes longer than the lease.",
+)
+def heartbeat(call: Call[Txn], req: HeartbeatRequest) -> HeartbeatResult:
+    """Extend the caller's lease on an open turn by the policy's `lease_seconds` from now.
+
+    Refused (sealed as `request.refused`) for another agent's turn, a closed turn, a stale fence
+    or an already expired lease (which is then swept: `lease.expired`).
+    """
+    tx, turn = call.tx, call.turn
+    problems = turn_problems(tx, call.who, turn, req.fence)
+    if problems:
+        return _refuse_heartbeat(call, req, Decision("deny", tuple(problems)))
+    policy = tx.policy(call.loop.policy_digest)
+    lease = format_time(tx.now_dt + timedelta(seconds=policy.claims.lease_seconds))
+    sealed = tx.append(
+        turn.loop_id,
+        ReceiptKind.LEASE_RENEWED,
+        call.who,
+        LeaseRenewed(turn_id=turn.turn_id, todo_id=turn.todo_id, lease_expires_at=lease),
+        turn_id=turn.turn_id,
+        todo_id=turn.todo_id,
+    )
+    return HeartbeatResult(
+        renewed=True,
+        reasons=[],
+        turn_id=turn.turn_id,
+        lease_expires_at=lease,
+        receipt_id=sealed.receipt_id,
+    )

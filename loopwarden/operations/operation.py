@@ -1,0 +1,170 @@
+"""The declaration of a governance operation, made once and read by every edge.
+
+An `Operation` names the request and result models, who may call it, how its request names a
+loop (its *scope*, which decides visibility), how it seals a refusal, what an MCP client is told
+about it (description and hints), and the function that does the work. The runner
+(`runner.py`) applies the cross-cutting rules in one order for all of them; the MCP tools, the
+typed agent client and the CLI are derived from these declarations.
+
+    @operation("claim", access="write", scope=by_loop, description="Start a turn: ...")
+    def claim(call: Call[Txn], req: ClaimRequest) -> ClaimResult: ...
+
+    result = await claim(store, principal, ClaimRequest(loop_id="ship"))
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel
+
+from loopwarden.ledger.reader import JournalRow, Reader
+from loopwarden.ledger.rows import ApprovalRow, LoopRow, TurnRow
+from loopwarden.ledger.store import Store, Txn
+from loopwarden.policy.decision import Decision
+from loopwarden.principals import Principal, Role
+
+Req = TypeVar("Req", bound=BaseModel)
+Res = TypeVar("Res", bound=BaseModel)
+R = TypeVar("R", bound=Reader)
+Access = Literal["read", "write"]
+
+AGENT_CALLERS: frozenset[Role] = frozenset({"agent", "operator"})
+OPERATOR_CALLERS: frozenset[Role] = frozenset({"operator"})
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What a client may assume (MCP tool annotations): no effect, safe to repeat, destructive."""
+
+    read_only: bool
+    idempotent: bool
+    destructive: bool = False
+
+
+READ = Hints(read_only=True, idempotent=True)
+WRITE = Hints(read_only=False, idempotent=False)
+IDEMPOTENT_WRITE = Hints(read_only=False, idempotent=True)
+
+
+@dataclass(frozen=True)
+class Located:
+    """The rows a request names, found before visibility is decided."""
+
+    loop: LoopRow
+    turn: TurnRow | None = None
+    approval: ApprovalRow | None = None
+    receipt: JournalRow | None = None
+
+
+@dataclass(frozen=True)
+class Scope:
+    """How a request names its loop. `locate` returns None when what it names does not exist;
+    `missing` is the one message for "does not exist" and "not yours" alike."""
+
+    locate: Callable[[Reader, Any], Located | None]
+    missing: Callable[[Any], str]
+
+
+@dataclass
+class Call(Generic[R]):
+    """One running call: the transaction (`Txn`) or snapshot (`Reader`) it runs in, who calls,
+    when, and the rows its scope located (already visible to the caller)."""
+
+    tx: R
+    store: Store
+    who: Principal
+    now: datetime
+    found: Located | None = None
+    predicting: bool = False
+
+    @property
+    def loop(self) -> LoopRow:
+        """The located loop as it stands now: in a write transaction, after whatever this
+        call has appended so far (the transaction caches loop rows, so this costs no query)."""
+        if self.found is None:
+            raise LookupError("this operation has no loop scope")
+        if isinstance(self.tx, Txn):
+            return self.tx.loop_row(self.found.loop.loop_id) or self.found.loop
+        return self.found.loop
+
+    @property
+    def turn(self) -> TurnRow:
+        """The located turn, as it was when the call began."""
+        if self.found is None or self.found.turn is None:
+            raise LookupError("this operation has no turn scope")
+        return self.found.turn
+
+
+Body = Callable[[Call[Any], Any], Any]
+Refuse = Callable[[Call[Any], Any, Decision], Any]
+
+
+@dataclass(frozen=True)
+class Operation(Generic[Req, Res]):
+    name: str
+    request: type[Req]
+    result: type[Res]
+    body: Body
+    access: Access
+    scope: Scope | None
+    callers: frozenset[Role]
+    hints: Hints
+    description: str
+    refuse: Refuse | None = None
+    remember: Callable[[Res], bool] = field(default=lambda result: True)
+    tool: bool = True
+
+    @property
+    def idempotency(self) -> Literal["none", "optional", "required"]:
+        """Derived from the request model: does it carry an `idempotency_key`, and must it?"""
+        key = self.request.model_fields.get("idempotency_key")
+        if key is None:
+            return "none"
+        return "required" if key.is_required() else "optional"
+
+    async def __call__(self, store: Store, who: Principal, request: Req | dict[str, Any]) -> Res:
+        """Run this operation through the runner (the only way an operation runs)."""
+        from loopwarden.operations.runner import run
+
+        return await run(self, store, who, request)
+
+
+def operation(
+    name: str,
+    *,
+    access: Access,
+    description: str,
+    scope: Scope | None = None,
+    callers: frozenset[Role] = AGENT_CALLERS,
+    hints: Hints | None = None,
+    refuse: Refuse | None = None,
+    remember: Callable[[Any], bool] | None = None,
+    tool: bool = True,
+) -> Callable[[Body], Operation[Any, Any]]:
+    """Declare an operation from its body `def body(call, req: Request) -> Result`: the request
+    and result models are read from the body's annotations, so they are written once."""
+
+    def declare(body: Body) -> Operation[Any, Any]:
+        hints_of = typing.get_type_hints(body)
+        request, result = hints_of["req"], hints_of["return"]
+        return Operation(
+            name=name,
+            request=request,
+            result=result,
+            body=body,
+            access=access,
+            scope=scope,
+            callers=callers,
+            hints=hints or (READ if access == "read" else WRITE),
+            description=description,
+            refuse=refuse,
+            remember=remember or (lambda result: True),
+            tool=tool,
+        )
+
+    return declare

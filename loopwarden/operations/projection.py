@@ -1,0 +1,283 @@
+"""`projection`: a loop's state for agents and operators — and who must act next."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import Field
+
+from loopwarden.clock import format_time
+from loopwarden.ledger.events import LoopId
+from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
+from loopwarden.operations.admission import claims_in_window
+from loopwarden.operations.journal import ReceiptSummary, receipt_summary
+from loopwarden.operations.operation import Call, operation
+from loopwarden.operations.results import BudgetOut, Model, RateOut, budgets_out, rate_out
+from loopwarden.operations.stops import due_stop
+from loopwarden.operations.visibility import by_loop
+from loopwarden.policy.budgets import budget_lines
+from loopwarden.policy.decision import Reason
+from loopwarden.policy.model import LoopPolicy
+from loopwarden.statuses import ApprovalStatus, LoopStatus, TodoStatus, TurnStatus
+
+TODO_PAGE = 200
+RECENT = 10
+WARN_FRACTION = 0.8
+LEASE_WARNING_SECONDS = 60
+
+
+class ProjectionRequest(Model):
+    loop_id: LoopId
+
+
+class TodoOut(Model):
+    todo_id: str
+    title: str
+    status: TodoStatus
+    attempts: int
+    fence: int
+    order: int
+    depends_on: list[str]
+
+
+class TurnOut(Model):
+    turn_id: str
+    todo_id: str
+    agent: str
+    status: TurnStatus
+    fence: int
+    claimed_at: str
+    lease_expires_at: str
+    closed_at: str | None
+    outcome: str | None
+
+
+class ApprovalOut(Model):
+    approval_id: str
+    turn_id: str
+    todo_id: str
+    tool: str
+    status: ApprovalStatus
+    summary: str
+    requested_by: str
+    artifact_digest: str | None
+    expires_at: str | None
+
+
+class Attention(Model):
+    who: Literal["agent", "human", "none"]
+    why: str
+
+
+class Head(Model):
+    seq: int
+    digest: str
+
+
+class ProjectionResult(Model):
+    loop_id: str
+    objective: str
+    status: LoopStatus
+    stop_reason: str | None
+    policy_digest: str
+    budgets: dict[str, BudgetOut]
+    rate: RateOut
+    todo_counts: dict[str, int]
+    todos: list[TodoOut] = Field(description=f"The first {TODO_PAGE} todos in claim order.")
+    todos_truncated: bool
+    active_leases: list[TurnOut]
+    turns: list[TurnOut] = Field(description=f"The {RECENT} most recent turns.")
+    approvals: list[ApprovalOut] = Field(description="Pending and unconsumed approved approvals.")
+    recent_receipts: list[ReceiptSummary]
+    attention: Attention
+    next_action: str
+    warnings: list[str]
+    head: Head
+
+
+def todo_out(t: TodoRow) -> TodoOut:
+    return TodoOut(
+        todo_id=t.todo_id,
+        title=t.title,
+        status=t.status,
+        attempts=t.attempts,
+        fence=t.fence,
+        order=t.ord,
+        depends_on=list(t.depends_on),
+    )
+
+
+def turn_out(t: TurnRow) -> TurnOut:
+    fields = {k: v for k, v in t.__dict__.items() if k != "loop_id"}
+    return TurnOut(**fields)
+
+
+def approval_out(a: ApprovalRow) -> ApprovalOut:
+    return ApprovalOut(**{name: getattr(a, name) for name in ApprovalOut.model_fields})
+
+
+def attention_for(
+    loop: LoopRow,
+    pending: list[ApprovalRow],
+    live: list[TurnRow],
+    eligible: TodoRow | None,
+    stop_due: Reason | None = None,
+) -> tuple[Attention, str]:
+    """Who must act next, and the next action in one line.
+
+    `stop_due` is a stop rule that fires now but is not sealed yet (the next claim or report
+    seals it): then nobody should start work, whatever todos are open."""
+    if stop_due is not None and not loop.status.closed:
+        return (
+            Attention(who="none", why=f"the loop is due to stop: {stop_due.message}"),
+            f"nothing: the next call seals loop.stopped ({stop_due.code})",
+        )
+    closed = _closed_attention(loop)
+    if closed is not None:
+        return closed
+    if pending:
+        ids = ", ".join(a.approval_id for a in pending[:3])
+        return (
+            Attention(who="human", why=f"{len(pending)} approval(s) await a decision"),
+            f"operator: approve or reject {ids}",
+        )
+    if loop.status == LoopStatus.PAUSED:
+        return Attention(who="human", why="the loop is paused"), "operator: resume the loop"
+    if eligible is not None:
+        return (
+            Attention(who="agent", why=f"todo {eligible.todo_id} is ready"),
+            f"agent: claim todo {eligible.todo_id} ({eligible.title})",
+        )
+    if live:
+        return (
+            Attention(who="agent", why=f"{len(live)} turn(s) in progress"),
+            "agent: finish the open turns and report with update",
+        )
+    blocked = loop.count(TodoStatus.BLOCKED)
+    if blocked:
+        return (
+            Attention(who="human", why=f"{blocked} todo(s) are blocked"),
+            "operator: unblock or cancel the loop",
+        )
+    return Attention(who="none", why="nothing is claimable right now"), "wait"
+
+
+def _closed_attention(loop: LoopRow) -> tuple[Attention, str] | None:
+    if loop.status == LoopStatus.COMPLETED:
+        return Attention(who="none", why="the loop is completed"), "nothing: all todos are done"
+    if loop.status == LoopStatus.CANCELLED:
+        return Attention(who="none", why="the loop was cancelled"), "nothing: the loop is closed"
+    if loop.status == LoopStatus.STOPPED:
+        return (
+            Attention(who="human", why=f"the loop stopped: {loop.stop_reason}"),
+            "operator: review the receipts (loopwarden receipts) and open a new loop if needed",
+        )
+    return None
+
+
+def _warnings(
+    policy: LoopPolicy, loop: LoopRow, open_turns: list[TurnRow], now: datetime
+) -> list[str]:
+    now_text = format_time(now)
+    soon = format_time(now + timedelta(seconds=LEASE_WARNING_SECONDS))
+    warnings = []
+    for dim, line in budget_lines(policy, loop.totals).items():
+        if line.limit and WARN_FRACTION * line.limit <= line.used < line.limit:
+            warnings.append(f"{dim}: {line.used} of {line.limit} used")
+    for t in open_turns:
+        if t.lease_expires_at < now_text:
+            warnings.append(f"turn {t.turn_id}: lease expired; the next claim releases it")
+        elif t.lease_expires_at < soon:
+            warnings.append(f"turn {t.turn_id}: lease expires at {t.lease_expires_at}")
+    if loop.failure_streak:
+        warnings.append(
+            f"the same failure {loop.failure_signature!r} was reported {loop.failure_streak} "
+            f"time(s) in a row (stop at {policy.stop.repeated_failure_limit})"
+        )
+    blocked = loop.count(TodoStatus.BLOCKED)
+    if blocked:
+        warnings.append(f"{blocked} todo(s) blocked")
+    return warnings
+
+
+def _shown_approvals(reader: Reader, loop_id: str, now_text: str) -> list[ApprovalRow]:
+    """Pending approvals, and approved ones not yet expired or consumed."""
+    return [
+        a
+        for a in reader.loop_approvals(loop_id)
+        if a.status == ApprovalStatus.PENDING
+        or (a.status == ApprovalStatus.APPROVED and (a.expires_at or "~") > now_text)
+    ]
+
+
+@operation(
+    "projection",
+    access="read",
+    scope=by_loop,
+    description="""\
+Read the loop's current state: status, budgets, todos, leases, approvals, recent
+receipts, who must act next (attention) and the next action. Call it to orient yourself.""",
+)
+def projection(call: Call[Reader], req: ProjectionRequest) -> ProjectionResult:
+    """The loop's current state: status, budgets, todos, leases, approvals, recent receipts,
+    attention (who must act next and why), the next action, warnings and the journal head."""
+    reader, loop, now = call.tx, call.loop, call.now
+    now_text = format_time(now)
+    policy = reader.policy(loop.policy_digest)
+    todos = reader.all_todos(loop.loop_id, TODO_PAGE + 1)
+    open_turns = reader.loop_turns(loop.loop_id, TurnStatus.OPEN)
+    live = [t for t in open_turns if t.lease_expires_at >= now_text]
+    approvals = _shown_approvals(reader, loop.loop_id, now_text)
+    pending = [a for a in approvals if a.status == ApprovalStatus.PENDING]
+    eligible = reader.next_eligible_todo(loop.loop_id) if loop.status == LoopStatus.ACTIVE else None
+    attention, next_action = attention_for(
+        loop, pending, live, eligible, due_stop(reader, loop, now)
+    )
+    return ProjectionResult(
+        loop_id=loop.loop_id,
+        objective=loop.objective,
+        status=loop.status,
+        stop_reason=loop.stop_reason,
+        policy_digest=loop.policy_digest,
+        budgets=budgets_out(policy, loop),
+        rate=rate_out(policy, claims_in_window(policy, reader, loop.loop_id, now)),
+        todo_counts=loop.counts_by_status(),
+        todos=[todo_out(t) for t in todos[:TODO_PAGE]],
+        todos_truncated=len(todos) > TODO_PAGE,
+        active_leases=[turn_out(t) for t in live],
+        turns=[turn_out(t) for t in reader.recent_turns(loop.loop_id, RECENT)],
+        approvals=[approval_out(a) for a in approvals],
+        recent_receipts=[receipt_summary(r) for r in reader.recent_receipts(loop.loop_id, RECENT)],
+        attention=attention,
+        next_action=next_action,
+        warnings=_warnings(policy, loop, open_turns, now),
+        head=Head(seq=loop.head_seq, digest=loop.head_digest),
+    )
+
+
+class PolicyRequest(Model):
+    loop_id: LoopId
+
+
+class PolicyDocument(Model):
+    loop_id: str
+    policy_digest: str
+    document: dict[str, object]
+
+
+@operation("loop_policy", access="read", scope=by_loop, tool=False, description="A loop's policy.")
+def loop_policy(call: Call[Reader], req: PolicyRequest) -> PolicyDocument:
+    """The loop's normalized policy document (for the policy resource)."""
+    loop = call.loop
+    return PolicyDocument(
+        loop_id=loop.loop_id,
+        policy_digest=loop.policy_digest,
+        document=call.tx.policy_document(loop.policy_digest) or {},
+    )
+
+
+def policy_json(document: PolicyDocument) -> str:
+    return json.dumps(document.document, indent=2, sort_keys=True)

@@ -1,0 +1,95 @@
+"""`quota`: may the caller run a turn now? Read-only."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import Field
+
+from loopwarden.clock import format_time
+from loopwarden.ledger.events import LoopId
+from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.store import Txn
+from loopwarden.operations.admission import claim_facts
+from loopwarden.operations.leases import expire_leases
+from loopwarden.operations.operation import Call, operation
+from loopwarden.operations.results import (
+    BudgetOut,
+    Model,
+    RateOut,
+    ReasonOut,
+    budgets_out,
+    rate_out,
+    reasons_out,
+)
+from loopwarden.operations.runner import NeedsPrediction
+from loopwarden.operations.stops import apply_stop_rules, due_stop
+from loopwarden.operations.visibility import by_loop
+from loopwarden.policy import decision as codes
+from loopwarden.policy.decision import Reason
+from loopwarden.policy.evaluate import evaluate_claim
+from loopwarden.principals import Principal
+from loopwarden.statuses import LoopStatus
+
+
+class QuotaRequest(Model):
+    loop_id: LoopId
+
+
+class QuotaResult(Model):
+    loop_id: str
+    allowed: bool = Field(description="True if a claim made now would be granted.")
+    reasons: list[ReasonOut] = Field(description="Every reason a claim would be refused.")
+    status: LoopStatus
+    budgets: dict[str, BudgetOut]
+    rate: RateOut
+    active_leases: int
+    policy_digest: str
+
+
+@operation(
+    "quota",
+    access="read",
+    scope=by_loop,
+    description="""\
+Check whether you may run a turn in this loop now, before claiming.
+
+Returns `allowed`, every reason a claim would be refused, the loop status, each budget's
+limit / used / remaining and the rate window. Changes nothing.""",
+)
+def quota(call: Call[Reader], req: QuotaRequest) -> QuotaResult:
+    """Predict `claim` exactly, without changing anything.
+
+    A claim first sweeps expired leases and applies the stop rules; when either would change
+    the loop, quota plays those steps in a transaction that is rolled back (`NeedsPrediction`),
+    so its answer is the claim's.
+    """
+    loop = call.loop
+    if isinstance(call.tx, Txn) and call.predicting:
+        expire_leases(call.tx, loop.loop_id, call.who)
+        apply_stop_rules(call.tx, loop.loop_id, call.who)
+    elif call.tx.expired_turns(loop.loop_id, format_time(call.now)) or due_stop(
+        call.tx, loop, call.now
+    ):
+        raise NeedsPrediction
+    return _answer(call.tx, call.who, loop.loop_id, call.now)
+
+
+def _answer(reader: Reader, who: Principal, loop_id: str, now: datetime) -> QuotaResult:
+    loop = reader.loop_row(loop_id)
+    assert loop is not None
+    policy = reader.policy(loop.policy_digest)
+    facts = claim_facts(reader, loop, policy, who.id, now)
+    reasons = list(evaluate_claim(policy, facts, digest=loop.policy_digest).reasons)
+    if not reasons and reader.next_eligible_todo(loop.loop_id) is None:
+        reasons.append(Reason(codes.NO_ELIGIBLE_TODO, "no open todo has its dependencies done"))
+    return QuotaResult(
+        loop_id=loop.loop_id,
+        allowed=not reasons,
+        reasons=reasons_out(reasons),
+        status=loop.status,
+        budgets=budgets_out(policy, loop),
+        rate=rate_out(policy, facts.claims_in_window),
+        active_leases=facts.active,
+        policy_digest=loop.policy_digest,
+    )

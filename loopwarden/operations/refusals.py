@@ -1,0 +1,32 @@
+"""Refused requests: a heartbeat, todo_add or request_approval the policy does not admit is
+sealed as a `request.refused` receipt (a refusal is recorded, never silent)."""
+
+from __future__ import annotations
+
+from loopwarden.ledger.events import ReceiptKind, RefusedOperation, RequestRefused
+from loopwarden.ledger.store import Txn
+from loopwarden.policy.decision import Decision
+from loopwarden.principals import Principal
+
+
+def refuse_request(
+    tx: Txn,
+    who: Principal,
+    loop_id: str,
+    operation: RefusedOperation,
+    decision: Decision,
+    *,
+    turn_id: str | None = None,
+    todo_id: str | None = None,
+) -> str:
+    """Seal a `request.refused` receipt with every reason; returns its id."""
+    sealed = tx.append(
+        loop_id,
+        ReceiptKind.REQUEST_REFUSED,
+        who,
+        RequestRefused(operation=operation),
+        decision=Decision("deny", decision.reasons),
+        turn_id=turn_id,
+        todo_id=todo_id,
+    )
+    return sealed.receipt_id

@@ -1,0 +1,71 @@
+"""Result pieces several operations return: reasons, budget lines, the rate window."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.rows import LoopRow
+from loopwarden.policy.budgets import budget_lines
+from loopwarden.policy.decision import Reason
+from loopwarden.policy.model import LoopPolicy
+
+
+class Model(BaseModel):
+    """Requests and results: unknown fields are refused, never ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReasonOut(Model):
+    code: str = Field(
+        description="Stable reason code, e.g. tool_denied or budget_exhausted:cost_usd."
+    )
+    message: str = Field(description="Human-readable explanation.")
+
+
+class BudgetOut(Model):
+    limit: int | float | None = Field(description="The policy's limit; null means no limit.")
+    used: int | float
+    remaining: int | float | None = Field(
+        description="limit - used, never negative; null if no limit."
+    )
+
+
+class RateOut(Model):
+    turns_per_window: int | None
+    window_seconds: int | None
+    used: int = Field(description="Turns claimed in the current window.")
+    remaining: int | None
+
+
+# Result pieces built from already-validated internal values skip re-validation (hot path).
+
+
+def reasons_out(reasons: Iterable[Reason]) -> list[ReasonOut]:
+    return [ReasonOut.model_construct(code=r.code, message=r.message) for r in reasons]
+
+
+def budgets_out(policy: LoopPolicy, loop: LoopRow) -> dict[str, BudgetOut]:
+    return {
+        dim: BudgetOut.model_construct(limit=line.limit, used=line.used, remaining=line.remaining)
+        for dim, line in budget_lines(policy, loop.totals).items()
+    }
+
+
+def rate_out(policy: LoopPolicy, used: int) -> RateOut:
+    rate = policy.rate
+    remaining = None if rate.turns_per_window is None else max(rate.turns_per_window - used, 0)
+    return RateOut(
+        turns_per_window=rate.turns_per_window,
+        window_seconds=rate.window_seconds,
+        used=used,
+        remaining=remaining,
+    )
+
+
+def loop_policy(reader: Reader, loop: LoopRow) -> LoopPolicy:
+    """The policy the loop was opened with."""
+    return reader.policy(loop.policy_digest)

@@ -1,0 +1,135 @@
+"""The one runner: every operation, from every edge, applies the same rules in the same order.
+
+1. parse the request (`InvalidInput` names the field; nothing was changed);
+2. the caller's role (`Forbidden` for an operation not open to it);
+3. visibility: the scope locates the loop the request names; a caller outside that loop gets
+   the same `NotFound` as for a loop that does not exist (a write still seals its refusal, so
+   operators see it), and nothing else;
+4. idempotency, only after admission: a repeat with the same arguments returns the stored
+   result, the same key with other arguments is refused through the operation's `refuse`;
+5. the body, inside one write transaction (or one read snapshot);
+6. the result, remembered under the key if there is one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from loopwarden.errors import Forbidden, InvalidInput, NotFound, describe_validation
+from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.store import Store, Txn
+from loopwarden.operations.idempotency import prior, remember, request_digest
+from loopwarden.operations.operation import OPERATOR_CALLERS, Call, Operation, Req, Res
+from loopwarden.operations.visibility import visible
+from loopwarden.policy import decision as codes
+from loopwarden.policy.decision import Decision, Reason
+from loopwarden.principals import Principal
+
+CONFLICT = Decision(
+    "deny",
+    (Reason(codes.IDEMPOTENCY_CONFLICT, "this idempotency key was used with other arguments"),),
+)
+
+
+class NeedsPrediction(Exception):
+    """Raised by a read body whose answer depends on state changes the next write would make
+    first (an expired lease, a due stop): the runner re-runs it in a transaction that is
+    rolled back, so the answer is exactly what that write would see."""
+
+
+@dataclass(frozen=True)
+class _Hidden:
+    """A caller outside the loop: answered `NotFound` once the transaction has committed."""
+
+    message: str
+
+
+def parse(op: Operation[Req, Res], request: Req | dict[str, Any]) -> Req:
+    if isinstance(request, op.request):
+        return request
+    try:
+        return op.request.model_validate(request)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation(exc)) from None
+
+
+def check_role(op: Operation[Any, Any], who: Principal) -> None:
+    if who.role in op.callers:
+        return
+    if op.callers == OPERATOR_CALLERS:
+        raise Forbidden(f"{op.name} is an operator operation; {who.id!r} is an {who.role}")
+    raise Forbidden(f"{op.name} is not open to the {who.role} role")
+
+
+async def run(
+    op: Operation[Req, Res], store: Store, who: Principal, request: Req | dict[str, Any]
+) -> Res:
+    """Run `op` for `who` (see the module docstring for the order). Policy refusals are
+    results; `InvalidInput`, `Forbidden`, `NotFound`, `Conflict` and store errors raise."""
+    req = parse(op, request)
+    check_role(op, who)
+    if op.access == "write":
+        outcome: Any = await store.write(lambda tx: _write(op, store, who, req, tx))
+    else:
+        outcome = await _read(op, store, who, req)
+    if isinstance(outcome, _Hidden):
+        raise NotFound(outcome.message)
+    return outcome
+
+
+def _outsider(who: Principal) -> Decision:
+    reason = Reason(codes.AGENT_NOT_ALLOWED, f"agent {who.id!r} is not in the policy's agents")
+    return Decision("deny", (reason,))
+
+
+def _write(
+    op: Operation[Req, Res], store: Store, who: Principal, req: Req, tx: Txn
+) -> Res | _Hidden:
+    call: Call[Txn] = Call(tx, store, who, tx.now_dt)
+    if op.scope is not None:
+        call.found = op.scope.locate(tx, req)
+        if call.found is None:
+            raise NotFound(op.scope.missing(req))
+        if not visible(tx, who, call.found.loop):
+            if op.refuse is not None:
+                op.refuse(
+                    call, req, _outsider(who)
+                )  # sealed for operators; the caller learns nothing
+            return _Hidden(op.scope.missing(req))
+    key: str | None = getattr(req, "idempotency_key", None)
+    digest = request_digest(op.name, req) if key is not None else ""
+    if key is not None:
+        earlier = prior(tx, who.id, key)
+        if earlier is not None:
+            if earlier.repeats(op.name, digest):
+                return op.result.model_validate_json(earlier.response)
+            assert op.refuse is not None, f"{op.name} takes a key but cannot refuse"
+            return op.refuse(call, req, CONFLICT)
+    result: Res = op.body(call, req)
+    if key is not None and op.remember(result):
+        remember(tx, who.id, key, op.name, digest, result)
+    return result
+
+
+async def _read(op: Operation[Req, Res], store: Store, who: Principal, req: Req) -> Res | _Hidden:
+    now = store.clock()
+    try:
+        return await store.read(lambda reader: _read_body(op, Call(reader, store, who, now), req))
+    except NeedsPrediction:
+        return await store.simulate(
+            lambda tx: _read_body(op, Call(tx, store, who, tx.now_dt, predicting=True), req)
+        )
+
+
+def _read_body(op: Operation[Req, Res], call: Call[Reader], req: Req) -> Res | _Hidden:
+    if op.scope is not None:
+        call.found = op.scope.locate(call.tx, req)
+        if call.found is None:
+            raise NotFound(op.scope.missing(req))
+        if not visible(call.tx, call.who, call.found.loop):
+            return _Hidden(op.scope.missing(req))
+    result: Res = op.body(call, req)
+    return result

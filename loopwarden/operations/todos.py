@@ -1,0 +1,150 @@
+"""Todos: the work items of a loop — the dependency graph rules, and `todo_add`."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from loopwarden.errors import InvalidInput
+from loopwarden.ledger.events import (
+    MAX_DEPENDENCIES,
+    MAX_TITLE,
+    LoopId,
+    OptionalKey,
+    ReceiptKind,
+    TodoAdded,
+    TodoId,
+    TodoSpec,
+)
+from loopwarden.ledger.store import Txn
+from loopwarden.operations.operation import Call, operation
+from loopwarden.operations.refusals import refuse_request
+from loopwarden.operations.results import Model, ReasonOut, reasons_out
+from loopwarden.operations.visibility import by_loop
+from loopwarden.policy.decision import Decision
+from loopwarden.policy.evaluate import TodoAddFacts, evaluate_todo_add
+
+
+def check_todo_graph(ids: list[str], deps: dict[str, tuple[str, ...]]) -> None:
+    """Todo ids are unique, dependencies name known todos, and there is no cycle."""
+    seen: set[str] = set()
+    for todo_id in ids:
+        if todo_id in seen:
+            raise InvalidInput(f"todo id {todo_id!r} is used twice")
+        seen.add(todo_id)
+    for todo_id, needs in deps.items():
+        for dep in needs:
+            if dep == todo_id:
+                raise InvalidInput(f"todo {todo_id!r} depends on itself")
+            if dep not in seen:
+                raise InvalidInput(f"todo {todo_id!r} depends on unknown todo {dep!r}")
+    stuck = _on_cycles(ids, deps)
+    if stuck:
+        raise InvalidInput(f"todo dependencies form a cycle among {', '.join(stuck[:5])}")
+
+
+def _on_cycles(ids: list[str], deps: dict[str, tuple[str, ...]]) -> list[str]:
+    """Kahn's algorithm: the todos left over sit on a cycle (sorted)."""
+    indegree = {t: len(deps.get(t, ())) for t in ids}
+    dependents: dict[str, list[str]] = {t: [] for t in ids}
+    for t in ids:
+        for d in deps.get(t, ()):
+            dependents[d].append(t)
+    ready = [t for t, n in indegree.items() if n == 0]
+    while ready:
+        for nxt in dependents[ready.pop()]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    return sorted(t for t, n in indegree.items() if n > 0)
+
+
+class TodoAddRequest(Model):
+    loop_id: LoopId
+    title: str = Field(min_length=1, max_length=MAX_TITLE, description="What the new todo is.")
+    todo_id: TodoId | None = Field(default=None, description="Id; default: the next free tN.")
+    depends_on: list[TodoId] = Field(
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
+        description="Ids of todos that must be done first.",
+    )
+    order: int | None = Field(
+        default=None, ge=0, le=10**9, description="Claim order; default: last."
+    )
+    idempotency_key: OptionalKey = None
+
+
+class TodoAddResult(Model):
+    added: bool
+    reasons: list[ReasonOut]
+    loop_id: str
+    todo_id: str | None
+    receipt_id: str
+
+
+def _refuse(call: Call[Txn], req: TodoAddRequest, decision: Decision) -> TodoAddResult:
+    receipt_id = refuse_request(call.tx, call.who, call.loop.loop_id, "todo_add", decision)
+    return TodoAddResult(
+        added=False,
+        reasons=reasons_out(decision.reasons),
+        loop_id=call.loop.loop_id,
+        todo_id=None,
+        receipt_id=receipt_id,
+    )
+
+
+def _spec(tx: Txn, loop_id: str, todo_total: int, req: TodoAddRequest) -> TodoSpec:
+    deps = tuple(dict.fromkeys(req.depends_on))
+    missing = sorted(set(deps) - set(tx.todos(loop_id, deps)))
+    if missing:
+        raise InvalidInput(f"depends_on names unknown todos: {', '.join(missing)}")
+    todo_id = req.todo_id or _free_id(tx, loop_id, todo_total + 1)
+    if tx.todo(loop_id, todo_id) is not None:
+        raise InvalidInput(f"loop {loop_id!r} already has a todo {todo_id!r}")
+    order = req.order if req.order is not None else tx.max_todo_order(loop_id) + 1
+    return TodoSpec(id=todo_id, title=req.title, order=order, depends_on=deps)
+
+
+def _free_id(tx: Txn, loop_id: str, start: int) -> str:
+    n = start
+    while tx.todo(loop_id, f"t{n}") is not None:
+        n += 1
+    return f"t{n}"
+
+
+@operation(
+    "todo_add",
+    access="write",
+    scope=by_loop,
+    refuse=_refuse,
+    description="Add a todo you discovered, if the loop's policy lets agents add work.",
+)
+def todo_add(call: Call[Txn], req: TodoAddRequest) -> TodoAddResult:
+    """Add a todo. Operators always may (within `todos.max_todos`); agents only if the policy's
+    `todos.agents_may_add` is true. Dependencies must name existing todos (`InvalidInput`); a
+    policy refusal is sealed as `request.refused`."""
+    tx, loop = call.tx, call.loop
+    decision = evaluate_todo_add(
+        tx.policy(loop.policy_digest),
+        TodoAddFacts(
+            agent=call.who.id,
+            is_operator=call.who.is_operator,
+            loop_status=loop.status,
+            todo_count=loop.todo_total,
+        ),
+        digest=loop.policy_digest,
+    )
+    if not decision.allowed:
+        return _refuse(call, req, decision)
+    spec = _spec(tx, loop.loop_id, loop.todo_total, req)
+    sealed = tx.append(
+        loop.loop_id,
+        ReceiptKind.TODO_ADDED,
+        call.who,
+        TodoAdded(todo=spec),
+        decision=decision,
+        todo_id=spec.id,
+        idempotency_key=req.idempotency_key,
+    )
+    return TodoAddResult(
+        added=True, reasons=[], loop_id=loop.loop_id, todo_id=spec.id, receipt_id=sealed.receipt_id
+    )

@@ -1,0 +1,287 @@
+"""`update`: the agent's self-report that closes a turn — checked, charged, sealed, routed."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from loopwarden.clock import parse_time
+from loopwarden.ledger.events import (
+    MAX_EVIDENCE_ITEMS,
+    MAX_SUMMARY,
+    MAX_TOOLS_USED,
+    ApprovalId,
+    Evidence,
+    Fence,
+    IdempotencyKey,
+    Outcome,
+    ReceiptKind,
+    ToolUse,
+    TurnId,
+    TurnRefused,
+    TurnReport,
+    TurnReported,
+    Usage,
+    check_evidence_size,
+)
+from loopwarden.ledger.rows import TurnRow
+from loopwarden.ledger.store import Appended, Txn
+from loopwarden.operations.admission import Route, route_for
+from loopwarden.operations.approvals import covered_tools
+from loopwarden.operations.leases import expire_leases
+from loopwarden.operations.operation import IDEMPOTENT_WRITE, Call, operation
+from loopwarden.operations.results import BudgetOut, Model, ReasonOut, budgets_out, reasons_out
+from loopwarden.operations.stops import apply_stop_rules, close_loop
+from loopwarden.operations.visibility import by_turn
+from loopwarden.policy import decision as codes
+from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.evaluate import POLICY_VIOLATION, ReportFacts, evaluate_report
+from loopwarden.statuses import LoopStatus, TodoStatus, TurnStatus
+
+
+class UpdateRequest(Model):
+    turn_id: TurnId
+    fence: Fence
+    outcome: Outcome = Field(
+        description="progress (more to do), completed (todo done), failed, or blocked (needs a human)."
+    )
+    tools_used: list[ToolUse] = Field(
+        default_factory=list,
+        max_length=MAX_TOOLS_USED,
+        description="Every tool you called this turn, with its call count.",
+    )
+    usage: Usage = Field(default_factory=Usage, description="What the turn consumed.")
+    evidence: list[Evidence] = Field(
+        default_factory=list,
+        max_length=MAX_EVIDENCE_ITEMS,
+        description="Evidence of the work: test results, diffs, logs, URLs.",
+    )
+    summary: str = Field(max_length=MAX_SUMMARY, description="What you did this turn.")
+    failure_signature: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="For failed turns: a stable short signature of the failure.",
+    )
+    approval_ids: list[ApprovalId] = Field(
+        default_factory=list,
+        max_length=MAX_TOOLS_USED,
+        description="Approved approvals covering approval-gated tools you used.",
+    )
+    idempotency_key: IdempotencyKey
+
+    @field_validator("evidence")
+    @classmethod
+    def _evidence_size(cls, value: list[Evidence]) -> list[Evidence]:
+        check_evidence_size(value)
+        return value
+
+    @field_validator("tools_used")
+    @classmethod
+    def _distinct_tools(cls, value: list[ToolUse]) -> list[ToolUse]:
+        names = [t.name for t in value]
+        if len(set(names)) != len(names):
+            raise ValueError("list each tool once, with its count")
+        return value
+
+
+class UpdateResult(Model):
+    accepted: bool
+    reasons: list[ReasonOut]
+    route: Route = Field(description="continue | wait | user_action_required | stop")
+    status: LoopStatus | None = Field(
+        description="The loop's status (null if the turn is not yours)."
+    )
+    stop_reason: str | None
+    loop_id: str
+    turn_id: str
+    todo_status: TodoStatus | None = Field(description="The todo's status after this update.")
+    receipt_id: str
+    seq: int
+    digest: str
+    budgets: dict[str, BudgetOut] = Field(
+        description="Every budget after this update (empty if the turn is not yours)."
+    )
+
+
+def _report(req: UpdateRequest, turn: TurnRow) -> TurnReport:
+    return TurnReport(
+        turn_id=turn.turn_id,
+        todo_id=turn.todo_id,
+        fence=req.fence,
+        outcome=req.outcome,
+        tools_used=tuple(req.tools_used),
+        usage=req.usage,
+        evidence=tuple(req.evidence),
+        summary=req.summary,
+        failure_signature=req.failure_signature,
+        approval_ids=tuple(dict.fromkeys(req.approval_ids)),
+    )
+
+
+def _seal(
+    call: Call[Txn],
+    req: UpdateRequest,
+    decision: Decision,
+    *,
+    accepted: bool,
+    charged: bool = True,
+    closes: bool = False,
+) -> Appended:
+    turn = call.turn
+    report = dict(_report(req, turn))  # the validated parts, as they are (no re-validation)
+    data: TurnReported | TurnRefused
+    if accepted:
+        kind, data = ReceiptKind.TURN_REPORTED, TurnReported(**report)
+    else:
+        kind = ReceiptKind.TURN_REFUSED
+        data = TurnRefused(**report, charged=charged, closes_turn=closes)
+    return call.tx.append(
+        turn.loop_id,
+        kind,
+        call.who,
+        data,
+        decision=decision,
+        turn_id=turn.turn_id,
+        todo_id=turn.todo_id,
+        idempotency_key=req.idempotency_key,
+    )
+
+
+def _foreign(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateResult:
+    """A refusal sealed for someone who does not hold the turn: nothing charged, nothing swept,
+    and nothing about the loop in the answer."""
+    sealed = _seal(call, req, decision, accepted=False, charged=False)
+    return UpdateResult(
+        accepted=False,
+        reasons=reasons_out(decision.reasons),
+        route="stop",
+        status=None,
+        stop_reason=None,
+        loop_id=call.turn.loop_id,
+        turn_id=call.turn.turn_id,
+        todo_status=None,
+        receipt_id=sealed.receipt_id,
+        seq=sealed.seq,
+        digest=sealed.sealed.digest,
+        budgets={},
+    )
+
+
+def _refuse(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateResult:
+    """A refusal decided before the report is read (a reused key, an outsider): charged if the
+    caller holds the turn (the work happened), otherwise a foreign refusal."""
+    if call.turn.agent != call.who.id:
+        return _foreign(call, req, decision)
+    sealed = _seal(call, req, decision, accepted=False)
+    return _result(call, False, decision, sealed)
+
+
+def _decide(call: Call[Txn], req: UpdateRequest) -> Decision:
+    tx, turn = call.tx, call.turn
+    loop = call.loop
+    policy = tx.policy(loop.policy_digest)
+    todo = tx.todo(loop.loop_id, turn.todo_id)
+    covered, problems = covered_tools(req, turn, tx.approvals(req.approval_ids), tx.now)
+    facts = ReportFacts(
+        agent=call.who.id,
+        loop_status=loop.status,
+        turn_agent=turn.agent,
+        turn_status=turn.status,
+        turn_fence=turn.fence,
+        todo_fence=todo.fence if todo else -1,
+        given_fence=req.fence,
+        lease_expires_at=parse_time(turn.lease_expires_at),
+        now=tx.now_dt,
+        outcome=req.outcome,
+        has_evidence=bool(req.evidence),
+        tools=tuple(t.name for t in req.tools_used),
+        approved_tools=covered,
+        approval_problems=problems,
+    )
+    return evaluate_report(policy, facts, digest=loop.policy_digest)
+
+
+@operation(
+    "update",
+    access="write",
+    scope=by_turn,
+    hints=IDEMPOTENT_WRITE,
+    refuse=_refuse,
+    description="""\
+Close your turn with an honest report: outcome, tools used, usage, evidence, summary.
+
+Every turn you claim must end with exactly one accepted update. Budgets are charged from
+`usage`; tools are checked against the loop's policy (a forbidden tool is refused and may
+stop the loop). Completing a todo may require evidence. Then follow `route`: continue
+(claim again), wait, user_action_required (stop and tell the user), or stop.""",
+)
+def update(call: Call[Txn], req: UpdateRequest) -> UpdateResult:
+    """Close a turn with the agent's report.
+
+    Idempotent: the same principal, key and arguments return the original result; the same key
+    with other arguments is refused (`idempotency_conflict`, charged on the caller's own turn).
+    Otherwise, in one transaction:
+    - the caller must own the turn (`not_turn_owner`: refused and sealed, nothing charged, and
+      the answer says nothing about the loop);
+    - every other refusal is charged: the usage in a report happened, whatever is wrong with
+      the report, so budgets always hold. A corrected report for a turn that stays open
+      carries only the usage since the refused one;
+    - a tool violation (a denied or not-allowed tool, or an approval-gated tool without a valid
+      cited approval) closes the turn if it is still open, releases its todo, and with
+      `on_violation = "stop_loop"` stops the loop (`policy_violation`) — whatever else is
+      wrong with the report (a stale fence does not hide a violation);
+    - a closed turn, a stale fence or an expired lease (`turn_closed`, `stale_fence`,
+      `lease_expired`; an expired lease is released first), or completing without required
+      evidence (`evidence_required`), is refused; the turn, if still open, stays open;
+    - else `turn.reported`: usage charged, the todo moves per outcome, approvals consumed.
+    Then the stop rules run, and the result carries the route for the next turn.
+    """
+    if call.turn.agent != call.who.id:
+        reason = Reason(codes.NOT_TURN_OWNER, "this turn belongs to another agent")
+        return _foreign(call, req, Decision("deny", (reason,)))
+    decision = _decide(call, req)
+    if decision.allowed:
+        return _result(call, True, decision, _seal(call, req, decision, accepted=True))
+    return _refused(call, req, decision)
+
+
+def _refused(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateResult:
+    """Every refusal of the owner's report is charged; a violation also closes the turn (if
+    still open) and applies `on_violation`."""
+    tx, turn = call.tx, call.turn
+    found = set(decision.codes)
+    if codes.LEASE_EXPIRED in found:
+        expire_leases(tx, turn.loop_id, call.who)  # releases this turn (and any other stale one)
+    still_open = (tx.turn(turn.turn_id) or turn).status == TurnStatus.OPEN
+    violation = bool(found & codes.VIOLATIONS)
+    sealed = _seal(call, req, decision, accepted=False, closes=violation and still_open)
+    policy = tx.policy(call.loop.policy_digest)
+    if violation and policy.stop.on_violation == "stop_loop" and not call.loop.status.closed:
+        reason = Reason(POLICY_VIOLATION, "; ".join(r.message for r in decision.reasons))
+        close_loop(tx, turn.loop_id, call.who, ReceiptKind.LOOP_STOPPED, reason)
+    return _result(call, False, decision, sealed)
+
+
+def _result(call: Call[Txn], accepted: bool, decision: Decision, sealed: Appended) -> UpdateResult:
+    """After the report's receipt: the stop rules (usage may have been charged), then the
+    answer. Other agents' stale leases are released first, so the route sees what a claim
+    would see."""
+    tx, turn, who = call.tx, call.turn, call.who
+    expire_leases(tx, turn.loop_id, who)
+    apply_stop_rules(tx, turn.loop_id, who)
+    loop = call.loop
+    todo = tx.todo(turn.loop_id, turn.todo_id)
+    return UpdateResult(
+        accepted=accepted,
+        reasons=reasons_out(decision.reasons),
+        route=route_for(tx, turn.loop_id, who.id, tx.now_dt),
+        status=loop.status,
+        stop_reason=loop.stop_reason,
+        loop_id=turn.loop_id,
+        turn_id=turn.turn_id,
+        todo_status=todo.status if todo else None,
+        receipt_id=sealed.receipt_id,
+        seq=sealed.seq,
+        digest=sealed.sealed.digest,
+        budgets=budgets_out(tx.policy(loop.policy_digest), loop),
+    )
