@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-quick lint clean
+.PHONY: demo test test-all bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ demo: $(STAMP)
 	$(BIN)/loopwarden demo
 
 test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: $(STAMP)  # the long reliability variants too (see docs/reliability.md)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
@@ -26,6 +29,7 @@ bench-quick: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

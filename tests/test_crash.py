@@ -1,7 +1,8 @@
 """Crash safety: a `loopwarden serve` SIGKILLed again and again while a client drives turns, and
 a damaged store that the server and the audit refuse.
 
-The crash loop runs LOOPWARDEN_CRASH_KILLS (default 50) cycles. Each cycle starts a real
+The crash loop runs in two variants: a short one (12 cycles) that every `make test` runs, and a
+long one marked `slow` with LOOPWARDEN_CRASH_KILLS (default 50) cycles (`make test-all`). Each cycle starts a real
 `loopwarden serve --http` on the shared data home, connects the MCP SDK client, resends the one
 call left unanswered by the previous crash (same idempotency key), then claims and reports turns
 until the server is SIGKILLed after a random delay — mostly in the middle of a request. Every
@@ -155,9 +156,10 @@ def crash_policy(todos: int) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def crash_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """A home with the crash loop open and a bearer token for the agent (minted by the CLI)."""
+    """A fresh home with the crash loop open and a bearer token for the agent (minted by the
+    CLI): each variant of the crash loop checks its own journal from the first receipt."""
     root = tmp_path_factory.mktemp("crash")
     home = root / "home"
     # Enough work that the driver never finishes the loop before the last kill (a fast run
@@ -227,7 +229,15 @@ async def drive_until_killed(served: Served, token: str, driver: Driver, delay: 
     assert started and killed.is_set()
 
 
-async def test_sigkill_at_random_moments_never_loses_an_acknowledged_receipt(crash_home, tmp_path):
+SHORT_KILLS = 12
+
+
+@pytest.mark.parametrize(
+    "kills", [pytest.param(SHORT_KILLS, id="short"), pytest.param(KILLS, id="long", marks=pytest.mark.slow)]
+)
+async def test_sigkill_at_random_moments_never_loses_an_acknowledged_receipt(
+    crash_home, tmp_path, kills
+):
     crash_home, token = crash_home
     rng = random.Random(int(os.environ.get("LOOPWARDEN_CRASH_SEED", "20260101")))
     driver = Driver()
@@ -240,7 +250,7 @@ async def test_sigkill_at_random_moments_never_loses_an_acknowledged_receipt(cra
 
     served, port = spawn_server(crash_home, logs, env=env(0))
     try:
-        for cycle in range(KILLS):
+        for cycle in range(kills):
             if cycle % 10 == 9:  # now and then, crash a server while it is still starting up
                 time.sleep(rng.uniform(0.2, 1.2))  # imports, preflight, store open, bind
                 kill_server(served)
@@ -274,9 +284,9 @@ async def test_sigkill_at_random_moments_never_loses_an_acknowledged_receipt(cra
     assert set(replayed.reports.values()) == {1}
     assert replayed.kinds["turn.reported"] == driver.n
     assert replayed.kinds["turn.claimed"] == sum(a.kind == "turn.claimed" for a in driver.acks)
-    assert driver.kills_mid_request >= KILLS // 2, "kills should mostly land mid-request"
+    assert driver.kills_mid_request >= kills // 2, "kills should mostly land mid-request"
     print(
-        f"\n[crash] {KILLS} SIGKILLs while driving + {startup_kills} during startup survived; "
+        f"\n[crash] {kills} SIGKILLs while driving + {startup_kills} during startup survived; "
         f"{driver.kills_mid_request} landed mid-request; {len(driver.acks)} acknowledged "
         f"receipts re-checked after every crash; {driver.resent} unanswered calls resent, "
         f"{driver.resent_committed} of them had committed and replayed their original result; "

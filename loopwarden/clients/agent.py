@@ -92,16 +92,19 @@ class AgentClient:
             raise _error(result, name)
         return result_type.model_validate(result.structured_content)
 
+    async def _run(self, op: Operation[Req, Res], arguments: dict[str, Any]) -> Res:
+        """Call `op` with a method's own arguments (`locals()`), parsed by the op's request
+        model: a method's signature is the only place it restates the request."""
+        request = op.request.model_validate({k: v for k, v in arguments.items() if k != "self"})
+        return await self.call(op, request)
+
     async def quota(self, loop_id: str) -> quota_ops.QuotaResult:
-        return await self.call(quota_ops.quota, quota_ops.QuotaRequest(loop_id=loop_id))
+        return await self._run(quota_ops.quota, locals())
 
     async def claim(
         self, loop_id: str, todo_id: str | None = None, idempotency_key: str | None = None
     ) -> claim_ops.ClaimResult:
-        request = claim_ops.ClaimRequest(
-            loop_id=loop_id, todo_id=todo_id, idempotency_key=idempotency_key
-        )
-        return await self.call(claim_ops.claim, request)
+        return await self._run(claim_ops.claim, locals())
 
     async def update(
         self,
@@ -117,37 +120,19 @@ class AgentClient:
         failure_signature: str | None = None,
         approval_ids: Sequence[str] = (),
     ) -> update_ops.UpdateResult:
-        request = update_ops.UpdateRequest.model_validate(
-            {
-                "turn_id": turn_id,
-                "fence": fence,
-                "outcome": outcome,
-                "summary": summary,
-                "idempotency_key": idempotency_key,
-                "tools_used": list(tools_used),
-                "usage": usage or Usage(),
-                "evidence": list(evidence),
-                "failure_signature": failure_signature,
-                "approval_ids": list(approval_ids),
-            }
-        )
-        return await self.call(update_ops.update, request)
+        usage = usage or Usage()
+        return await self._run(update_ops.update, locals())
 
     async def heartbeat(self, turn_id: str, fence: int) -> lease_ops.HeartbeatResult:
-        return await self.call(
-            lease_ops.heartbeat, lease_ops.HeartbeatRequest(turn_id=turn_id, fence=fence)
-        )
+        return await self._run(lease_ops.heartbeat, locals())
 
     async def projection(self, loop_id: str) -> projection_ops.ProjectionResult:
-        return await self.call(
-            projection_ops.projection, projection_ops.ProjectionRequest(loop_id=loop_id)
-        )
+        return await self._run(projection_ops.projection, locals())
 
     async def receipt(
         self, receipt_id: str | None = None, loop_id: str | None = None, seq: int | None = None
     ) -> receipt_ops.ReceiptResult:
-        request = receipt_ops.ReceiptRequest(receipt_id=receipt_id, loop_id=loop_id, seq=seq)
-        return await self.call(receipt_ops.receipt, request)
+        return await self._run(receipt_ops.receipt, locals())
 
     async def todo_add(
         self,
@@ -159,15 +144,7 @@ class AgentClient:
         order: int | None = None,
         idempotency_key: str | None = None,
     ) -> todo_ops.TodoAddResult:
-        request = todo_ops.TodoAddRequest(
-            loop_id=loop_id,
-            title=title,
-            todo_id=todo_id,
-            depends_on=list(depends_on),
-            order=order,
-            idempotency_key=idempotency_key,
-        )
-        return await self.call(todo_ops.todo_add, request)
+        return await self._run(todo_ops.todo_add, locals())
 
     async def request_approval(
         self,
@@ -178,15 +155,7 @@ class AgentClient:
         artifact_digest: str | None = None,
         idempotency_key: str | None = None,
     ) -> approvals_ops.ApprovalRequestResult:
-        request = approvals_ops.ApprovalRequest(
-            turn_id=turn_id,
-            fence=fence,
-            tool=tool,
-            summary=summary,
-            artifact_digest=artifact_digest,
-            idempotency_key=idempotency_key,
-        )
-        return await self.call(approvals_ops.request_approval, request)
+        return await self._run(approvals_ops.request_approval, locals())
 
     async def open_loop(
         self,
@@ -195,18 +164,9 @@ class AgentClient:
         todos: Sequence[loop_ops.TodoInput | dict[str, Any]] = (),
         loop_id: str | None = None,
     ) -> loop_ops.OpenLoopResult:
-        request = loop_ops.OpenLoopRequest.model_validate(
-            {"objective": objective, "policy": policy, "todos": list(todos), "loop_id": loop_id}
-        )
-        return await self.call(loop_ops.open_loop, request)
+        return await self._run(loop_ops.open_loop, locals())
 
     async def decide_approval(
         self, approval_id: str, approve: bool, expires_in_seconds: int = 3600, reason: str = ""
     ) -> approvals_ops.DecideApprovalResult:
-        request = approvals_ops.DecideApprovalRequest(
-            approval_id=approval_id,
-            approve=approve,
-            expires_in_seconds=expires_in_seconds,
-            reason=reason,
-        )
-        return await self.call(approvals_ops.decide_approval, request)
+        return await self._run(approvals_ops.decide_approval, locals())

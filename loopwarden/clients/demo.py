@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -177,7 +178,7 @@ def _usage(calls: int, cost: float, seconds: float) -> dict[str, Any]:
     }
 
 
-async def scenario_success(home: Path, n: Narrator) -> bool:
+async def scenario_success(home: Path, n: Narrator, work: Path) -> bool:
     n.section("success", "1. success — two agents build and review a change")
     await _open(
         home,
@@ -238,7 +239,7 @@ async def scenario_success(home: Path, n: Narrator) -> bool:
     return not early.granted and final.status == "completed"
 
 
-async def scenario_refusal(home: Path, n: Narrator) -> bool:
+async def scenario_refusal(home: Path, n: Narrator, work: Path) -> bool:
     n.section("refusal", "2. refusal — a turn reports a tool outside the policy")
     await _open(
         home,
@@ -274,7 +275,29 @@ async def scenario_refusal(home: Path, n: Narrator) -> bool:
     )
 
 
-async def scenario_approval(home: Path, n: Narrator) -> bool:
+async def _approve(home: Path, n: Narrator, approval_id: str) -> None:
+    """The operator approves, through the admin API (the same operation `loopwarden approve` runs)."""
+    async with admin.open_store(home) as store:
+        decided = await decide_approval(
+            store,
+            OPERATOR,
+            DecideApprovalRequest(
+                approval_id=approval_id,
+                approve=True,
+                expires_in_seconds=1800,
+                reason="staging deploy of 1.4 is fine",
+            ),
+        )
+    n.step(
+        "operator",
+        f"approve {decided.approval_id}",
+        f"{decided.status} until {decided.expires_at}",
+        decision="allow",
+        receipt_id=decided.receipt_id,
+    )
+
+
+async def scenario_approval(home: Path, n: Narrator, work: Path) -> bool:
     n.section("approval", "3. approval — a deploy needs a human, once")
     await _open(
         home,
@@ -305,24 +328,7 @@ async def scenario_approval(home: Path, n: Narrator) -> bool:
             turn_id=grant.turn_id,
             receipt_id=asked.receipt_id,
         )
-        async with admin.open_store(home) as store:  # the operator, through the admin API
-            decided = await decide_approval(
-                store,
-                OPERATOR,
-                DecideApprovalRequest(
-                    approval_id=asked.approval_id,
-                    approve=True,
-                    expires_in_seconds=1800,
-                    reason="staging deploy of 1.4 is fine",
-                ),
-            )
-        n.step(
-            "operator",
-            f"approve {decided.approval_id}",
-            f"{decided.status} until {decided.expires_at}",
-            decision="allow",
-            receipt_id=decided.receipt_id,
-        )
+        await _approve(home, n, asked.approval_id)
         await _update(
             n,
             "builder",
@@ -397,6 +403,16 @@ async def scenario_bundle(home: Path, n: Narrator, work: Path) -> bool:
     return report.clean
 
 
+Scenario = Callable[[Path, Narrator, Path], Awaitable[bool]]
+SCENARIOS: dict[str, Scenario] = {
+    "success": scenario_success,
+    "refusal": scenario_refusal,
+    "approval": scenario_approval,
+    "audit": scenario_audit,
+    "bundle": scenario_bundle,
+}
+
+
 def _leaf(exc: BaseException) -> str:
     """The innermost message of an exception (task groups wrap transport errors)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -415,22 +431,10 @@ async def run_demo(home: str | Path | None = None, as_json: bool = False) -> boo
             "every step a signed, Merkle-logged receipt"
         )
         render.console.print(f"[dim]data home {home_path}[/dim]")
-    scenarios = {
-        "success": scenario_success,
-        "refusal": scenario_refusal,
-        "approval": scenario_approval,
-        "audit": scenario_audit,
-        "bundle": scenario_bundle,
-    }
-    results = {}
-    for name, scenario in scenarios.items():
+    results: dict[str, bool] = {}
+    for name, scenario in SCENARIOS.items():
         try:
-            outcome = (
-                scenario(home_path, n, work)
-                if name in ("audit", "bundle")
-                else scenario(home_path, n)
-            )
-            results[name] = bool(await outcome) if hasattr(outcome, "__await__") else bool(outcome)
+            results[name] = await scenario(home_path, n, work)
         except Exception as exc:  # the demo reports a broken step instead of a traceback
             results[name] = False
             message = _leaf(exc)

@@ -91,8 +91,9 @@ def projection(p: ProjectionResult) -> None:
         leases = Table(title="active leases", title_justify="left", box=None, pad_edge=False)
         for column in ("turn", "todo", "agent", "fence", "expires"):
             leases.add_column(column)
-        for t in p.active_leases:
-            leases.add_row(*map(cell, (t.turn_id, t.todo_id, t.agent, t.fence, t.lease_expires_at)))
+        for lease in p.active_leases:
+            row = (lease.turn_id, lease.todo_id, lease.agent, lease.fence, lease.lease_expires_at)
+            leases.add_row(*map(cell, row))
         console.print(leases)
     if p.approvals:
         approvals = Table(title="approvals", title_justify="left", box=None, pad_edge=False)

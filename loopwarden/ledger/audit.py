@@ -211,16 +211,16 @@ class _Audit:
                 "the journal's index columns disagree with the signed body",
                 **_where(row),
             )
-        problem = chain_problem(chain.seq, chain.digest, body)
-        if problem == "seq_gap":
+        broken = chain_problem(chain.seq, chain.digest, body)
+        if broken == "seq_gap":
             add("seq_gap", f"seq {body.seq} follows seq {chain.seq}", **_where(row))
-        elif problem == "prev_mismatch":
+        elif broken == "prev_mismatch":
             add(
                 "prev_mismatch",
                 "prev does not name the previous receipt of this loop",
                 **_where(row),
             )
-        chain.broken = chain.broken or problem is not None
+        chain.broken = chain.broken or broken is not None
         chain.seq, chain.digest = body.seq, digest
         if chain.broken:
             return

@@ -202,14 +202,14 @@ def _replay(
             report.add(
                 "index_mismatch", f"receipt #{position} belongs to loop {body.loop_id}", **where
             )
-        problem = chain_problem(position - 1, previous, body)
-        if problem is not None:
+        broken = chain_problem(position - 1, previous, body)
+        if broken is not None:
             what = (
                 f"has seq {body.seq}"
-                if problem == "seq_gap"
+                if broken == "seq_gap"
                 else "does not chain to its predecessor"
             )
-            report.add(problem, f"receipt #{position} {what}", **where)
+            report.add(broken, f"receipt #{position} {what}", **where)
             break
         previous = digest
         try:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import secrets
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from loopwarden.policy.patterns import TOOL_NAME_RE
 
-RECEIPT_SCHEMA = "loopwarden.receipt/v1"
+RECEIPT_SCHEMA: Final = "loopwarden.receipt/v1"
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
@@ -397,11 +397,11 @@ ReceiptBody = Annotated[
 BODY_TYPES: dict[str, type[_Body]] = {
     kind: cls
     for cls in _Body.__subclasses__()
-    for kind in cls.model_fields["kind"].annotation.__args__  # type: ignore[union-attr]
+    for kind in get_args(cls.model_fields["kind"].annotation)
 }
+"""Each kind's body class (a kind's data model is its body's `data` annotation)."""
 DATA_MODELS: dict[str, type[Fact]] = {
-    kind: cls.model_fields["data"].annotation  # type: ignore[misc]
-    for kind, cls in BODY_TYPES.items()
+    kind: cast(type[Fact], cls.model_fields["data"].annotation) for kind, cls in BODY_TYPES.items()
 }
 _BODY = TypeAdapter[ReceiptBody](ReceiptBody)
 
@@ -413,4 +413,4 @@ def parse_body(value: Any) -> ReceiptBody:
 
 def make_body(kind: ReceiptKind | str, **fields: Any) -> ReceiptBody:
     """Build the body of one kind from already-typed parts (validated like any parsed body)."""
-    return BODY_TYPES[kind].model_validate({"kind": str(kind), **fields})
+    return cast(ReceiptBody, BODY_TYPES[kind].model_validate({"kind": str(kind), **fields}))

@@ -105,7 +105,24 @@ def turn_from_sql(r: tuple) -> TurnRow:
 
 
 def approval_from_sql(r: tuple) -> ApprovalRow:
-    return ApprovalRow(*r[:7], ApprovalStatus(r[7]), *r[8:])
+    status = ApprovalStatus(r[7])
+    return ApprovalRow(
+        r[0],
+        r[1],
+        r[2],
+        r[3],
+        r[4],
+        r[5],
+        r[6],
+        status,
+        r[8],
+        r[9],
+        r[10],
+        r[11],
+        r[12],
+        r[13],
+        r[14],
+    )
 
 
 def as_sql(row: TurnRow | ApprovalRow) -> tuple:
@@ -243,54 +260,34 @@ class Reader:
     def turn(self, turn_id: str) -> TurnRow | None:
         return self.turns([turn_id]).get(turn_id)
 
+    def _loop_turns(self, loop_id: str, tail: str, *params: object) -> list[TurnRow]:
+        """The loop's turns matching `tail` (`AND …` conditions, then `ORDER BY …`)."""
+        sql = f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? {tail}"
+        return [turn_from_sql(r) for r in self.conn.execute(sql, (loop_id, *params))]
+
     def loop_turns(self, loop_id: str, status: TurnStatus | None = None) -> list[TurnRow]:
         if status is None:
-            rows = self.conn.execute(
-                f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? ORDER BY claimed_at, turn_id",
-                (loop_id,),
-            )
-        else:
-            rows = self.conn.execute(
-                f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? AND status = ? "
-                "ORDER BY claimed_at, turn_id",
-                (loop_id, status),
-            )
-        return [turn_from_sql(r) for r in rows]
+            return self._loop_turns(loop_id, "ORDER BY claimed_at, turn_id")
+        return self._loop_turns(loop_id, "AND status = ? ORDER BY claimed_at, turn_id", status)
 
     def expired_turns(self, loop_id: str, now: str) -> list[TurnRow]:
-        rows = self.conn.execute(
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? AND status = 'open' "
-            "AND lease_expires_at < ? ORDER BY lease_expires_at, turn_id",
-            (loop_id, now),
-        )
-        return [turn_from_sql(r) for r in rows]
+        tail = "AND status = 'open' AND lease_expires_at < ? ORDER BY lease_expires_at, turn_id"
+        return self._loop_turns(loop_id, tail, now)
 
-    def count_open_turns(self, loop_id: str, agent: str | None = None) -> int:
-        if agent is None:
-            r = self._one(
-                "SELECT count(*) FROM turns WHERE loop_id = ? AND status = 'open'", (loop_id,)
-            )
-        else:
-            r = self._one(
-                "SELECT count(*) FROM turns WHERE loop_id = ? AND agent = ? AND status = 'open'",
-                (loop_id, agent),
-            )
-        return r[0] if r else 0
-
-    def count_live_turns(self, loop_id: str, now: str, agent: str | None = None) -> int:
-        """Open turns whose lease has not expired at `now` (expired ones are swept on claim)."""
-        if agent is None:
-            r = self._one(
-                "SELECT count(*) FROM turns WHERE loop_id = ? AND status = 'open' "
-                "AND lease_expires_at >= ?",
-                (loop_id, now),
-            )
-        else:
-            r = self._one(
-                "SELECT count(*) FROM turns WHERE loop_id = ? AND agent = ? AND status = 'open' "
-                "AND lease_expires_at >= ?",
-                (loop_id, agent, now),
-            )
+    def count_open_turns(
+        self, loop_id: str, agent: str | None = None, *, live_at: str | None = None
+    ) -> int:
+        """Open turns of the loop (of one agent); with `live_at`, only those whose lease has
+        not expired at that time (expired ones are swept on claim)."""
+        sql = "SELECT count(*) FROM turns WHERE loop_id = ? AND status = 'open'"
+        params: list[object] = [loop_id]
+        if agent is not None:
+            sql += " AND agent = ?"
+            params.append(agent)
+        if live_at is not None:
+            sql += " AND lease_expires_at >= ?"
+            params.append(live_at)
+        r = self._one(sql, tuple(params))
         return r[0] if r else 0
 
     def claims_since(self, loop_id: str, since: str) -> int:
@@ -300,12 +297,7 @@ class Reader:
         return r[0] if r else 0
 
     def recent_turns(self, loop_id: str, limit: int) -> list[TurnRow]:
-        rows = self.conn.execute(
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? ORDER BY claimed_at DESC, turn_id DESC "
-            "LIMIT ?",
-            (loop_id, limit),
-        )
-        return [turn_from_sql(r) for r in rows]
+        return self._loop_turns(loop_id, "ORDER BY claimed_at DESC, turn_id DESC LIMIT ?", limit)
 
     def dependencies_done(self, loop_id: str, todo: TodoRow) -> bool:
         if not todo.depends_on:
@@ -316,7 +308,7 @@ class Reader:
             f"AND todo_id IN ({_placeholders(deps)})",
             (loop_id, *deps),
         )
-        return bool(r) and r[0] == len(set(deps))
+        return r is not None and r[0] == len(set(deps))
 
     def next_eligible_todo(self, loop_id: str) -> TodoRow | None:
         """The first open todo (by order, then id) whose dependencies are all done: one query,
@@ -364,30 +356,25 @@ class Reader:
 
     # --- views --------------------------------------------------------------------------------
 
-    def view(self, loop_id: str, touch: Touched) -> LoopView | None:
-        """The loop row plus the rows one receipt touches (a partial view for the write path)."""
+    def view(self, loop_id: str, touch: Touched | None) -> LoopView | None:
+        """The loop row plus the rows one receipt touches (a partial view, for the write path),
+        or with `touch=None` every row of the loop (the whole projection, for an audit)."""
         loop = self.loop_row(loop_id)
         if loop is None:
             return None
-        return LoopView(
-            loop=loop,
-            policy=self.policy(loop.policy_digest),
-            todos=self.todos(loop_id, touch.todos),
-            turns=self.turns(touch.turns),
-            approvals=self.approvals(touch.approvals),
-        )
+        view = LoopView(loop=loop, policy=self.policy(loop.policy_digest))
+        if touch is None:
+            view.todos = {t.todo_id: t for t in self.all_todos(loop_id)}
+            view.turns = {t.turn_id: t for t in self.loop_turns(loop_id)}
+            view.approvals = {a.approval_id: a for a in self.loop_approvals(loop_id)}
+        else:
+            view.todos = self.todos(loop_id, touch.todos)
+            view.turns = self.turns(touch.turns)
+            view.approvals = self.approvals(touch.approvals)
+        return view
 
     def full_view(self, loop_id: str) -> LoopView | None:
-        loop = self.loop_row(loop_id)
-        if loop is None:
-            return None
-        return LoopView(
-            loop=loop,
-            policy=self.policy(loop.policy_digest),
-            todos={t.todo_id: t for t in self.all_todos(loop_id)},
-            turns={t.turn_id: t for t in self.loop_turns(loop_id)},
-            approvals={a.approval_id: a for a in self.loop_approvals(loop_id)},
-        )
+        return self.view(loop_id, None)
 
     # --- journal and Merkle log ---------------------------------------------------------------
 

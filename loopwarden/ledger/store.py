@@ -239,7 +239,8 @@ class Txn(Reader):
 
     def _fold(self, body: ReceiptBody, digest: str) -> LoopView:
         before = self.view(body.loop_id, touched(body))
-        old = (
+        # The rows as loaded: the fold replaces the rows it changes, so identity tells which.
+        old: dict[str, dict[str, Any]] = (
             {}
             if before is None
             else {

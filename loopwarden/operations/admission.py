@@ -34,8 +34,8 @@ def claim_facts(
         status=loop.status,
         now=now,
         totals=loop.totals,
-        active=reader.count_live_turns(loop.loop_id, now_text),
-        active_for_agent=reader.count_live_turns(loop.loop_id, now_text, agent),
+        active=reader.count_open_turns(loop.loop_id, live_at=now_text),
+        active_for_agent=reader.count_open_turns(loop.loop_id, agent, live_at=now_text),
         claims_in_window=claims_in_window(policy, reader, loop.loop_id, now),
     )
 

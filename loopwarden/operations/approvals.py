@@ -29,9 +29,11 @@ from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.rows import ApprovalRow, TurnRow
 from loopwarden.ledger.store import Txn
 from loopwarden.operations.leases import turn_problems
-from loopwarden.operations.operation import OPERATOR_CALLERS, Call, operation
-from loopwarden.operations.refusals import refuse_request
+from loopwarden.operations.operation import OPERATOR_CALLERS, Call
+from loopwarden.operations.projection import ApprovalOut
+from loopwarden.operations.refusals import refuse_on_turn
 from loopwarden.operations.results import Model, ReasonOut, reasons_out
+from loopwarden.operations.runner import operation
 from loopwarden.operations.visibility import by_approval, by_turn
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Decision, Reason
@@ -107,22 +109,12 @@ class ApprovalRequestResult(Model):
 def _refuse_request(
     call: Call[Txn], req: ApprovalRequest, decision: Decision
 ) -> ApprovalRequestResult:
-    turn = call.turn
-    receipt_id = refuse_request(
-        call.tx,
-        call.who,
-        turn.loop_id,
-        "request_approval",
-        decision,
-        turn_id=turn.turn_id,
-        todo_id=turn.todo_id,
-    )
     return ApprovalRequestResult(
         requested=False,
         reasons=reasons_out(decision.reasons),
         approval_id=None,
         status=None,
-        receipt_id=receipt_id,
+        receipt_id=refuse_on_turn(call, "request_approval", decision),
     )
 
 
@@ -139,20 +131,13 @@ def _request_problems(call: Call[Txn], req: ApprovalRequest) -> list[Reason]:
     return []
 
 
-@operation(
-    "request_approval",
-    access="write",
-    scope=by_turn,
-    refuse=_refuse_request,
-    description="""\
-Ask a human operator to approve one approval-gated tool for your open turn.
-
-Do not use the tool until projection or the operator shows the approval as approved; then
-cite its `approval_id` in your update.""",
-)
+@operation(access="write", scope=by_turn, refuse=_refuse_request)
 def request_approval(call: Call[Txn], req: ApprovalRequest) -> ApprovalRequestResult:
-    """Ask an operator to approve one approval-gated tool for the caller's open turn.
+    """Ask a human operator to approve one approval-gated tool for your open turn.
 
+    Do not use the tool until projection or the operator shows the approval as approved; then
+    cite its `approval_id` in your update.
+    \f
     Refused (sealed as `request.refused`) if the turn is not the caller's, not open, the fence
     is stale, or the tool is not approval-gated (`approval_not_needed` if it is simply allowed,
     `tool_denied` / `tool_not_allowed` otherwise).
@@ -210,16 +195,11 @@ class DecideApprovalResult(Model):
     receipt_id: str
 
 
-@operation(
-    "decide_approval",
-    access="write",
-    scope=by_approval,
-    callers=OPERATOR_CALLERS,
-    description="Operator only: approve or reject a pending approval request.",
-)
+@operation(access="write", scope=by_approval, callers=OPERATOR_CALLERS)
 def decide_approval(call: Call[Txn], req: DecideApprovalRequest) -> DecideApprovalResult:
-    """Approve or reject a pending approval (operator only). `Conflict` if it was already
-    decided."""
+    """Operator only: approve or reject a pending approval request.
+    \f
+    `Conflict` if it was already decided."""
     tx = call.tx
     approval = tx.approval(req.approval_id)
     assert approval is not None  # located by the scope in this transaction
@@ -265,40 +245,12 @@ class ApprovalsRequest(Model):
     )
 
 
-class ApprovalLine(Model):
-    approval_id: str
-    loop_id: str
-    turn_id: str
-    todo_id: str
-    tool: str
-    summary: str
-    artifact_digest: str | None
-    status: ApprovalStatus
-    requested_by: str
-    requested_at: str
-    decided_by: str | None
-    decided_at: str | None
-    expires_at: str | None
-    reason: str | None
-    consumed_by: str | None
-
-
 class ApprovalsResult(Model):
-    approvals: list[ApprovalLine]
+    approvals: list[ApprovalOut]
 
 
-def approval_line(row: ApprovalRow) -> ApprovalLine:
-    return ApprovalLine.model_construct(**row.__dict__)
-
-
-@operation(
-    "list_approvals",
-    access="read",
-    callers=OPERATOR_CALLERS,
-    tool=False,
-    description="Operator only: approval requests, oldest first.",
-)
+@operation(access="read", callers=OPERATOR_CALLERS, tool=False)
 def list_approvals(call: Call[Reader], req: ApprovalsRequest) -> ApprovalsResult:
-    """Every approval request (of one loop, in one status), in request order."""
+    """Operator only: approval requests (of one loop, in one status), oldest first."""
     rows = call.tx.loop_approvals(req.loop_id, req.status)
-    return ApprovalsResult(approvals=[approval_line(a) for a in rows])
+    return ApprovalsResult(approvals=rows)

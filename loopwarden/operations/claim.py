@@ -21,13 +21,15 @@ from loopwarden.ledger.rows import LoopRow, TodoRow
 from loopwarden.ledger.store import Txn
 from loopwarden.operations.admission import claim_facts
 from loopwarden.operations.leases import expire_leases
-from loopwarden.operations.operation import Call, operation
+from loopwarden.operations.operation import Call
 from loopwarden.operations.results import BudgetOut, Model, ReasonOut, budgets_out, reasons_out
+from loopwarden.operations.runner import operation
 from loopwarden.operations.stops import apply_stop_rules
 from loopwarden.operations.visibility import by_loop
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Decision, Reason
 from loopwarden.policy.evaluate import evaluate_claim
+from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import LoopStatus, TodoStatus
 
 
@@ -115,21 +117,21 @@ def _nothing(call: Call[Txn], reason: Reason) -> ClaimResult:
 
 
 @operation(
-    "claim",
     access="write",
     scope=by_loop,
     refuse=_refuse,
     remember=lambda result: result.receipt_id is not None,
-    description="""\
-Start a turn: claim the next eligible todo under a lease before doing any work.
-
-If `granted`, work only on `todo_id`, use only `allowed_tools` (and `approval_tools` with an
-approved approval), finish before `lease_expires_at` (or call heartbeat), then report with
-update using `turn_id` and `fence`. If not granted, `reasons` say why; do not retry in a
-tight loop.""",
 )
 def claim(call: Call[Txn], req: ClaimRequest) -> ClaimResult:
-    """Admit one turn, or refuse it with every reason.
+    """Start a turn: claim the next eligible todo under a lease before doing any work.
+
+    If `granted`, work only on `todo_id`, use only `allowed_tools` (and `approval_tools` with an
+    approved approval), finish before `lease_expires_at` (or call heartbeat), then report with
+    update using `turn_id` and `fence`. If not granted, `reasons` say why; do not retry in a
+    tight loop.
+
+    \f
+    Admit one turn, or refuse it with every reason.
 
     In one transaction: sweep expired leases (`lease.expired`), apply stop rules, evaluate
     admission (loop active, agent allowed, budgets with open turns counted, rate, lease limits),
@@ -152,6 +154,14 @@ def claim(call: Call[Txn], req: ClaimRequest) -> ClaimResult:
     todo = _pick(tx, loop, req)
     if isinstance(todo, Reason):
         return _nothing(call, todo)
+    return _grant(call, req, todo, policy, decision)
+
+
+def _grant(
+    call: Call[Txn], req: ClaimRequest, todo: TodoRow, policy: LoopPolicy, decision: Decision
+) -> ClaimResult:
+    """Seal `turn.claimed` on `todo`: a fresh turn id, the next fence, the lease."""
+    tx, loop_id = call.tx, call.loop.loop_id
     turn_id = new_id("turn")
     lease = format_time(tx.now_dt + timedelta(seconds=policy.claims.lease_seconds))
     claimed = TurnClaimed(
@@ -165,7 +175,7 @@ def claim(call: Call[Txn], req: ClaimRequest) -> ClaimResult:
     sealed = tx.append(
         loop_id,
         ReceiptKind.TURN_CLAIMED,
-        who,
+        call.who,
         claimed,
         decision=decision,
         turn_id=turn_id,

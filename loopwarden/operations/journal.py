@@ -7,8 +7,9 @@ from pydantic import Field
 from loopwarden.ledger.events import LoopId, ReceiptKind
 from loopwarden.ledger.reader import JournalRow, Reader
 from loopwarden.ledger.receipts import Opened, open_envelope
-from loopwarden.operations.operation import Call, operation
+from loopwarden.operations.operation import Call
 from loopwarden.operations.results import Model
+from loopwarden.operations.runner import operation
 from loopwarden.operations.visibility import by_loop
 
 MAX_LINES = 10_000
@@ -59,16 +60,14 @@ class JournalResult(Model):
     closed: bool = Field(description="The loop is closed: no receipt but refusals will follow.")
 
 
-@operation(
-    "journal",
-    access="read",
-    scope=by_loop,
-    tool=False,
-    description="A loop's receipts in order, each with its signature checked.",
-)
+@operation(access="read", scope=by_loop, tool=False)
 def journal(call: Call[Reader], req: JournalRequest) -> JournalResult:
-    """The loop's receipts after `after_seq` (of one kind), each verified against the store's
-    trusted keys."""
+    """A loop's receipts in order, each with its signature checked.
+
+    \f
+    The loop's receipts after `after_seq` (of one kind), each verified against the store's
+    trusted keys.
+    """
     rows = call.tx.loop_journal(
         req.loop_id, after_seq=req.after_seq, limit=req.limit, kind=req.kind
     )

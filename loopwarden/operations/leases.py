@@ -8,9 +8,10 @@ from loopwarden.clock import format_time, parse_time
 from loopwarden.ledger.events import Fence, LeaseExpired, LeaseRenewed, ReceiptKind, TurnId
 from loopwarden.ledger.rows import TurnRow
 from loopwarden.ledger.store import Appended, Txn
-from loopwarden.operations.operation import Call, operation
-from loopwarden.operations.refusals import refuse_request
+from loopwarden.operations.operation import Call
+from loopwarden.operations.refusals import refuse_on_turn
 from loopwarden.operations.results import Model, ReasonOut, reasons_out
+from loopwarden.operations.runner import operation
 from loopwarden.operations.visibility import by_turn
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Decision, Reason
@@ -78,33 +79,21 @@ def _refuse_heartbeat(
     turn = call.turn
     if any(r.code == codes.LEASE_EXPIRED for r in decision.reasons):
         expire_leases(call.tx, turn.loop_id, call.who)
-    receipt_id = refuse_request(
-        call.tx,
-        call.who,
-        turn.loop_id,
-        "heartbeat",
-        decision,
-        turn_id=turn.turn_id,
-        todo_id=turn.todo_id,
-    )
     return HeartbeatResult(
         renewed=False,
         reasons=reasons_out(decision.reasons),
         turn_id=turn.turn_id,
         lease_expires_at=None,
-        receipt_id=receipt_id,
+        receipt_id=refuse_on_turn(call, "heartbeat", decision),
     )
 
 
-@operation(
-    "heartbeat",
-    access="write",
-    scope=by_turn,
-    refuse=_refuse_heartbeat,
-    description="Extend your lease on an open turn when the work takes longer than the lease.",
-)
+@operation(access="write", scope=by_turn, refuse=_refuse_heartbeat)
 def heartbeat(call: Call[Txn], req: HeartbeatRequest) -> HeartbeatResult:
-    """Extend the caller's lease on an open turn by the policy's `lease_seconds` from now.
+    """Extend your lease on an open turn when the work takes longer than the lease.
+
+    \f
+    Extend the caller's lease on an open turn by the policy's `lease_seconds` from now.
 
     Refused (sealed as `request.refused`) for another agent's turn, a closed turn, a stale fence
     or an already expired lease (which is then swept: `lease.expired`).

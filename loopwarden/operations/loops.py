@@ -22,8 +22,9 @@ from loopwarden.ledger.events import (
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.rows import LoopRow
 from loopwarden.ledger.store import Txn
-from loopwarden.operations.operation import OPERATOR_CALLERS, Call, Operation, operation
-from loopwarden.operations.results import Model
+from loopwarden.operations.operation import OPERATOR_CALLERS, Call, Operation
+from loopwarden.operations.results import Model, from_row
+from loopwarden.operations.runner import operation
 from loopwarden.operations.stops import close_loop
 from loopwarden.operations.todos import check_todo_graph
 from loopwarden.operations.visibility import by_loop, visible
@@ -80,16 +81,11 @@ def _todo_specs(todos: list[TodoInput]) -> tuple[TodoSpec, ...]:
     return specs
 
 
-@operation(
-    "open_loop",
-    access="write",
-    callers=OPERATOR_CALLERS,
-    description="Operator only: open a governed loop with an objective, a policy and initial todos.",
-)
+@operation(access="write", callers=OPERATOR_CALLERS)
 def open_loop(call: Call[Txn], req: OpenLoopRequest) -> OpenLoopResult:
-    """Open a governed loop: validate the policy and the todo graph, seal `loop.opened`.
-
-    An invalid policy is a `PolicyError` naming the field; duplicate ids, unknown dependencies
+    """Operator only: open a governed loop with an objective, a policy and initial todos.
+    \f
+    Validates the policy and the todo graph, then seals `loop.opened`. An invalid policy is a `PolicyError` naming the field; duplicate ids, unknown dependencies
     or cycles are `InvalidInput`; an existing loop id is `Conflict`.
     """
     policy = policy_from_data(req.policy, "policy")
@@ -133,22 +129,14 @@ class LoopList(Model):
 
 
 def loop_summary(loop: LoopRow) -> LoopSummary:
-    return LoopSummary(
-        loop_id=loop.loop_id,
-        objective=loop.objective,
-        status=loop.status,
-        stop_reason=loop.stop_reason,
-        opened_at=loop.opened_at,
-        head_seq=loop.head_seq,
-        turns=loop.totals.turns,
-        todos=loop.counts_by_status(),
-    )
+    return from_row(LoopSummary, loop, turns=loop.totals.turns, todos=loop.counts_by_status())
 
 
-@operation("list_loops", access="read", tool=False, description="The loops you may see.")
+@operation(access="read", tool=False)
 def list_loops(call: Call[Reader], req: LoopsRequest) -> LoopList:
-    """The loops the caller may see (every loop for an operator, the loops whose policy admits
-    it for an agent), oldest first."""
+    """The loops you may see, oldest first.
+    \f
+    Every loop for an operator; for an agent, the loops whose policy admits it."""
     return LoopList(
         loops=[
             loop_summary(loop)
@@ -192,14 +180,11 @@ def _control(
         return LoopControlResult(loop_id=req.loop_id, status=target, receipt_id=sealed.receipt_id)
 
     target_code = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}[action]
-    return operation(
-        f"{action}_loop",
-        access="write",
-        scope=by_loop,
-        callers=OPERATOR_CALLERS,
-        tool=False,
-        description=f"Operator only: {action} a loop.",
-    )(body)
+    body.__doc__ = f"Operator only: {action} a loop (seals `{kind}`)."
+    declare = operation(
+        name=f"{action}_loop", access="write", scope=by_loop, callers=OPERATOR_CALLERS, tool=False
+    )
+    return declare(body)
 
 
 pause_loop = _control(ReceiptKind.LOOP_PAUSED, "pause", {LoopStatus.ACTIVE}, LoopStatus.PAUSED)

@@ -4,18 +4,21 @@ An `Operation` names the request and result models, who may call it, how its req
 loop (its *scope*, which decides visibility), how it seals a refusal, what an MCP client is told
 about it (description and hints), and the function that does the work. The runner
 (`runner.py`) applies the cross-cutting rules in one order for all of them; the MCP tools, the
-typed agent client and the CLI are derived from these declarations.
+typed agent client and the CLI are derived from these declarations. The `@operation`
+decorator that makes one lives with the runner (`runner.py`).
 
-    @operation("claim", access="write", scope=by_loop, description="Start a turn: ...")
-    def claim(call: Call[Txn], req: ClaimRequest) -> ClaimResult: ...
+    @operation(access="write", scope=by_loop, refuse=_refuse)
+    def claim(call: Call[Txn], req: ClaimRequest) -> ClaimResult:
+        '''Start a turn: ... (what clients are told)
+        \\f
+        Admit one turn, or refuse it ... (the developer's contract)'''
 
     result = await claim(store, principal, ClaimRequest(loop_id="ship"))
 """
 
 from __future__ import annotations
 
-import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
@@ -102,6 +105,7 @@ class Call(Generic[R]):
 
 Body = Callable[[Call[Any], Any], Any]
 Refuse = Callable[[Call[Any], Any, Decision], Any]
+Runner = Callable[..., Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ class Operation(Generic[Req, Res]):
     callers: frozenset[Role]
     hints: Hints
     description: str
+    runner: Runner = field(repr=False)
     refuse: Refuse | None = None
     remember: Callable[[Res], bool] = field(default=lambda result: True)
     tool: bool = True
@@ -128,43 +133,5 @@ class Operation(Generic[Req, Res]):
         return "required" if key.is_required() else "optional"
 
     async def __call__(self, store: Store, who: Principal, request: Req | dict[str, Any]) -> Res:
-        """Run this operation through the runner (the only way an operation runs)."""
-        from loopwarden.operations.runner import run
-
-        return await run(self, store, who, request)
-
-
-def operation(
-    name: str,
-    *,
-    access: Access,
-    description: str,
-    scope: Scope | None = None,
-    callers: frozenset[Role] = AGENT_CALLERS,
-    hints: Hints | None = None,
-    refuse: Refuse | None = None,
-    remember: Callable[[Any], bool] | None = None,
-    tool: bool = True,
-) -> Callable[[Body], Operation[Any, Any]]:
-    """Declare an operation from its body `def body(call, req: Request) -> Result`: the request
-    and result models are read from the body's annotations, so they are written once."""
-
-    def declare(body: Body) -> Operation[Any, Any]:
-        hints_of = typing.get_type_hints(body)
-        request, result = hints_of["req"], hints_of["return"]
-        return Operation(
-            name=name,
-            request=request,
-            result=result,
-            body=body,
-            access=access,
-            scope=scope,
-            callers=callers,
-            hints=hints or (READ if access == "read" else WRITE),
-            description=description,
-            refuse=refuse,
-            remember=remember or (lambda result: True),
-            tool=tool,
-        )
-
-    return declare
+        """Run this operation through the runner it was declared with (`runner.run`)."""
+        return await self.runner(self, store, who, request)

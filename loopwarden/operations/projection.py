@@ -14,8 +14,16 @@ from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.operations.admission import claims_in_window
 from loopwarden.operations.journal import ReceiptSummary, receipt_summary
-from loopwarden.operations.operation import Call, operation
-from loopwarden.operations.results import BudgetOut, Model, RateOut, budgets_out, rate_out
+from loopwarden.operations.operation import Call
+from loopwarden.operations.results import (
+    BudgetOut,
+    Model,
+    RateOut,
+    budgets_out,
+    from_row,
+    rate_out,
+)
+from loopwarden.operations.runner import operation
 from loopwarden.operations.stops import due_stop
 from loopwarden.operations.visibility import by_loop
 from loopwarden.policy.budgets import budget_lines
@@ -55,16 +63,8 @@ class TurnOut(Model):
     outcome: str | None
 
 
-class ApprovalOut(Model):
-    approval_id: str
-    turn_id: str
-    todo_id: str
-    tool: str
-    status: ApprovalStatus
-    summary: str
-    requested_by: str
-    artifact_digest: str | None
-    expires_at: str | None
+ApprovalOut = ApprovalRow
+"""An approval as published: exactly its stored row."""
 
 
 class Attention(Model):
@@ -99,24 +99,7 @@ class ProjectionResult(Model):
 
 
 def todo_out(t: TodoRow) -> TodoOut:
-    return TodoOut(
-        todo_id=t.todo_id,
-        title=t.title,
-        status=t.status,
-        attempts=t.attempts,
-        fence=t.fence,
-        order=t.ord,
-        depends_on=list(t.depends_on),
-    )
-
-
-def turn_out(t: TurnRow) -> TurnOut:
-    fields = {k: v for k, v in t.__dict__.items() if k != "loop_id"}
-    return TurnOut(**fields)
-
-
-def approval_out(a: ApprovalRow) -> ApprovalOut:
-    return ApprovalOut(**{name: getattr(a, name) for name in ApprovalOut.model_fields})
+    return from_row(TodoOut, t, order=t.ord, depends_on=list(t.depends_on))
 
 
 def attention_for(
@@ -213,17 +196,13 @@ def _shown_approvals(reader: Reader, loop_id: str, now_text: str) -> list[Approv
     ]
 
 
-@operation(
-    "projection",
-    access="read",
-    scope=by_loop,
-    description="""\
-Read the loop's current state: status, budgets, todos, leases, approvals, recent
-receipts, who must act next (attention) and the next action. Call it to orient yourself.""",
-)
+@operation(access="read", scope=by_loop)
 def projection(call: Call[Reader], req: ProjectionRequest) -> ProjectionResult:
-    """The loop's current state: status, budgets, todos, leases, approvals, recent receipts,
-    attention (who must act next and why), the next action, warnings and the journal head."""
+    """Read the loop's current state: status, budgets, todos, leases, approvals, recent
+    receipts, who must act next (attention) and the next action. Call it to orient yourself.
+    \f
+    Also the warnings (budgets near their limit, leases about to expire, a failure streak)
+    and the journal head. Reads one snapshot; changes nothing."""
     reader, loop, now = call.tx, call.loop, call.now
     now_text = format_time(now)
     policy = reader.policy(loop.policy_digest)
@@ -247,9 +226,9 @@ def projection(call: Call[Reader], req: ProjectionRequest) -> ProjectionResult:
         todo_counts=loop.counts_by_status(),
         todos=[todo_out(t) for t in todos[:TODO_PAGE]],
         todos_truncated=len(todos) > TODO_PAGE,
-        active_leases=[turn_out(t) for t in live],
-        turns=[turn_out(t) for t in reader.recent_turns(loop.loop_id, RECENT)],
-        approvals=[approval_out(a) for a in approvals],
+        active_leases=[from_row(TurnOut, t) for t in live],
+        turns=[from_row(TurnOut, t) for t in reader.recent_turns(loop.loop_id, RECENT)],
+        approvals=approvals,
         recent_receipts=[receipt_summary(r) for r in reader.recent_receipts(loop.loop_id, RECENT)],
         attention=attention,
         next_action=next_action,
@@ -268,9 +247,9 @@ class PolicyDocument(Model):
     document: dict[str, object]
 
 
-@operation("loop_policy", access="read", scope=by_loop, tool=False, description="A loop's policy.")
+@operation(access="read", scope=by_loop, tool=False)
 def loop_policy(call: Call[Reader], req: PolicyRequest) -> PolicyDocument:
-    """The loop's normalized policy document (for the policy resource)."""
+    """The loop's normalized policy document (the policy resource reads it)."""
     loop = call.loop
     return PolicyDocument(
         loop_id=loop.loop_id,

@@ -12,7 +12,7 @@ from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.store import Txn
 from loopwarden.operations.admission import claim_facts
 from loopwarden.operations.leases import expire_leases
-from loopwarden.operations.operation import Call, operation
+from loopwarden.operations.operation import Call
 from loopwarden.operations.results import (
     BudgetOut,
     Model,
@@ -22,7 +22,7 @@ from loopwarden.operations.results import (
     rate_out,
     reasons_out,
 )
-from loopwarden.operations.runner import NeedsPrediction
+from loopwarden.operations.runner import NeedsPrediction, operation
 from loopwarden.operations.stops import apply_stop_rules, due_stop
 from loopwarden.operations.visibility import by_loop
 from loopwarden.policy import decision as codes
@@ -47,18 +47,15 @@ class QuotaResult(Model):
     policy_digest: str
 
 
-@operation(
-    "quota",
-    access="read",
-    scope=by_loop,
-    description="""\
-Check whether you may run a turn in this loop now, before claiming.
-
-Returns `allowed`, every reason a claim would be refused, the loop status, each budget's
-limit / used / remaining and the rate window. Changes nothing.""",
-)
+@operation(access="read", scope=by_loop)
 def quota(call: Call[Reader], req: QuotaRequest) -> QuotaResult:
-    """Predict `claim` exactly, without changing anything.
+    """Check whether you may run a turn in this loop now, before claiming.
+
+    Returns `allowed`, every reason a claim would be refused, the loop status, each budget's
+    limit / used / remaining and the rate window. Changes nothing.
+
+    \f
+    Predict `claim` exactly, without changing anything.
 
     A claim first sweeps expired leases and applies the stop rules; when either would change
     the loop, quota plays those steps in a transaction that is rolled back (`NeedsPrediction`),

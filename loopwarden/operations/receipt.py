@@ -14,8 +14,9 @@ from loopwarden.ledger.events import MAX_FENCE, RECEIPT_ID_PATTERN, LoopId
 from loopwarden.ledger.reader import CheckpointRow, Reader
 from loopwarden.ledger.receipts import open_envelope
 from loopwarden.ledger.store import Store
-from loopwarden.operations.operation import Call, operation
+from loopwarden.operations.operation import Call
 from loopwarden.operations.results import Model
+from loopwarden.operations.runner import operation
 from loopwarden.operations.visibility import by_receipt
 
 
@@ -81,19 +82,17 @@ def covering_checkpoint(reader: Reader, store: Store, leaf_index: int) -> Checkp
     return CheckpointRow(size, root, note, store.signer.key_id, format_time(store.clock()))
 
 
-@operation(
-    "receipt",
-    access="read",
-    scope=by_receipt,
-    description="""\
-Fetch a signed receipt with its verification status and Merkle inclusion proof.
-
-Address it by `receipt_id`, or by `loop_id` and `seq`. Use it to prove what happened.""",
-)
+@operation(access="read", scope=by_receipt)
 def receipt(call: Call[Reader], req: ReceiptRequest) -> ReceiptResult:
-    """A receipt by id or by (loop_id, seq) with everything needed to check it offline: the
+    """Fetch a signed receipt with its verification status and Merkle inclusion proof.
+
+    Address it by `receipt_id`, or by `loop_id` and `seq`. Use it to prove what happened.
+
+    \f
+    A receipt by id or by (loop_id, seq) with everything needed to check it offline: the
     envelope, the decoded body, its verification under the trusted keys, and an inclusion proof
-    against a signed checkpoint that covers it."""
+    against a signed checkpoint that covers it.
+    """
     reader, store = call.tx, call.store
     assert call.found is not None and call.found.receipt is not None
     row = call.found.receipt

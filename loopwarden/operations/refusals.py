@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from loopwarden.ledger.events import ReceiptKind, RefusedOperation, RequestRefused
 from loopwarden.ledger.store import Txn
+from loopwarden.operations.operation import Call
 from loopwarden.policy.decision import Decision
 from loopwarden.principals import Principal
 
@@ -30,3 +31,17 @@ def refuse_request(
         todo_id=todo_id,
     )
     return sealed.receipt_id
+
+
+def refuse_on_turn(call: Call[Txn], operation: RefusedOperation, decision: Decision) -> str:
+    """`refuse_request` for a request about the call's turn (heartbeat, request_approval)."""
+    turn = call.turn
+    return refuse_request(
+        call.tx,
+        call.who,
+        turn.loop_id,
+        operation,
+        decision,
+        turn_id=turn.turn_id,
+        todo_id=turn.todo_id,
+    )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.rows import LoopRow
 from loopwarden.policy.budgets import budget_lines
 from loopwarden.policy.decision import Reason
@@ -17,6 +17,18 @@ class Model(BaseModel):
     """Requests and results: unknown fields are refused, never ignored."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def from_row(model: type[M], row: object, **values: Any) -> M:
+    """`model` filled from the row's attributes of the same names (and `values` for the rest).
+    Rows are already valid, so nothing is re-validated."""
+    fields = {
+        name: values[name] if name in values else getattr(row, name) for name in model.model_fields
+    }
+    return model.model_construct(**fields)
 
 
 class ReasonOut(Model):
@@ -64,8 +76,3 @@ def rate_out(policy: LoopPolicy, used: int) -> RateOut:
         used=used,
         remaining=remaining,
     )
-
-
-def loop_policy(reader: Reader, loop: LoopRow) -> LoopPolicy:
-    """The policy the loop was opened with."""
-    return reader.policy(loop.policy_digest)

@@ -13,6 +13,9 @@
 
 from __future__ import annotations
 
+import inspect
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +25,25 @@ from loopwarden.errors import Forbidden, InvalidInput, NotFound, describe_valida
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.store import Store, Txn
 from loopwarden.operations.idempotency import prior, remember, request_digest
-from loopwarden.operations.operation import OPERATOR_CALLERS, Call, Operation, Req, Res
+from loopwarden.operations.operation import (
+    AGENT_CALLERS,
+    OPERATOR_CALLERS,
+    READ,
+    WRITE,
+    Access,
+    Body,
+    Call,
+    Hints,
+    Operation,
+    Refuse,
+    Req,
+    Res,
+    Scope,
+)
 from loopwarden.operations.visibility import visible
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Decision, Reason
-from loopwarden.principals import Principal
+from loopwarden.principals import Principal, Role
 
 CONFLICT = Decision(
     "deny",
@@ -133,3 +150,45 @@ def _read_body(op: Operation[Req, Res], call: Call[Reader], req: Req) -> Res | _
             return _Hidden(op.scope.missing(req))
     result: Res = op.body(call, req)
     return result
+
+
+def operation(
+    *,
+    access: Access,
+    scope: Scope | None = None,
+    callers: frozenset[Role] = AGENT_CALLERS,
+    hints: Hints | None = None,
+    refuse: Refuse | None = None,
+    remember: Callable[[Any], bool] | None = None,
+    tool: bool = True,
+    name: str | None = None,
+) -> Callable[[Body], Operation[Any, Any]]:
+    """Declare an operation from its body `def claim(call, req: Request) -> Result`.
+
+    Its name (the function's, unless given), request and result models and description are
+    read from the body, so each is written once. As in FastAPI, the docstring up to a form
+    feed (a `\\f` line) is what clients are told; the rest is the developer's contract.
+    """
+
+    def declare(body: Body) -> Operation[Any, Any]:
+        hints_of = typing.get_type_hints(body)
+        description = inspect.cleandoc(body.__doc__ or "").split("\f")[0].strip()
+        if not description:
+            raise TypeError(f"operation {body.__name__} has no docstring to tell clients about it")
+        return Operation(
+            name=name or body.__name__,
+            request=hints_of["req"],
+            result=hints_of["return"],
+            body=body,
+            access=access,
+            scope=scope,
+            callers=callers,
+            hints=hints or (READ if access == "read" else WRITE),
+            description=description,
+            refuse=refuse,
+            remember=remember or (lambda result: True),
+            tool=tool,
+            runner=run,
+        )
+
+    return declare

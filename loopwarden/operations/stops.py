@@ -22,13 +22,13 @@ def close_loop(
         ClosedTurn(turn_id=t.turn_id, todo_id=t.todo_id)
         for t in tx.loop_turns(loop_id, TurnStatus.OPEN)
     )
-    effect = "allow" if reason.code == ALL_TODOS_DONE else "deny"
+    decision = Decision("allow" if reason.code == ALL_TODOS_DONE else "deny", (reason,))
     return tx.append(
         loop_id,
         kind,
         who,
         LoopStopped(reason=reason.code, detail=reason.message, closed_turns=closed),
-        decision=Decision(effect, (reason,)),
+        decision=decision,
     )
 
 

@@ -16,9 +16,10 @@ from loopwarden.ledger.events import (
     TodoSpec,
 )
 from loopwarden.ledger.store import Txn
-from loopwarden.operations.operation import Call, operation
+from loopwarden.operations.operation import Call
 from loopwarden.operations.refusals import refuse_request
 from loopwarden.operations.results import Model, ReasonOut, reasons_out
+from loopwarden.operations.runner import operation
 from loopwarden.operations.visibility import by_loop
 from loopwarden.policy.decision import Decision
 from loopwarden.policy.evaluate import TodoAddFacts, evaluate_todo_add
@@ -111,17 +112,15 @@ def _free_id(tx: Txn, loop_id: str, start: int) -> str:
     return f"t{n}"
 
 
-@operation(
-    "todo_add",
-    access="write",
-    scope=by_loop,
-    refuse=_refuse,
-    description="Add a todo you discovered, if the loop's policy lets agents add work.",
-)
+@operation(access="write", scope=by_loop, refuse=_refuse)
 def todo_add(call: Call[Txn], req: TodoAddRequest) -> TodoAddResult:
-    """Add a todo. Operators always may (within `todos.max_todos`); agents only if the policy's
+    """Add a todo you discovered, if the loop's policy lets agents add work.
+
+    \f
+    Add a todo. Operators always may (within `todos.max_todos`); agents only if the policy's
     `todos.agents_may_add` is true. Dependencies must name existing todos (`InvalidInput`); a
-    policy refusal is sealed as `request.refused`."""
+    policy refusal is sealed as `request.refused`.
+    """
     tx, loop = call.tx, call.loop
     decision = evaluate_todo_add(
         tx.policy(loop.policy_digest),

@@ -28,8 +28,9 @@ from loopwarden.ledger.store import Appended, Txn
 from loopwarden.operations.admission import Route, route_for
 from loopwarden.operations.approvals import covered_tools
 from loopwarden.operations.leases import expire_leases
-from loopwarden.operations.operation import IDEMPOTENT_WRITE, Call, operation
+from loopwarden.operations.operation import IDEMPOTENT_WRITE, Call
 from loopwarden.operations.results import BudgetOut, Model, ReasonOut, budgets_out, reasons_out
+from loopwarden.operations.runner import operation
 from loopwarden.operations.stops import apply_stop_rules, close_loop
 from loopwarden.operations.visibility import by_turn
 from loopwarden.policy import decision as codes
@@ -201,22 +202,17 @@ def _decide(call: Call[Txn], req: UpdateRequest) -> Decision:
     return evaluate_report(policy, facts, digest=loop.policy_digest)
 
 
-@operation(
-    "update",
-    access="write",
-    scope=by_turn,
-    hints=IDEMPOTENT_WRITE,
-    refuse=_refuse,
-    description="""\
-Close your turn with an honest report: outcome, tools used, usage, evidence, summary.
-
-Every turn you claim must end with exactly one accepted update. Budgets are charged from
-`usage`; tools are checked against the loop's policy (a forbidden tool is refused and may
-stop the loop). Completing a todo may require evidence. Then follow `route`: continue
-(claim again), wait, user_action_required (stop and tell the user), or stop.""",
-)
+@operation(access="write", scope=by_turn, hints=IDEMPOTENT_WRITE, refuse=_refuse)
 def update(call: Call[Txn], req: UpdateRequest) -> UpdateResult:
-    """Close a turn with the agent's report.
+    """Close your turn with an honest report: outcome, tools used, usage, evidence, summary.
+
+    Every turn you claim must end with exactly one accepted update. Budgets are charged from
+    `usage`; tools are checked against the loop's policy (a forbidden tool is refused and may
+    stop the loop). Completing a todo may require evidence. Then follow `route`: continue
+    (claim again), wait, user_action_required (stop and tell the user), or stop.
+
+    \f
+    Close a turn with the agent's report.
 
     Idempotent: the same principal, key and arguments return the original result; the same key
     with other arguments is refused (`idempotency_conflict`, charged on the caller's own turn).

@@ -84,11 +84,10 @@ def budget_lines(policy: LoopPolicy, totals: Totals) -> dict[str, BudgetLine]:
     for dimension in BUDGET_DIMENSIONS:
         limit = policy.budgets.limit(dimension)
         used = totals.used(dimension)
-        if limit is None:
-            remaining = None
-        elif dimension in _MICRO_DIMENSIONS:
-            remaining = max(limit_units(policy, dimension) - totals.units(dimension), 0) / MICRO
-        else:
-            remaining = max(int(limit) - int(used), 0)
+        units = limit_units(policy, dimension)
+        remaining: int | float | None = None
+        if units is not None:
+            left = max(units - totals.units(dimension), 0)
+            remaining = left / MICRO if dimension in _MICRO_DIMENSIONS else left
         lines[dimension] = BudgetLine(limit=limit, used=used, remaining=remaining)
     return lines

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
+from pydantic import AnyHttpUrl
 
 from loopwarden import __version__
 from loopwarden.clock import Clock, system_clock
@@ -36,15 +37,12 @@ def build_server(settings: Settings, *, clock: Clock = system_clock) -> MCPServe
         async with runtime.open():
             yield runtime
 
-    auth = {}
+    verifier, auth = None, None
     if settings.auth and settings.http is not None:
         host, port = settings.http
-        auth = {
-            "token_verifier": StoreTokenVerifier(lambda: runtime.store),
-            "auth": AuthSettings(
-                issuer_url=f"http://{url_host(host)}:{port}", resource_server_url=None
-            ),
-        }
+        verifier = StoreTokenVerifier(lambda: runtime.store)
+        issuer = AnyHttpUrl(f"http://{url_host(host)}:{port}")
+        auth = AuthSettings(issuer_url=issuer, resource_server_url=None)
     server = MCPServer(
         "loopwarden",
         version=__version__,
@@ -52,7 +50,8 @@ def build_server(settings: Settings, *, clock: Clock = system_clock) -> MCPServe
         lifespan=lifespan,
         tools=build_tools(),
         log_level="WARNING",
-        **auth,
+        token_verifier=verifier,
+        auth=auth,
     )
     register_resources(server, runtime)
     return server

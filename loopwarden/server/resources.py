@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import inspect
 import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -58,47 +61,84 @@ async def _read(runtime: Runtime, op: Operation[Any, Any], request: dict[str, An
         raise ResourceError(f"{exc.code}: {exc.message}") from None
 
 
+def _as_json(result: Any) -> str:
+    return str(result.model_dump_json(indent=2))
+
+
+@dataclass(frozen=True)
+class ReadModel:
+    """One resource: the operation it reads through, the id its URI carries, and how the
+    result becomes the resource's text."""
+
+    uri: str
+    name: str
+    description: str
+    op: Operation[Any, Any]
+    param: tuple[str, str, str] | None = None  # (URI parameter, id pattern, what it names)
+    render: Callable[[Any], str] = _as_json
+
+
+READ_MODELS = (
+    ReadModel(
+        "loopwarden://loops",
+        "loops",
+        "The loops the caller may see: id, objective, status, journal head.",
+        list_loops,
+    ),
+    ReadModel(
+        "loopwarden://loops/{loop_id}/projection",
+        "loop-projection",
+        "A loop's projection (the same as the projection tool).",
+        projection,
+        ("loop_id", ID_PATTERN, "loop"),
+    ),
+    ReadModel(
+        "loopwarden://loops/{loop_id}/policy",
+        "loop-policy",
+        "A loop's normalized policy document.",
+        loop_policy,
+        ("loop_id", ID_PATTERN, "loop"),
+        policy_json,
+    ),
+    ReadModel(
+        "loopwarden://receipts/{receipt_id}",
+        "receipt",
+        "A signed receipt with its verification status and inclusion proof.",
+        receipt,
+        ("receipt_id", RECEIPT_ID_PATTERN, "receipt"),
+    ),
+)
+
+
+def _reader(runtime: Runtime, model: ReadModel) -> Callable[..., Awaitable[str]]:
+    """The resource function the SDK calls: its parameter is named as in the URI template."""
+    if model.param is None:
+
+        async def read_all() -> str:
+            return model.render(await _read(runtime, model.op, {}))
+
+        return read_all
+    name, pattern, what = model.param
+
+    async def read_one(**uri: str) -> str:
+        _check(uri[name], pattern, what)
+        return model.render(await _read(runtime, model.op, {name: uri[name]}))
+
+    # The SDK matches URI parameters to the function's by name, from its signature and hints.
+    read_one.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=str)]
+    )
+    read_one.__annotations__ = {name: str, "return": str}
+    return read_one
+
+
 def register_resources(server: MCPServer, runtime: Runtime) -> None:
     """The read models as resources, and the `loop-operator` prompt."""
-
-    @server.resource(
-        "loopwarden://loops",
-        name="loops",
-        description="The loops the caller may see: id, objective, status, journal head.",
-        mime_type="application/json",
-    )
-    async def loops_resource() -> str:
-        return (await _read(runtime, list_loops, {})).model_dump_json(indent=2)
-
-    @server.resource(
-        "loopwarden://loops/{loop_id}/projection",
-        name="loop-projection",
-        description="A loop's projection (the same as the projection tool).",
-        mime_type="application/json",
-    )
-    async def projection_resource(loop_id: str) -> str:
-        _check(loop_id, ID_PATTERN, "loop")
-        return (await _read(runtime, projection, {"loop_id": loop_id})).model_dump_json(indent=2)
-
-    @server.resource(
-        "loopwarden://loops/{loop_id}/policy",
-        name="loop-policy",
-        description="A loop's normalized policy document.",
-        mime_type="application/json",
-    )
-    async def policy_resource(loop_id: str) -> str:
-        _check(loop_id, ID_PATTERN, "loop")
-        return policy_json(await _read(runtime, loop_policy, {"loop_id": loop_id}))
-
-    @server.resource(
-        "loopwarden://receipts/{receipt_id}",
-        name="receipt",
-        description="A signed receipt with its verification status and inclusion proof.",
-        mime_type="application/json",
-    )
-    async def receipt_resource(receipt_id: str) -> str:
-        _check(receipt_id, RECEIPT_ID_PATTERN, "receipt")
-        return (await _read(runtime, receipt, {"receipt_id": receipt_id})).model_dump_json(indent=2)
+    for model in READ_MODELS:
+        register = server.resource(
+            model.uri, name=model.name, description=model.description, mime_type="application/json"
+        )
+        register(_reader(runtime, model))
 
     @server.prompt(
         name="loop-operator",

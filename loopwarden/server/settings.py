@@ -15,9 +15,12 @@ from pathlib import Path
 import platformdirs
 
 from loopwarden.errors import InvalidInput
-from loopwarden.principals import Principal, Role
+from loopwarden.ledger.store import Synchronous
+from loopwarden.principals import Principal, principal
 
 DB_NAME = "loopwarden.db"
+SYNCHRONOUS_MODES: dict[str, Synchronous] = {"full": "full", "normal": "normal"}
+SERVE_ROLES = ("agent", "operator")  # an observer speaks through hooks, not tools
 DEFAULT_CHECKPOINT_EVERY = 256
 LOOPBACK_NAMES = {"localhost"}
 
@@ -64,7 +67,7 @@ class Settings:
     auth: bool = True  # HTTP only: bearer tokens required
     allow_remote: bool = False
     allowed_hosts: tuple[str, ...] = ()  # extra Host names accepted (DNS-rebinding protection)
-    synchronous: str = "full"
+    synchronous: Synchronous = "full"
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
 
     @property
@@ -76,7 +79,7 @@ class Settings:
         *,
         home: str | Path | None = None,
         agent: str | None = None,
-        role: Role | None = None,
+        role: str | None = None,
         http: str | None = None,
         no_auth: bool = False,
         allow_remote: bool = False,
@@ -96,30 +99,27 @@ class Settings:
             raise InvalidInput("--allowed-host only applies to --http")
         if no_auth and bind is None:
             raise InvalidInput("--no-auth only applies to --http (stdio has no tokens)")
-        if no_auth and not is_loopback(bind[0]):  # type: ignore[index]
+        if no_auth and bind is not None and not is_loopback(bind[0]):
             raise InvalidInput("--no-auth is only allowed on a loopback address")
         agent = agent or os.environ.get("LOOPWARDEN_AGENT")
-        role = role or os.environ.get("LOOPWARDEN_ROLE") or "agent"  # type: ignore[assignment]
-        if role not in ("agent", "operator"):
-            raise InvalidInput(f"role must be agent or operator (got {role!r})")
-        principal = None
+        chosen = role or os.environ.get("LOOPWARDEN_ROLE") or "agent"
+        if chosen not in SERVE_ROLES:
+            raise InvalidInput(f"role must be agent or operator (got {chosen!r})")
+        who = None
         if bind is None or no_auth:
             if not agent:
                 raise InvalidInput(
                     "who is this server for? pass --agent NAME (or set LOOPWARDEN_AGENT)"
                 )
-            try:
-                principal = Principal(id=agent, role=role)
-            except ValueError:
-                raise InvalidInput(
-                    f"invalid agent name {agent!r}: 1-64 letters, digits and '_.@:-'"
-                ) from None
-        synchronous = os.environ.get("LOOPWARDEN_SYNCHRONOUS", "full").lower()
-        if synchronous not in ("full", "normal"):
+            who = principal(agent, chosen, SERVE_ROLES)
+        synchronous = SYNCHRONOUS_MODES.get(
+            os.environ.get("LOOPWARDEN_SYNCHRONOUS", "full").lower()
+        )
+        if synchronous is None:
             raise InvalidInput("LOOPWARDEN_SYNCHRONOUS must be full or normal")
         return Settings(
             home=resolve_home(home),
-            principal=principal,
+            principal=who,
             http=bind,
             auth=bind is not None and not no_auth,
             allow_remote=allow_remote,

@@ -44,7 +44,7 @@ def success_result(result: BaseModel) -> CallToolResult:
     )
 
 
-def annotations(op: Operation[Any, Any]) -> ToolAnnotations:
+def tool_annotations(op: Operation[Any, Any]) -> ToolAnnotations:
     hints = op.hints
     return ToolAnnotations(
         read_only_hint=hints.read_only,
@@ -110,6 +110,8 @@ def make_tool(
     return cls(
         fn=unused,
         name=name,
+        title=None,
+        context_kwarg=None,
         description=description,
         parameters=request.model_json_schema(),
         fn_metadata=FuncMetadata(
@@ -123,7 +125,7 @@ def make_tool(
 
 def build_tool(op: Operation[Any, Any]) -> Tool:
     return make_tool(
-        GovernedTool, op.name, op.description, op.request, op.result, annotations(op), op
+        GovernedTool, op.name, op.description, op.request, op.result, tool_annotations(op), op
     )
 
 

@@ -23,9 +23,10 @@ def approvals(
 ) -> None:
     """List approval requests."""
     request = {"loop_id": loop, "status": "pending" if pending else None}
-    rows = operate(list_approvals, request, home, as_json=json_out).approvals
+    result = operate(list_approvals, request, home, as_json=json_out)
+    rows = result.approvals
     if json_out:
-        render.emit_json({"approvals": [a.model_dump(mode="json") for a in rows]})
+        render.emit_json(result.model_dump(mode="json"))
         return
     render.table(
         "approvals",

@@ -8,9 +8,8 @@ import typer
 
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import Home, Json, run
-from loopwarden.errors import InvalidInput
 from loopwarden.ledger.reader import TokenRow
-from loopwarden.principals import Principal
+from loopwarden.principals import principal
 from loopwarden.server.tokens import IssuedToken, issue_token, revoke_token
 
 app = typer.Typer(no_args_is_help=True, help="Bearer tokens for streamable HTTP.")
@@ -26,14 +25,9 @@ def token_create(
     """Mint a bearer token (printed once; only its hash is stored)."""
 
     async def action() -> IssuedToken:
-        try:
-            principal = Principal.model_validate({"id": agent, "role": role})
-        except ValueError:
-            raise InvalidInput(
-                f"invalid --agent {agent!r} or --role {role!r} (agent|operator|observer)"
-            ) from None
+        who = principal(agent, role)
         async with admin.open_store(home) as store:
-            return await store.write(lambda tx: issue_token(tx, principal))
+            return await store.write(lambda tx: issue_token(tx, who))
 
     issued = run(action, as_json=json_out)
     if json_out:
