@@ -383,6 +383,10 @@ def test_a_damaged_store_is_refused_at_startup_and_verify_names_the_damage(
     assert finding in {f["code"] for f in report["findings"]}, report["findings"]
     human = run_cli_app("verify", "--home", str(home))
     assert human.exit_code == 3 and finding in human.output
+    # The reading commands still show what is there, so an operator can look at the damage.
+    journal = run_cli_app("receipts", LOOP, "--json", "--home", str(home))
+    assert journal.exit_code == 0, journal.output
+    assert json.loads(journal.stdout)["receipts"], "the journal is still readable"
 
 
 def test_the_undamaged_copy_serves_and_verifies_clean(populated, tmp_path):
