@@ -604,8 +604,9 @@ def test_a_fresh_home_is_private_even_under_a_permissive_umask(tmp_path):
 
     assert mode(home) == 0o700, oct(mode(home))
     assert mode(home / "keys") == 0o700, oct(mode(home / "keys"))
-    private = list((home / "keys").glob("*.key"))
-    assert len(private) == 1 and mode(private[0]) == 0o600, oct(mode(private[0]))
+    private = sorted((home / "keys").glob("*.key"))  # the signing key and the integrity secret
+    assert [p.name == "integrity.key" for p in private].count(True) == 1 and len(private) == 2
+    assert {mode(p) for p in private} == {0o600}, [oct(mode(p)) for p in private]
     assert json.loads(done.stdout)["token"].encode() not in db_bytes(home)
 
 

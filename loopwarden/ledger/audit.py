@@ -30,7 +30,7 @@ from loopwarden.ledger.events import parse_body
 from loopwarden.ledger.findings import ENVELOPE_PROBLEMS, Report
 from loopwarden.ledger.fold import FoldError, apply, chain_problem
 from loopwarden.ledger.keys import Keyring
-from loopwarden.ledger.reader import CheckpointRow, JournalRow, Reader
+from loopwarden.ledger.reader import LEGACY_FIELDS, CheckpointRow, JournalRow, Reader
 from loopwarden.ledger.receipts import open_envelope, receipt_id_for, signature_problems
 from loopwarden.ledger.rows import LoopView
 
@@ -43,31 +43,35 @@ class _LoopChain:
     broken: bool = False
 
 
-def diff_views(stored: LoopView, rebuilt: LoopView) -> list[str]:
-    """Human-readable differences between two views of one loop (empty if equal)."""
+def _differing(a: Any, b: Any, ignore: frozenset[str]) -> list[str]:
+    """The fields of two rows of one dataclass that differ (leaving out `ignore`)."""
+    return [
+        f.name
+        for f in fields(a)
+        if f.name not in ignore and getattr(a, f.name) != getattr(b, f.name)
+    ]
+
+
+def diff_views(
+    stored: LoopView, rebuilt: LoopView, ignore: frozenset[str] = frozenset()
+) -> list[str]:
+    """Human-readable differences between two views of one loop (empty if equal), leaving out
+    the row fields named in `ignore` (those an older schema did not store)."""
     out = []
-    if stored.loop != rebuilt.loop:
-        for f in fields(stored.loop):
-            a, b = getattr(stored.loop, f.name), getattr(rebuilt.loop, f.name)
-            if a != b:
-                out.append(f"loop.{f.name}: stored {a!r}, receipts say {b!r}")
+    for name in _differing(stored.loop, rebuilt.loop, ignore):
+        a, b = getattr(stored.loop, name), getattr(rebuilt.loop, name)
+        out.append(f"loop.{name}: stored {a!r}, receipts say {b!r}")
     if stored.policy != rebuilt.policy:
         out.append("the stored policy differs from the one the loop was opened with")
     for table in ("todos", "turns", "approvals"):
         mine, theirs = getattr(stored, table), getattr(rebuilt, table)
         for key in sorted(set(mine) | set(theirs)):
-            if mine.get(key) != theirs.get(key):
-                if key not in theirs:
-                    out.append(f"{table}[{key}] is stored but no receipt creates it")
-                elif key not in mine:
-                    out.append(f"{table}[{key}] is missing from the stored projection")
-                else:
-                    changed = [
-                        f.name
-                        for f in fields(mine[key])
-                        if getattr(mine[key], f.name) != getattr(theirs[key], f.name)
-                    ]
-                    out.append(f"{table}[{key}] differs in {', '.join(changed)}")
+            if key not in theirs:
+                out.append(f"{table}[{key}] is stored but no receipt creates it")
+            elif key not in mine:
+                out.append(f"{table}[{key}] is missing from the stored projection")
+            elif changed := _differing(mine[key], theirs[key], ignore):
+                out.append(f"{table}[{key}] differs in {', '.join(changed)}")
     return out
 
 
@@ -357,5 +361,6 @@ def _check_projection(
                 loop_id=lid,
             )
             continue
-        for difference in diff_views(stored, chain.view)[:10]:
+        ignore = LEGACY_FIELDS if reader.legacy else frozenset()
+        for difference in diff_views(stored, chain.view, ignore)[:10]:
             report.add("projection_mismatch", difference, loop_id=lid)

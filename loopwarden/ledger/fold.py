@@ -143,6 +143,13 @@ def _set_todo(view: LoopView, todo: TodoRow, **changes: Any) -> TodoRow:
     return new
 
 
+def _slot(view: LoopView) -> int:
+    """The next row's slot: rows are numbered in the order the receipts create them."""
+    slot = view.loop.slots
+    view.loop = replace(view.loop, slots=slot + 1)
+    return slot
+
+
 def _add_todo(view: LoopView, spec: TodoSpec, added_by: str) -> None:
     if spec.id in view.todos:
         raise FoldError(f"todo {spec.id!r} already exists")
@@ -157,6 +164,7 @@ def _add_todo(view: LoopView, spec: TodoSpec, added_by: str) -> None:
         fence=0,
         added_by=added_by,
         turn_id=None,
+        slot=_slot(view),
     )
     _counted(view, None, TodoStatus.OPEN)
 
@@ -186,6 +194,8 @@ def _close_turn(
     turn = _open_turn(view, turn_id)
     new = replace(turn, status=status, closed_at=at, outcome=outcome)
     view.turns[turn_id] = new
+    still_open = tuple(t for t in view.loop.open_turns if t != turn_id)
+    view.loop = replace(view.loop, open_turns=still_open)
     return new
 
 
@@ -228,7 +238,10 @@ def _claimed(view: LoopView, body: ReceiptBody, f: TurnClaimed) -> None:
         raise FoldError(f"todo {f.todo_id!r} is {todo.status}, not open: it cannot be claimed")
     if f.fence != todo.fence + 1:
         raise FoldError(f"the claim's fence {f.fence} does not follow todo fence {todo.fence}")
+    if f.turn_id in view.loop.open_turns:
+        raise FoldError(f"turn {f.turn_id!r} is claimed twice")
     _set_todo(view, todo, status=TodoStatus.CLAIMED, fence=f.fence, turn_id=f.turn_id)
+    totals = view.loop.totals.plus(Totals(turns=1))
     view.turns[f.turn_id] = TurnRow(
         turn_id=f.turn_id,
         loop_id=view.loop.loop_id,
@@ -240,8 +253,10 @@ def _claimed(view: LoopView, body: ReceiptBody, f: TurnClaimed) -> None:
         lease_expires_at=f.lease_expires_at,
         closed_at=None,
         outcome=None,
+        slot=_slot(view),
+        number=totals.turns,
     )
-    view.loop = replace(view.loop, totals=view.loop.totals.plus(Totals(turns=1)))
+    view.loop = replace(view.loop, totals=totals, open_turns=(*view.loop.open_turns, f.turn_id))
 
 
 def _renewed(view: LoopView, body: ReceiptBody, f: LeaseRenewed) -> None:
@@ -316,6 +331,7 @@ def _approval_requested(view: LoopView, body: ReceiptBody, f: ApprovalRequested)
         expires_at=None,
         reason=None,
         consumed_by=None,
+        slot=_slot(view),
     )
 
 
@@ -362,6 +378,8 @@ def _status_changed(view: LoopView, body: ReceiptBody, f: LoopStatusChanged | Lo
         raise FoldError(f"{body.kind} does not apply to a {view.loop.status} loop")
     if isinstance(f, LoopStopped):
         _close_turns(view, f.closed_turns, body.at)
+        if view.loop.open_turns:
+            raise FoldError(f"{body.kind} leaves turns open: {', '.join(view.loop.open_turns)}")
         view.loop = replace(view.loop, status=target, stop_reason=f.reason)
     else:
         view.loop = replace(view.loop, status=target)

@@ -3,7 +3,8 @@
 Layout under `<home>/keys/` (directory 0700):
 - `<key_id>.key` — the 32-byte seed, base64, mode 0600; only the active key keeps one;
 - `<key_id>.pub` — the public key, base64; kept forever so old receipts stay verifiable;
-- `active` — the id of the key new receipts are signed with.
+- `active` — the id of the key new receipts are signed with;
+- `integrity.key` — the secret the rows no signature covers are MAC'd with (0600).
 
 The keyring read from this directory is the audit's trust root: a receipt signed by a key that
 is not here is `unknown_key`, whatever the database claims.
@@ -22,6 +23,7 @@ import nacl.exceptions
 import nacl.signing
 
 from loopwarden.errors import KeyFileError
+from loopwarden.ledger.integrity import SECRET_BYTES
 
 KEY_DIR_MODE = 0o700
 PRIVATE_MODE = 0o600
@@ -210,6 +212,32 @@ class KeyStore:
         if old is not None:
             (self.dir / f"{old}.key").unlink(missing_ok=True)
         return old, new
+
+    def load_secret(self, *, create: bool = True) -> bytes:
+        """The home's integrity secret (`integrity.key`, 0600), created on first use unless
+        `create` is false (then a missing secret is a `KeyFileError`).
+
+        Safe when several processes start at once: the file is created exclusively, and a
+        process that loses the race reads the winner's."""
+        path = self.dir / "integrity.key"
+        if not create and not path.exists():
+            raise KeyFileError(
+                "the integrity secret keys/integrity.key is missing: the store's MACs cannot be "
+                "checked, so it will not be served. Restore the key directory from a backup."
+            )
+        self._ensure_dir()
+        if not path.exists():
+            # Written aside, then linked into place: the file appears complete or not at all.
+            staged = self.dir / f"integrity.{os.urandom(8).hex()}.tmp"
+            _write_new(staged, _b64(os.urandom(SECRET_BYTES)), PRIVATE_MODE)
+            try:
+                os.link(staged, path)
+            except FileExistsError:
+                pass
+            finally:
+                staged.unlink(missing_ok=True)
+        self._check_private(path)
+        return _read_b64(path, SECRET_BYTES)
 
     def keyring(self) -> Keyring:
         """Every public key in the directory: the active one and all retired ones."""

@@ -10,8 +10,10 @@ import json
 import sqlite3
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from loopwarden.canonical import digest_of
+from loopwarden.errors import IntegrityError
 from loopwarden.ledger.rows import ApprovalRow, LoopRow, LoopView, TodoRow, Touched, TurnRow
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.loader import policy_from_data
@@ -22,17 +24,31 @@ LOOP_COLUMNS = (
     "loop_id, objective, status, stop_reason, policy_digest, opened_at, opened_by, turns, "
     "model_calls, input_tokens, output_tokens, tool_calls, cost_micros, wall_micros, todos_open, "
     "todos_claimed, todos_done, todos_blocked, failure_signature, failure_streak, head_seq, "
-    "head_digest, updated_at"
+    "head_digest, updated_at, open_turns, slots"
 )
 TODO_COLUMNS = (
-    "loop_id, todo_id, title, ord, depends_on, status, attempts, fence, added_by, turn_id"
+    "loop_id, todo_id, title, ord, depends_on, status, attempts, fence, added_by, turn_id, slot"
 )
-TURN_COLUMNS = "turn_id, loop_id, todo_id, agent, fence, status, claimed_at, lease_expires_at, closed_at, outcome"
+TURN_COLUMNS = (
+    "turn_id, loop_id, todo_id, agent, fence, status, claimed_at, lease_expires_at, closed_at, "
+    "outcome, slot, number"
+)
 APPROVAL_COLUMNS = (
     "approval_id, loop_id, turn_id, todo_id, tool, summary, artifact_digest, status, requested_by, "
-    "requested_at, decided_by, decided_at, expires_at, reason, consumed_by"
+    "requested_at, decided_by, decided_at, expires_at, reason, consumed_by, slot"
 )
 JOURNAL_COLUMNS = "leaf_index, loop_id, seq, kind, receipt_id, digest, at, turn_id, envelope"
+
+LEGACY_SCHEMA = 3
+"""The last schema without the proof fields (loopwarden 0.1.0): still readable by an audit."""
+LEGACY_FIELDS = frozenset({"open_turns", "slots", "slot", "number"})
+"""Row fields that schema did not store (read back as their defaults, and not compared)."""
+_LEGACY_COLUMNS = {
+    "loops": LOOP_COLUMNS.replace(", open_turns, slots", ", '[]', 0"),
+    "todos": TODO_COLUMNS.replace(", slot", ", 0"),
+    "turns": TURN_COLUMNS.replace(", slot, number", ", 0, 0"),
+    "approvals": APPROVAL_COLUMNS.replace(", slot", ", 0"),
+}
 
 
 def loop_from_sql(r: tuple) -> LoopRow:
@@ -51,6 +67,8 @@ def loop_from_sql(r: tuple) -> LoopRow:
         head_seq=r[20],
         head_digest=r[21],
         updated_at=r[22],
+        open_turns=tuple(json.loads(r[23])),
+        slots=r[24],
     )
 
 
@@ -77,12 +95,14 @@ def loop_to_sql(row: LoopRow) -> tuple:
         row.head_seq,
         row.head_digest,
         row.updated_at,
+        json.dumps(list(row.open_turns)),
+        row.slots,
     )
 
 
 def todo_from_sql(r: tuple) -> TodoRow:
     deps = tuple(json.loads(r[4]))
-    return TodoRow(r[0], r[1], r[2], r[3], deps, TodoStatus(r[5]), r[6], r[7], r[8], r[9])
+    return TodoRow(r[0], r[1], r[2], r[3], deps, TodoStatus(r[5]), r[6], r[7], r[8], r[9], r[10])
 
 
 def todo_to_sql(row: TodoRow) -> tuple:
@@ -97,32 +117,22 @@ def todo_to_sql(row: TodoRow) -> tuple:
         row.fence,
         row.added_by,
         row.turn_id,
+        row.slot,
     )
 
 
 def turn_from_sql(r: tuple) -> TurnRow:
-    return TurnRow(r[0], r[1], r[2], r[3], r[4], TurnStatus(r[5]), r[6], r[7], r[8], r[9])
+    status = TurnStatus(r[5])
+    return TurnRow(r[0], r[1], r[2], r[3], r[4], status, r[6], r[7], r[8], r[9], r[10], r[11])
+
+
+_APPROVAL_FIELDS = tuple(f.name for f in fields(ApprovalRow))
 
 
 def approval_from_sql(r: tuple) -> ApprovalRow:
-    status = ApprovalStatus(r[7])
-    return ApprovalRow(
-        r[0],
-        r[1],
-        r[2],
-        r[3],
-        r[4],
-        r[5],
-        r[6],
-        status,
-        r[8],
-        r[9],
-        r[10],
-        r[11],
-        r[12],
-        r[13],
-        r[14],
-    )
+    values = dict(zip(_APPROVAL_FIELDS, r, strict=True))
+    values["status"] = ApprovalStatus(values["status"])
+    return ApprovalRow(**values)
 
 
 def as_sql(row: TurnRow | ApprovalRow) -> tuple:
@@ -187,11 +197,22 @@ class PolicyCache:
 
 
 class Reader:
-    """Synchronous read queries on one connection."""
+    """Synchronous read queries on one connection.
 
-    def __init__(self, conn: sqlite3.Connection, policies: PolicyCache | None = None) -> None:
+    `legacy`: the database has schema version 3 (an audit reading it before any loopwarden
+    upgraded it): the proof fields read back as their defaults."""
+
+    def __init__(
+        self, conn: sqlite3.Connection, policies: PolicyCache | None = None, *, legacy: bool = False
+    ) -> None:
         self.conn = conn
         self.policies = policies or PolicyCache()
+        self.legacy = legacy
+        columns = _LEGACY_COLUMNS if legacy else {}
+        self._loop_columns = columns.get("loops", LOOP_COLUMNS)
+        self._todo_columns = columns.get("todos", TODO_COLUMNS)
+        self._turn_columns = columns.get("turns", TURN_COLUMNS)
+        self._approval_columns = columns.get("approvals", APPROVAL_COLUMNS)
 
     def _one(self, sql: str, params: tuple = ()) -> tuple | None:
         return self.conn.execute(sql, params).fetchone()
@@ -199,27 +220,41 @@ class Reader:
     # --- loops and policies -------------------------------------------------------------------
 
     def loop_row(self, loop_id: str) -> LoopRow | None:
-        r = self._one(f"SELECT {LOOP_COLUMNS} FROM loops WHERE loop_id = ?", (loop_id,))
+        r = self._one(f"SELECT {self._loop_columns} FROM loops WHERE loop_id = ?", (loop_id,))
         return loop_from_sql(r) if r else None
 
     def loops(self) -> list[LoopRow]:
-        rows = self.conn.execute(f"SELECT {LOOP_COLUMNS} FROM loops ORDER BY opened_at, loop_id")
+        rows = self.conn.execute(
+            f"SELECT {self._loop_columns} FROM loops ORDER BY opened_at, loop_id"
+        )
         return [loop_from_sql(r) for r in rows]
 
     def policy(self, digest: str) -> LoopPolicy:
+        """The policy with this digest: its stored document, re-hashed against the digest first
+        (content-addressed, so it is cached once proved)."""
         cached = self.policies.get(digest)
         if cached is not None:
             return cached
-        r = self._one("SELECT document FROM policies WHERE digest = ?", (digest,))
-        if r is None:
+        document = self.policy_document(digest)
+        if document is None:
             raise LookupError(f"policy {digest} is not stored")
-        policy = policy_from_data(json.loads(r[0]), f"stored policy {digest}")
+        policy = policy_from_data(document, f"stored policy {digest}")
         self.policies.put(digest, policy)
         return policy
 
     def policy_document(self, digest: str) -> dict | None:
+        """The stored policy document, or None; `IntegrityError` if it does not hash to its
+        digest (someone edited it in the database)."""
         r = self._one("SELECT document FROM policies WHERE digest = ?", (digest,))
-        return json.loads(r[0]) if r else None
+        if r is None:
+            return None
+        document = json.loads(r[0])
+        if digest_of(document) != digest:
+            raise IntegrityError(
+                f"the stored policy {digest} does not hash to its digest: it was edited outside "
+                "loopwarden. Run `loopwarden verify`."
+            )
+        return document
 
     # --- todos, turns, approvals --------------------------------------------------------------
 
@@ -228,7 +263,7 @@ class Reader:
         if not ids:
             return {}
         rows = self.conn.execute(
-            f"SELECT {TODO_COLUMNS} FROM todos WHERE loop_id = ? AND todo_id IN ({_placeholders(ids)})",
+            f"SELECT {self._todo_columns} FROM todos WHERE loop_id = ? AND todo_id IN ({_placeholders(ids)})",
             (loop_id, *ids),
         )
         return {r[1]: todo_from_sql(r) for r in rows}
@@ -239,7 +274,7 @@ class Reader:
     def all_todos(self, loop_id: str, limit: int | None = None) -> list[TodoRow]:
         """The loop's todos in claim order (all of them, or the first `limit`)."""
         rows = self.conn.execute(
-            f"SELECT {TODO_COLUMNS} FROM todos WHERE loop_id = ? ORDER BY ord, todo_id LIMIT ?",
+            f"SELECT {self._todo_columns} FROM todos WHERE loop_id = ? ORDER BY ord, todo_id LIMIT ?",
             (loop_id, -1 if limit is None else limit),
         )
         return [todo_from_sql(r) for r in rows]
@@ -253,7 +288,7 @@ class Reader:
         if not ids:
             return {}
         rows = self.conn.execute(
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE turn_id IN ({_placeholders(ids)})", ids
+            f"SELECT {self._turn_columns} FROM turns WHERE turn_id IN ({_placeholders(ids)})", ids
         )
         return {r[0]: turn_from_sql(r) for r in rows}
 
@@ -262,7 +297,7 @@ class Reader:
 
     def _loop_turns(self, loop_id: str, tail: str, *params: object) -> list[TurnRow]:
         """The loop's turns matching `tail` (`AND …` conditions, then `ORDER BY …`)."""
-        sql = f"SELECT {TURN_COLUMNS} FROM turns WHERE loop_id = ? {tail}"
+        sql = f"SELECT {self._turn_columns} FROM turns WHERE loop_id = ? {tail}"
         return [turn_from_sql(r) for r in self.conn.execute(sql, (loop_id, *params))]
 
     def loop_turns(self, loop_id: str, status: TurnStatus | None = None) -> list[TurnRow]:
@@ -314,7 +349,7 @@ class Reader:
         """The first open todo (by order, then id) whose dependencies are all done: one query,
         however many open todos wait on unfinished ones."""
         r = self._one(
-            f"SELECT {TODO_COLUMNS} FROM todos t WHERE t.loop_id = ? AND t.status = 'open' "
+            f"SELECT {self._todo_columns} FROM todos t WHERE t.loop_id = ? AND t.status = 'open' "
             "AND NOT EXISTS (SELECT 1 FROM json_each(t.depends_on) d "
             "LEFT JOIN todos u ON u.loop_id = t.loop_id AND u.todo_id = d.value "
             "WHERE u.status IS NOT 'done') "
@@ -328,7 +363,7 @@ class Reader:
         if not ids:
             return {}
         rows = self.conn.execute(
-            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id IN ({_placeholders(ids)})",
+            f"SELECT {self._approval_columns} FROM approvals WHERE approval_id IN ({_placeholders(ids)})",
             ids,
         )
         return {r[0]: approval_from_sql(r) for r in rows}
@@ -349,7 +384,7 @@ class Reader:
             params.append(status)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = self.conn.execute(
-            f"SELECT {APPROVAL_COLUMNS} FROM approvals {where} ORDER BY requested_at, approval_id",
+            f"SELECT {self._approval_columns} FROM approvals {where} ORDER BY requested_at, approval_id",
             params,
         )
         return [approval_from_sql(r) for r in rows]

@@ -33,6 +33,8 @@ class LoopRow:
     head_seq: int
     head_digest: str
     updated_at: str
+    open_turns: tuple[str, ...] = ()  # ids of the open turns, in claim order (≤ claims.max_active)
+    slots: int = 0  # rows created so far; each todo, turn and approval has its own slot
 
     def count(self, status: TodoStatus) -> int:
         return self.todo_counts[TODO_STATUSES.index(status)]
@@ -57,6 +59,7 @@ class TodoRow:
     fence: int
     added_by: str
     turn_id: str | None
+    slot: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class TurnRow:
     lease_expires_at: str
     closed_at: str | None
     outcome: str | None
+    slot: int = 0
+    number: int = 0  # 1 for the loop's first claim, and so on (claims are numbered in time order)
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class ApprovalRow:
     expires_at: str | None
     reason: str | None
     consumed_by: str | None
+    slot: int = 0
 
 
 @dataclass

@@ -199,6 +199,35 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # database vouches for proves nothing), and bundles carry their own public keys, so the
     # table was written on every open and never read.
     ("DROP TABLE keys",),
+    # version 4: what lets the write path prove the rows it acts on instead of trusting them
+    # (ledger/guard.py). Each loop row gains the ids of its open turns, its slot count, the
+    # root of its state tree and a MAC; every todo, turn and approval row its slot (turns also
+    # their claim number); the state tree's blobs get a table; tokens, idempotency records and
+    # the Merkle log state a MAC. Upgrading from an older version re-derives the projection
+    # from the journal (ledger/rebuild.py), once.
+    (
+        "ALTER TABLE loops ADD COLUMN open_turns TEXT NOT NULL DEFAULT '[]'",
+        "ALTER TABLE loops ADD COLUMN slots INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE loops ADD COLUMN state_root BLOB",
+        "ALTER TABLE loops ADD COLUMN mac BLOB",
+        "ALTER TABLE todos ADD COLUMN slot INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE turns ADD COLUMN slot INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE turns ADD COLUMN number INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE approvals ADD COLUMN slot INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX turns_by_number ON turns (loop_id, number)",
+        """CREATE TABLE state_nodes (
+            loop_id TEXT NOT NULL,
+            level INTEGER NOT NULL,
+            idx INTEGER NOT NULL,
+            hashes BLOB NOT NULL,
+            PRIMARY KEY (loop_id, level, idx)
+        ) WITHOUT ROWID""",
+        "ALTER TABLE tokens ADD COLUMN mac BLOB",
+        "ALTER TABLE idempotency ADD COLUMN mac BLOB",
+        "ALTER TABLE log_state ADD COLUMN mac BLOB",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
+REBUILT_AT = 4
+"""Upgrading an existing database past this version re-derives its projection from the journal."""

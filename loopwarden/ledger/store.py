@@ -13,44 +13,28 @@ half done, and a whole governed step costs one thread hop instead of one per sta
 
 from __future__ import annotations
 
-import json
 import secrets
 import sqlite3
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import anyio
 import anyio.to_thread
 
-from loopwarden.canonical import canonical_bytes
-from loopwarden.clock import Clock, format_time, system_clock
-from loopwarden.errors import Conflict, IntegrityError, NotFound, StoreError
+from loopwarden.clock import Clock, system_clock
+from loopwarden.errors import IntegrityError, NotFound, StoreError
 from loopwarden.ledger import merkle
-from loopwarden.ledger.checkpoints import sign_checkpoint
-from loopwarden.ledger.events import LoopOpened, ReceiptBody, ReceiptData, ReceiptKind, make_body
-from loopwarden.ledger.fold import apply, touched
-from loopwarden.ledger.keys import Keyring, Signer
-from loopwarden.ledger.reader import (
-    APPROVAL_COLUMNS,
-    LOOP_COLUMNS,
-    TODO_COLUMNS,
-    TURN_COLUMNS,
-    PolicyCache,
-    Reader,
-    as_sql,
-    loop_to_sql,
-    todo_to_sql,
-)
-from loopwarden.ledger.receipts import Sealed, seal
-from loopwarden.ledger.rows import LoopRow, LoopView
-from loopwarden.ledger.schema import MIGRATIONS, SCHEMA_VERSION
-from loopwarden.policy.decision import Decision
-from loopwarden.principals import Principal
+from loopwarden.ledger.guard import LOG_MAC
+from loopwarden.ledger.integrity import Integrity
+from loopwarden.ledger.keys import Keyring, KeyStore, Signer
+from loopwarden.ledger.reader import LEGACY_SCHEMA, PolicyCache, Reader
+from loopwarden.ledger.rebuild import rebuild_projection
+from loopwarden.ledger.schema import MIGRATIONS, REBUILT_AT, SCHEMA_VERSION
+from loopwarden.ledger.txn import Appended, Txn
+
+__all__ = ["Appended", "Store", "Txn", "connect", "migrate", "snapshot", "startup_check"]
 
 T = TypeVar("T")
 Synchronous = Literal["full", "normal"]
@@ -86,8 +70,10 @@ def connect(
         raise StoreError(f"cannot open the database: {exc}") from None
 
 
-def migrate(conn: sqlite3.Connection) -> None:
-    """Bring the schema to `SCHEMA_VERSION`; refuse a database from a newer loopwarden."""
+def migrate(conn: sqlite3.Connection, integrity: Integrity) -> None:
+    """Bring the schema to `SCHEMA_VERSION` in one transaction; refuse a database from a newer
+    loopwarden. Upgrading an existing database past `REBUILT_AT` re-derives its projection
+    from the journal, with proofs (`rebuild.py`), or refuses if the two disagree."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -104,235 +90,17 @@ def migrate(conn: sqlite3.Connection) -> None:
                 "INSERT INTO meta (key, value) VALUES ('origin', ?)",
                 (f"loopwarden.local/{secrets.token_hex(8)}",),
             )
-            conn.execute("INSERT INTO log_state (id, size, frontier) VALUES (1, 0, x'')")
+            conn.execute(
+                "INSERT INTO log_state (id, size, frontier, mac) VALUES (1, 0, x'', ?)",
+                (integrity.mac(LOG_MAC, [0, ""]),),
+            )
+        elif version < REBUILT_AT:
+            rebuild_projection(conn, integrity)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-
-
-@dataclass(frozen=True)
-class Appended:
-    """A receipt made durable by its transaction: identity, position, and the folded view."""
-
-    sealed: Sealed
-    body: ReceiptBody
-    leaf_index: int
-    view: LoopView
-
-    @property
-    def receipt_id(self) -> str:
-        return self.sealed.receipt_id
-
-    @property
-    def seq(self) -> int:
-        return self.body.seq
-
-
-class Txn(Reader):
-    """An open write transaction. Reads see everything appended so far in the same transaction."""
-
-    def __init__(self, store: Store, now: datetime) -> None:
-        super().__init__(store._conn, store.policies)
-        self._store = store
-        self.now_dt = now
-        self.now = format_time(now)
-        # Rows this transaction has read or written; only this transaction can change them
-        # (it holds the write lock), so repeated reads are served from here.
-        self._loops: dict[str, LoopRow | None] = {}
-        self._log: tuple[int, list[bytes]] | None = None
-
-    def loop_row(self, loop_id: str) -> LoopRow | None:
-        if loop_id not in self._loops:
-            self._loops[loop_id] = super().loop_row(loop_id)
-        return self._loops[loop_id]
-
-    def log_state(self) -> tuple[int, list[bytes]]:
-        if self._log is None:
-            self._log = super().log_state()
-        return self._log
-
-    # --- receipts -----------------------------------------------------------------------------
-
-    def append(
-        self,
-        loop_id: str,
-        kind: ReceiptKind,
-        principal: Principal,
-        data: ReceiptData,
-        *,
-        decision: Decision | None = None,
-        policy_digest: str | None = None,
-        turn_id: str | None = None,
-        todo_id: str | None = None,
-        approval_id: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> Appended:
-        """Seal one receipt and apply it: journal row, Merkle leaf, projection rows.
-
-        `policy_digest` is required for `loop.opened` and otherwise taken from the loop. Raises
-        `SealError` if the receipt cannot be sealed and `FoldError` if it does not fit the
-        loop's state; the caller's transaction then rolls back whole.
-        """
-        loop = self.loop_row(loop_id)
-        if kind == ReceiptKind.LOOP_OPENED:
-            if loop is not None:
-                raise Conflict(f"loop {loop_id!r} already exists")
-            seq, prev = 1, None
-        else:
-            if loop is None:
-                raise NotFound(f"loop {loop_id!r} does not exist")
-            seq, prev, policy_digest = loop.head_seq + 1, loop.head_digest, loop.policy_digest
-        body = make_body(
-            kind,
-            loop_id=loop_id,
-            seq=seq,
-            at=self.now,
-            principal={"id": principal.id, "role": principal.role},
-            turn_id=turn_id,
-            todo_id=todo_id,
-            approval_id=approval_id,
-            decision=(decision or Decision("allow")).as_dict(),
-            policy_digest=policy_digest,
-            data=data,
-            prev=prev,
-            idempotency_key=idempotency_key,
-        )
-        sealed = seal(body.as_json(), self._store.signer)
-        leaf_index = self._append_leaf(body, sealed)
-        if isinstance(body.data, LoopOpened):
-            self.conn.execute(
-                "INSERT OR IGNORE INTO policies (digest, document) VALUES (?, ?)",
-                (policy_digest, canonical_bytes(body.data.policy).decode()),
-            )
-        return Appended(sealed, body, leaf_index, self._fold(body, sealed.digest))
-
-    def _append_leaf(self, body: ReceiptBody, sealed: Sealed) -> int:
-        size, frontier = self.log_state()
-        self.conn.execute(
-            "INSERT INTO journal (leaf_index, loop_id, seq, kind, receipt_id, digest, at, turn_id, "
-            "envelope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                size,
-                body.loop_id,
-                body.seq,
-                body.kind,
-                sealed.receipt_id,
-                sealed.digest,
-                body.at,
-                body.turn_id,
-                sealed.envelope,
-            ),
-        )
-        frontier, nodes = merkle.append_leaf(frontier, size, merkle.leaf_hash(sealed.envelope))
-        self.conn.executemany("INSERT INTO merkle_nodes (level, idx, hash) VALUES (?, ?, ?)", nodes)
-        self.conn.execute(
-            "UPDATE log_state SET size = ?, frontier = ? WHERE id = 1",
-            (size + 1, b"".join(frontier)),
-        )
-        self._log = (size + 1, frontier)
-        every = self._store.checkpoint_every
-        if every and (size + 1) % every == 0:
-            self._write_checkpoint(size + 1, merkle.root_from_frontier(frontier))
-        return size
-
-    def _fold(self, body: ReceiptBody, digest: str) -> LoopView:
-        before = self.view(body.loop_id, touched(body))
-        # The rows as loaded: the fold replaces the rows it changes, so identity tells which.
-        old: dict[str, dict[str, Any]] = (
-            {}
-            if before is None
-            else {
-                "todos": dict(before.todos),
-                "turns": dict(before.turns),
-                "approvals": dict(before.approvals),
-            }
-        )
-        after = apply(before, body, digest)
-        self._save(after, old)
-        return after
-
-    def _save(self, view: LoopView, old: dict[str, dict[str, Any]]) -> None:
-        self._loops[view.loop.loop_id] = view.loop
-        c = self.conn
-        c.execute(
-            f"INSERT OR REPLACE INTO loops ({LOOP_COLUMNS}) VALUES ({_qmarks(LOOP_COLUMNS)})",
-            loop_to_sql(view.loop),
-        )
-        todos = [
-            todo_to_sql(t) for k, t in view.todos.items() if old.get("todos", {}).get(k) is not t
-        ]
-        if todos:
-            c.executemany(
-                f"INSERT OR REPLACE INTO todos ({TODO_COLUMNS}) VALUES ({_qmarks(TODO_COLUMNS)})",
-                todos,
-            )
-        turns = [as_sql(t) for k, t in view.turns.items() if old.get("turns", {}).get(k) is not t]
-        if turns:
-            c.executemany(
-                f"INSERT OR REPLACE INTO turns ({TURN_COLUMNS}) VALUES ({_qmarks(TURN_COLUMNS)})",
-                turns,
-            )
-        approvals = [
-            as_sql(a) for k, a in view.approvals.items() if old.get("approvals", {}).get(k) is not a
-        ]
-        if approvals:
-            c.executemany(
-                f"INSERT OR REPLACE INTO approvals ({APPROVAL_COLUMNS}) "
-                f"VALUES ({_qmarks(APPROVAL_COLUMNS)})",
-                approvals,
-            )
-
-    # --- checkpoints --------------------------------------------------------------------------
-
-    def _write_checkpoint(self, size: int, root: bytes) -> str:
-        store = self._store
-        note = sign_checkpoint(store.origin, size, root, store.signer)
-        self.conn.execute(
-            "INSERT OR IGNORE INTO checkpoints (size, root, note, key_id, signed_at) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (size, root, note, store.signer.key_id, self.now),
-        )
-        return note
-
-    def checkpoint(self) -> int:
-        """Sign a checkpoint of the current tree unless one exists for this size; returns the size."""
-        size, frontier = self.log_state()
-        latest = self.latest_checkpoint()
-        if size and (latest is None or latest.size < size):
-            self._write_checkpoint(size, merkle.root_from_frontier(frontier))
-        return size
-
-    # --- operational records ------------------------------------------------------------------
-
-    def remember(
-        self, principal: str, key: str, operation: str, request_digest: str, response: Any
-    ) -> None:
-        """Record the response to an idempotent call (first write wins).
-
-        Responses are kept forever (a replay after any delay must not act twice), so they are
-        stored zlib-compressed: a full update result shrinks about fourfold.
-        """
-        packed = zlib.compress(json.dumps(response, separators=(",", ":")).encode(), 6)
-        self.conn.execute(
-            "INSERT INTO idempotency (principal, key, operation, request_digest, response, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (principal, key, operation, request_digest, packed, self.now),
-        )
-
-    def add_token(self, token_hash: str, token_id: str, agent: str, role: str) -> None:
-        self.conn.execute(
-            "INSERT INTO tokens (token_hash, token_id, agent, role, created_at) VALUES (?, ?, ?, ?, ?)",
-            (token_hash, token_id, agent, role, self.now),
-        )
-
-    def revoke_token(self, token_id: str) -> bool:
-        cur = self.conn.execute(
-            "UPDATE tokens SET revoked_at = ? WHERE token_id = ? AND revoked_at IS NULL",
-            (self.now, token_id),
-        )
-        return cur.rowcount == 1
 
 
 class _Pending:
@@ -361,6 +129,7 @@ class Store:
         path: Path,
         signer: Signer,
         keyring: Keyring,
+        integrity: Integrity,
         clock: Clock,
         checkpoint_every: int,
     ) -> None:
@@ -369,6 +138,7 @@ class Store:
         self.path = path
         self.signer = signer
         self.keyring = keyring
+        self.integrity = integrity
         self.clock = clock
         self.checkpoint_every = checkpoint_every
         self.policies = PolicyCache()
@@ -384,6 +154,7 @@ class Store:
         signer: Signer,
         *,
         keyring: Keyring | None = None,
+        secret: bytes | None = None,
         clock: Clock = system_clock,
         checkpoint_every: int = 256,
         synchronous: Synchronous = "full",
@@ -392,7 +163,8 @@ class Store:
         """Open (creating and migrating if needed) the database at `path`.
 
         `keyring` is the trusted public keys receipts are verified against (default: the
-        signer's own). With `check` (the default) the store refuses to serve a database whose
+        signer's own); `secret` the integrity secret (default: the one in the key directory
+        beside the database, created on first use). With `check` (the default) the store refuses to serve a database whose
         journal head, Merkle frontier and projection disagree: `IntegrityError`, and
         `loopwarden verify` explains what is wrong.
         """
@@ -404,9 +176,16 @@ class Store:
             conn = connect(path, synchronous=synchronous)
             reader_conn = None
             try:
-                migrate(conn)
+                # A store at the current version already has its secret; only a new or an
+                # upgraded one may create it (a refused store is left exactly as it was).
+                current = conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+                key = secret or KeyStore(path.parent).load_secret(create=not current)
+                integrity = Integrity(key)
+                migrate(conn, integrity)
                 reader_conn = connect(path, synchronous=synchronous)
-                store = cls(conn, reader_conn, path, signer, trusted, clock, checkpoint_every)
+                store = cls(
+                    conn, reader_conn, path, signer, trusted, integrity, clock, checkpoint_every
+                )
                 if check:
                     startup_check(Reader(conn))
                 return store
@@ -548,7 +327,13 @@ def snapshot(path: Path) -> Iterator[Reader]:
     conn = connect(Path(path), readonly=True)
     try:
         conn.execute("BEGIN")  # one snapshot for the whole read
-        yield Reader(conn)
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION or version < LEGACY_SCHEMA:
+            raise StoreError(
+                f"the database has schema version {version}; this loopwarden reads versions "
+                f"{LEGACY_SCHEMA} to {SCHEMA_VERSION}"
+            )
+        yield Reader(conn, legacy=version < SCHEMA_VERSION)
     except sqlite3.Error as exc:
         raise StoreError(f"cannot read the database: {exc}") from None
     finally:

@@ -32,7 +32,7 @@ from loopwarden.operations.leases import turn_problems
 from loopwarden.operations.operation import OPERATOR_CALLERS, Call
 from loopwarden.operations.projection import ApprovalOut
 from loopwarden.operations.refusals import refuse_on_turn
-from loopwarden.operations.results import Model, ReasonOut, reasons_out
+from loopwarden.operations.results import Model, ReasonOut, from_row, reasons_out
 from loopwarden.operations.runner import operation
 from loopwarden.operations.visibility import by_approval, by_turn
 from loopwarden.policy import decision as codes
@@ -253,4 +253,4 @@ class ApprovalsResult(Model):
 def list_approvals(call: Call[Reader], req: ApprovalsRequest) -> ApprovalsResult:
     """Operator only: approval requests (of one loop, in one status), oldest first."""
     rows = call.tx.loop_approvals(req.loop_id, req.status)
-    return ApprovalsResult(approvals=rows)
+    return ApprovalsResult(approvals=[from_row(ApprovalOut, a) for a in rows])

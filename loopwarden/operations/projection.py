@@ -63,8 +63,24 @@ class TurnOut(Model):
     outcome: str | None
 
 
-ApprovalOut = ApprovalRow
-"""An approval as published: exactly its stored row."""
+class ApprovalOut(Model):
+    """An approval as published (its row, without the store's `slot`)."""
+
+    approval_id: str
+    loop_id: str
+    turn_id: str
+    todo_id: str
+    tool: str
+    summary: str
+    artifact_digest: str | None
+    status: ApprovalStatus
+    requested_by: str
+    requested_at: str
+    decided_by: str | None
+    decided_at: str | None
+    expires_at: str | None
+    reason: str | None
+    consumed_by: str | None
 
 
 class Attention(Model):
@@ -228,7 +244,7 @@ def projection(call: Call[Reader], req: ProjectionRequest) -> ProjectionResult:
         todos_truncated=len(todos) > TODO_PAGE,
         active_leases=[from_row(TurnOut, t) for t in live],
         turns=[from_row(TurnOut, t) for t in reader.recent_turns(loop.loop_id, RECENT)],
-        approvals=approvals,
+        approvals=[from_row(ApprovalOut, a) for a in approvals],
         recent_receipts=[receipt_summary(r) for r in reader.recent_receipts(loop.loop_id, RECENT)],
         attention=attention,
         next_action=next_action,

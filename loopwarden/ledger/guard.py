@@ -1,0 +1,228 @@
+"""The guard: the reads a write acts on, each checked against what vouches for it.
+
+A write transaction reads through a `GuardedReader`, so every row it can act on is proved, or
+the write is refused with `IntegrityError` before anything is sealed:
+
+- a loop row by its MAC (over every column and its state-tree root) and by the journal's head
+  for the loop (so an older row, MAC and all, cannot come back);
+- a todo, turn or approval row by its path to that loop's root (`state.py`): an edited,
+  swapped or rolled-back row is a leaf the root does not hold;
+- sets the write decides on by what the loop row commits to: its open turns are the ids the
+  loop row lists (each row then proved), the turns claimed in a rate window are found by claim
+  number between proved rows, a todo's dependencies are proved rows;
+- the Merkle frontier by its MAC and by the journal's last leaf; idempotency records by MAC;
+  a policy document by re-hashing it against its digest (every reader does that).
+
+What it cannot see is stated in docs/reliability.md: a row deleted outright reads as "no such
+row" (the audit reports it), and which open todo comes first is the database's answer.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from loopwarden.errors import IntegrityError
+from loopwarden.ledger import state
+from loopwarden.ledger.integrity import Integrity
+from loopwarden.ledger.reader import (
+    LOOP_COLUMNS,
+    PolicyCache,
+    Reader,
+    as_sql,
+    loop_from_sql,
+    loop_to_sql,
+    todo_to_sql,
+)
+from loopwarden.ledger.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
+from loopwarden.statuses import TodoStatus, TurnStatus
+
+LOOP_MAC = "loopwarden.loop/v1"
+LOG_MAC = "loopwarden.log/v1"
+RECORD_MAC = "loopwarden.idempotency/v1"
+
+
+def loop_mac_values(loop: LoopRow, root: bytes) -> list[object]:
+    return [*loop_to_sql(loop), root.hex()]
+
+
+def row_leaf(table: str, row: TodoRow | TurnRow | ApprovalRow) -> bytes:
+    values = todo_to_sql(row) if isinstance(row, TodoRow) else as_sql(row)
+    return state.leaf(table, values)
+
+
+class GuardedReader(Reader):
+    """A `Reader` for the write path: rows come back proved (see the module docstring)."""
+
+    def __init__(
+        self, conn: sqlite3.Connection, policies: PolicyCache, integrity: Integrity
+    ) -> None:
+        super().__init__(conn, policies)
+        self.integrity = integrity
+        # Rows this transaction has read or written; only it can change them (it holds the
+        # write lock), so repeated reads are served from here.
+        self._loops: dict[str, LoopRow | None] = {}
+        self._trees: dict[str, state.StateTree] = {}
+        self._log: tuple[int, list[bytes]] | None = None
+
+    # --- loops --------------------------------------------------------------------------------
+
+    def loop_row(self, loop_id: str) -> LoopRow | None:
+        if loop_id not in self._loops:
+            self._loops[loop_id] = self._proved_loop(loop_id)
+        return self._loops[loop_id]
+
+    def _proved_loop(self, loop_id: str) -> LoopRow | None:
+        r = self._one(
+            f"SELECT {LOOP_COLUMNS}, state_root, mac FROM loops WHERE loop_id = ?", (loop_id,)
+        )
+        if r is None:
+            return None
+        loop, root, mac = loop_from_sql(r), bytes(r[-2] or b""), r[-1]
+        what = f"the stored state of loop {loop_id!r}"
+        self.integrity.check(LOOP_MAC, loop_mac_values(loop, root), mac, what)
+        head = self._one(
+            "SELECT seq, digest FROM journal WHERE loop_id = ? ORDER BY seq DESC LIMIT 1",
+            (loop_id,),
+        )
+        if head is None or (head[0], head[1]) != (loop.head_seq, loop.head_digest):
+            raise IntegrityError(
+                f"{what} is not the state after its last receipt (an older copy was put back, or "
+                "receipts were removed); nothing was sealed. Run `loopwarden verify`."
+            )
+        self._trees[loop_id] = state.StateTree(loop.slots, root, self._blob_source(loop_id))
+        return loop
+
+    def _blob_source(self, loop_id: str) -> state.BlobSource:
+        def blob(level: int, idx: int) -> bytes | None:
+            r = self._one(
+                "SELECT hashes FROM state_nodes WHERE loop_id = ? AND level = ? AND idx = ?",
+                (loop_id, level, idx),
+            )
+            return bytes(r[0]) if r else None
+
+        return blob
+
+    def tree(self, loop_id: str) -> state.StateTree:
+        if loop_id not in self._trees and self.loop_row(loop_id) is None:
+            raise IntegrityError(f"loop {loop_id!r} has rows but no stored state")
+        return self._trees[loop_id]
+
+    def _prove(self, table: str, rows: dict[str, Any]) -> dict[str, Any]:
+        for key, row in rows.items():
+            if not self.tree(row.loop_id).holds(row.slot, row_leaf(table, row)):
+                raise IntegrityError(
+                    f"the stored {table[:-1]} {key!r} of loop {row.loop_id!r} is not the one its "
+                    "receipts made (edited, swapped or rolled back outside loopwarden); nothing was "
+                    "sealed. Run `loopwarden verify`."
+                )
+        return rows
+
+    # --- rows ---------------------------------------------------------------------------------
+
+    def todos(self, loop_id: str, ids: Any) -> dict[str, TodoRow]:
+        return self._prove("todos", super().todos(loop_id, ids))
+
+    def turns(self, ids: Any) -> dict[str, TurnRow]:
+        return self._prove("turns", super().turns(ids))
+
+    def approvals(self, ids: Any) -> dict[str, ApprovalRow]:
+        return self._prove("approvals", super().approvals(ids))
+
+    def open_turns(self, loop_id: str) -> list[TurnRow]:
+        """The loop's open turns: exactly the ids its loop row lists, each row proved."""
+        loop = self.loop_row(loop_id)
+        if loop is None:
+            return []
+        found = self.turns(loop.open_turns)
+        if set(found) != set(loop.open_turns) or any(
+            t.status != TurnStatus.OPEN for t in found.values()
+        ):
+            raise IntegrityError(
+                f"the open turns of loop {loop_id!r} were changed outside loopwarden"
+            )
+        return [found[turn_id] for turn_id in loop.open_turns]
+
+    def loop_turns(self, loop_id: str, status: TurnStatus | None = None) -> list[TurnRow]:
+        if status == TurnStatus.OPEN:
+            return self.open_turns(loop_id)
+        return super().loop_turns(loop_id, status)
+
+    def expired_turns(self, loop_id: str, now: str) -> list[TurnRow]:
+        stale = [t for t in self.open_turns(loop_id) if t.lease_expires_at < now]
+        return sorted(stale, key=lambda t: (t.lease_expires_at, t.turn_id))
+
+    def count_open_turns(
+        self, loop_id: str, agent: str | None = None, *, live_at: str | None = None
+    ) -> int:
+        return sum(
+            1
+            for t in self.open_turns(loop_id)
+            if (agent is None or t.agent == agent)
+            and (live_at is None or t.lease_expires_at >= live_at)
+        )
+
+    def claims_since(self, loop_id: str, since: str) -> int:
+        """Turns claimed after `since`: claims are numbered in time order, so the first claim in
+        the window is found by binary search over proved rows."""
+        loop = self.loop_row(loop_id)
+        total = loop.totals.turns if loop is not None else 0
+        low, high = 1, total + 1  # the first number claimed after `since` is in [low, high]
+        while low < high:
+            middle = (low + high) // 2
+            if self._turn_number(loop_id, middle).claimed_at > since:
+                high = middle
+            else:
+                low = middle + 1
+        return total + 1 - low
+
+    def _turn_number(self, loop_id: str, number: int) -> TurnRow:
+        ids = self.conn.execute(
+            "SELECT turn_id FROM turns WHERE loop_id = ? AND number = ?", (loop_id, number)
+        ).fetchall()
+        found = self.turns([r[0] for r in ids])
+        if len(found) != 1:
+            raise IntegrityError(f"claim {number} of loop {loop_id!r} is missing or doubled")
+        return next(iter(found.values()))
+
+    def dependencies_done(self, loop_id: str, todo: TodoRow) -> bool:
+        deps = self.todos(loop_id, todo.depends_on)
+        return len(deps) == len(set(todo.depends_on)) and all(
+            d.status == TodoStatus.DONE for d in deps.values()
+        )
+
+    def next_eligible_todo(self, loop_id: str) -> TodoRow | None:
+        todo = super().next_eligible_todo(loop_id)
+        if todo is None:
+            return None
+        todo = self.todos(loop_id, [todo.todo_id])[todo.todo_id]
+        if todo.status != TodoStatus.OPEN or not self.dependencies_done(loop_id, todo):
+            raise IntegrityError(f"the todos of loop {loop_id!r} were changed outside loopwarden")
+        return todo
+
+    # --- the Merkle log and idempotency records -----------------------------------------------
+
+    def log_state(self) -> tuple[int, list[bytes]]:
+        if self._log is None:
+            r = self._one("SELECT size, frontier, mac FROM log_state WHERE id = 1")
+            size, frontier, mac = (r[0], bytes(r[1]), r[2]) if r else (0, b"", None)
+            self.integrity.check(LOG_MAC, [size, frontier.hex()], mac, "the stored Merkle log")
+            last = self._one("SELECT max(leaf_index) FROM journal")
+            if (last[0] if last and last[0] is not None else -1) != size - 1:
+                raise IntegrityError(
+                    "the stored Merkle log does not end at the journal's last receipt"
+                )
+            self._log = (size, [frontier[i : i + 32] for i in range(0, len(frontier), 32)])
+        return self._log
+
+    def idempotency(self, principal: str, key: str) -> tuple[str, str, str] | None:
+        record = super().idempotency(principal, key)
+        if record is not None:
+            mac = self._one(
+                "SELECT mac FROM idempotency WHERE principal = ? AND key = ?", (principal, key)
+            )
+            values = [principal, key, *record]
+            self.integrity.check(
+                RECORD_MAC, values, mac[0] if mac else None, "an idempotency record"
+            )
+        return record

@@ -1,0 +1,91 @@
+"""Upgrading a database to the proof fields: re-derive the projection from the journal, once.
+
+A database written before schema version 4 has projection rows without slots, state trees or
+MACs. The upgrade folds every loop's receipts again (the same fold the write path and the audit
+use) and writes the rows back with their proofs, and MACs the Merkle log, the tokens and the
+idempotency records. It trusts the database only as far as it agrees with itself: if a stored
+row of the old schema differs from what the journal folds to, the upgrade is refused whole (an
+`IntegrityError`, nothing changed), because sealing proofs over an edited row would vouch for
+the edit. `loopwarden verify` reads such a database as it is, and says what differs.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import zlib
+
+from loopwarden.errors import IntegrityError
+from loopwarden.ledger.events import parse_body
+from loopwarden.ledger.fold import FoldError, apply
+from loopwarden.ledger.guard import LOG_MAC, RECORD_MAC
+from loopwarden.ledger.integrity import Integrity
+from loopwarden.ledger.reader import LEGACY_FIELDS, PolicyCache, Reader
+from loopwarden.ledger.receipts import open_envelope
+from loopwarden.ledger.rows import LoopView
+from loopwarden.ledger.txn import TOKEN_MAC, ProjectionWriter
+
+
+def _fold_journal(reader: Reader) -> dict[str, LoopView]:
+    views: dict[str, LoopView] = {}
+    for row in reader.iter_journal():
+        try:
+            body = parse_body(open_envelope(row.envelope, None, canonical=False).body)
+            views[body.loop_id] = apply(views.get(body.loop_id), body, row.digest)
+        except (FoldError, ValueError) as exc:
+            raise IntegrityError(
+                f"cannot upgrade: receipt {row.receipt_id} does not fold ({exc}). The database is "
+                "unchanged; run `loopwarden verify` to see what is wrong."
+            ) from None
+    return views
+
+
+def _check_agrees(legacy: Reader, views: dict[str, LoopView]) -> None:
+    from loopwarden.ledger.audit import diff_views  # the audit's comparison, field by field
+
+    stored_ids = {loop.loop_id for loop in legacy.loops()}
+    for loop_id in sorted(stored_ids | set(views)):
+        stored = legacy.full_view(loop_id)
+        rebuilt = views.get(loop_id)
+        differences = (
+            ["it is stored but has no receipts" if rebuilt is None else "it has no stored row"]
+            if stored is None or rebuilt is None
+            else diff_views(stored, rebuilt, ignore=LEGACY_FIELDS)
+        )
+        if differences:
+            raise IntegrityError(
+                f"cannot upgrade: the stored projection of loop {loop_id!r} differs from its "
+                f"receipts ({differences[0]}). The database is unchanged; audit it with "
+                "`loopwarden verify`."
+            )
+
+
+def rebuild_projection(conn: sqlite3.Connection, integrity: Integrity) -> None:
+    """Re-derive every projection row with its proof, and MAC the unsigned rows (inside the
+    caller's transaction). `IntegrityError` if the stored projection disagrees with the journal."""
+    views = _fold_journal(Reader(conn))
+    _check_agrees(Reader(conn, legacy=True), views)
+    for table in ("todos", "turns", "approvals", "loops", "state_nodes"):
+        conn.execute(f"DELETE FROM {table}")
+    writer = ProjectionWriter(conn, PolicyCache(), integrity)
+    for view in views.values():
+        writer.save(view, {})
+    size, frontier = conn.execute("SELECT size, frontier FROM log_state WHERE id = 1").fetchone()
+    conn.execute(
+        "UPDATE log_state SET mac = ? WHERE id = 1",
+        (integrity.mac(LOG_MAC, [size, bytes(frontier).hex()]),),
+    )
+    for row in conn.execute(
+        "SELECT token_hash, token_id, agent, role, created_at, revoked_at FROM tokens"
+    ).fetchall():
+        conn.execute(
+            "UPDATE tokens SET mac = ? WHERE token_hash = ?",
+            (integrity.mac(TOKEN_MAC, row), row[0]),
+        )
+    for principal, key, operation, digest, response in conn.execute(
+        "SELECT principal, key, operation, request_digest, response FROM idempotency"
+    ).fetchall():
+        text = zlib.decompress(response).decode() if isinstance(response, bytes) else response
+        mac = integrity.mac(RECORD_MAC, [principal, key, operation, digest, text])
+        conn.execute(
+            "UPDATE idempotency SET mac = ? WHERE principal = ? AND key = ?", (mac, principal, key)
+        )

@@ -1,0 +1,314 @@
+"""A write transaction: seal receipts, fold them, and keep every row's proof current.
+
+`Txn.append` seals one receipt, chains it to the loop's previous one, extends the Merkle
+frontier and folds it into the projection rows it touches. Reads go through the guard
+(`guard.py`), so the rows a receipt is folded into are proved first; after the fold, the rows it
+changed are written back with their new leaves in the loop's state tree, and the loop row with
+the new root under its MAC. Everything runs inside the store's one SQLite transaction: it
+commits whole or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from loopwarden.canonical import canonical_bytes
+from loopwarden.clock import format_time
+from loopwarden.errors import Conflict, NotFound
+from loopwarden.ledger import merkle
+from loopwarden.ledger.checkpoints import sign_checkpoint
+from loopwarden.ledger.events import LoopOpened, ReceiptBody, ReceiptData, ReceiptKind, make_body
+from loopwarden.ledger.fold import apply, touched
+from loopwarden.ledger.guard import (
+    LOG_MAC,
+    LOOP_MAC,
+    RECORD_MAC,
+    GuardedReader,
+    loop_mac_values,
+    row_leaf,
+)
+from loopwarden.ledger.reader import (
+    APPROVAL_COLUMNS,
+    LOOP_COLUMNS,
+    TODO_COLUMNS,
+    TURN_COLUMNS,
+    as_sql,
+    loop_to_sql,
+    todo_to_sql,
+)
+from loopwarden.ledger.receipts import Sealed, seal
+from loopwarden.ledger.rows import LoopRow, LoopView
+from loopwarden.ledger.state import EMPTY, StateTree, node
+from loopwarden.policy.decision import Decision
+from loopwarden.principals import Principal
+
+if TYPE_CHECKING:
+    from loopwarden.ledger.store import Store
+
+TOKEN_MAC = "loopwarden.token/v1"
+_ROW_SQL: dict[str, tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
+    "todos": (TODO_COLUMNS, todo_to_sql),
+    "turns": (TURN_COLUMNS, as_sql),
+    "approvals": (APPROVAL_COLUMNS, as_sql),
+}
+
+
+def _qmarks(columns: str) -> str:
+    return ",".join("?" for _ in columns.split(","))
+
+
+@dataclass(frozen=True)
+class Appended:
+    """A receipt made durable by its transaction: identity, position, and the folded view."""
+
+    sealed: Sealed
+    body: ReceiptBody
+    leaf_index: int
+    view: LoopView
+
+    @property
+    def receipt_id(self) -> str:
+        return self.sealed.receipt_id
+
+    @property
+    def seq(self) -> int:
+        return self.body.seq
+
+
+class ProjectionWriter(GuardedReader):
+    """Writes projection rows with their proofs: each changed row's leaf in its loop's state
+    tree, the blobs it rewrote, and the loop row under the new root and its MAC."""
+
+    def save(self, view: LoopView, old: dict[str, dict[str, Any]]) -> None:
+        """Write the rows of `view` that are not in `old` (by identity), their leaves, and the
+        loop row under its new root."""
+        loop_id = view.loop.loop_id
+        if loop_id not in self._trees:  # a new loop: nothing stored counts, its tree starts empty
+            self._trees[loop_id] = StateTree(0, node(EMPTY), lambda level, idx: None)
+        tree = self._trees[loop_id]
+        tree.grow(view.loop.slots)
+        changed: dict[str, list[Any]] = {
+            table: [row for key, row in rows.items() if old.get(table, {}).get(key) is not row]
+            for table, rows in (
+                ("todos", view.todos),
+                ("turns", view.turns),
+                ("approvals", view.approvals),
+            )
+        }
+        for table, rows in changed.items():
+            for row in rows:
+                tree.put(row.slot, row_leaf(table, row))
+            if rows:
+                columns, to_sql = _ROW_SQL[table]
+                self.conn.executemany(
+                    f"INSERT OR REPLACE INTO {table} ({columns}) VALUES ({_qmarks(columns)})",
+                    [to_sql(row) for row in rows],
+                )
+        self.conn.executemany(
+            "INSERT OR REPLACE INTO state_nodes (loop_id, level, idx, hashes) VALUES (?, ?, ?, ?)",
+            [(loop_id, level, idx, blob) for level, idx, blob in tree.blobs()],
+        )
+        tree.dirty.clear()
+        self._save_loop(view.loop, tree.root)
+
+    def _save_loop(self, loop: LoopRow, root: bytes) -> None:
+        self._loops[loop.loop_id] = loop
+        mac = self.integrity.mac(LOOP_MAC, loop_mac_values(loop, root))
+        columns = f"{LOOP_COLUMNS}, state_root, mac"
+        self.conn.execute(
+            f"INSERT OR REPLACE INTO loops ({columns}) VALUES ({_qmarks(columns)})",
+            (*loop_to_sql(loop), root, mac),
+        )
+
+
+class Txn(ProjectionWriter):
+    """An open write transaction. Reads see everything appended so far in the same transaction,
+    and every row they return has been proved (see `guard.py`)."""
+
+    def __init__(self, store: Store, now: datetime) -> None:
+        super().__init__(store._conn, store.policies, store.integrity)
+        self._store = store
+        self.now_dt = now
+        self.now = format_time(now)
+
+    # --- receipts -----------------------------------------------------------------------------
+
+    def append(
+        self,
+        loop_id: str,
+        kind: ReceiptKind,
+        principal: Principal,
+        data: ReceiptData,
+        *,
+        decision: Decision | None = None,
+        policy_digest: str | None = None,
+        turn_id: str | None = None,
+        todo_id: str | None = None,
+        approval_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Appended:
+        """Seal one receipt and apply it: journal row, Merkle leaf, projection rows.
+
+        `policy_digest` is required for `loop.opened` and otherwise taken from the loop. A
+        receipt's time never goes back within its loop (another process's clock may lag: then
+        it takes the loop's last time). Raises `SealError` if the receipt cannot be sealed,
+        `FoldError` if it does not fit the loop's state and `IntegrityError` if a row it reads
+        fails its proof; the caller's transaction then rolls back whole.
+        """
+        loop = self.loop_row(loop_id)
+        at = self.now
+        if kind == ReceiptKind.LOOP_OPENED:
+            if loop is not None:
+                raise Conflict(f"loop {loop_id!r} already exists")
+            seq, prev = 1, None
+        else:
+            if loop is None:
+                raise NotFound(f"loop {loop_id!r} does not exist")
+            seq, prev, policy_digest = loop.head_seq + 1, loop.head_digest, loop.policy_digest
+            at = max(at, loop.updated_at)
+        body = make_body(
+            kind,
+            loop_id=loop_id,
+            seq=seq,
+            at=at,
+            principal={"id": principal.id, "role": principal.role},
+            turn_id=turn_id,
+            todo_id=todo_id,
+            approval_id=approval_id,
+            decision=(decision or Decision("allow")).as_dict(),
+            policy_digest=policy_digest,
+            data=data,
+            prev=prev,
+            idempotency_key=idempotency_key,
+        )
+        sealed = seal(body.as_json(), self._store.signer)
+        leaf_index = self._append_leaf(body, sealed)
+        if isinstance(body.data, LoopOpened):
+            self.conn.execute(
+                "INSERT OR IGNORE INTO policies (digest, document) VALUES (?, ?)",
+                (policy_digest, canonical_bytes(body.data.policy).decode()),
+            )
+        return Appended(sealed, body, leaf_index, self._fold(body, sealed.digest))
+
+    def _append_leaf(self, body: ReceiptBody, sealed: Sealed) -> int:
+        size, frontier = self.log_state()
+        self.conn.execute(
+            "INSERT INTO journal (leaf_index, loop_id, seq, kind, receipt_id, digest, at, turn_id, "
+            "envelope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                size,
+                body.loop_id,
+                body.seq,
+                body.kind,
+                sealed.receipt_id,
+                sealed.digest,
+                body.at,
+                body.turn_id,
+                sealed.envelope,
+            ),
+        )
+        frontier, nodes = merkle.append_leaf(frontier, size, merkle.leaf_hash(sealed.envelope))
+        self.conn.executemany("INSERT INTO merkle_nodes (level, idx, hash) VALUES (?, ?, ?)", nodes)
+        self._set_log(size + 1, frontier)
+        every = self._store.checkpoint_every
+        if every and (size + 1) % every == 0:
+            self._write_checkpoint(size + 1, merkle.root_from_frontier(frontier))
+        return size
+
+    def _set_log(self, size: int, frontier: list[bytes]) -> None:
+        joined = b"".join(frontier)
+        mac = self.integrity.mac(LOG_MAC, [size, joined.hex()])
+        self.conn.execute(
+            "UPDATE log_state SET size = ?, frontier = ?, mac = ? WHERE id = 1", (size, joined, mac)
+        )
+        self._log = (size, frontier)
+
+    def _fold(self, body: ReceiptBody, digest: str) -> LoopView:
+        before = self.view(body.loop_id, touched(body))
+        # The rows as loaded: the fold replaces the rows it changes, so identity tells which.
+        old: dict[str, dict[str, Any]] = (
+            {}
+            if before is None
+            else {
+                "todos": dict(before.todos),
+                "turns": dict(before.turns),
+                "approvals": dict(before.approvals),
+            }
+        )
+        after = apply(before, body, digest)
+        self.save(after, old)
+        return after
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def _write_checkpoint(self, size: int, root: bytes) -> str:
+        store = self._store
+        note = sign_checkpoint(store.origin, size, root, store.signer)
+        self.conn.execute(
+            "INSERT OR IGNORE INTO checkpoints (size, root, note, key_id, signed_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (size, root, note, store.signer.key_id, self.now),
+        )
+        return note
+
+    def checkpoint(self) -> int:
+        """Sign a checkpoint of the current tree unless one exists for this size; returns the size."""
+        size, frontier = self.log_state()
+        latest = self.latest_checkpoint()
+        if size and (latest is None or latest.size < size):
+            self._write_checkpoint(size, merkle.root_from_frontier(frontier))
+        return size
+
+    # --- operational records ------------------------------------------------------------------
+
+    def remember(
+        self, principal: str, key: str, operation: str, request_digest: str, response: Any
+    ) -> None:
+        """Record the response to an idempotent call (first write wins), under its MAC.
+
+        Responses are kept forever (a replay after any delay must not act twice), so they are
+        stored zlib-compressed: a full update result shrinks about fourfold.
+        """
+        text = json.dumps(response, separators=(",", ":"))
+        mac = self.integrity.mac(RECORD_MAC, [principal, key, operation, request_digest, text])
+        self.conn.execute(
+            "INSERT INTO idempotency (principal, key, operation, request_digest, response, "
+            "created_at, mac) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                principal,
+                key,
+                operation,
+                request_digest,
+                zlib.compress(text.encode(), 6),
+                self.now,
+                mac,
+            ),
+        )
+
+    def add_token(self, token_hash: str, token_id: str, agent: str, role: str) -> None:
+        values = [token_hash, token_id, agent, role, self.now, None]
+        self.conn.execute(
+            "INSERT INTO tokens (token_hash, token_id, agent, role, created_at, revoked_at, mac) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (*values, self.integrity.mac(TOKEN_MAC, values)),
+        )
+
+    def revoke_token(self, token_id: str) -> bool:
+        row = self._one(
+            "SELECT token_hash, token_id, agent, role, created_at FROM tokens "
+            "WHERE token_id = ? AND revoked_at IS NULL",
+            (token_id,),
+        )
+        if row is None:
+            return False
+        values = [*row, self.now]
+        self.conn.execute(
+            "UPDATE tokens SET revoked_at = ?, mac = ? WHERE token_id = ?",
+            (self.now, self.integrity.mac(TOKEN_MAC, values), token_id),
+        )
+        return True
