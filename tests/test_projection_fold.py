@@ -20,10 +20,11 @@ import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER, STRANGER
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import control_loop, make_policy
+from support import control_loop, make_policy, scale
 
 from loopwarden.clock import ManualClock
 from loopwarden.errors import LoopwardenError, NotFound
+from loopwarden.ledger.audit import audit
 from loopwarden.ledger.events import (
     DATA_MODELS,
     Evidence,
@@ -39,7 +40,7 @@ from loopwarden.ledger.fold import rebuild
 from loopwarden.ledger.keys import KeyStore
 from loopwarden.ledger.receipts import open_envelope
 from loopwarden.ledger.rows import LoopView
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.store import Store, snapshot
 from loopwarden.operations.approvals import (
     ApprovalRequest,
     DecideApprovalRequest,
@@ -552,12 +553,16 @@ async def _drive(data: st.DataObject, on_violation: str) -> None:
                     # A raised error (Conflict, InvalidInput, ...) must leave nothing behind.
                     assert await store.read(lambda r: r.journal_count()) == before
                 await full_check(store, "L")
+            # The judging audit finds nothing to object to in a journal only operations wrote.
+            with snapshot(home / "loopwarden.db") as reader:
+                report = audit(reader, store.keyring, workers=0)
+            assert report.clean, [f.as_dict() for f in report.findings]
         finally:
             await store.close()
 
 
 @settings(
-    max_examples=30,
+    max_examples=scale(30),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

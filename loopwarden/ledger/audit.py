@@ -26,9 +26,10 @@ from loopwarden.canonical import sha256_digest
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger import merkle
 from loopwarden.ledger.checkpoints import open_checkpoint
-from loopwarden.ledger.events import parse_body
+from loopwarden.ledger.events import ReceiptBody, parse_body
 from loopwarden.ledger.findings import ENVELOPE_PROBLEMS, Report
 from loopwarden.ledger.fold import FoldError, apply, chain_problem
+from loopwarden.ledger.judge import Judge, Verdict
 from loopwarden.ledger.keys import Keyring
 from loopwarden.ledger.reader import LEGACY_FIELDS, CheckpointRow, JournalRow, Reader
 from loopwarden.ledger.receipts import open_envelope, receipt_id_for, signature_problems
@@ -148,6 +149,7 @@ class _Audit:
         self.size = 0  # leaves hashed into the recomputed tree
         self.expected = 0  # the next leaf index the journal should hold
         self.keys = keyring.public_keys()
+        self.judge = Judge(keys_known=loop_id is None)
 
     def batch(self, rows: list[JournalRow], check: SignatureCheck) -> None:
         in_scope = [row for row in rows if self.loop_id is None or row.loop_id == self.loop_id]
@@ -228,11 +230,14 @@ class _Audit:
         chain.seq, chain.digest = body.seq, digest
         if chain.broken:
             return
+        judged(self.report, self.judge, chain.view, body, **_where(row))
         try:
             chain.view = apply(chain.view, body, digest)
         except FoldError as exc:
             add("projection_mismatch", f"the receipt does not fold: {exc}", **_where(row))
             chain.broken = True
+            return
+        self.judge.after(chain.view, body)
 
     def finish(self) -> None:
         stored_size, stored_frontier = self.reader.log_state()
@@ -251,12 +256,32 @@ class _Audit:
                 "checkpoint_beyond_journal",
                 f"checkpoint for size {cp.size} is larger than the journal ({self.size} receipts): receipts were removed",
             )
+        views = {
+            lid: c.view for lid, c in self.chains.items() if c.view is not None and not c.broken
+        }
+        for lid, verdicts in self.judge.end(views).items():
+            for verdict in verdicts:
+                self.report.add("decision_illegal", verdict.message, loop_id=lid, rule=verdict.rule)
         _check_checkpoints(self.checkpoints, self.reader, self.keyring, self.report)
         _check_projection(self.reader, self.chains, self.loop_id, self.report)
         self.report.loops = len(self.chains)
         self.report.checkpoints = len(self.checkpoints)
         self.report.tree_size = self.size
         self.report.root = merkle.root_from_frontier(self.frontier).hex()
+
+
+def judged(
+    report: Report, judge: Judge, view: LoopView | None, body: ReceiptBody, **where: Any
+) -> None:
+    """Ask the judge about one receipt; a verdict is a `decision_illegal` finding. A receipt the
+    judge cannot even read the facts of is one too: an audit fails closed."""
+    try:
+        verdicts = judge.step(view, body)
+    except (LookupError, ValueError, TypeError) as exc:
+        verdicts = [Verdict("unjudgeable", f"its facts cannot be rebuilt ({type(exc).__name__})")]
+    for verdict in verdicts:
+        message = f"{body.kind} #{body.seq}: {verdict.message}"
+        report.add("decision_illegal", message, kind=str(body.kind), rule=verdict.rule, **where)
 
 
 def audit(

@@ -19,10 +19,12 @@ from pydantic import ValidationError
 from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger import merkle
+from loopwarden.ledger.audit import judged
 from loopwarden.ledger.checkpoints import Checkpoint, open_checkpoint
 from loopwarden.ledger.events import parse_body
 from loopwarden.ledger.findings import ENVELOPE_PROBLEMS, Report
 from loopwarden.ledger.fold import FoldError, apply, chain_problem
+from loopwarden.ledger.judge import Judge
 from loopwarden.ledger.keys import Keyring, Signer, decode_public_key, public_key_b64
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.receipts import open_envelope, pae
@@ -173,6 +175,7 @@ def _replay(
     replay (what follows it cannot be judged). Returns the view and the last good digest."""
     view: LoopView | None = None
     previous: str | None = None
+    judge = Judge(keys_known=False)  # one loop's receipts: a key's earlier use may be elsewhere
     for position, item in enumerate(parts.items, start=1):
         try:
             envelope = str(item["envelope"]).encode()
@@ -212,12 +215,17 @@ def _replay(
             report.add(broken, f"receipt #{position} {what}", **where)
             break
         previous = digest
+        judged(report, judge, view, body, **where)
         try:
             view = apply(view, body, digest)
         except FoldError as exc:
             report.add("projection_mismatch", f"receipt #{position} does not fold: {exc}", **where)
             break
+        judge.after(view, body)
         report.receipts += 1
+    if view is not None:
+        for verdict in judge.end({view.loop.loop_id: view}).get(view.loop.loop_id, []):
+            report.add("decision_illegal", verdict.message, rule=verdict.rule)
     return view, previous
 
 

@@ -161,9 +161,13 @@ RefusedOperation = Literal["heartbeat", "todo_add", "request_approval", "decide_
 
 
 class RequestRefused(Fact):
-    """A refused heartbeat, todo_add, request_approval or decide_approval (reasons in the decision)."""
+    """A refused heartbeat, todo_add, request_approval or decide_approval (reasons in the
+    decision). For a request about a turn, the fence it sent and the tool it named, so that the
+    refusal can be judged (receipts before these fields have neither)."""
 
     operation: RefusedOperation
+    fence: int | None = Field(default=None, ge=0)
+    tool: ToolName | None = None
 
 
 class LeaseRenewed(Fact):

@@ -26,6 +26,10 @@ FINDING_CODES = (
     "checkpoint_beyond_journal",
     "frontier_mismatch",
     "projection_mismatch",
+    "decision_illegal",
+    "state_mismatch",
+    "mac_invalid",
+    "node_mismatch",
     "bundle_malformed",
     "bundle_incomplete",
     "inclusion_invalid",
@@ -55,6 +59,8 @@ class Finding:
     receipt_id: str | None = None
     leaf_index: int | None = None
     position: int | None = None
+    kind: str | None = None  # the receipt's kind, for a judged decision
+    rule: str | None = None  # the rule it broke
 
     def as_dict(self) -> dict[str, object]:
         return {k: v for k, v in asdict(self).items() if v is not None}

@@ -45,6 +45,7 @@ from loopwarden.ledger.rows import (
     TurnRow,
     replace,
 )
+from loopwarden.ledger.rules import todo_graph_problem
 from loopwarden.policy.budgets import Totals, to_micros
 from loopwarden.policy.loader import policy_from_data
 from loopwarden.statuses import (
@@ -84,7 +85,7 @@ def touched(body: ReceiptBody) -> Touched:
     if isinstance(f, TurnClaimed):
         return Touched(todos=frozenset([f.todo_id]))
     if isinstance(f, TodoAdded):
-        return Touched(todos=frozenset([f.todo.id]))
+        return Touched(todos=frozenset([f.todo.id, *f.todo.depends_on]))
     if isinstance(f, LeaseRenewed | LeaseExpired):
         return Touched(todos=frozenset([f.todo_id]), turns=frozenset([f.turn_id]))
     if isinstance(f, TurnReported | TurnRefused):
@@ -226,6 +227,11 @@ def _opened(body: ReceiptBody, facts: LoopOpened) -> LoopView:
         head_digest="",
         updated_at=body.at,
     )
+    problem = todo_graph_problem(
+        [s.id for s in facts.todos], {s.id: s.depends_on for s in facts.todos}
+    )
+    if problem is not None:
+        raise FoldError(f"loop.opened: {problem}")
     view = LoopView(loop=loop, policy=policy)
     for spec in facts.todos:
         _add_todo(view, spec, body.principal.id)
@@ -350,6 +356,9 @@ def _approval_decided(view: LoopView, body: ReceiptBody, f: ApprovalDecided) -> 
 
 
 def _todo_added(view: LoopView, body: ReceiptBody, f: TodoAdded) -> None:
+    unknown = [d for d in f.todo.depends_on if d not in view.todos]
+    if unknown:
+        raise FoldError(f"todo {f.todo.id!r} depends on unknown todos {', '.join(unknown)}")
     _add_todo(view, f.todo, body.principal.id)
 
 

@@ -305,6 +305,12 @@ class Reader:
             return self._loop_turns(loop_id, "ORDER BY claimed_at, turn_id")
         return self._loop_turns(loop_id, "AND status = ? ORDER BY claimed_at, turn_id", status)
 
+    def open_turns(self, loop_id: str) -> list[TurnRow]:
+        """The loop's open turns, in claim order (the ids its loop row lists)."""
+        loop = self.loop_row(loop_id)
+        found = self.turns(loop.open_turns) if loop is not None else {}
+        return [found[t] for t in (loop.open_turns if loop else ()) if t in found]
+
     def expired_turns(self, loop_id: str, now: str) -> list[TurnRow]:
         tail = "AND status = 'open' AND lease_expires_at < ? ORDER BY lease_expires_at, turn_id"
         return self._loop_turns(loop_id, tail, now)

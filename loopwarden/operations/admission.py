@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from loopwarden.clock import format_time
+from loopwarden.ledger import rules
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.rows import LoopRow
 from loopwarden.policy import decision as codes
@@ -28,15 +29,9 @@ def claim_facts(
     reader: Reader, loop: LoopRow, policy: LoopPolicy, agent: str, now: datetime
 ) -> ClaimFacts:
     """What the evaluator needs to decide a claim by `agent` now (leases already swept)."""
-    now_text = format_time(now)
-    return ClaimFacts(
-        agent=agent,
-        status=loop.status,
-        now=now,
-        totals=loop.totals,
-        active=reader.count_open_turns(loop.loop_id, live_at=now_text),
-        active_for_agent=reader.count_open_turns(loop.loop_id, agent, live_at=now_text),
-        claims_in_window=claims_in_window(policy, reader, loop.loop_id, now),
+    window = claims_in_window(policy, reader, loop.loop_id, now)
+    return rules.claim_facts(
+        loop, reader.open_turns(loop.loop_id), window, agent, now, format_time(now)
     )
 
 

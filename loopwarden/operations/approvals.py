@@ -4,7 +4,6 @@ report cites the approval, which then covers that tool once."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Protocol
 
 from pydantic import Field
 
@@ -16,7 +15,6 @@ from loopwarden.ledger.events import (
     ApprovalId,
     ApprovalRequested,
     Digest,
-    Evidence,
     Fence,
     LoopId,
     OptionalKey,
@@ -26,7 +24,6 @@ from loopwarden.ledger.events import (
     new_id,
 )
 from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.rows import ApprovalRow, TurnRow
 from loopwarden.ledger.store import Txn
 from loopwarden.operations.leases import turn_problems
 from loopwarden.operations.operation import OPERATOR_CALLERS, Call
@@ -41,44 +38,6 @@ from loopwarden.policy.evaluate import explain, tool_reasons
 from loopwarden.statuses import ApprovalStatus
 
 MAX_APPROVAL_SECONDS = 30 * 86400
-
-
-class CitesApprovals(Protocol):
-    @property
-    def approval_ids(self) -> list[str]: ...
-    @property
-    def evidence(self) -> list[Evidence]: ...
-
-
-def covered_tools(
-    report: CitesApprovals, turn: TurnRow, approvals: dict[str, ApprovalRow], now: str
-) -> tuple[frozenset[str], tuple[Reason, ...]]:
-    """Tools covered by the approvals a report cites, and what is wrong with any of them.
-
-    An approval covers its tool for the turn that requested it, once: it must be approved, not
-    expired, not consumed, and if it is bound to an artifact digest, the report's evidence must
-    carry that digest.
-    """
-    covered, problems = set(), []
-    digests = {e.digest for e in report.evidence if e.digest}
-    for approval_id in dict.fromkeys(report.approval_ids):
-        approval = approvals.get(approval_id)
-        problem = None
-        if approval is None or approval.turn_id != turn.turn_id:
-            problem = "does not exist for this turn"
-        elif approval.status != ApprovalStatus.APPROVED:
-            problem = f"is {approval.status}"
-        elif approval.expires_at is not None and now >= approval.expires_at:
-            problem = f"expired at {approval.expires_at}"
-        elif approval.artifact_digest and approval.artifact_digest not in digests:
-            problem = (
-                f"is bound to artifact {approval.artifact_digest}, which no evidence item carries"
-            )
-        if problem is not None or approval is None:
-            problems.append(Reason(codes.APPROVAL_INVALID, f"approval {approval_id} {problem}"))
-        else:
-            covered.add(approval.tool)
-    return frozenset(covered), tuple(problems)
 
 
 # --- request_approval ------------------------------------------------------------------------
@@ -114,7 +73,7 @@ def _refuse_request(
         reasons=reasons_out(decision.reasons),
         approval_id=None,
         status=None,
-        receipt_id=refuse_on_turn(call, "request_approval", decision),
+        receipt_id=refuse_on_turn(call, "request_approval", decision, req.fence, req.tool),
     )
 
 

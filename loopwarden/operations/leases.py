@@ -84,7 +84,7 @@ def _refuse_heartbeat(
         reasons=reasons_out(decision.reasons),
         turn_id=turn.turn_id,
         lease_expires_at=None,
-        receipt_id=refuse_on_turn(call, "heartbeat", decision),
+        receipt_id=refuse_on_turn(call, "heartbeat", decision, req.fence),
     )
 
 

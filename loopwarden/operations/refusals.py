@@ -19,13 +19,16 @@ def refuse_request(
     *,
     turn_id: str | None = None,
     todo_id: str | None = None,
+    fence: int | None = None,
+    tool: str | None = None,
 ) -> str:
-    """Seal a `request.refused` receipt with every reason; returns its id."""
+    """Seal a `request.refused` receipt with every reason (and, for a request about a turn,
+    the fence and tool it sent); returns its id."""
     sealed = tx.append(
         loop_id,
         ReceiptKind.REQUEST_REFUSED,
         who,
-        RequestRefused(operation=operation),
+        RequestRefused(operation=operation, fence=fence, tool=tool),
         decision=Decision("deny", decision.reasons),
         turn_id=turn_id,
         todo_id=todo_id,
@@ -33,15 +36,16 @@ def refuse_request(
     return sealed.receipt_id
 
 
-def refuse_on_turn(call: Call[Txn], operation: RefusedOperation, decision: Decision) -> str:
+def refuse_on_turn(
+    call: Call[Txn],
+    operation: RefusedOperation,
+    decision: Decision,
+    fence: int,
+    tool: str | None = None,
+) -> str:
     """`refuse_request` for a request about the call's turn (heartbeat, request_approval)."""
     turn = call.turn
     return refuse_request(
-        call.tx,
-        call.who,
-        turn.loop_id,
-        operation,
-        decision,
-        turn_id=turn.turn_id,
-        todo_id=turn.todo_id,
-    )
+        call.tx, call.who, turn.loop_id, operation, decision,
+        turn_id=turn.turn_id, todo_id=turn.todo_id, fence=fence, tool=tool,
+    )  # fmt: skip

@@ -7,11 +7,12 @@ from datetime import datetime
 from loopwarden.ledger.events import ClosedTurn, LoopStopped, ReceiptKind
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.rows import LoopRow
+from loopwarden.ledger.rules import stop_facts
 from loopwarden.ledger.store import Appended, Txn
 from loopwarden.policy.decision import Decision, Reason
-from loopwarden.policy.evaluate import ALL_TODOS_DONE, StopFacts, evaluate_stop
+from loopwarden.policy.evaluate import ALL_TODOS_DONE, evaluate_stop
 from loopwarden.principals import Principal
-from loopwarden.statuses import TodoStatus, TurnStatus
+from loopwarden.statuses import TurnStatus
 
 
 def close_loop(
@@ -32,23 +33,11 @@ def close_loop(
     )
 
 
-def stop_facts(reader: Reader, loop: LoopRow, now: datetime) -> StopFacts:
-    return StopFacts(
-        status=loop.status,
-        totals=loop.totals,
-        open_turns=reader.count_open_turns(loop.loop_id),
-        todos_total=loop.todo_total,
-        todos_done=loop.count(TodoStatus.DONE),
-        failure_streak=loop.failure_streak,
-        now=now,
-    )
-
-
 def due_stop(reader: Reader, loop: LoopRow, now: datetime) -> Reason | None:
     """The stop rule that fires for `loop` now, if any (closed loops never stop again)."""
     if loop.status.closed:
         return None
-    return evaluate_stop(reader.policy(loop.policy_digest), stop_facts(reader, loop, now))
+    return evaluate_stop(reader.policy(loop.policy_digest), stop_facts(loop, now))
 
 
 def apply_stop_rules(tx: Txn, loop_id: str, who: Principal) -> Appended | None:

@@ -15,6 +15,7 @@ from loopwarden.ledger.events import (
     TodoId,
     TodoSpec,
 )
+from loopwarden.ledger.rules import todo_graph_problem
 from loopwarden.ledger.store import Txn
 from loopwarden.operations.operation import Call
 from loopwarden.operations.refusals import refuse_request
@@ -26,37 +27,11 @@ from loopwarden.policy.evaluate import TodoAddFacts, evaluate_todo_add
 
 
 def check_todo_graph(ids: list[str], deps: dict[str, tuple[str, ...]]) -> None:
-    """Todo ids are unique, dependencies name known todos, and there is no cycle."""
-    seen: set[str] = set()
-    for todo_id in ids:
-        if todo_id in seen:
-            raise InvalidInput(f"todo id {todo_id!r} is used twice")
-        seen.add(todo_id)
-    for todo_id, needs in deps.items():
-        for dep in needs:
-            if dep == todo_id:
-                raise InvalidInput(f"todo {todo_id!r} depends on itself")
-            if dep not in seen:
-                raise InvalidInput(f"todo {todo_id!r} depends on unknown todo {dep!r}")
-    stuck = _on_cycles(ids, deps)
-    if stuck:
-        raise InvalidInput(f"todo dependencies form a cycle among {', '.join(stuck[:5])}")
-
-
-def _on_cycles(ids: list[str], deps: dict[str, tuple[str, ...]]) -> list[str]:
-    """Kahn's algorithm: the todos left over sit on a cycle (sorted)."""
-    indegree = {t: len(deps.get(t, ())) for t in ids}
-    dependents: dict[str, list[str]] = {t: [] for t in ids}
-    for t in ids:
-        for d in deps.get(t, ()):
-            dependents[d].append(t)
-    ready = [t for t, n in indegree.items() if n == 0]
-    while ready:
-        for nxt in dependents[ready.pop()]:
-            indegree[nxt] -= 1
-            if indegree[nxt] == 0:
-                ready.append(nxt)
-    return sorted(t for t, n in indegree.items() if n > 0)
+    """`InvalidInput` unless todo ids are unique, dependencies name known todos, and there is
+    no cycle (the fold enforces the same rule on every receipt)."""
+    problem = todo_graph_problem(ids, deps)
+    if problem is not None:
+        raise InvalidInput(problem)
 
 
 class TodoAddRequest(Model):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from loopwarden.clock import parse_time
 from loopwarden.ledger.events import (
     MAX_EVIDENCE_ITEMS,
     MAX_SUMMARY,
@@ -24,9 +23,9 @@ from loopwarden.ledger.events import (
     check_evidence_size,
 )
 from loopwarden.ledger.rows import TurnRow
+from loopwarden.ledger.rules import report_facts
 from loopwarden.ledger.store import Appended, Txn
 from loopwarden.operations.admission import Route, route_for
-from loopwarden.operations.approvals import covered_tools
 from loopwarden.operations.leases import expire_leases
 from loopwarden.operations.operation import IDEMPOTENT_WRITE, Call
 from loopwarden.operations.results import BudgetOut, Model, ReasonOut, budgets_out, reasons_out
@@ -35,7 +34,7 @@ from loopwarden.operations.stops import apply_stop_rules, close_loop
 from loopwarden.operations.visibility import by_turn
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Decision, Reason
-from loopwarden.policy.evaluate import POLICY_VIOLATION, ReportFacts, evaluate_report
+from loopwarden.policy.evaluate import POLICY_VIOLATION, evaluate_report
 from loopwarden.statuses import LoopStatus, TodoStatus, TurnStatus
 
 
@@ -182,23 +181,8 @@ def _decide(call: Call[Txn], req: UpdateRequest) -> Decision:
     loop = call.loop
     policy = tx.policy(loop.policy_digest)
     todo = tx.todo(loop.loop_id, turn.todo_id)
-    covered, problems = covered_tools(req, turn, tx.approvals(req.approval_ids), tx.now)
-    facts = ReportFacts(
-        agent=call.who.id,
-        loop_status=loop.status,
-        turn_agent=turn.agent,
-        turn_status=turn.status,
-        turn_fence=turn.fence,
-        todo_fence=todo.fence if todo else -1,
-        given_fence=req.fence,
-        lease_expires_at=parse_time(turn.lease_expires_at),
-        now=tx.now_dt,
-        outcome=req.outcome,
-        has_evidence=bool(req.evidence),
-        tools=tuple(t.name for t in req.tools_used),
-        approved_tools=covered,
-        approval_problems=problems,
-    )
+    approvals = tx.approvals(req.approval_ids)
+    facts = report_facts(call.who.id, loop, turn, todo, approvals, req, tx.now_dt, tx.now)
     return evaluate_report(policy, facts, digest=loop.policy_digest)
 
 
