@@ -524,8 +524,9 @@ def test_verify_clean_database_exits_0_with_the_documented_json(home, loop):
         "root",
         "seconds",
         "findings",
+        "notes",
     }
-    assert (out["verdict"], out["findings"]) == ("clean", [])
+    assert (out["verdict"], out["findings"], out["notes"]) == ("clean", [], [])
     assert (out["receipts"], out["loops"], out["tree_size"]) == (3, 1, 3)
     assert isinstance(out["checkpoints"], int) and isinstance(out["seconds"], int | float)
     assert len(bytes.fromhex(out["root"])) == 32

@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
+from loopwarden.errors import KeyFileError
+from loopwarden.ledger.integrity import Integrity
 from loopwarden.ledger.keys import Keyring, KeyStore
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.store import Store, snapshot
@@ -46,3 +48,12 @@ def open_reader(home: str | Path | None) -> Iterator[Reader]:
 
 def keyring_of(home: str | Path | None) -> Keyring:
     return KeyStore(resolve_home(home)).keyring()
+
+
+def integrity_of(home: str | Path | None) -> Integrity | None:
+    """The home's integrity secret, for an audit to check MACs with; `None` if it has none
+    (an audit of a copied database without its key directory)."""
+    try:
+        return Integrity(KeyStore(resolve_home(home)).load_secret(create=False))
+    except KeyFileError:
+        return None

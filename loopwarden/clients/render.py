@@ -135,6 +135,8 @@ def audit(report: Report) -> None:
     console.print(f"[dim]root {report.root}[/dim]")
     for f in report.findings:
         console.print(f"  [red]{f.code}[/red] {escape(f.where())}: {escape(f.message)}")
+    for note in report.notes:
+        console.print(f"  [yellow]note[/yellow]: {escape(note)}")
 
 
 def bundle(report: Report) -> None:

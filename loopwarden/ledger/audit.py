@@ -5,8 +5,8 @@ its DSSE signature under a *trusted* key (the key directory, never the database'
 table), canonical form, body schema, digest and index columns, the per-loop `seq`/`prev` chain;
 it recomputes the Merkle tree as it goes and compares the root with every signed checkpoint,
 checks each checkpoint consistent with the previous one, compares the stored frontier, and
-finally replays every loop's receipts through the fold and compares the result with the stored
-projection tables. Every defect is a typed `Finding` in one `Report`; nothing raises on bad data.
+finally replays every loop's receipts through the fold (judging each decision on the way) and
+compares the result with the stored projection tables and the proofs kept of them (`proofs`). Every defect is a typed `Finding` in one `Report`; nothing raises on bad data.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ from loopwarden.ledger.checkpoints import open_checkpoint
 from loopwarden.ledger.events import ReceiptBody, parse_body
 from loopwarden.ledger.findings import ENVELOPE_PROBLEMS, Report
 from loopwarden.ledger.fold import FoldError, apply, chain_problem
+from loopwarden.ledger.integrity import Integrity
 from loopwarden.ledger.judge import Judge, Verdict
 from loopwarden.ledger.keys import Keyring
+from loopwarden.ledger.proofs import Node, NodeCheck, check_loop, check_records
 from loopwarden.ledger.reader import LEGACY_FIELDS, CheckpointRow, JournalRow, Reader
 from loopwarden.ledger.receipts import open_envelope, receipt_id_for, signature_problems
 from loopwarden.ledger.rows import LoopView
@@ -139,9 +141,17 @@ class _Audit:
     """One pass over the journal in leaf order: the log as a whole, and each loop in depth."""
 
     def __init__(
-        self, reader: Reader, keyring: Keyring, loop_id: str | None, report: Report
+        self,
+        reader: Reader,
+        keyring: Keyring,
+        loop_id: str | None,
+        report: Report,
+        integrity: Integrity | None,
     ) -> None:
         self.reader, self.keyring, self.loop_id, self.report = reader, keyring, loop_id, report
+        self.integrity = integrity
+        self.nodes = NodeCheck(reader, report)
+        self.made: list[Node] = []  # Merkle nodes the current batch's receipts complete
         self.checkpoints = reader.checkpoints()
         self.pending = list(self.checkpoints)
         self.chains: dict[str, _LoopChain] = {}
@@ -156,6 +166,8 @@ class _Audit:
         signatures = check([row.envelope for row in in_scope], self.keys)
         for row in rows:
             self._leaf(row)
+        self.nodes.check(self.made)
+        self.made = []
         for row in in_scope:
             self._receipt(row)
         for row, problems in zip(in_scope, signatures.result(), strict=True):
@@ -171,9 +183,10 @@ class _Audit:
                 **_where(row),
             )
         self.expected = row.leaf_index + 1
-        self.frontier, _ = merkle.append_leaf(
+        self.frontier, made = merkle.append_leaf(
             self.frontier, self.size, merkle.leaf_hash(row.envelope)
         )
+        self.made.extend(made)
         self.size += 1
         while self.pending and self.pending[0].size == self.size:
             self._root(self.pending.pop(0))
@@ -263,7 +276,18 @@ class _Audit:
             for verdict in verdicts:
                 self.report.add("decision_illegal", verdict.message, loop_id=lid, rule=verdict.rule)
         _check_checkpoints(self.checkpoints, self.reader, self.keyring, self.report)
-        _check_projection(self.reader, self.chains, self.loop_id, self.report)
+        _check_projection(self.reader, self.chains, self.loop_id, self.report, self.integrity)
+        self.nodes.finish()
+        if self.reader.legacy:
+            self.report.notes.append(
+                "schema 3 stores no row proofs: open it with this release to add them"
+            )
+        elif self.integrity is None:
+            self.report.notes.append(
+                "no integrity secret given: row and record MACs were not checked"
+            )
+        elif self.loop_id is None:
+            check_records(self.reader, self.integrity, self.report)
         self.report.loops = len(self.chains)
         self.report.checkpoints = len(self.checkpoints)
         self.report.tree_size = self.size
@@ -291,6 +315,7 @@ def audit(
     loop_id: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
+    integrity: Integrity | None = None,
 ) -> Report:
     """Audit the database behind `reader` against the trusted `keyring`.
 
@@ -298,13 +323,15 @@ def audit(
     tree, checkpoints and frontier are always checked over the whole journal (a loop's proof
     depends on all of it). `progress(done, total)` is called every 1024 receipts. `workers`
     sets how many processes verify signatures (default: one fewer than the CPUs; 0 = inline).
+    With `integrity` (the store's secret), the MACs on loop rows, tokens, idempotency records
+    and the log state are checked too; without it the report notes they were not.
 
     Signatures bind the exact stored bytes, so the audit does not re-serialize payloads to
     RFC 8785 (seal refuses to sign anything else; `receipt` and bundle checks still do).
     """
     started = time.perf_counter()
     report = Report("database")
-    run = _Audit(reader, keyring, loop_id, report)
+    run = _Audit(reader, keyring, loop_id, report, integrity)
     total = reader.journal_count()
     with _signature_checker(total, workers) as check:
         for batch in _batches(reader.iter_journal(), BATCH):
@@ -355,7 +382,11 @@ def _consistent(old: CheckpointRow, new: CheckpointRow, reader: Reader) -> bool:
 
 
 def _check_projection(
-    reader: Reader, chains: dict[str, _LoopChain], loop_id: str | None, report: Report
+    reader: Reader,
+    chains: dict[str, _LoopChain],
+    loop_id: str | None,
+    report: Report,
+    integrity: Integrity | None,
 ) -> None:
     stored_ids = {row.loop_id for row in reader.loops()}
     if loop_id is not None:
@@ -389,3 +420,5 @@ def _check_projection(
         ignore = LEGACY_FIELDS if reader.legacy else frozenset()
         for difference in diff_views(stored, chain.view, ignore)[:10]:
             report.add("projection_mismatch", difference, loop_id=lid)
+        if not reader.legacy:
+            check_loop(reader, integrity, stored, report)

@@ -88,6 +88,7 @@ class Report:
     status: str | None = None
     stop_reason: str | None = None
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # what was not checked, and why
 
     @property
     def clean(self) -> bool:
@@ -110,6 +111,7 @@ class Report:
                 "root": self.root,
                 "seconds": round(self.seconds, 3),
                 "findings": findings,
+                "notes": self.notes,
             }
         return {
             "verdict": verdict,

@@ -24,7 +24,7 @@ from typing import Any
 
 from loopwarden.errors import IntegrityError
 from loopwarden.ledger import state
-from loopwarden.ledger.integrity import Integrity
+from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, Integrity
 from loopwarden.ledger.reader import (
     LOOP_COLUMNS,
     PolicyCache,
@@ -36,10 +36,6 @@ from loopwarden.ledger.reader import (
 )
 from loopwarden.ledger.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.statuses import TodoStatus, TurnStatus
-
-LOOP_MAC = "loopwarden.loop/v1"
-LOG_MAC = "loopwarden.log/v1"
-RECORD_MAC = "loopwarden.idempotency/v1"
 
 
 def loop_mac_values(loop: LoopRow, root: bytes) -> list[object]:

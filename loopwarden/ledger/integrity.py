@@ -17,6 +17,10 @@ from collections.abc import Iterable
 from loopwarden.errors import IntegrityError
 
 SECRET_BYTES = 32
+LOOP_MAC = "loopwarden.loop/v1"
+LOG_MAC = "loopwarden.log/v1"
+RECORD_MAC = "loopwarden.idempotency/v1"
+TOKEN_MAC = "loopwarden.token/v1"
 
 
 class Integrity:

@@ -37,6 +37,7 @@ APPROVAL_COLUMNS = (
     "approval_id, loop_id, turn_id, todo_id, tool, summary, artifact_digest, status, requested_by, "
     "requested_at, decided_by, decided_at, expires_at, reason, consumed_by, slot"
 )
+TOKEN_COLUMNS = "token_hash, token_id, agent, role, created_at, revoked_at, mac"
 JOURNAL_COLUMNS = "leaf_index, loop_id, seq, kind, receipt_id, digest, at, turn_id, envelope"
 
 LEGACY_SCHEMA = 3
@@ -48,6 +49,7 @@ _LEGACY_COLUMNS = {
     "todos": TODO_COLUMNS.replace(", slot", ", 0"),
     "turns": TURN_COLUMNS.replace(", slot, number", ", 0, 0"),
     "approvals": APPROVAL_COLUMNS.replace(", slot", ", 0"),
+    "tokens": TOKEN_COLUMNS.replace(", mac", ", NULL"),
 }
 
 
@@ -177,6 +179,18 @@ class TokenRow:
     role: str
     created_at: str
     revoked_at: str | None
+    mac: bytes | None = None
+
+    def mac_values(self) -> list[object]:
+        """What the row's MAC covers: every column but the MAC."""
+        return [
+            self.token_hash,
+            self.token_id,
+            self.agent,
+            self.role,
+            self.created_at,
+            self.revoked_at,
+        ]
 
 
 def _placeholders(values: Iterable[object]) -> str:
@@ -213,6 +227,7 @@ class Reader:
         self._todo_columns = columns.get("todos", TODO_COLUMNS)
         self._turn_columns = columns.get("turns", TURN_COLUMNS)
         self._approval_columns = columns.get("approvals", APPROVAL_COLUMNS)
+        self._token_columns = columns.get("tokens", TOKEN_COLUMNS)
 
     def _one(self, sql: str, params: tuple = ()) -> tuple | None:
         return self.conn.execute(sql, params).fetchone()
@@ -517,15 +532,12 @@ class Reader:
 
     def token(self, token_hash: str) -> TokenRow | None:
         r = self._one(
-            "SELECT token_hash, token_id, agent, role, created_at, revoked_at FROM tokens "
-            "WHERE token_hash = ?",
-            (token_hash,),
+            f"SELECT {self._token_columns} FROM tokens WHERE token_hash = ?", (token_hash,)
         )
         return TokenRow(*r) if r else None
 
     def tokens(self) -> list[TokenRow]:
         rows = self.conn.execute(
-            "SELECT token_hash, token_id, agent, role, created_at, revoked_at FROM tokens "
-            "ORDER BY created_at, token_id"
+            f"SELECT {self._token_columns} FROM tokens ORDER BY created_at, token_id"
         )
         return [TokenRow(*r) for r in rows]

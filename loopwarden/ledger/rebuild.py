@@ -17,12 +17,11 @@ import zlib
 from loopwarden.errors import IntegrityError
 from loopwarden.ledger.events import parse_body
 from loopwarden.ledger.fold import FoldError, apply
-from loopwarden.ledger.guard import LOG_MAC, RECORD_MAC
-from loopwarden.ledger.integrity import Integrity
+from loopwarden.ledger.integrity import LOG_MAC, RECORD_MAC, TOKEN_MAC, Integrity
 from loopwarden.ledger.reader import LEGACY_FIELDS, PolicyCache, Reader
 from loopwarden.ledger.receipts import open_envelope
 from loopwarden.ledger.rows import LoopView
-from loopwarden.ledger.txn import TOKEN_MAC, ProjectionWriter
+from loopwarden.ledger.txn import ProjectionWriter
 
 
 def _fold_journal(reader: Reader) -> dict[str, LoopView]:

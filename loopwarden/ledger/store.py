@@ -26,8 +26,7 @@ import anyio.to_thread
 from loopwarden.clock import Clock, system_clock
 from loopwarden.errors import IntegrityError, NotFound, StoreError
 from loopwarden.ledger import merkle
-from loopwarden.ledger.guard import LOG_MAC
-from loopwarden.ledger.integrity import Integrity
+from loopwarden.ledger.integrity import LOG_MAC, Integrity
 from loopwarden.ledger.keys import Keyring, KeyStore, Signer
 from loopwarden.ledger.reader import LEGACY_SCHEMA, PolicyCache, Reader
 from loopwarden.ledger.rebuild import rebuild_projection

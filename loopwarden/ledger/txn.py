@@ -24,14 +24,8 @@ from loopwarden.ledger import merkle
 from loopwarden.ledger.checkpoints import sign_checkpoint
 from loopwarden.ledger.events import LoopOpened, ReceiptBody, ReceiptData, ReceiptKind, make_body
 from loopwarden.ledger.fold import apply, touched
-from loopwarden.ledger.guard import (
-    LOG_MAC,
-    LOOP_MAC,
-    RECORD_MAC,
-    GuardedReader,
-    loop_mac_values,
-    row_leaf,
-)
+from loopwarden.ledger.guard import GuardedReader, loop_mac_values, row_leaf
+from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC
 from loopwarden.ledger.reader import (
     APPROVAL_COLUMNS,
     LOOP_COLUMNS,
@@ -50,7 +44,6 @@ from loopwarden.principals import Principal
 if TYPE_CHECKING:
     from loopwarden.ledger.store import Store
 
-TOKEN_MAC = "loopwarden.token/v1"
 _ROW_SQL: dict[str, tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
     "todos": (TODO_COLUMNS, todo_to_sql),
     "turns": (TURN_COLUMNS, as_sql),

@@ -6,16 +6,20 @@ once. Tokens are never logged or stored in clear.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 
 from loopwarden.errors import Forbidden
+from loopwarden.ledger.integrity import TOKEN_MAC
 from loopwarden.ledger.reader import TokenRow
 from loopwarden.ledger.store import Store
 from loopwarden.principals import ROLES, Principal
 from loopwarden.server.tokens import TOKEN_PREFIX, token_hash
+
+log = logging.getLogger("loopwarden.server")
 
 
 class StoreTokenVerifier:
@@ -35,6 +39,12 @@ class StoreTokenVerifier:
         hashed = token_hash(token)
         row: TokenRow | None = await store.read(lambda r: r.token(hashed))
         if row is None or row.revoked_at is not None:
+            return None
+        if not store.integrity.valid(TOKEN_MAC, row.mac_values(), row.mac):
+            # A row no loopwarden wrote (or one edited since): refused, and worth an operator's look.
+            log.error(
+                "refusing token %s: its MAC does not verify (run loopwarden verify)", row.token_id
+            )
             return None
         return AccessToken(token=row.token_id, client_id=row.agent, scopes=[f"role:{row.role}"])
 

@@ -24,6 +24,7 @@ from loopwarden.errors import LoopwardenError, NotFound
 from loopwarden.ledger.audit import audit as run_audit
 from loopwarden.ledger.bundles import export_bundle, load_bundle, verify_bundle
 from loopwarden.ledger.findings import Report
+from loopwarden.ledger.integrity import Integrity
 from loopwarden.ledger.keys import Keyring, decode_public_key
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.store import Txn
@@ -55,9 +56,15 @@ def load_trusted(path: Path) -> Keyring:
         fail(f"cannot read trusted keys from {path}: {exc}", EXIT_USAGE)
 
 
-def _audit(reader: Reader, keyring: Keyring, loop: str | None, interactive: bool) -> Report:
+def _audit(
+    reader: Reader,
+    keyring: Keyring,
+    loop: str | None,
+    interactive: bool,
+    integrity: Integrity | None,
+) -> Report:
     if not interactive:
-        return run_audit(reader, keyring, loop_id=loop)
+        return run_audit(reader, keyring, loop_id=loop, integrity=integrity)
     from rich.progress import Progress
 
     with Progress(console=render.err, transient=True) as progress:
@@ -66,6 +73,7 @@ def _audit(reader: Reader, keyring: Keyring, loop: str | None, interactive: bool
             reader,
             keyring,
             loop_id=loop,
+            integrity=integrity,
             progress=lambda done, total: progress.update(task, completed=done, total=total),
         )
 
@@ -80,13 +88,15 @@ def verify(
     trusted_keys: TrustedKeys = None,
 ) -> None:
     """Full audit: signatures, schema, seq/prev chains, Merkle root vs every checkpoint,
-    checkpoint consistency, and every projection rebuilt from receipts. Exit 3 on any finding."""
+    checkpoint consistency, every decision judged against its policy, every projection rebuilt
+    from receipts, and the row proofs and MACs the server relies on. Exit 3 on any finding."""
     keyring = load_trusted(trusted_keys) if trusted_keys else home_keyring(home, json_out)
     try:
         with admin.open_reader(home) as reader:
             if loop is not None and reader.loop_row(loop) is None:
                 raise NotFound(f"no loop with id {loop!r}")
-            report = _audit(reader, keyring, loop, not json_out and sys.stderr.isatty())
+            interactive = not json_out and sys.stderr.isatty()
+            report = _audit(reader, keyring, loop, interactive, admin.integrity_of(home))
     except LoopwardenError as exc:
         fail(exc.message, as_json=json_out, error=exc.code)
     if json_out:
