@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from loopwarden.canonical import canonical_bytes, sha256_digest
-from loopwarden.errors import LoopwardenError
+from loopwarden.errors import IntegrityError, LoopwardenError
 from loopwarden.ledger import merkle
 from loopwarden.ledger.audit import judged
 from loopwarden.ledger.checkpoints import Checkpoint, open_checkpoint
@@ -26,7 +26,7 @@ from loopwarden.ledger.findings import ENVELOPE_PROBLEMS, Report
 from loopwarden.ledger.fold import FoldError, apply, chain_problem
 from loopwarden.ledger.judge import Judge
 from loopwarden.ledger.keys import Keyring, Signer, decode_public_key, public_key_b64
-from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.reader import CheckpointRow, JournalRow, Reader
 from loopwarden.ledger.receipts import open_envelope, pae
 from loopwarden.ledger.rows import LoopView
 
@@ -91,13 +91,25 @@ def export_bundle(
                 "receipt_id": r.receipt_id,
                 "envelope": r.envelope.decode(),
                 "inclusion_proof": [
-                    base64.b64encode(h).decode()
-                    for h in merkle.inclusion_proof(r.leaf_index, checkpoint.size, reader.node)
+                    base64.b64encode(h).decode() for h in _proof(reader, r, checkpoint)
                 ],
             }
             for r in rows
         ],
     }
+
+
+def _proof(reader: Reader, row: JournalRow, checkpoint: CheckpointRow) -> list[bytes]:
+    """A receipt's inclusion proof, checked against the checkpoint before it is handed out: a
+    stored Merkle node that is not the receipts' would make a bundle that fails offline."""
+    proof = merkle.inclusion_proof(row.leaf_index, checkpoint.size, reader.node)
+    leaf = merkle.leaf_hash(row.envelope)
+    if not merkle.verify_inclusion(leaf, row.leaf_index, checkpoint.size, proof, checkpoint.root):
+        raise IntegrityError(
+            f"the stored Merkle nodes do not prove receipt {row.receipt_id} into checkpoint "
+            f"{checkpoint.size}: no bundle was written (run loopwarden verify)"
+        )
+    return proof
 
 
 @dataclass(frozen=True)

@@ -405,6 +405,8 @@ def _claimed(state: _Loop, view: LoopView, body: ReceiptBody, data: TurnClaimed)
     if denied:
         return _verdicts(denied, "granted")
     todo = view.todos[data.todo_id]
+    if todo.status != TodoStatus.OPEN:
+        return [Verdict("todo_not_eligible", f"todo {todo.todo_id} claimed while {todo.status}")]
     undone = [d for d in todo.depends_on if view.todos[d].status != TodoStatus.DONE]
     if undone:
         return [

@@ -18,7 +18,7 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel
 
-from loopwarden.errors import LoopwardenError, StoreError
+from loopwarden.errors import IntegrityError, LoopwardenError, StoreError
 from loopwarden.operations.catalog import TOOLS
 from loopwarden.operations.operation import Operation
 from loopwarden.server.runtime import Runtime
@@ -73,6 +73,13 @@ class GovernedTool(Tool):
             # Clients sometimes send lists and objects as JSON text; the SDK's pre-parse decodes them.
             request = self.fn_metadata.pre_parse_json(arguments)
             result = await op(store, runtime.principal(), request)
+        except IntegrityError as exc:
+            log.error("integrity check failed in %s, request refused: %s", op.name, exc)
+            return error_result(
+                exc.code,
+                "the store failed an integrity check, so the request was refused and nothing was "
+                "changed; an operator should run `loopwarden verify`",
+            )
         except StoreError as exc:
             log.error("store failure in %s: %s", op.name, exc)
             return error_result(
