@@ -23,6 +23,7 @@ LOGIN_COOKIE = "lw_login"  # the login form's own CSRF token (double submit), be
 IDLE = timedelta(hours=1)
 LIFETIME = timedelta(hours=12)
 MAX_SESSIONS = 1_000  # the oldest session is dropped beyond this
+MAX_FLASH = 5  # messages waiting for the next page (older ones are dropped)
 
 
 def new_secret() -> str:
@@ -48,7 +49,7 @@ class Session:
     flash: list[tuple[str, str]] = field(default_factory=list)  # (level, message), shown once
 
     def say(self, level: str, message: str) -> None:
-        self.flash.append((level, message))
+        self.flash = [*self.flash[-(MAX_FLASH - 1) :], (level, message)]
 
     def take_flash(self) -> list[tuple[str, str]]:
         messages, self.flash = self.flash, []
