@@ -34,7 +34,7 @@ from loopwarden.policy.budgets import Totals
 from loopwarden.policy.model import BUDGET_DIMENSIONS
 from loopwarden.principals import Principal
 
-CHUNK = 500  # receipts per read: bounds how long one read holds the store's read side
+CHUNK = 100  # receipts per read (~10 ms): bounds how long one read holds the store's read side
 MAX_LOOPS = 8  # loops whose history is kept (least recently used dropped first)
 REPORT_KINDS = frozenset({"turn.reported", "turn.refused"})
 # The turn's own lifecycle; any other kind that names a turn is something a host recorded.
@@ -176,6 +176,7 @@ class Histories:
                 if not chunk.receipts:
                     break
                 history.extend(chunk.receipts, chunk.data or [])
+                await anyio.sleep(0)  # reads queued meanwhile (governance) go before the next chunk
             self._histories[loop_id] = history
             while len(self._histories) > self._max:
                 dropped, _ = self._histories.popitem(last=False)
