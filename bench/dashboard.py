@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from bench import harness as h
 from bench.report import Section, Table, Target
-from bench.transport import _claim, _free_port, _update, _wait_listening
+from bench.transport import _claim, _update, http_server
 
 NAME = "dashboard"
 POLL_SECONDS = 2.0  # the dashboard's own poll interval
@@ -64,29 +62,6 @@ def mint(home: Path, agent: str, role: str) -> str:
         timeout=60,
     )  # fmt: skip
     return str(json.loads(done.stdout)["token"])
-
-
-@asynccontextmanager
-async def serving(home: Path) -> AsyncIterator[str]:
-    """`loopwarden serve --http` on a free loopback port; yields its base URL."""
-    port = _free_port()
-    log = home.parent / "serve.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            h.python(
-                "-m", "loopwarden", "serve", "--http", f"127.0.0.1:{port}", "--home", str(home)
-            ),
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=h.child_env(),
-            cwd=h.REPO,
-        )
-    try:
-        _wait_listening(process, port, log)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        h.stop_process(process)
 
 
 async def signed_in(base: str, token: str) -> httpx2.AsyncClient:
@@ -220,7 +195,7 @@ async def run(quick: bool, budget: float) -> Section:
         h.progress(NAME, f"populating {cfg.loops} loops and {cfg.receipts:,} receipts")
         await populate(home, cfg)
         operator, agent = mint(home, "bench-operator", "operator"), mint(home, h.AGENT.id, "agent")
-        async with serving(home) as base:
+        async with http_server(home, home.parent / "serve.log", "loopwarden", "serve") as base:
             http = await signed_in(base, operator)
             try:
                 h.progress(NAME, "page loads")
