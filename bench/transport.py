@@ -132,6 +132,28 @@ def _wait_listening(process: subprocess.Popen[bytes], port: int, log: Path) -> N
 
 
 @asynccontextmanager
+async def http_server(home: Path, log: Path, *module: str) -> AsyncIterator[str]:
+    """`python -m MODULE… --http 127.0.0.1:PORT --home HOME` on a free loopback port (e.g.
+    `bench.noop_server`, or `loopwarden serve`), output in `log`; yields its base URL and
+    stops it afterwards."""
+    port = _free_port()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            h.python("-m", *module, "--http", f"127.0.0.1:{port}", "--home", str(home)),
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=h.child_env(),
+            cwd=h.REPO,
+        )
+    try:
+        _wait_listening(process, port, log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        h.stop_process(process)
+
+
+@asynccontextmanager
 async def connect(transport: str, home: Path, logs: Path) -> AsyncIterator[Client]:
     """A client of a loopwarden server with `noop`, over `transport`, as agent `builder`."""
     if transport == "in-memory":
@@ -157,32 +179,13 @@ async def connect(transport: str, home: Path, logs: Path) -> AsyncIterator[Clien
             timeout=STARTUP_TIMEOUT,
         )
         bearer = json.loads(token.stdout)["token"]
-        port = _free_port()
-        log = logs / "http.log"
-        with log.open("wb") as sink:
-            process = subprocess.Popen(
-                h.python(
-                    *("-m", "bench.noop_server", "--http", f"127.0.0.1:{port}"),
-                    *("--home", str(home)),
-                ),
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                env=h.child_env(),
-                cwd=h.REPO,
-            )
-        try:
-            _wait_listening(process, port, log)
+        async with http_server(home, logs / "http.log", "bench.noop_server") as base:
             headers = {"Authorization": f"Bearer {bearer}"}
             async with (
                 httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60)) as http,
-                Client(
-                    streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)
-                ) as client,
+                Client(streamable_http_client(f"{base}/mcp", http_client=http)) as client,
             ):
                 yield client
-        finally:
-            h.stop_process(process)
     else:
         raise ValueError(transport)
 

@@ -234,6 +234,21 @@ def stop_server(served: Served) -> None:
         kill_server(served)
 
 
+@contextmanager
+def running(root: Path, *args: str) -> Iterator[Served]:
+    """`start_server` on ROOT/home (logs in ROOT/logs), stopped however the block ends."""
+    served = start_server(root / "home", root / "logs", *args)
+    try:
+        yield served
+    finally:
+        stop_server(served)
+
+
+def dashboard_url(served: Served) -> str:
+    """The dashboard of a `serve --http` server: the same origin as its `/mcp`."""
+    return served.url.removesuffix("/mcp")
+
+
 def kill_server(served: Served) -> None:
     """SIGKILL: no cleanup, no flush, no shutdown handler — a crash."""
     if served.process.poll() is None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import secrets
+from datetime import datetime
 from typing import Any
 
 from pydantic import Field
 
+from loopwarden.clock import format_time
 from loopwarden.errors import Conflict, PolicyError
 from loopwarden.ledger.events import (
     MAX_DEPENDENCIES,
@@ -23,16 +25,17 @@ from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.rows import LoopRow
 from loopwarden.ledger.store import Txn
 from loopwarden.operations.operation import OPERATOR_CALLERS, Call, Operation
-from loopwarden.operations.results import Model, from_row
+from loopwarden.operations.projection import Attention, attention_for
+from loopwarden.operations.results import BudgetOut, Model, budgets_out, from_row
 from loopwarden.operations.runner import operation
-from loopwarden.operations.stops import close_loop
+from loopwarden.operations.stops import close_loop, due_stop
 from loopwarden.operations.todos import check_todo_graph
 from loopwarden.operations.visibility import by_loop, visible
 from loopwarden.policy.decision import Decision, Reason
 from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.loader import policy_from_data
 from loopwarden.policy.model import MAX_TODOS_CEILING
-from loopwarden.statuses import LoopStatus
+from loopwarden.statuses import ApprovalStatus, LoopStatus, TurnStatus
 
 
 class TodoInput(Model):
@@ -119,27 +122,52 @@ class LoopSummary(Model):
     status: LoopStatus
     stop_reason: str | None
     opened_at: str
+    updated_at: str = Field(description="When the loop's last receipt was sealed.")
     head_seq: int
     turns: int
     todos: dict[str, int]
+    budgets: dict[str, BudgetOut]
+    attention: Attention = Field(description="Who must act next, and why (as in projection).")
+    pending_approvals: int
+    open_turns: int = Field(description="Turns holding a live (unexpired) lease.")
 
 
 class LoopList(Model):
     loops: list[LoopSummary]
 
 
-def loop_summary(loop: LoopRow) -> LoopSummary:
-    return from_row(LoopSummary, loop, turns=loop.totals.turns, todos=loop.counts_by_status())
+def loop_summary(reader: Reader, loop: LoopRow, now: datetime) -> LoopSummary:
+    """One loop's line: its counters, budgets and who must act next, from one snapshot."""
+    now_text = format_time(now)
+    live = [
+        t
+        for t in reader.loop_turns(loop.loop_id, TurnStatus.OPEN)
+        if t.lease_expires_at >= now_text
+    ]
+    pending = reader.loop_approvals(loop.loop_id, ApprovalStatus.PENDING)
+    eligible = reader.next_eligible_todo(loop.loop_id) if loop.status == LoopStatus.ACTIVE else None
+    attention, _ = attention_for(loop, pending, live, eligible, due_stop(reader, loop, now))
+    return from_row(
+        LoopSummary,
+        loop,
+        turns=loop.totals.turns,
+        todos=loop.counts_by_status(),
+        budgets=budgets_out(reader.policy(loop.policy_digest), loop),
+        attention=attention,
+        pending_approvals=len(pending),
+        open_turns=len(live),
+    )
 
 
 @operation(access="read", tool=False)
 def list_loops(call: Call[Reader], req: LoopsRequest) -> LoopList:
     """The loops you may see, oldest first.
     \f
-    Every loop for an operator; for an agent, the loops whose policy admits it."""
+    Every loop for an operator; for an agent, the loops whose policy admits it. Each line
+    carries its budgets and attention (who must act next), computed as `projection` does."""
     return LoopList(
         loops=[
-            loop_summary(loop)
+            loop_summary(call.tx, loop, call.now)
             for loop in call.tx.loops()
             if visible(call.tx, call.who, loop) and req.status in (None, loop.status)
         ]

@@ -30,6 +30,11 @@ state and who must act next; the loop-operator prompt explains the protocol in f
 def build_server(settings: Settings, *, clock: Clock = system_clock) -> MCPServer:
     """The MCP server for `settings`. The store opens when the server starts (lifespan) and
     closes when it stops."""
+    return build(settings, clock=clock)[0]
+
+
+def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer, Runtime]:
+    """The MCP server and the runtime that holds its store (what an HTTP dashboard reads)."""
     runtime = Runtime(settings=settings, clock=clock)
 
     @asynccontextmanager
@@ -54,4 +59,4 @@ def build_server(settings: Settings, *, clock: Clock = system_clock) -> MCPServe
         auth=auth,
     )
     register_resources(server, runtime)
-    return server
+    return server, runtime

@@ -8,7 +8,10 @@ import sys
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.routing import Mount
 
+from loopwarden.server.runtime import Runtime
 from loopwarden.server.settings import Settings, is_loopback, url_host
 
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -40,13 +43,31 @@ async def serve_stdio(server: MCPServer) -> None:
     await server.run_stdio_async()
 
 
-async def serve_http(server: MCPServer, settings: Settings) -> None:
-    """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM."""
+def with_dashboard(app: Starlette, runtime: Runtime, security: TransportSecuritySettings) -> None:
+    """Mount the operator dashboard at `/` beside `/mcp` (which is matched first), reading the
+    runtime's store, under the same Host and Origin rules as `/mcp`."""
+    from loopwarden.dashboard.app import Dashboard, build_dashboard
+
+    settings = runtime.settings
+    dashboard = Dashboard(
+        lambda: runtime.store,
+        db=settings.db_path,
+        keys_home=settings.home,
+        security=security,
+        clock=runtime.clock,
+    )
+    app.router.routes.append(Mount("/", app=build_dashboard(dashboard)))
+
+
+async def serve_http(server: MCPServer, settings: Settings, runtime: Runtime | None = None) -> None:
+    """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM, and with `runtime`
+    (the server's, from `app.build`) the dashboard at http://HOST:PORT/."""
     assert settings.http is not None
     host, port = settings.http
-    app = server.streamable_http_app(
-        transport_security=transport_security(host, settings.allowed_hosts), host=host
-    )
+    security = transport_security(host, settings.allowed_hosts)
+    app = server.streamable_http_app(transport_security=security, host=host)
+    if runtime is not None:
+        with_dashboard(app, runtime, security)
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False, lifespan="on"
     )

@@ -11,7 +11,17 @@ from typing import Annotated
 import typer
 
 from loopwarden import __version__
-from loopwarden.clients.cli import approvals, audits, journal, keys, loops, policies, server, tokens
+from loopwarden.clients.cli import (
+    approvals,
+    audits,
+    dashboard,
+    journal,
+    keys,
+    loops,
+    policies,
+    server,
+    tokens,
+)
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -25,6 +35,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(policies.app, name="policy")
 app.command()(server.serve)
 app.command()(server.demo)
+app.command()(dashboard.dashboard)
 app.command()(journal.receipts)
 app.command()(journal.receipt)
 app.command()(audits.verify)

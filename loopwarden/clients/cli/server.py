@@ -34,7 +34,7 @@ def serve(
 ) -> None:
     """Run the MCP server (stdio by default). Logs go to stderr; stdout is the protocol."""
     # The SDK loads only here: every other command starts without it.
-    from loopwarden.server.app import build_server
+    from loopwarden.server.app import build
     from loopwarden.server.settings import Settings, url_host
     from loopwarden.server.transports import configure_logging, serve_http, serve_stdio
 
@@ -57,15 +57,15 @@ def serve(
             pass
 
     run(preflight)
-    server = build_server(settings)
+    server, runtime = build(settings)
     if settings.http is None:
         anyio.run(serve_stdio, server)
     else:
         host, port = settings.http
-        render.err.print(
-            f"loopwarden serving streamable HTTP on http://{url_host(host)}:{port}/mcp"
-        )
-        anyio.run(serve_http, server, settings)
+        base = f"http://{url_host(host)}:{port}"
+        render.err.print(f"loopwarden serving streamable HTTP on {base}/mcp")
+        render.err.print(f"operator dashboard on {base}/ (sign in with an operator token)")
+        anyio.run(serve_http, server, settings, runtime)
 
 
 def demo(home: Home = None, json_out: Json = False) -> None:

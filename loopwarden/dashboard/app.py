@@ -1,0 +1,215 @@
+"""The dashboard's wiring: its state, who is signed in, rendering, and the Starlette app.
+
+`Dashboard` holds what outlives a request: the store accessor (the server's open store, or the
+standalone command's), the sessions, the cached loop histories, the audit runner and the
+templates. `Dashboard.page` wraps every page handler: it checks the session and the operator
+token behind it (one store read, which also answers the page's "has anything changed?"
+probe), answers a live-update poll whose version has not moved with 204 and no rendering, and
+turns loopwarden errors into error pages. Pages are in `pages.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, PackageLoader, StrictUndefined
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from loopwarden import __version__
+from loopwarden.clock import Clock, format_time, system_clock
+from loopwarden.dashboard.audits import Auditor
+from loopwarden.dashboard.history import Histories
+from loopwarden.dashboard.security import Guard
+from loopwarden.dashboard.sessions import COOKIE, Session, Sessions, same_secret
+from loopwarden.errors import Conflict, Forbidden, InvalidInput, LoopwardenError, NotFound
+from loopwarden.ledger.reader import Reader, TokenRow
+from loopwarden.ledger.store import Store
+from loopwarden.principals import Principal
+
+log = logging.getLogger("loopwarden.dashboard")
+POLL_SECONDS = 2.0
+STATUS_OF: dict[type[LoopwardenError], int] = {
+    InvalidInput: 400,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+}
+Probe = Callable[[Reader], Any]
+
+
+@dataclass
+class Ctx:
+    """One signed-in request: the session, the store, the operator, and the probe's answer."""
+
+    request: Request
+    session: Session
+    store: Store
+    version: str
+
+    @property
+    def who(self) -> Principal:
+        return self.session.principal
+
+
+Handler = Callable[[Ctx], Awaitable[Response]]
+
+
+def token_problem(row: TokenRow | None) -> str | None:
+    """Why a token row does not sign an operator in (None if it does)."""
+    if row is None:
+        return "unknown"
+    if row.revoked_at is not None:
+        return "revoked"
+    if row.role != "operator":
+        return "role"
+    return None
+
+
+class Dashboard:
+    def __init__(
+        self,
+        store: Callable[[], Store | None],
+        *,
+        db: Path,
+        keys_home: Path,
+        security: TransportSecuritySettings,
+        clock: Clock = system_clock,
+        poll_seconds: float = POLL_SECONDS,
+    ) -> None:
+        self.store = store
+        self.security = security
+        self.clock = clock
+        self.poll_seconds = poll_seconds
+        self.sessions = Sessions(clock)
+        self.histories = Histories()
+        self.auditor = Auditor(db, keys_home, clock)
+        self.templates = Environment(
+            loader=PackageLoader("loopwarden.dashboard", "templates"),
+            autoescape=True,  # every template, every value: agent text is text
+            undefined=StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.templates.globals.update(app_version=__version__, poll_seconds=poll_seconds)
+        self.templates.filters["pretty"] = lambda value: json.dumps(
+            value, indent=2, ensure_ascii=False
+        )
+
+    # --- rendering ----------------------------------------------------------------------------
+
+    def render(self, name: str, code: int = 200, /, **values: Any) -> HTMLResponse:
+        values.setdefault("who", None)
+        values.setdefault("flash", [])
+        return HTMLResponse(self.templates.get_template(name).render(**values), status_code=code)
+
+    def render_page(self, ctx: Ctx, name: str, **values: Any) -> HTMLResponse:
+        """A whole page `NAME.html`, or for a live-update poll (`?since=`) only its live region,
+        `NAME_live.html` (which the page includes), polling on at the new version."""
+        query = {k: v for k, v in ctx.request.query_params.items() if k != "since"}
+        query["since"] = ctx.version
+        values.update(
+            who=ctx.who,
+            csrf=ctx.session.csrf,
+            version=ctx.version,
+            live_url=f"{ctx.request.url.path}?{urlencode(query)}",
+            path=ctx.request.url.path,
+            now=format_time(self.clock()),
+        )
+        if "since" in ctx.request.query_params:
+            return self.render(name.replace(".html", "_live.html"), **values)
+        return self.render(name, flash=ctx.session.take_flash(), **values)
+
+    def error_page(self, status: int, message: str) -> HTMLResponse:
+        return self.render("error.html", status, message=message, code=status)
+
+    # --- who is signed in ---------------------------------------------------------------------
+
+    def page(self, probe: Callable[[Request], Probe] | None = None) -> Callable[[Handler], Any]:
+        """Wrap a handler: signed-in operators only, one read for token and probe, live polls
+        answered 204 while nothing moved, loopwarden errors as pages."""
+
+        def wrap(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+            async def endpoint(request: Request) -> Response:
+                signed = await self._signed_in(request, probe(request) if probe else None)
+                if isinstance(signed, Response):
+                    return signed
+                since = request.query_params.get("since")
+                if since is not None and since == signed.version:
+                    return Response(status_code=204)
+                try:
+                    return await handler(signed)
+                except LoopwardenError as exc:
+                    return self.error_page(STATUS_OF.get(type(exc), 400), exc.message)
+
+            return endpoint
+
+        return wrap
+
+    async def _signed_in(self, request: Request, probe: Probe | None) -> Ctx | Response:
+        store = self.store()
+        if store is None:
+            return self.error_page(503, "the server is starting or stopping; retry in a moment")
+        session = self.sessions.get(request.cookies.get(COOKIE))
+        if session is None:
+            return self.to_login(request, "signin")
+        hashed = session.token_hash
+
+        def read(reader: Reader) -> tuple[TokenRow | None, Any]:
+            return reader.token(hashed), probe(reader) if probe else None
+
+        row, version = await store.read(read)
+        problem = token_problem(row)
+        if problem is not None:  # revoked since login (or no longer an operator's): out at once
+            self.sessions.end(session.session_id)
+            return self.to_login(request, problem)
+        return Ctx(request, session, store, "" if version is None else str(version))
+
+    @staticmethod
+    def to_login(request: Request, why: str) -> Response:
+        target = f"/login?why={why}"
+        if request.headers.get("hx-request"):  # a live poll: send the whole page to the login
+            return Response(status_code=200, headers={"HX-Redirect": target})
+        if request.method != "GET":
+            return Response("sign in first", status_code=403)
+        return RedirectResponse(target, status_code=303)
+
+    @staticmethod
+    async def form(ctx: Ctx) -> dict[str, str]:
+        """The posted form, once its CSRF token matches the session's (`Forbidden` otherwise)."""
+        form = await ctx.request.form(max_files=0, max_fields=32)
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        if not same_secret(fields.get("csrf"), ctx.session.csrf):
+            raise Forbidden("this form's CSRF token is missing or wrong; reload the page and retry")
+        return fields
+
+
+def _fault(dashboard: Dashboard, exc: Exception) -> Response:
+    """An unexpected fault: a short page for the operator, the detail in the server log."""
+    log.error("dashboard fault", exc_info=exc)
+    return dashboard.error_page(500, "the dashboard failed unexpectedly; the server log has the detail")
+
+
+def build_dashboard(dashboard: Dashboard) -> Guard:
+    """The dashboard as an ASGI app: its pages, static files, behind the request guard."""
+    from loopwarden.dashboard import pages
+
+    static = StaticFiles(directory=Path(__file__).parent / "static")
+    routes: list[Route | Mount] = [
+        *pages.routes(dashboard),
+        Mount("/static", static, name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.add_exception_handler(404, lambda request, exc: dashboard.error_page(404, "no such page"))
+    app.add_exception_handler(Exception, lambda request, exc: _fault(dashboard, exc))
+    return Guard(app, dashboard.security)

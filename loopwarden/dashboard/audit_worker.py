@@ -1,0 +1,48 @@
+"""`python -m loopwarden.dashboard.audit_worker DB KEYS_HOME`: the full audit, in its own process.
+
+The dashboard runs the audit here rather than in the server process, so the audit's CPU work
+(signature checks, the fold) never holds the server's interpreter while agents are governed,
+and its own worker processes are started from a single-threaded process. It reads a read-only
+snapshot of the database, trusts the keys in the home's key directory (as `loopwarden verify`
+does), and writes JSON lines on stdout: `{"progress": [done, total]}` as it goes, then
+`{"report": ...}` (the fields of `loopwarden verify --json`) or `{"error": message}`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from loopwarden.errors import LoopwardenError
+from loopwarden.ledger.audit import audit
+from loopwarden.ledger.keys import KeyStore
+from loopwarden.ledger.store import snapshot
+
+
+def _say(message: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        _say({"error": "usage: audit_worker DB KEYS_HOME"})
+        return 2
+    db, home = Path(argv[0]), Path(argv[1])
+    try:
+        keyring = KeyStore(home).keyring()
+        with snapshot(db) as reader:
+            _say({"progress": [0, reader.journal_count()]})
+            report = audit(
+                reader, keyring, progress=lambda done, total: _say({"progress": [done, total]})
+            )
+    except LoopwardenError as exc:
+        _say({"error": exc.message})
+        return 1
+    _say({"report": report.as_dict()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

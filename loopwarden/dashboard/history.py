@@ -1,0 +1,184 @@
+"""A loop's history as the dashboard shows it, read once and then only extended.
+
+The journal is append-only and each loop's `seq` runs without gaps, so what the dashboard has
+read of a loop never changes: `Histories` keeps, per loop, the compact lines of every receipt
+read so far (each signature checked by the `journal` operation), each budget's cumulative use
+over time, and per turn the tools the agent reported next to the host events recorded for it.
+A page asks for the loop at its current head and only the receipts after the cached head are
+read, in chunks, so a loop with thousands of receipts is read once, and no single read holds
+the store's read side for long.
+
+Budgets are charged as the fold charges them: a claim counts one turn; a report, and a refused
+report marked `charged`, add their usage. A page compares the result with the stored totals
+and says so if they differ.
+
+Host hooks (`host.attached`, `tool.admitted`, `tool.refused`, `tool.observed`) are not read by
+field here: any receipt that names a turn and is not one of the turn's own lifecycle kinds
+(claim, report, lease, approval) is counted for that turn by kind (`TurnTools.host_events`), and its body is shown as signed on the receipt page.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from pydantic import ValidationError
+
+from loopwarden.ledger.events import ReceiptKind, Usage
+from loopwarden.ledger.fold import usage_totals
+from loopwarden.ledger.store import Store
+from loopwarden.operations.journal import JournalRequest, ReceiptLine, journal
+from loopwarden.policy.budgets import Totals
+from loopwarden.policy.model import BUDGET_DIMENSIONS
+from loopwarden.principals import Principal
+
+CHUNK = 100  # receipts per read (~10 ms): bounds how long one read holds the store's read side
+MAX_LOOPS = 8  # loops whose history is kept (least recently used dropped first)
+REPORT_KINDS = frozenset({"turn.reported", "turn.refused"})
+# The turn's own lifecycle; any other kind that names a turn is something a host recorded.
+TURN_KINDS = frozenset(
+    str(kind)
+    for kind in (
+        ReceiptKind.TURN_CLAIMED,
+        ReceiptKind.TURN_REPORTED,
+        ReceiptKind.TURN_REFUSED,
+        ReceiptKind.LEASE_RENEWED,
+        ReceiptKind.LEASE_EXPIRED,
+        ReceiptKind.APPROVAL_REQUESTED,
+        ReceiptKind.APPROVAL_DECIDED,
+        ReceiptKind.REQUEST_REFUSED,
+        ReceiptKind.CLAIM_REFUSED,
+    )
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One receipt as listed: no body, so thousands fit in little memory."""
+
+    seq: int
+    receipt_id: str
+    kind: str
+    at: str
+    principal: str
+    effect: str
+    reasons: tuple[str, ...]
+    turn_id: str | None
+    verified: bool
+
+    @property
+    def refused(self) -> bool:
+        return self.effect == "deny"
+
+
+@dataclass
+class TurnTools:
+    """What one turn's receipts say about tools: the agent's report, and what hosts recorded."""
+
+    turn_id: str
+    todo_id: str = ""
+    agent: str = ""
+    outcome: str = ""
+    refused: bool = False
+    reported: Counter[str] = field(default_factory=Counter)
+    host_events: Counter[str] = field(default_factory=Counter)  # receipt kind → count
+
+
+@dataclass
+class LoopHistory:
+    loop_id: str
+    head: int = 0
+    lines: list[Line] = field(default_factory=list)
+    totals: Totals = field(default_factory=Totals)
+    # dimension → [(at, seq, used so far)], one point each time that dimension moved
+    series: dict[str, list[tuple[str, int, float]]] = field(default_factory=dict)
+    turns: dict[str, TurnTools] = field(default_factory=dict)
+    unreadable: int = 0  # charging receipts whose usage could not be read (tampered data)
+
+    def extend(self, receipts: list[ReceiptLine], data: list[dict[str, Any]]) -> None:
+        """Add the next receipts (in `seq` order, from `head + 1`) and their bodies' data."""
+        for receipt, facts in zip(receipts, data, strict=True):
+            if receipt.seq != self.head + 1:
+                raise ValueError(f"{self.loop_id}: receipt {receipt.seq} after {self.head}")
+            self._add(receipt, facts)
+            self.head = receipt.seq
+
+    def _add(self, r: ReceiptLine, data: dict[str, Any]) -> None:
+        self.lines.append(
+            Line(
+                r.seq,
+                r.receipt_id,
+                r.kind,
+                r.at,
+                r.principal,
+                r.effect,
+                tuple(r.reasons),
+                r.turn_id,
+                r.verified,
+            )
+        )
+        charge = self._charge(r.kind, data)
+        if r.seq == 1 or charge is not None:
+            before = self.totals
+            self.totals = before.plus(charge or Totals())
+            for dim in BUDGET_DIMENSIONS:
+                if r.seq == 1 or self.totals.units(dim) != before.units(dim):
+                    self.series.setdefault(dim, []).append((r.at, r.seq, self.totals.used(dim)))
+        if r.turn_id is not None:
+            self._note_turn(r, data)
+
+    def _charge(self, kind: str, data: dict[str, Any]) -> Totals | None:
+        if kind == "turn.claimed":
+            return Totals(turns=1)
+        if kind == "turn.reported" or (kind == "turn.refused" and data.get("charged")):
+            try:
+                return usage_totals(Usage.model_validate(data.get("usage", {})))
+            except ValidationError:
+                self.unreadable += 1
+        return None
+
+    def _note_turn(self, r: ReceiptLine, data: dict[str, Any]) -> None:
+        assert r.turn_id is not None
+        turn = self.turns.setdefault(r.turn_id, TurnTools(r.turn_id))
+        if r.kind == "turn.claimed":
+            turn.todo_id, turn.agent = str(data.get("todo_id", "")), r.principal
+        elif r.kind in REPORT_KINDS:
+            turn.outcome, turn.refused = str(data.get("outcome", "")), r.kind == "turn.refused"
+            turn.reported = Counter()
+            for use in data.get("tools_used", ()):
+                if isinstance(use, dict) and isinstance(use.get("name"), str):
+                    turn.reported[use["name"]] += int(use.get("count", 1))
+        elif r.kind not in TURN_KINDS:
+            turn.host_events[r.kind] += 1
+
+
+class Histories:
+    """The cached histories of the loops a dashboard has shown (bounded, least recent out)."""
+
+    def __init__(self, max_loops: int = MAX_LOOPS) -> None:
+        self._max = max_loops
+        self._histories: OrderedDict[str, LoopHistory] = OrderedDict()
+        self._locks: dict[str, anyio.Lock] = {}
+
+    async def get(self, store: Store, who: Principal, loop_id: str, head: int) -> LoopHistory:
+        """The loop's history up to at least `head` (its head as the caller last read it).
+        Raises what `journal` raises (`NotFound` for a loop the caller may not see)."""
+        lock = self._locks.setdefault(loop_id, anyio.Lock())
+        async with lock:
+            history = self._histories.pop(loop_id, None) or LoopHistory(loop_id)
+            while history.head < head:
+                request = JournalRequest(
+                    loop_id=loop_id, after_seq=history.head, limit=CHUNK, with_data=True
+                )
+                chunk = await journal(store, who, request)
+                if not chunk.receipts:
+                    break
+                history.extend(chunk.receipts, chunk.data or [])
+                await anyio.sleep(0)  # reads queued meanwhile (governance) go before the next chunk
+            self._histories[loop_id] = history
+            while len(self._histories) > self._max:
+                dropped, _ = self._histories.popitem(last=False)
+                self._locks.pop(dropped, None)
+            return history

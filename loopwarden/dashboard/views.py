@@ -1,0 +1,146 @@
+"""What the templates show, computed from operation results and a loop's history (pure).
+
+Nothing here reads the store or renders HTML: the templates escape every value they print.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from loopwarden.dashboard.charts import Chart, budget_chart
+from loopwarden.dashboard.history import Line, LoopHistory, TurnTools
+from loopwarden.operations.projection import TodoOut
+from loopwarden.operations.results import BudgetOut
+from loopwarden.policy import decision as codes
+from loopwarden.policy.evaluate import POLICY_VIOLATION
+from loopwarden.statuses import TODO_STATUSES
+
+PAGE_LINES = 200  # journal lines per page
+RECENT_LINES = 25
+RECENT_TURNS = 20
+# Reason codes a page marks as violations (a refusal that breaks the policy, not a wait).
+VIOLATIONS = frozenset(
+    {
+        codes.TOOL_DENIED,
+        codes.TOOL_NOT_ALLOWED,
+        codes.APPROVAL_REQUIRED,
+        codes.APPROVAL_INVALID,
+        codes.STALE_FENCE,
+        codes.NOT_TURN_OWNER,
+        codes.AGENT_NOT_ALLOWED,
+        codes.EVALUATION_ERROR,
+        POLICY_VIOLATION,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Meter:
+    dimension: str
+    used: float
+    limit: float | None
+    fraction: float  # 0..1 of the limit used (0 without a limit)
+
+    @property
+    def state(self) -> str:
+        if self.limit is None:
+            return "unlimited"
+        if self.fraction >= 1:
+            return "exhausted"
+        return "high" if self.fraction >= 0.8 else "ok"
+
+
+def meters(budgets: dict[str, BudgetOut], *, limited_only: bool = False) -> list[Meter]:
+    """One bar per budget (those with a limit first; with `limited_only`, only those)."""
+    out = []
+    for dim, line in budgets.items():
+        limit = None if line.limit is None else float(line.limit)
+        if limited_only and limit is None:
+            continue
+        fraction = min(float(line.used) / limit, 1.0) if limit else 0.0
+        out.append(Meter(dim, float(line.used), limit, fraction))
+    return sorted(out, key=lambda m: m.limit is None)
+
+
+@dataclass(frozen=True)
+class Card:
+    todo: TodoOut
+    deps: list[tuple[str, str]]  # (todo id, its status, or "?" if not on this page)
+
+
+def board(todos: list[TodoOut]) -> dict[str, list[Card]]:
+    """The todos as columns by status, each card with its dependencies' statuses."""
+    status_of = {t.todo_id: str(t.status) for t in todos}
+    columns: dict[str, list[Card]] = {str(s): [] for s in TODO_STATUSES}
+    for todo in todos:
+        deps = [(dep, status_of.get(dep, "?")) for dep in todo.depends_on]
+        columns[str(todo.status)].append(Card(todo, deps))
+    return columns
+
+
+def charts(history: LoopHistory, budgets: dict[str, BudgetOut], now: datetime) -> list[Chart]:
+    """A chart for every budget that has a limit or has been used."""
+    out = []
+    for dim, line in budgets.items():
+        limit = None if line.limit is None else float(line.limit)
+        points = history.series.get(dim, [])
+        if limit is None and not any(value for _, _, value in points):
+            continue
+        chart = budget_chart(dim, points, limit, now)
+        if chart is not None:
+            out.append(chart)
+    return out
+
+
+def totals_disagree(history: LoopHistory, budgets: dict[str, BudgetOut]) -> list[str]:
+    """Budgets whose use summed from the receipts differs from the stored projection's."""
+    if history.head == 0:
+        return []
+    return [
+        dim
+        for dim, line in budgets.items()
+        if abs(history.totals.used(dim) - float(line.used)) > 1e-6
+    ]
+
+
+def is_violation(line: Line) -> bool:
+    return line.refused and any(code.split(":")[0] in VIOLATIONS for code in line.reasons)
+
+
+def recent_turns(history: LoopHistory, most: int = RECENT_TURNS) -> list[TurnTools]:
+    return list(reversed(list(history.turns.values())[-most:]))
+
+
+@dataclass(frozen=True)
+class JournalPage:
+    lines: list[Line]  # newest first
+    matched: int
+    page: int
+    pages: int
+    kinds: list[str]
+    principals: list[str]
+
+
+def journal_page(
+    history: LoopHistory, kind: str, principal: str, effect: str, page: int
+) -> JournalPage:
+    """The history's lines that match every filter given (an empty filter matches all)."""
+    matched = [
+        line
+        for line in reversed(history.lines)
+        if (not kind or line.kind == kind)
+        and (not principal or line.principal == principal)
+        and (not effect or line.effect == effect)
+    ]
+    pages = max(1, -(-len(matched) // PAGE_LINES))
+    page = min(max(page, 1), pages)
+    start = (page - 1) * PAGE_LINES
+    return JournalPage(
+        lines=matched[start : start + PAGE_LINES],
+        matched=len(matched),
+        page=page,
+        pages=pages,
+        kinds=sorted({line.kind for line in history.lines}),
+        principals=sorted({line.principal for line in history.lines}),
+    )

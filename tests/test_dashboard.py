@@ -1,0 +1,372 @@
+"""The operator dashboard over plain HTTP (no browser): its security rules against a real
+`loopwarden serve --http` and a real `loopwarden dashboard`, and the pieces its pages are built
+from (the loop history, charts, sessions, the loop list's attention) on real stores.
+
+The browser tests (`test_dashboard_browser.py`) drive the same pages in Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx2
+import pytest
+from conftest import BUILDER, OPERATOR
+from support import (
+    EVIDENCE,
+    LEAKS,
+    STARTUP_TIMEOUT,
+    Served,
+    Token,
+    cli,
+    cli_env,
+    connect_http,
+    dashboard_url,
+    loopwarden,
+    make_policy,
+    mint_tokens,
+    running,
+)
+
+from loopwarden.clock import ManualClock, format_time
+from loopwarden.dashboard.charts import MAX_POINTS, budget_chart
+from loopwarden.dashboard.history import Histories, LoopHistory
+from loopwarden.dashboard.sessions import IDLE, Sessions
+from loopwarden.operations.approvals import request_approval
+from loopwarden.operations.claim import claim
+from loopwarden.operations.journal import ReceiptLine
+from loopwarden.operations.loops import list_loops, open_loop
+from loopwarden.operations.projection import projection
+from loopwarden.operations.update import update
+
+pytestmark = pytest.mark.anyio
+CSRF_FIELD = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+# --- a real server ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with running(tmp_path_factory.mktemp("dash-http")) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def tokens(server: Served) -> dict[str, Token]:
+    specs = [("alice", "operator"), ("bob", "operator"), ("builder", "agent")]
+    return mint_tokens(server.home, specs)
+
+
+def sign_in(http: httpx2.Client, token: str) -> httpx2.Response:
+    """The login form as a browser submits it: its CSRF nonce from the page and the cookie."""
+    form = http.get("/login")
+    nonce = CSRF_FIELD.search(form.text)
+    assert nonce, form.text
+    return http.post("/login", data={"token": token, "csrf": nonce.group(1)})
+
+
+def page_csrf(http: httpx2.Client, path: str = "/") -> str:
+    found = CSRF_FIELD.search(http.get(path).text)
+    assert found
+    return found.group(1)
+
+
+def client(served: Served) -> httpx2.Client:
+    return httpx2.Client(base_url=dashboard_url(served), follow_redirects=False, timeout=30)
+
+
+def test_every_page_needs_a_session_and_every_response_carries_the_strict_csp(server):
+    with client(server) as http:
+        for path in ("/", "/loops/x", "/approvals", "/audit", "/receipts/rcpt-0"):
+            answer = http.get(path)
+            assert answer.status_code == 303 and answer.headers["location"].startswith("/login")
+        for answer in (http.get("/login"), http.get("/nope"), http.get("/static/htmx.min.js")):
+            csp = answer.headers["content-security-policy"]
+            assert "script-src 'self'" in csp and "default-src 'none'" in csp
+            assert "unsafe-inline" not in csp and answer.headers["x-frame-options"] == "DENY"
+        assert http.post("/audit", data={"csrf": "x"}).status_code == 403  # no session
+
+
+def test_an_operator_signs_in_with_an_httponly_samesite_strict_session_cookie(server, tokens):
+    with client(server) as http:
+        answer = sign_in(http, tokens["alice"].token)
+        assert answer.status_code == 303 and answer.headers["location"] == "/"
+        cookie = next(c for c in answer.headers.get_list("set-cookie") if "lw_session=" in c)
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+        home = http.get("/")
+        assert home.status_code == 200 and "operator <strong>alice</strong>" in home.text
+
+
+def test_agent_and_unknown_tokens_are_refused_and_open_no_session(server, tokens):
+    with client(server) as http:
+        agent = sign_in(http, tokens["builder"].token)
+        assert agent.status_code == 403 and "This is an agent token" in agent.text
+        for wrong in ("lw_" + "x" * 43, "not-a-token", "lw_" + "y" * 300):
+            assert sign_in(http, wrong).status_code == 401
+        assert "lw_session" not in http.cookies
+        assert http.get("/").status_code == 303
+
+
+def test_the_login_form_refuses_a_post_without_its_own_csrf_nonce(server, tokens):
+    with client(server) as http:
+        http.get("/login")
+        answer = http.post("/login", data={"token": tokens["alice"].token, "csrf": "guess"})
+        assert answer.status_code == 403 and "lw_session" not in http.cookies
+
+
+def test_a_revoked_operator_token_ends_its_session_on_the_next_request(server, tokens):
+    minted = mint_tokens(server.home, [("carol", "operator")])["carol"]
+    with client(server) as http:
+        assert sign_in(http, minted.token).status_code == 303
+        assert http.get("/").status_code == 200
+        done = cli("token", "revoke", minted.token_id, "--home", str(server.home))
+        assert done.returncode == 0, done.stderr
+        answer = http.get("/")
+        assert answer.status_code == 303 and answer.headers["location"] == "/login?why=revoked"
+        poll = http.get("/?since=0", headers={"HX-Request": "true"})
+        assert poll.headers["hx-redirect"].startswith("/login")
+        assert "revoked" in http.get("/login?why=revoked").text
+
+
+def test_a_foreign_host_gets_421_and_a_foreign_origin_403_as_on_mcp(server, tokens):
+    with client(server) as http:
+        assert http.get("/login", headers={"Host": "evil.example:80"}).status_code == 421
+        sign_in(http, tokens["alice"].token)
+        csrf = page_csrf(http)
+        forged = http.post("/audit", data={"csrf": csrf}, headers={"Origin": "http://evil.example"})
+        assert forged.status_code == 403
+        json_post = http.post("/audit", content=b"{}", headers={"Content-Type": "application/json"})
+        assert json_post.status_code == 415
+
+
+def test_a_post_without_the_sessions_csrf_token_is_refused_and_pauses_nothing(server, tokens):
+    open_by_cli(server, "csrf-http")
+    with client(server) as http:
+        sign_in(http, tokens["alice"].token)
+        for data in ({"action": "pause"}, {"action": "pause", "csrf": "forged"}):
+            refused = http.post("/loops/csrf-http/control", data=data)
+            assert refused.status_code == 403 and "CSRF" in refused.text
+        assert "status-active" in http.get("/loops/csrf-http").text
+        with client(server) as other:  # another operator's token is no use in this session
+            sign_in(other, tokens["bob"].token)
+            stolen = other.post(
+                "/loops/csrf-http/control", data={"action": "pause", "csrf": page_csrf(http)}
+            )
+            assert stolen.status_code == 403
+        paused = http.post(
+            "/loops/csrf-http/control", data={"action": "pause", "csrf": page_csrf(http)}
+        )
+        assert paused.status_code == 303 and "status-paused" in http.get("/loops/csrf-http").text
+
+
+async def test_a_live_poll_is_204_until_the_journal_moves_then_gets_the_live_region(server, tokens):
+    open_by_cli(server, "polled")
+    with client(server) as http:
+        sign_in(http, tokens["alice"].token)
+        page = http.get("/loops/polled").text
+        version = re.search(r'data-version="(\d+)"', page)
+        assert version and version.group(1) == "1"
+        assert http.get("/loops/polled?since=1", headers={"HX-Request": "true"}).status_code == 204
+        async with connect_http(server.url, tokens["builder"].token) as agent:
+            assert (await agent.claim("polled")).granted
+        moved = http.get("/loops/polled?since=1", headers={"HX-Request": "true"})
+        assert moved.status_code == 200 and "<html" not in moved.text
+        assert 'data-version="2"' in moved.text and "turn.claimed" in moved.text
+
+
+def test_unknown_ids_are_clean_error_pages_without_internals(server, tokens):
+    with client(server) as http:
+        sign_in(http, tokens["alice"].token)
+        for path, status in (
+            ("/loops/no-such-loop", 404),
+            ("/loops/bad%20id", 400),
+            ("/receipts/rcpt-000000000000000000000000", 404),
+            ("/receipts/nope", 400),
+            ("/?status=sideways", 400),
+            ("/loops/x/y/z", 404),
+        ):
+            answer = http.get(path)
+            assert answer.status_code == status, (path, answer.text)
+            assert not LEAKS.search(answer.text.replace("/loops", "").replace("/static", ""))
+
+
+def open_by_cli(served: Served, loop_id: str) -> None:
+    policy = served.home.parent / f"{loop_id}.json"
+    policy.write_text(json.dumps(make_policy()))
+    done = cli(
+        "loop", "open", "--policy", str(policy), "--objective", "o", "--todo", "t",
+        "--id", loop_id, "--home", str(served.home),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+# --- `loopwarden dashboard` ------------------------------------------------------------------
+
+
+def test_the_dashboard_command_serves_a_local_store_on_loopback_and_prints_its_url(tmp_path):
+    home = tmp_path / "home"
+    minted = mint_tokens(home, [("alice", "operator"), ("builder", "agent")])
+    process = subprocess.Popen(
+        loopwarden("dashboard", "--port", "0", "--home", str(home)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        text=True, env=cli_env(),
+    )  # fmt: skip
+    try:
+        line = read_line(process)
+        found = re.fullmatch(r"loopwarden dashboard on (http://127\.0\.0\.1:\d+/)", line)
+        assert found, line
+        with httpx2.Client(base_url=found.group(1), timeout=30) as http:
+            wait_ready(http)
+            assert sign_in(http, minted["builder"].token).status_code == 403
+            assert sign_in(http, minted["alice"].token).status_code == 303
+            assert "Loops" in http.get("/").text
+            assert http.get("/", headers={"Host": "lw.example:1"}).status_code == 421
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def read_line(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    line = process.stdout.readline().strip()
+    if not line:
+        raise AssertionError(
+            f"no URL printed; stderr: {process.stderr.read() if process.stderr else ''}"
+        )
+    return line
+
+
+def wait_ready(http: httpx2.Client) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while True:
+        try:
+            http.get("/login")
+            return
+        except httpx2.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_the_dashboard_command_refuses_a_port_in_use_with_exit_2(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = cli("dashboard", "--port", str(port), "--home", str(tmp_path / "h"))
+    assert done.returncode == 2 and "cannot listen" in done.stderr
+
+
+def test_the_cli_still_starts_without_the_web_stack():
+    code = (
+        "import sys; from loopwarden.clients.cli import app; "
+        "print(sorted(m for m in ('mcp', 'starlette', 'jinja2', 'uvicorn') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+# --- the pieces, on a real store -------------------------------------------------------------
+
+
+async def opened(store, loop_id: str = "hist", **sections) -> None:
+    policy = make_policy(**sections)
+    request = {"objective": "o", "policy": policy, "loop_id": loop_id,
+               "todos": [{"title": "a"}, {"title": "b"}, {"title": "c"}]}  # fmt: skip
+    await open_loop(store, OPERATOR, request)
+
+
+async def report(store, grant, key: str, **fields):
+    request = {"turn_id": grant.turn_id, "fence": grant.fence, "idempotency_key": key,
+               "outcome": "completed", "summary": "s", "evidence": EVIDENCE, **fields}  # fmt: skip
+    return await update(store, BUILDER, request)
+
+
+async def test_budget_history_from_the_receipts_sums_to_the_stored_totals(store, clock):
+    await opened(store)
+    usage = {"model_calls": 2, "input_tokens": 100, "cost_usd": 0.25, "wall_seconds": 1.5}
+    first = await claim(store, BUILDER, {"loop_id": "hist"})
+    await report(store, first, "k1", usage=usage)
+    clock.advance(30)
+    second = await claim(store, BUILDER, {"loop_id": "hist"})
+    refused = await report(store, second, "k2", usage=usage, evidence=[])  # charged, stays open
+    assert not refused.accepted
+    await report(store, second, "k3", usage=usage, tools_used=[{"name": "fs.write", "count": 4}])
+    state = await projection(store, OPERATOR, {"loop_id": "hist"})
+    history = await Histories().get(store, OPERATOR, "hist", state.head.seq)
+    for dim, line in state.budgets.items():
+        assert history.totals.used(dim) == pytest.approx(line.used), dim
+    assert [value for _, _, value in history.series["cost_usd"]] == [0.0, 0.25, 0.5, 0.75]
+    assert history.turns[second.turn_id].reported == {"fs.write": 4}
+    assert [line.seq for line in history.lines] == list(range(1, state.head.seq + 1))
+
+
+async def test_a_history_reads_only_the_receipts_after_its_cached_head(store):
+    await opened(store)
+    histories = Histories()
+    first = await histories.get(store, OPERATOR, "hist", 1)
+    grant = await claim(store, BUILDER, {"loop_id": "hist"})
+    again = await histories.get(store, OPERATOR, "hist", 2)
+    assert again is first and [line.kind for line in again.lines] == ["loop.opened", "turn.claimed"]
+    assert again.turns[grant.turn_id].agent == "builder"
+
+
+def test_receipts_of_kinds_the_dashboard_does_not_model_are_counted_for_their_turn():
+    """The hook point for host hooks: a `tool.observed` (or any unmodelled kind) naming a turn
+    is listed for that turn by kind, whatever its data."""
+    turn = "turn-" + "a" * 20
+    history = LoopHistory("x")
+
+    def line(seq: int, kind: str, turn_id: str | None) -> ReceiptLine:
+        return ReceiptLine(seq=seq, receipt_id=f"rcpt-{seq:024d}", kind=kind,
+                           at=format_time(ManualClock()()), principal="builder",
+                           effect="allow", reasons=[], turn_id=turn_id, verified=True)  # fmt: skip
+
+    history.extend(
+        [line(1, "loop.opened", None), line(2, "turn.claimed", turn),
+         line(3, "tool.observed", turn), line(4, "tool.observed", turn),
+         line(5, "tool.refused", turn), line(6, "host.attached", None)],
+        [{}, {"todo_id": "t1"}, {"anything": 1}, {}, {"shape": ["unknown"]}, {}],
+    )  # fmt: skip
+    assert history.turns[turn].host_events == {"tool.observed": 2, "tool.refused": 1}
+    assert history.turns[turn].todo_id == "t1" and history.head == 6
+    with pytest.raises(ValueError):
+        history.extend([line(8, "tool.observed", turn)], [{}])  # a gap is refused, not skipped
+
+
+def test_a_long_budget_history_is_thinned_for_the_chart_and_keeps_its_last_point():
+    start = ManualClock()
+    points = [(format_time(start.advance(1)), i, float(i)) for i in range(1, 10_001)]
+    chart = budget_chart("turns", points, 20_000.0, start())
+    assert chart is not None and chart.steps == 9_999 and chart.used == 10_000.0
+    assert chart.path.count("H") == MAX_POINTS and not chart.exhausted
+    assert budget_chart("turns", [], None, start()) is None
+
+
+def test_a_session_ends_after_its_idle_time():
+    clock = ManualClock()
+    sessions = Sessions(clock)
+    made = sessions.create("hash", OPERATOR)
+    clock.advance(IDLE.total_seconds() - 1)
+    assert sessions.get(made.session_id) is made
+    clock.advance(IDLE.total_seconds() + 1)
+    assert sessions.get(made.session_id) is None and len(sessions) == 0
+    assert sessions.get("") is None and sessions.get("guess") is None
+
+
+async def test_the_loop_list_says_who_must_act_and_counts_pending_approvals(store):
+    await opened(store, "listed")
+    grant = await claim(store, BUILDER, {"loop_id": "listed"})
+    request = {"turn_id": grant.turn_id, "fence": grant.fence, "tool": "deploy.x", "summary": "s"}
+    assert (await request_approval(store, BUILDER, request)).requested
+    (line,) = (await list_loops(store, OPERATOR, {})).loops
+    assert (line.attention.who, line.pending_approvals, line.open_turns) == ("human", 1, 1)
+    assert line.budgets["turns"].used == 1 and line.updated_at >= line.opened_at

@@ -1,0 +1,404 @@
+"""The operator dashboard in a real browser: headless Chromium (Playwright) against a real
+`loopwarden serve --http` subprocess, with agents acting over MCP on the same port.
+
+Runs when a Chromium binary is found (`LOOPWARDEN_CHROMIUM`, else `chromium` on the PATH);
+otherwise the module is skipped with one line saying how to get one. Screenshots of every page
+go to `test-artifacts/dashboard/` (gitignored); with `LOOPWARDEN_UPDATE_SCREENSHOT=1` the loop
+page's is also written to `docs/dashboard.png`, the README's picture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import (
+    EVIDENCE,
+    Served,
+    Token,
+    bounded,
+    cli,
+    connect_http,
+    dashboard_url,
+    make_policy,
+    mint_tokens,
+    running,
+)
+
+from loopwarden.clients.agent import AgentClient
+
+
+def find_chromium() -> str | None:
+    chosen = os.environ.get("LOOPWARDEN_CHROMIUM")
+    if chosen:
+        return chosen if Path(chosen).exists() else None
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+CHROMIUM = find_chromium()
+try:
+    from playwright.async_api import BrowserContext, Page, async_playwright, expect
+except ImportError:  # pragma: no cover - the test extra brings it
+    CHROMIUM = None
+if CHROMIUM is None:
+    pytest.skip(
+        "browser tests skipped: no Chromium found (apt-get install chromium, or set "
+        "LOOPWARDEN_CHROMIUM)",
+        allow_module_level=True,
+    )
+
+pytestmark = pytest.mark.anyio
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO / "test-artifacts" / "dashboard"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--headless",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WAIT_MS = 20_000  # a live update must arrive within this (the page polls every 2 s)
+HOSTILE = '<script>window.__pwned = 1</script>"><img src=x onerror="window.__pwned = 2">'
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("dashboard")
+
+
+@pytest.fixture(scope="module")
+def server(root: Path) -> Iterator[Served]:
+    with running(root) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def tokens(server: Served) -> dict[str, Token]:
+    return mint_tokens(
+        server.home, [("alice", "operator"), ("builder", "agent"), ("hooks", "observer")]
+    )
+
+
+def open_loop_by_cli(
+    server: Served, root: Path, loop_id: str, todos: list[str], objective: str = "ship it"
+) -> None:
+    policy = root / f"{loop_id}.json"
+    policy.write_text(json.dumps(make_policy(claims={"max_active_per_agent": 2})))
+    args = ["loop", "open", "--policy", str(policy), "--objective", objective, "--id", loop_id]
+    for title in todos:
+        args += ["--todo", title]
+    done = cli(*args, "--home", str(server.home))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@asynccontextmanager
+async def browser() -> AsyncIterator[BrowserContext]:
+    with tempfile.TemporaryDirectory(prefix="lw-chromium-") as profile:
+        async with async_playwright() as pw:
+            context = await pw.chromium.launch_persistent_context(
+                profile,
+                executable_path=CHROMIUM,
+                args=CHROMIUM_ARGS,
+                headless=True,
+                viewport={"width": 1280, "height": 900},
+            )
+            try:
+                yield context
+            finally:
+                await context.close()
+
+
+@asynccontextmanager
+async def signed_in(server: Served, token: Token) -> AsyncIterator[Page]:
+    """A fresh browser profile, signed in with `token` through the login form."""
+    async with browser() as context:
+        page = await context.new_page()
+        problems: list[str] = []
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        await sign_in(page, dashboard_url(server), token.token)
+        yield page
+        assert not [p for p in problems if "Content Security Policy" in p], problems
+
+
+async def sign_in(page: Page, url: str, token: str) -> None:
+    await page.goto(url + "/")
+    await page.fill("input[name=token]", token)
+    await page.click("form[action='/login'] button[type=submit]")
+    await page.wait_for_load_state()
+
+
+async def shoot(page: Page, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    await page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+async def claim(agent: AgentClient, loop_id: str) -> Any:
+    grant = await agent.claim(loop_id)
+    assert grant.granted, grant.reasons
+    return grant
+
+
+# --- signing in ------------------------------------------------------------------------------
+
+
+@bounded(90)
+async def test_an_operator_token_signs_in_and_sees_the_loop_the_cli_opened(server, tokens, root):
+    open_loop_by_cli(server, root, "cli-opened", ["write the parser"], "Parse the CSV export")
+    async with signed_in(server, tokens["alice"]) as page:
+        row = page.locator("tr[data-loop='cli-opened']")
+        await row.wait_for()
+        assert "Parse the CSV export" in await row.inner_text()
+        assert "agent" in await row.locator("td").nth(2).inner_text()  # who must act next
+        assert await page.locator(".top .who strong").inner_text() == "alice"
+        cookies = await page.context.cookies()
+        session = next(c for c in cookies if c["name"] == "lw_session")
+        assert session["httpOnly"] and session["sameSite"] == "Strict"
+        await shoot(page, "loops")
+
+
+@bounded(60)
+async def test_an_agent_token_is_refused_with_a_message_naming_the_operator_role(server, tokens):
+    async with browser() as context:
+        page = await context.new_page()
+        for who in ("builder", "hooks"):
+            await sign_in(page, dashboard_url(server), tokens[who].token)
+            message = await page.locator("#login-message").inner_text()
+            role = tokens[who].role
+            assert f"This is an {role} token" in message and "operator" in message
+            assert page.url.endswith("/login")
+            assert not [c for c in await context.cookies() if c["name"] == "lw_session"]
+        await shoot(page, "login-refused")
+
+
+@bounded(60)
+async def test_signing_out_ends_the_session(server, tokens):
+    async with signed_in(server, tokens["alice"]) as page:
+        await page.click("form[action='/logout'] button")
+        await page.wait_for_load_state()
+        assert "Signed out" in await page.locator("#login-message").inner_text()
+        await page.goto(dashboard_url(server) + "/")
+        assert "/login" in page.url
+
+
+# --- live updates and decisions --------------------------------------------------------------
+
+
+@bounded(120)
+async def test_an_agents_update_over_mcp_appears_on_the_open_loop_page_without_reload(
+    server, tokens, root
+):
+    open_loop_by_cli(server, root, "live", ["first", "second"])
+    async with (
+        signed_in(server, tokens["alice"]) as page,
+        connect_http(server.url, tokens["builder"].token) as agent,
+    ):
+        await page.goto(dashboard_url(server) + "/loops/live")
+        await page.evaluate("window.__notReloaded = true")
+        grant = await claim(agent, "live")
+        await page.locator(f"text={grant.turn_id}").first.wait_for(timeout=WAIT_MS)
+        result = await agent.update(
+            grant.turn_id, grant.fence, "completed", "parsed", "live-1",
+            tools_used=[{"name": "fs.write", "count": 2}],
+            usage={"model_calls": 3, "cost_usd": 0.5}, evidence=EVIDENCE,
+        )  # fmt: skip
+        assert result.accepted
+        await page.locator("tr[data-seq='3']").wait_for(timeout=WAIT_MS)
+        assert await page.evaluate("window.__notReloaded") is True
+        assert "turn.reported" in await page.locator("tr[data-seq='3']").inner_text()
+        assert "fs.write" in await page.locator("table.tools").inner_text()
+        done = page.locator(".column[data-status='done'] .card[data-todo='t1']")
+        assert await done.count() == 1
+        assert "0.5" in await page.locator("figure[data-dimension='cost_usd']").inner_text()
+
+
+@bounded(150)
+async def test_approving_on_the_page_lets_the_agents_next_update_cite_the_approval(
+    server, tokens, root
+):
+    open_loop_by_cli(server, root, "gated", ["deploy to staging"])
+    async with (
+        signed_in(server, tokens["alice"]) as page,
+        connect_http(server.url, tokens["builder"].token) as agent,
+    ):
+        await page.goto(dashboard_url(server) + "/approvals")
+        grant = await claim(agent, "gated")
+        asked = await agent.request_approval(
+            grant.turn_id, grant.fence, "deploy.staging", "deploy build 7 to staging"
+        )
+        assert asked.requested and asked.approval_id
+        item = page.locator(f"article[data-approval='{asked.approval_id}']")
+        await item.wait_for(timeout=WAIT_MS)  # appeared without a reload
+        assert "deploy build 7 to staging" in await item.inner_text()
+        await shoot(page, "approvals")
+        await item.locator("select[name=expires]").select_option("15m")
+        await item.locator("button[value=approve]").click()
+        await page.wait_for_load_state()
+        assert f"{asked.approval_id} approved" in await page.locator(".flash").inner_text()
+        result = await agent.update(
+            grant.turn_id, grant.fence, "completed", "deployed", "gated-1",
+            tools_used=[{"name": "deploy.staging"}], evidence=EVIDENCE,
+            approval_ids=[asked.approval_id],
+        )  # fmt: skip
+        assert result.accepted, result.reasons
+        row = page.locator("table.approvals tr", has_text=asked.approval_id)
+        await expect(row).to_contain_text("consumed", timeout=WAIT_MS)  # live, no reload
+
+
+@bounded(120)
+async def test_a_rejection_needs_a_reason_and_is_sealed_with_it(server, tokens, root):
+    open_loop_by_cli(server, root, "rejected", ["deploy to prod"])
+    async with (
+        signed_in(server, tokens["alice"]) as page,
+        connect_http(server.url, tokens["builder"].token) as agent,
+    ):
+        grant = await claim(agent, "rejected")
+        asked = await agent.request_approval(grant.turn_id, grant.fence, "deploy.prod", "ship")
+        await page.goto(dashboard_url(server) + "/loops/rejected")
+        form = page.locator(f"#decide-{asked.approval_id}")
+        await form.locator("button[value=reject]").click()
+        await page.wait_for_load_state()
+        assert "needs a reason" in await page.locator(".flash").inner_text()
+        form = page.locator(f"#decide-{asked.approval_id}")
+        await form.locator("input[name=reason]").fill("not on a Friday")
+        await form.locator("button[value=reject]").click()
+        await page.wait_for_load_state()
+        assert f"{asked.approval_id} rejected" in await page.locator(".flash").inner_text()
+        state = await agent.projection("rejected")
+        assert not [a for a in state.approvals if a.approval_id == asked.approval_id]
+
+
+# --- hostile text, CSRF ----------------------------------------------------------------------
+
+
+@bounded(120)
+async def test_markup_in_a_todo_title_and_summaries_renders_as_text(server, tokens, root):
+    open_loop_by_cli(server, root, "hostile", [HOSTILE], objective=HOSTILE)
+    async with (
+        signed_in(server, tokens["alice"]) as page,
+        connect_http(server.url, tokens["builder"].token) as agent,
+    ):
+        grant = await claim(agent, "hostile")
+        await agent.request_approval(grant.turn_id, grant.fence, "deploy.x", HOSTILE)
+        reported = await agent.update(
+            grant.turn_id, grant.fence, "progress", HOSTILE, "hostile-1", evidence=EVIDENCE
+        )
+        for path in ("/", "/loops/hostile", "/approvals", f"/receipts/{reported.receipt_id}"):
+            await page.goto(dashboard_url(server) + path)
+            assert HOSTILE in await page.locator("main").inner_text(), path
+            assert await page.locator("main img, main script").count() == 0, path
+            assert await page.evaluate("window.__pwned") is None, path
+        card = page.locator(".card[data-todo='t1'] .card-title")
+        await page.goto(dashboard_url(server) + "/loops/hostile")
+        assert await card.inner_text() == HOSTILE
+
+
+@bounded(90)
+async def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(server, tokens, root):
+    open_loop_by_cli(server, root, "csrf", ["deploy"])
+    async with (
+        signed_in(server, tokens["alice"]) as page,
+        connect_http(server.url, tokens["builder"].token) as agent,
+    ):
+        grant = await claim(agent, "csrf")
+        asked = await agent.request_approval(grant.turn_id, grant.fence, "deploy.x", "go")
+        target = f"{dashboard_url(server)}/approvals/{asked.approval_id}/decide"
+        for form in ({"decision": "approve"}, {"decision": "approve", "csrf": "forged"}):
+            refused = await page.request.post(target, form=form, max_redirects=0)
+            assert refused.status == 403 and "CSRF" in await refused.text()
+        state = await agent.projection("csrf")
+        assert [a.status for a in state.approvals if a.approval_id == asked.approval_id] == [
+            "pending"
+        ]
+        # The same session with the page's token is obeyed: the refusals were the CSRF check.
+        csrf = await page.locator("input[name=csrf]").first.get_attribute("value")
+        paused = await page.request.post(
+            f"{dashboard_url(server)}/loops/csrf/control",
+            form={"action": "pause", "csrf": csrf or ""},
+            max_redirects=0,
+        )
+        assert paused.status == 303
+        assert (await agent.projection("csrf")).status == "paused"
+
+
+# --- journal, receipt, audit, screenshots ----------------------------------------------------
+
+
+@bounded(180)
+async def test_every_page_renders_a_real_loop_and_the_audit_runs_clean(server, tokens, root):
+    """A loop with accepted and refused turns, an approval and a stop; every page shown and
+    photographed; the journal filter, the receipt's proofs and the audit checked."""
+    open_loop_by_cli(
+        server, root, "release", ["build 1.4", "deploy 1.4 to staging", "smoke-test staging"]
+    )
+    async with (
+        signed_in(server, tokens["alice"]) as page,
+        connect_http(server.url, tokens["builder"].token) as agent,
+    ):
+        await play_release(agent)
+        url = dashboard_url(server)
+        await page.goto(f"{url}/loops/release")
+        await page.locator("tr.violation").first.wait_for()
+        loop_shot = await shoot(page, "loop")
+        if os.environ.get("LOOPWARDEN_UPDATE_SCREENSHOT") == "1":
+            shutil.copy(loop_shot, REPO / "docs" / "dashboard.png")
+        await page.goto(f"{url}/loops/release/journal?effect=deny")
+        effects = await page.locator("table.journal tbody tr td:nth-child(4)").all_inner_texts()
+        assert effects and set(effects) == {"deny"}
+        await shoot(page, "journal")
+        await page.locator("table.journal a").first.click()
+        await page.wait_for_load_state()
+        assert "Signature valid" in await page.locator("#signature").inner_text()
+        assert "is included in the tree" in await page.locator("#inclusion").inner_text()
+        await shoot(page, "receipt")
+        await page.goto(f"{url}/audit")
+        await page.click("form[action='/audit'] button")
+        verdict = page.locator("#audit-verdict")
+        await verdict.wait_for(timeout=60_000)
+        assert (await verdict.inner_text()).startswith("clean")
+        audited = cli("verify", "--json", "--home", str(server.home))
+        assert audited.returncode == 0, audited.stderr
+        assert await page.locator("#audit-root").inner_text() == json.loads(audited.stdout)["root"]
+        await shoot(page, "audit")
+
+
+async def play_release(agent: AgentClient) -> None:
+    """An accepted turn, a report refused for missing evidence then corrected, and a denied
+    tool that stops the loop (a violation)."""
+    usage = {"model_calls": 4, "input_tokens": 7200, "output_tokens": 1680, "cost_usd": 0.84}
+    first = await claim(agent, "release")
+    await agent.update(
+        first.turn_id, first.fence, "completed", "built 1.4", "rel-1",
+        tools_used=[{"name": "fs.write", "count": 3}, {"name": "tests.run"}],
+        usage=usage, evidence=EVIDENCE,
+    )  # fmt: skip
+    second = await claim(agent, "release")
+    refused = await agent.update(
+        second.turn_id, second.fence, "completed", "no evidence", "rel-2", usage=usage
+    )
+    assert not refused.accepted
+    await agent.update(
+        second.turn_id, second.fence, "completed", "deployed", "rel-3",
+        tools_used=[{"name": "fs.read"}], usage=usage, evidence=EVIDENCE,
+    )  # fmt: skip
+    third = await claim(agent, "release")
+    stopped = await agent.update(
+        third.turn_id, third.fence, "completed", "pushed", "rel-4",
+        tools_used=[{"name": "git.push"}], usage=usage, evidence=EVIDENCE,
+    )  # fmt: skip
+    assert not stopped.accepted and stopped.status == "stopped"
