@@ -33,6 +33,7 @@ APPROVAL_COLUMNS = (
     "requested_at, decided_by, decided_at, expires_at, reason, consumed_by"
 )
 JOURNAL_COLUMNS = "leaf_index, loop_id, seq, kind, receipt_id, digest, at, turn_id, envelope"
+TOKEN_COLUMNS = "token_hash, token_id, agent, role, created_at, revoked_at, expires_at"
 
 
 def loop_from_sql(r: tuple) -> LoopRow:
@@ -167,6 +168,21 @@ class TokenRow:
     role: str
     created_at: str
     revoked_at: str | None
+    expires_at: str | None = None
+
+    def live_at(self, now: str) -> bool:
+        """Neither revoked nor expired at `now` (a `format_time` string)."""
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+
+@dataclass(frozen=True)
+class OutsiderRefusal:
+    """The last refusal sealed for one outsider in one loop, and how many were answered since
+    without being sealed."""
+
+    seq: int
+    at: str
+    suppressed: int
 
 
 def _placeholders(values: Iterable[object]) -> str:
@@ -406,11 +422,30 @@ class Reader:
         return [journal_from_sql(r) for r in self.conn.execute(sql, params)]
 
     def recent_receipts(self, loop_id: str, limit: int) -> list[JournalRow]:
+        """The loop's own latest receipts: outsiders' refusals (`outsider_refusals`) left out,
+        so no one outside the loop can push its activity out of view."""
         rows = self.conn.execute(
-            f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE loop_id = ? ORDER BY seq DESC LIMIT ?",
-            (loop_id, limit),
+            f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE loop_id = ? AND seq NOT IN "
+            "(SELECT seq FROM outsider_refusals WHERE loop_id = ?) ORDER BY seq DESC LIMIT ?",
+            (loop_id, loop_id, limit),
         )
         return [journal_from_sql(r) for r in rows]
+
+    def last_outsider_refusal(self, loop_id: str, principal: str) -> OutsiderRefusal | None:
+        r = self._one(
+            "SELECT seq, at, suppressed FROM outsider_refusals WHERE loop_id = ? AND principal = ? "
+            "ORDER BY seq DESC LIMIT 1",
+            (loop_id, principal),
+        )
+        return OutsiderRefusal(*r) if r else None
+
+    def outsider_refusals(self, loop_id: str) -> tuple[int, int]:
+        """(refusals of outsiders sealed in the loop's journal, refusals answered but not sealed)."""
+        r = self._one(
+            "SELECT count(*), coalesce(sum(suppressed), 0) FROM outsider_refusals WHERE loop_id = ?",
+            (loop_id,),
+        )
+        return (r[0], r[1]) if r else (0, 0)
 
     def iter_journal(self, batch: int = 2048) -> Iterator[JournalRow]:
         """Every receipt in leaf order, streamed in batches."""
@@ -476,15 +511,13 @@ class Reader:
 
     def token(self, token_hash: str) -> TokenRow | None:
         r = self._one(
-            "SELECT token_hash, token_id, agent, role, created_at, revoked_at FROM tokens "
-            "WHERE token_hash = ?",
+            f"SELECT {TOKEN_COLUMNS} FROM tokens WHERE token_hash = ?",
             (token_hash,),
         )
         return TokenRow(*r) if r else None
 
     def tokens(self) -> list[TokenRow]:
         rows = self.conn.execute(
-            "SELECT token_hash, token_id, agent, role, created_at, revoked_at FROM tokens "
-            "ORDER BY created_at, token_id"
+            f"SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY created_at, token_id"
         )
         return [TokenRow(*r) for r in rows]

@@ -14,11 +14,12 @@ half done, and a whole governed step costs one thread hop instead of one per sta
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sqlite3
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -72,6 +73,7 @@ def connect(
                 f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
             )
         else:
+            make_private(path)
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if not readonly:
@@ -82,8 +84,23 @@ def connect(
             conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
         conn.execute("PRAGMA foreign_keys = ON")
         return conn
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, OSError) as exc:
         raise StoreError(f"cannot open the database: {exc}") from None
+
+
+def make_private(path: Path) -> None:
+    """Create the database file 0600 before SQLite does (SQLite gives its WAL and shared-memory
+    files the database file's mode), and tighten an existing one, WAL included, left looser.
+
+    An existing file is never opened here: closing any descriptor of a file drops every POSIX
+    lock this process holds on it, including those of SQLite connections already open."""
+    if not path.exists():
+        with suppress(FileExistsError):
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        with suppress(FileNotFoundError):
+            if file.stat().st_mode & 0o077:
+                os.chmod(file, 0o600)
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -321,10 +338,13 @@ class Txn(Reader):
             (principal, key, operation, request_digest, packed, self.now),
         )
 
-    def add_token(self, token_hash: str, token_id: str, agent: str, role: str) -> None:
+    def add_token(
+        self, token_hash: str, token_id: str, agent: str, role: str, expires_at: str | None = None
+    ) -> None:
         self.conn.execute(
-            "INSERT INTO tokens (token_hash, token_id, agent, role, created_at) VALUES (?, ?, ?, ?, ?)",
-            (token_hash, token_id, agent, role, self.now),
+            "INSERT INTO tokens (token_hash, token_id, agent, role, created_at, expires_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (token_hash, token_id, agent, role, self.now, expires_at),
         )
 
     def revoke_token(self, token_id: str) -> bool:
@@ -333,6 +353,21 @@ class Txn(Reader):
             (self.now, token_id),
         )
         return cur.rowcount == 1
+
+    def note_outsider_refusal(self, loop_id: str, seq: int, principal: str) -> None:
+        """Mark receipt `seq` as a refusal sealed for an outsider (see operations/outsiders.py)."""
+        self.conn.execute(
+            "INSERT INTO outsider_refusals (loop_id, seq, principal, at, suppressed) "
+            "VALUES (?, ?, ?, ?, 0)",
+            (loop_id, seq, principal, self.now),
+        )
+
+    def count_suppressed_refusal(self, loop_id: str, seq: int) -> None:
+        """Count one more refusal answered, not sealed, after the outsider's receipt `seq`."""
+        self.conn.execute(
+            "UPDATE outsider_refusals SET suppressed = suppressed + 1 WHERE loop_id = ? AND seq = ?",
+            (loop_id, seq),
+        )
 
 
 class _Pending:

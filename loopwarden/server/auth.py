@@ -1,7 +1,7 @@
 """Bearer-token authentication for streamable HTTP (tokens themselves: `tokens.py`).
 
-The verifier looks the token's hash up on every request, so a revoked token stops working at
-once. Tokens are never logged or stored in clear.
+The verifier looks the token's hash up on every request, so a revoked or expired token stops
+working at once. Tokens are never logged or stored in clear.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 
+from loopwarden.clock import format_time, parse_time
 from loopwarden.errors import Forbidden
 from loopwarden.ledger.reader import TokenRow
 from loopwarden.ledger.store import Store
@@ -34,9 +35,21 @@ class StoreTokenVerifier:
             return None
         hashed = token_hash(token)
         row: TokenRow | None = await store.read(lambda r: r.token(hashed))
-        if row is None or row.revoked_at is not None:
+        if row is None or not row.live_at(format_time(store.clock())):
             return None
-        return AccessToken(token=row.token_id, client_id=row.agent, scopes=[f"role:{row.role}"])
+        # The token id as `subject`: a session belongs to the token that opened it (the SDK
+        # refuses it to any other), so revoking that token can close exactly its sessions.
+        return AccessToken(
+            token=row.token_id,
+            client_id=row.agent,
+            subject=row.token_id,
+            scopes=[f"role:{row.role}"],
+            expires_at=_epoch(row.expires_at),
+        )
+
+
+def _epoch(when: str | None) -> int | None:
+    return None if when is None else int(parse_time(when).timestamp())
 
 
 def principal_from_token() -> Principal:

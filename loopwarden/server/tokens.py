@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 
+from loopwarden.clock import format_time
 from loopwarden.errors import NotFound
 from loopwarden.ledger.store import Txn
 from loopwarden.principals import Principal
@@ -31,14 +33,19 @@ class IssuedToken:
     token_id: str
     agent: str
     role: str
+    expires_at: str | None = None
 
 
-def issue_token(tx: Txn, principal: Principal) -> IssuedToken:
-    """Mint a token for `principal` and store its hash. Returns the clear token exactly once."""
+def issue_token(tx: Txn, principal: Principal, lifetime: timedelta | None = None) -> IssuedToken:
+    """Mint a token for `principal` and store its hash. Returns the clear token exactly once.
+
+    With a `lifetime` the token expires that long after now: from then on it is refused like a
+    revoked one (and the server closes its sessions)."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     hashed = token_hash(token)
-    tx.add_token(hashed, token_id_for(hashed), principal.id, principal.role)
-    return IssuedToken(token, token_id_for(hashed), principal.id, principal.role)
+    expires_at = format_time(tx.now_dt + lifetime) if lifetime is not None else None
+    tx.add_token(hashed, token_id_for(hashed), principal.id, principal.role, expires_at)
+    return IssuedToken(token, token_id_for(hashed), principal.id, principal.role, expires_at)
 
 
 def revoke_token(tx: Txn, token_id: str) -> None:
