@@ -5,10 +5,16 @@ from __future__ import annotations
 import logging
 import sys
 
+import anyio
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
+from starlette.middleware import Middleware
 
+from loopwarden.clock import format_time, system_clock
+from loopwarden.ledger.store import snapshot
+from loopwarden.server.connections import ConnectionGuard, connection_ceiling, guarded_protocol
+from loopwarden.server.sessions import SessionGate, SessionLimits
 from loopwarden.server.settings import Settings, is_loopback, url_host
 
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -41,13 +47,47 @@ async def serve_stdio(server: MCPServer) -> None:
 
 
 async def serve_http(server: MCPServer, settings: Settings) -> None:
-    """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM."""
+    """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM, within
+    `settings.limits` (sessions per principal, idle sessions, connections, read timeouts)."""
     assert settings.http is not None
     host, port = settings.http
+    limits = settings.limits
     app = server.streamable_http_app(
-        transport_security=transport_security(host, settings.allowed_hosts), host=host
+        transport_security=transport_security(host, settings.allowed_hosts),
+        host=host,
+        session_idle_timeout=limits.session_idle_seconds,
+    )
+    sessions = SessionLimits(
+        server.session_manager,
+        limit=limits.sessions_per_principal,
+        idle_seconds=limits.session_idle_seconds,
+        live_tokens=lambda ids: live_tokens(settings, ids),
+        launch=None if settings.principal is None else settings.principal.id,
+    )
+    app.user_middleware.append(Middleware(SessionGate, limits=sessions))  # after authentication
+    guard = ConnectionGuard(
+        per_address=limits.connections_per_address,
+        total=connection_ceiling(limits.connections_per_address),
+        header_seconds=limits.header_seconds,
+        body_seconds=limits.body_seconds,
     )
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", access_log=False, lifespan="on"
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        http=guarded_protocol(guard),
     )
-    await uvicorn.Server(config).serve()
+    async with anyio.create_task_group() as group:
+        group.start_soon(sessions.run)
+        await uvicorn.Server(config).serve()
+        group.cancel_scope.cancel()
+
+
+def live_tokens(settings: Settings, ids: set[str]) -> set[str]:
+    """Of the token ids `ids`, those neither revoked nor expired now (a read-only snapshot)."""
+    now = format_time(system_clock())
+    with snapshot(settings.db_path) as reader:
+        return {t.token_id for t in reader.tokens() if t.token_id in ids and t.live_at(now)}

@@ -31,15 +31,37 @@ def serve(
         list[str] | None,
         typer.Option("--allowed-host", help="A Host name clients use for a remote bind (repeat)."),
     ] = None,
+    max_sessions_per_principal: Annotated[
+        int | None, typer.Option(help="HTTP: open MCP sessions per token holder (default 16).")
+    ] = None,
+    session_idle_timeout: Annotated[
+        float | None, typer.Option(help="HTTP: seconds before an idle session closes (300).")
+    ] = None,
+    max_connections_per_address: Annotated[
+        int | None, typer.Option(help="HTTP: connections per client address (default 64).")
+    ] = None,
+    header_timeout: Annotated[
+        float | None, typer.Option(help="HTTP: seconds to send a request head (default 10).")
+    ] = None,
+    body_timeout: Annotated[
+        float | None, typer.Option(help="HTTP: seconds to send a request body (default 30).")
+    ] = None,
 ) -> None:
     """Run the MCP server (stdio by default). Logs go to stderr; stdout is the protocol."""
     # The SDK loads only here: every other command starts without it.
     from loopwarden.server.app import build_server
-    from loopwarden.server.settings import Settings, url_host
+    from loopwarden.server.settings import HttpLimits, Settings, url_host
     from loopwarden.server.transports import configure_logging, serve_http, serve_stdio
 
     configure_logging()
     try:
+        limits = HttpLimits.create(
+            sessions_per_principal=max_sessions_per_principal,
+            session_idle_seconds=session_idle_timeout,
+            connections_per_address=max_connections_per_address,
+            header_seconds=header_timeout,
+            body_seconds=body_timeout,
+        )
         settings = Settings.create(
             home=home,
             agent=agent,
@@ -48,6 +70,7 @@ def serve(
             no_auth=no_auth,
             allow_remote=allow_remote,
             allowed_hosts=tuple(allowed_host or ()),
+            limits=limits,
         )
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE)
