@@ -89,7 +89,10 @@ class SessionLimits:
         return sum(1 for h in self._sessions.values() if h.key == key) + self._opening[key]
 
     async def sweep(self) -> int:
-        """Terminate every session whose token is revoked or expired; returns how many."""
+        """Forget the sessions that ended, and terminate every session whose token is revoked
+        or expired; returns how many were terminated."""
+        for session_id in [s for s in self._sessions if self._open(s) is None]:
+            del self._sessions[session_id]
         tokens = {h.token_id for h in self._sessions.values() if h.token_id is not None}
         if not tokens:
             return 0
