@@ -795,15 +795,15 @@ def test_token_create_prints_the_token_once_and_list_never_shows_it(home):
     token = result.stdout.strip().splitlines()[-1]
     assert token.startswith("lw_") and result.stdout.count(token) == 1
     created = ok_json(f"token create --agent ops --role operator --home {home}")
-    assert set(created) == {"token", "token_id", "agent", "role"}
+    assert set(created) == {"token", "token_id", "agent", "role", "expires_at"}
     assert (created["agent"], created["role"]) == ("ops", "operator")
     assert created["token"].startswith("lw_") and created["token"] != token
 
     listed = ok_json(f"token list --home {home}")
     assert set(listed) == {"tokens"}
     for item in listed["tokens"]:
-        assert set(item) == {"token_id", "agent", "role", "created_at", "revoked_at"}
-        assert item["revoked_at"] is None
+        assert set(item) == {"token_id", "agent", "role", "created_at", "revoked_at", "expires_at"}
+        assert item["revoked_at"] is None and item["expires_at"] is None
     assert {t["agent"] for t in listed["tokens"]} == {"builder", "ops"}
     human = cli(f"token list --home {home}")
     assert created["token_id"] in human.stdout

@@ -270,9 +270,8 @@ async def test_a_tool_argument_cannot_change_the_tokens_principal(server, tokens
         with pytest.raises(ToolCallError, match="not_found") as hidden:
             await reviewer.claim("id-1")  # not its loop: answered as if it did not exist
         assert hidden.value.code == "not_found"
-    async with connect_http(server.url, tokens["alice"].token) as alice:
-        journal = (await alice.projection("id-1")).recent_receipts
-    assert journal[0].kind == "claim.refused" and journal[0].principal == "reviewer"
+    journal = cli_json("receipts", "id-1", "--home", str(server.home))["receipts"]
+    assert journal[-1]["kind"] == "claim.refused" and journal[-1]["principal"] == "reviewer"
 
 
 @bounded(TEST_TIMEOUT)

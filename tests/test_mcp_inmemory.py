@@ -437,8 +437,9 @@ async def test_claim_by_an_agent_outside_the_policy_is_answered_not_found_and_se
     missing = await stranger.error("claim", loop_id="L9")
     assert hidden == missing.replace("L9", "L1") == "not_found: no loop with id 'L1'"
     state = await world.operator.ok("projection", ProjectionResult, loop_id="L1")
-    last = state.recent_receipts[0]
-    sealed = await world.operator.ok("receipt", ReceiptResult, receipt_id=last.receipt_id)
+    assert all(r.principal != "mallory" for r in state.recent_receipts)  # the loop's own view
+    seq = state.head.seq
+    sealed = await world.operator.ok("receipt", ReceiptResult, loop_id="L1", seq=seq)
     assert sealed.kind == "claim.refused" and sealed.body["principal"]["id"] == "mallory"
     assert sealed.body["decision"]["effect"] == "deny"
 

@@ -37,6 +37,7 @@ from loopwarden.operations.loops import (
     TodoInput,
     open_loop,
 )
+from loopwarden.operations.outsiders import WINDOW as OUTSIDER_WINDOW
 from loopwarden.operations.projection import ProjectionRequest, projection
 from loopwarden.operations.quota import QuotaRequest, quota
 from loopwarden.operations.receipt import ReceiptRequest, receipt
@@ -1205,7 +1206,10 @@ async def test_projection_head_matches_the_loop_journal(store):
     rows = await store.read(lambda r: r.loop_journal("L1"))
     assert result.head.seq == len(rows) == rows[-1].seq
     assert result.head.digest == rows[-1].digest
-    assert [r.seq for r in result.recent_receipts] == [r.seq for r in reversed(rows)][:10]
+    # The outsider's refusal (the last receipt) is in the journal but not in the loop's own
+    # recent view: no one outside the loop can push its activity out of view.
+    assert rows[-1].kind == "claim.refused"
+    assert [r.seq for r in result.recent_receipts] == [r.seq for r in reversed(rows)][1:11]
 
 
 # --- every refusal is sealed -----------------------------------------------------------------
@@ -1229,6 +1233,7 @@ async def test_every_refusal_is_sealed(store, clock):
         ApprovalRequest(turn_id=turn.turn_id, fence=1, tool="fs.read", summary="x"),  # type: ignore[arg-type]
     )
     refusals["request.refused"] += not a.requested
+    clock.advance(OUTSIDER_WINDOW.total_seconds())  # an outsider's next refusal is sealed again
     with pytest.raises(NotFound):
         await todo_add(store, STRANGER, TodoAddRequest(loop_id="L1", title="x"))
     refusals["request.refused"] += 1

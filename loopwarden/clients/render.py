@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -15,8 +16,45 @@ from loopwarden.ledger.findings import Report
 from loopwarden.operations.projection import ProjectionResult
 
 # Piped output (scripts, docs) gets a wide fixed width instead of rich's 80-column default.
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False, soft_wrap=True)  # one error, one line
+console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)  # one error, one line
+
+
+# What a terminal acts on instead of showing: C0 controls (newline and tab too: a cell is one
+# line), DEL, C1 controls (U+009B is CSI on its own), the line and paragraph separators, and
+# the bidirectional marks, embeddings, overrides and isolates that reorder what follows.
+CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+RAW_IN_JSON = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in NAMED:
+        return NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: str) -> str:
+    """`text` as an operator's terminal must show it: every control character and bidi
+    control written as its escape (`\\x1b`, `\\u202e`), never acted on. For any text an agent
+    (or anyone but us) may have written; `--json` output never goes through this."""
+    return CONTROLS.sub(_escaped, text)
+
+
+def safe(text: str) -> str:
+    """`visible`, then escaped for rich markup: for outside text inside our own markup."""
+    return escape(visible(text))
+
+
+def json_text(value: Any) -> str:
+    """Indented JSON for a human: exact JSON, with the controls JSON leaves raw (C1, bidi)
+    written as `\\uXXXX` escapes too, so the text is still valid JSON for the same value."""
+    text = json.dumps(value, indent=2, ensure_ascii=False)  # C0 controls come out escaped
+    return RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 class Styled(str):
@@ -27,7 +65,7 @@ class Styled(str):
 def cell(value: Any) -> str | Text:
     if isinstance(value, Styled):
         return value
-    return Text(value if isinstance(value, str) else _num(value))
+    return Text(visible(value) if isinstance(value, str) else _num(value))
 
 
 def emit_json(value: Any) -> None:
@@ -58,18 +96,18 @@ STATUS_COLORS = {
 
 
 def status(text: str) -> Styled:
-    return Styled(f"[{STATUS_COLORS.get(text, 'white')}]{escape(text)}[/]")
+    return Styled(f"[{STATUS_COLORS.get(text, 'white')}]{safe(text)}[/]")
 
 
 def projection(p: ProjectionResult) -> None:
-    head = f"[bold]{escape(p.loop_id)}[/bold]  {status(p.status)}"
+    head = f"[bold]{safe(p.loop_id)}[/bold]  {status(p.status)}"
     if p.stop_reason:
-        head += f" ({escape(p.stop_reason)})"
+        head += f" ({safe(p.stop_reason)})"
     console.print(head)
-    console.print(f"objective: {escape(p.objective)}")
+    console.print(f"objective: {safe(p.objective)}")
     console.print(f"policy:    {p.policy_digest}")
-    console.print(f"attention: [bold]{p.attention.who}[/bold] — {escape(p.attention.why)}")
-    console.print(f"next:      {escape(p.next_action)}")
+    console.print(f"attention: [bold]{p.attention.who}[/bold] — {safe(p.attention.why)}")
+    console.print(f"next:      {safe(p.next_action)}")
     budgets = Table(title="budgets", title_justify="left", box=None, pad_edge=False)
     for column in ("dimension", "used", "limit", "remaining", ""):
         budgets.add_column(column)
@@ -113,12 +151,12 @@ def projection(p: ProjectionResult) -> None:
         )
     console.print(recent)
     for warning in p.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+        console.print(f"[yellow]warning:[/yellow] {safe(warning)}")
     console.print(f"[dim]head: seq {p.head.seq} {p.head.digest}[/dim]")
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
-    out = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    out = Table(title=Text(visible(title)), title_justify="left", box=None, pad_edge=False)
     for column in columns:
         out.add_column(column)
     for row in rows:
@@ -134,9 +172,9 @@ def audit(report: Report) -> None:
     )
     console.print(f"[dim]root {report.root}[/dim]")
     for f in report.findings:
-        console.print(f"  [red]{f.code}[/red] {escape(f.where())}: {escape(f.message)}")
+        console.print(f"  [red]{f.code}[/red] {safe(f.where())}: {safe(f.message)}")
     for note in report.notes:
-        console.print(f"  [yellow]note[/yellow]: {escape(note)}")
+        console.print(f"  [yellow]note[/yellow]: {safe(note)}")
 
 
 def bundle(report: Report) -> None:
@@ -147,13 +185,13 @@ def bundle(report: Report) -> None:
         else "[yellow]keys taken from the bundle (not pinned)[/yellow]"
     )
     console.print(
-        f"bundle: {verdict} — loop {escape(report.loop_id)}, {report.receipts} receipts, checkpoint size "
+        f"bundle: {verdict} — loop {safe(report.loop_id)}, {report.receipts} receipts, checkpoint size "
         f"{report.tree_size}, {pinned}"
     )
     if report.status:
         console.print(
             f"replayed status: {status(report.status)}"
-            + (f" ({escape(report.stop_reason)})" if report.stop_reason else "")
+            + (f" ({safe(report.stop_reason)})" if report.stop_reason else "")
         )
     for f in report.findings:
-        console.print(f"  [red]{escape(f.code)}[/red]: {escape(f.message)}")
+        console.print(f"  [red]{safe(f.code)}[/red]: {safe(f.message)}")

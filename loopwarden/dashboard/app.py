@@ -5,7 +5,8 @@ standalone command's), the sessions, the cached loop histories, the audit runner
 templates. `Dashboard.page` wraps every page handler: it checks the session and the operator
 token behind it (one store read, which also answers the page's "has anything changed?"
 probe), answers a live-update poll whose version has not moved with 204 and no rendering, and
-turns loopwarden errors into error pages. Pages are in `pages.py`.
+turns loopwarden errors into error pages. Pages are in `pages.py`, the app that serves
+them in `site.py`.
 """
 
 from __future__ import annotations
@@ -20,22 +21,19 @@ from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
 
 from loopwarden import __version__
 from loopwarden.clock import Clock, format_time, system_clock
 from loopwarden.dashboard.audits import Auditor
 from loopwarden.dashboard.history import Histories
-from loopwarden.dashboard.security import Guard
 from loopwarden.dashboard.sessions import COOKIE, Session, Sessions, same_secret
 from loopwarden.errors import Conflict, Forbidden, InvalidInput, LoopwardenError, NotFound
 from loopwarden.ledger.reader import Reader, TokenRow
 from loopwarden.ledger.store import Store
 from loopwarden.principals import Principal
+from loopwarden.server.tokens import token_problem
 
 log = logging.getLogger("loopwarden.dashboard")
 POLL_SECONDS = 2.0
@@ -65,15 +63,12 @@ class Ctx:
 Handler = Callable[[Ctx], Awaitable[Response]]
 
 
-def token_problem(row: TokenRow | None) -> str | None:
-    """Why a token row does not sign an operator in (None if it does)."""
-    if row is None:
-        return "unknown"
-    if row.revoked_at is not None:
-        return "revoked"
-    if row.role != "operator":
+def operator_problem(row: TokenRow | None, store: Store) -> str | None:
+    """Why a token row does not sign an operator in now (None if it does)."""
+    problem = token_problem(row, format_time(store.clock()), store.integrity)
+    if problem is None and row is not None and row.role != "operator":
         return "role"
-    return None
+    return problem
 
 
 class Dashboard:
@@ -169,7 +164,7 @@ class Dashboard:
             return reader.token(hashed), probe(reader) if probe else None
 
         row, version = await store.read(read)
-        problem = token_problem(row)
+        problem = operator_problem(row, store)
         if problem is not None:  # revoked since login (or no longer an operator's): out at once
             self.sessions.end(session.session_id)
             return self.to_login(request, problem)
@@ -194,22 +189,9 @@ class Dashboard:
         return fields
 
 
-def _fault(dashboard: Dashboard, exc: Exception) -> Response:
+def fault(dashboard: Dashboard, exc: Exception) -> Response:
     """An unexpected fault: a short page for the operator, the detail in the server log."""
     log.error("dashboard fault", exc_info=exc)
-    return dashboard.error_page(500, "the dashboard failed unexpectedly; the server log has the detail")
-
-
-def build_dashboard(dashboard: Dashboard) -> Guard:
-    """The dashboard as an ASGI app: its pages, static files, behind the request guard."""
-    from loopwarden.dashboard import pages
-
-    static = StaticFiles(directory=Path(__file__).parent / "static")
-    routes: list[Route | Mount] = [
-        *pages.routes(dashboard),
-        Mount("/static", static, name="static"),
-    ]
-    app = Starlette(routes=routes)
-    app.add_exception_handler(404, lambda request, exc: dashboard.error_page(404, "no such page"))
-    app.add_exception_handler(Exception, lambda request, exc: _fault(dashboard, exc))
-    return Guard(app, dashboard.security)
+    return dashboard.error_page(
+        500, "the dashboard failed unexpectedly; the server log has the detail"
+    )

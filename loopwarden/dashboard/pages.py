@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from loopwarden.dashboard.app import Ctx, Dashboard, Probe, token_problem
+from loopwarden.dashboard.app import Ctx, Dashboard, Probe, operator_problem
 from loopwarden.dashboard.sessions import COOKIE, LOGIN_COOKIE, new_secret, same_secret
 from loopwarden.dashboard.views import (
     RECENT_LINES,
@@ -56,6 +56,9 @@ LOGIN_MESSAGES = {
     "logout": "Signed out.",
     "unknown": "That token is not known here: it is mistyped, or was minted for another home.",
     "revoked": "That token has been revoked. Ask for a new operator token.",
+    "expired": "That token has expired. Ask for a new operator token.",
+    "forged": "That token's record fails its integrity check; it signs no one in. Ask an "
+    "operator to run loopwarden verify.",
     "role": "The dashboard is for operators only, and this token is not an operator's.",
 }
 MAX_TOKEN = 200
@@ -119,7 +122,7 @@ class Pages:
             )
         hashed = token_hash(token)
         row = await store.read(lambda reader: reader.token(hashed))
-        problem = token_problem(row)
+        problem = operator_problem(row, store)
         if problem == "role" and row is not None:
             message = (
                 f"This is an {row.role} token (for {row.agent!r}): the dashboard is for operators. "

@@ -17,7 +17,8 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from loopwarden.clock import Clock, system_clock
-from loopwarden.dashboard.app import Dashboard, build_dashboard
+from loopwarden.dashboard.app import Dashboard
+from loopwarden.dashboard.site import build_dashboard
 from loopwarden.ledger.store import Store
 
 LOOPBACK = "127.0.0.1"

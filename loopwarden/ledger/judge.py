@@ -248,9 +248,9 @@ class Judge:
         found = _codes(body)
         owner = turn is None or body.principal.id == turn.agent
         charged = isinstance(body.data, TurnRefused) and body.data.charged
-        if not owner and found not in SPECIAL:
+        if not owner and found not in SPECIAL and not _outsider(found):
             return [Verdict("not_turn_owner", "another agent's turn was refused for other reasons")]
-        if found == {codes.AGENT_NOT_ALLOWED} and body.principal.role != "operator":
+        if _outsider(found) and body.principal.role != "operator":
             admitted = view.policy.admits_agent(body.principal.id)
             return (
                 [Verdict("outsider", "an admitted agent was refused as an outsider")]
@@ -278,7 +278,7 @@ class Judge:
         """A key names one call: a later receipt under it can only be a conflict's refusal
         (a retry returns the stored result and seals nothing). An outsider's refusals are not
         remembered, so they may repeat."""
-        if body.idempotency_key is None or _codes(body) == {codes.AGENT_NOT_ALLOWED}:
+        if body.idempotency_key is None or _outsider(_codes(body)):
             return []
         key = (body.principal.id, body.idempotency_key)
         if key in self._keys and _codes(body) != {codes.IDEMPOTENCY_CONFLICT}:
@@ -292,6 +292,11 @@ class Judge:
 
 def _codes(body: ReceiptBody) -> set[str]:
     return {r.code for r in body.decision.reasons}
+
+
+def _outsider(found: set[str]) -> bool:
+    """An outsider's refusal: not admitted, perhaps with the count of those left unsealed."""
+    return found - {codes.REFUSALS_SUPPRESSED} == {codes.AGENT_NOT_ALLOWED}
 
 
 def _window(state: _Loop, policy: LoopPolicy, at: str) -> int:

@@ -37,7 +37,7 @@ APPROVAL_COLUMNS = (
     "approval_id, loop_id, turn_id, todo_id, tool, summary, artifact_digest, status, requested_by, "
     "requested_at, decided_by, decided_at, expires_at, reason, consumed_by, slot"
 )
-TOKEN_COLUMNS = "token_hash, token_id, agent, role, created_at, revoked_at, mac"
+TOKEN_COLUMNS = "token_hash, token_id, agent, role, created_at, revoked_at, expires_at, mac"
 JOURNAL_COLUMNS = "leaf_index, loop_id, seq, kind, receipt_id, digest, at, turn_id, envelope"
 
 LEGACY_SCHEMA = 3
@@ -49,7 +49,7 @@ _LEGACY_COLUMNS = {
     "todos": TODO_COLUMNS.replace(", slot", ", 0"),
     "turns": TURN_COLUMNS.replace(", slot, number", ", 0, 0"),
     "approvals": APPROVAL_COLUMNS.replace(", slot", ", 0"),
-    "tokens": TOKEN_COLUMNS.replace(", mac", ", NULL"),
+    "tokens": TOKEN_COLUMNS.replace(", expires_at, mac", ", NULL, NULL"),
 }
 
 
@@ -179,7 +179,12 @@ class TokenRow:
     role: str
     created_at: str
     revoked_at: str | None
+    expires_at: str | None = None
     mac: bytes | None = None
+
+    def live_at(self, now: str) -> bool:
+        """Neither revoked nor expired at `now` (a `format_time` string)."""
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
 
     def mac_values(self) -> list[object]:
         """What the row's MAC covers: every column but the MAC."""
@@ -190,7 +195,18 @@ class TokenRow:
             self.role,
             self.created_at,
             self.revoked_at,
+            self.expires_at,
         ]
+
+
+@dataclass(frozen=True)
+class OutsiderRefusal:
+    """The last refusal sealed for one outsider in one loop, and how many were answered since
+    without being sealed."""
+
+    seq: int
+    at: str
+    suppressed: int
 
 
 def _placeholders(values: Iterable[object]) -> str:
@@ -462,11 +478,30 @@ class Reader:
         return [journal_from_sql(r) for r in self.conn.execute(sql, params)]
 
     def recent_receipts(self, loop_id: str, limit: int) -> list[JournalRow]:
+        """The loop's own latest receipts: outsiders' refusals (`outsider_refusals`) left out,
+        so no one outside the loop can push its activity out of view."""
         rows = self.conn.execute(
-            f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE loop_id = ? ORDER BY seq DESC LIMIT ?",
-            (loop_id, limit),
+            f"SELECT {JOURNAL_COLUMNS} FROM journal WHERE loop_id = ? AND seq NOT IN "
+            "(SELECT seq FROM outsider_refusals WHERE loop_id = ?) ORDER BY seq DESC LIMIT ?",
+            (loop_id, loop_id, limit),
         )
         return [journal_from_sql(r) for r in rows]
+
+    def last_outsider_refusal(self, loop_id: str, principal: str) -> OutsiderRefusal | None:
+        r = self._one(
+            "SELECT seq, at, suppressed FROM outsider_refusals WHERE loop_id = ? AND principal = ? "
+            "ORDER BY seq DESC LIMIT 1",
+            (loop_id, principal),
+        )
+        return OutsiderRefusal(*r) if r else None
+
+    def outsider_refusals(self, loop_id: str) -> tuple[int, int]:
+        """(refusals of outsiders sealed in the loop's journal, refusals answered but not sealed)."""
+        r = self._one(
+            "SELECT count(*), coalesce(sum(suppressed), 0) FROM outsider_refusals WHERE loop_id = ?",
+            (loop_id,),
+        )
+        return (r[0], r[1]) if r else (0, 0)
 
     def iter_journal(self, batch: int = 2048) -> Iterator[JournalRow]:
         """Every receipt in leaf order, streamed in batches."""

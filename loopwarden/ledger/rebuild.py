@@ -73,12 +73,10 @@ def rebuild_projection(conn: sqlite3.Connection, integrity: Integrity) -> None:
         "UPDATE log_state SET mac = ? WHERE id = 1",
         (integrity.mac(LOG_MAC, [size, bytes(frontier).hex()]),),
     )
-    for row in conn.execute(
-        "SELECT token_hash, token_id, agent, role, created_at, revoked_at FROM tokens"
-    ).fetchall():
+    for token in Reader(conn).tokens():
         conn.execute(
             "UPDATE tokens SET mac = ? WHERE token_hash = ?",
-            (integrity.mac(TOKEN_MAC, row), row[0]),
+            (integrity.mac(TOKEN_MAC, token.mac_values()), token.token_hash),
         )
     for principal, key, operation, digest, response in conn.execute(
         "SELECT principal, key, operation, request_digest, response FROM idempotency"

@@ -226,6 +226,22 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE idempotency ADD COLUMN mac BLOB",
         "ALTER TABLE log_state ADD COLUMN mac BLOB",
     ),
+    # version 5: hostile clients. A token may carry an expiry. A principal a loop's policy does
+    # not admit (an outsider) gets at most one sealed refusal per loop per window; the refusals
+    # answered after it are counted on its row, and the next sealed one carries the count. The
+    # rows also mark those receipts, so the projection's recent view leaves them out.
+    (
+        "ALTER TABLE tokens ADD COLUMN expires_at TEXT",
+        """CREATE TABLE outsider_refusals (
+            loop_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            principal TEXT NOT NULL,
+            at TEXT NOT NULL,
+            suppressed INTEGER NOT NULL,
+            PRIMARY KEY (loop_id, seq)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX outsider_refusals_by_principal ON outsider_refusals (loop_id, principal, seq)",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -13,10 +13,11 @@ half done, and a whole governed step costs one thread hop instead of one per sta
 
 from __future__ import annotations
 
+import os
 import secrets
 import sqlite3
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -55,6 +56,7 @@ def connect(
                 f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
             )
         else:
+            make_private(path)
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if not readonly:
@@ -65,8 +67,23 @@ def connect(
             conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
         conn.execute("PRAGMA foreign_keys = ON")
         return conn
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, OSError) as exc:
         raise StoreError(f"cannot open the database: {exc}") from None
+
+
+def make_private(path: Path) -> None:
+    """Create the database file 0600 before SQLite does (SQLite gives its WAL and shared-memory
+    files the database file's mode), and tighten an existing one, WAL included, left looser.
+
+    An existing file is never opened here: closing any descriptor of a file drops every POSIX
+    lock this process holds on it, including those of SQLite connections already open."""
+    if not path.exists():
+        with suppress(FileExistsError):
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        with suppress(FileNotFoundError):
+            if file.stat().st_mode & 0o077:
+                os.chmod(file, 0o600)
 
 
 def migrate(conn: sqlite3.Connection, integrity: Integrity) -> None:
@@ -203,6 +220,9 @@ class Store:
             await anyio.to_thread.run_sync(self._conn.close)
         await anyio.to_thread.run_sync(self._reader_conn.close, limiter=self._read_limiter)
 
+    def _txn(self) -> Txn:
+        return Txn(self._conn, self.policies, self.integrity, self, self.clock())
+
     async def write(self, fn: Callable[[Txn], T]) -> T:
         """Run `fn(tx)` atomically: it commits whole if it returns, and leaves nothing if it raises.
 
@@ -244,7 +264,7 @@ class Store:
                 if grouped:
                     conn.execute("SAVEPOINT body")
                 try:
-                    item.result = item.fn(Txn(self, self.clock()))
+                    item.result = item.fn(self._txn())
                 except BaseException as exc:
                     if not grouped:
                         raise
@@ -278,7 +298,7 @@ class Store:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                return fn(Txn(self, self.clock()))
+                return fn(self._txn())
             finally:
                 self._rollback(conn)
         except sqlite3.Error as exc:

@@ -11,11 +11,12 @@ commits whole or not at all.
 from __future__ import annotations
 
 import json
+import sqlite3
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from loopwarden.canonical import canonical_bytes
 from loopwarden.clock import format_time
@@ -25,12 +26,16 @@ from loopwarden.ledger.checkpoints import sign_checkpoint
 from loopwarden.ledger.events import LoopOpened, ReceiptBody, ReceiptData, ReceiptKind, make_body
 from loopwarden.ledger.fold import apply, touched
 from loopwarden.ledger.guard import GuardedReader, loop_mac_values, row_leaf
-from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC
+from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC, Integrity
+from loopwarden.ledger.keys import Signer
 from loopwarden.ledger.reader import (
     APPROVAL_COLUMNS,
     LOOP_COLUMNS,
     TODO_COLUMNS,
+    TOKEN_COLUMNS,
     TURN_COLUMNS,
+    PolicyCache,
+    TokenRow,
     as_sql,
     loop_to_sql,
     todo_to_sql,
@@ -41,8 +46,14 @@ from loopwarden.ledger.state import EMPTY, StateTree, node
 from loopwarden.policy.decision import Decision
 from loopwarden.principals import Principal
 
-if TYPE_CHECKING:
-    from loopwarden.ledger.store import Store
+
+class Sealer(Protocol):
+    """What a transaction needs of its store besides the connection (the `Store` is one)."""
+
+    signer: Signer
+    origin: str
+    checkpoint_every: int
+
 
 _ROW_SQL: dict[str, tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
     "todos": (TODO_COLUMNS, todo_to_sql),
@@ -123,8 +134,15 @@ class Txn(ProjectionWriter):
     """An open write transaction. Reads see everything appended so far in the same transaction,
     and every row they return has been proved (see `guard.py`)."""
 
-    def __init__(self, store: Store, now: datetime) -> None:
-        super().__init__(store._conn, store.policies, store.integrity)
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        policies: PolicyCache,
+        integrity: Integrity,
+        store: Sealer,
+        now: datetime,
+    ) -> None:
+        super().__init__(conn, policies, integrity)
         self._store = store
         self.now_dt = now
         self.now = format_time(now)
@@ -283,25 +301,45 @@ class Txn(ProjectionWriter):
             ),
         )
 
-    def add_token(self, token_hash: str, token_id: str, agent: str, role: str) -> None:
-        values = [token_hash, token_id, agent, role, self.now, None]
+    def add_token(
+        self, token_hash: str, token_id: str, agent: str, role: str, expires_at: str | None = None
+    ) -> None:
+        values = TokenRow(
+            token_hash, token_id, agent, role, self.now, None, expires_at
+        ).mac_values()
         self.conn.execute(
-            "INSERT INTO tokens (token_hash, token_id, agent, role, created_at, revoked_at, mac) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES ({_qmarks(TOKEN_COLUMNS)})",
             (*values, self.integrity.mac(TOKEN_MAC, values)),
         )
 
     def revoke_token(self, token_id: str) -> bool:
-        row = self._one(
-            "SELECT token_hash, token_id, agent, role, created_at FROM tokens "
-            "WHERE token_id = ? AND revoked_at IS NULL",
-            (token_id,),
+        token = next(
+            (t for t in self.tokens() if t.token_id == token_id and t.revoked_at is None), None
         )
-        if row is None:
+        if token is None:
             return False
-        values = [*row, self.now]
+        revoked = replace(token, revoked_at=self.now)
+        # A row loopwarden did not write is revoked all the same, but keeps its failing MAC, so
+        # that `verify` still reports it.
+        genuine = self.integrity.valid(TOKEN_MAC, token.mac_values(), token.mac)
+        mac = self.integrity.mac(TOKEN_MAC, revoked.mac_values()) if genuine else token.mac
         self.conn.execute(
-            "UPDATE tokens SET revoked_at = ?, mac = ? WHERE token_id = ?",
-            (self.now, self.integrity.mac(TOKEN_MAC, values), token_id),
+            "UPDATE tokens SET revoked_at = ?, mac = ? WHERE token_hash = ?",
+            (revoked.revoked_at, mac, token.token_hash),
         )
         return True
+
+    def note_outsider_refusal(self, loop_id: str, seq: int, principal: str) -> None:
+        """Mark receipt `seq` as a refusal sealed for an outsider (see operations/outsiders.py)."""
+        self.conn.execute(
+            "INSERT INTO outsider_refusals (loop_id, seq, principal, at, suppressed) "
+            "VALUES (?, ?, ?, ?, 0)",
+            (loop_id, seq, principal, self.now),
+        )
+
+    def count_suppressed_refusal(self, loop_id: str, seq: int) -> None:
+        """Count one more refusal answered, not sealed, after the outsider's receipt `seq`."""
+        self.conn.execute(
+            "UPDATE outsider_refusals SET suppressed = suppressed + 1 WHERE loop_id = ? AND seq = ?",
+            (loop_id, seq),
+        )

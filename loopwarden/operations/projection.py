@@ -202,6 +202,18 @@ def _warnings(
     return warnings
 
 
+def _outsider_warnings(reader: Reader, loop_id: str) -> list[str]:
+    """Refusals of principals the policy does not admit: counted here, left out of the recent
+    receipts (operations/outsiders.py)."""
+    sealed, suppressed = reader.outsider_refusals(loop_id)
+    if not sealed:
+        return []
+    return [
+        f"{sealed + suppressed} refusal(s) of agents outside the policy ({sealed} sealed in the "
+        "journal; not among the recent receipts)"
+    ]
+
+
 def _shown_approvals(reader: Reader, loop_id: str, now_text: str) -> list[ApprovalRow]:
     """Pending approvals, and approved ones not yet expired or consumed."""
     return [
@@ -248,7 +260,8 @@ def projection(call: Call[Reader], req: ProjectionRequest) -> ProjectionResult:
         recent_receipts=[receipt_summary(r) for r in reader.recent_receipts(loop.loop_id, RECENT)],
         attention=attention,
         next_action=next_action,
-        warnings=_warnings(policy, loop, open_turns, now),
+        warnings=_warnings(policy, loop, open_turns, now)
+        + _outsider_warnings(reader, loop.loop_id),
         head=Head(seq=loop.head_seq, digest=loop.head_digest),
     )
 

@@ -3,8 +3,9 @@
 1. parse the request (`InvalidInput` names the field; nothing was changed);
 2. the caller's role (`Forbidden` for an operation not open to it);
 3. visibility: the scope locates the loop the request names; a caller outside that loop gets
-   the same `NotFound` as for a loop that does not exist (a write still seals its refusal, so
-   operators see it), and nothing else;
+   the same `NotFound` as for a loop that does not exist (a write's refusal is still recorded
+   for operators, at most one sealed receipt per outsider per loop per window: `outsiders.py`),
+   and nothing else;
 4. idempotency, only after admission: a repeat with the same arguments returns the stored
    result, the same key with other arguments is refused through the operation's `refuse`;
 5. the body, inside one write transaction (or one read snapshot);
@@ -40,6 +41,7 @@ from loopwarden.operations.operation import (
     Res,
     Scope,
 )
+from loopwarden.operations.outsiders import refuse_outsider
 from loopwarden.operations.visibility import visible
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Decision, Reason
@@ -97,11 +99,6 @@ async def run(
     return outcome
 
 
-def _outsider(who: Principal) -> Decision:
-    reason = Reason(codes.AGENT_NOT_ALLOWED, f"agent {who.id!r} is not in the policy's agents")
-    return Decision("deny", (reason,))
-
-
 def _write(
     op: Operation[Req, Res], store: Store, who: Principal, req: Req, tx: Txn
 ) -> Res | _Hidden:
@@ -111,10 +108,8 @@ def _write(
         if call.found is None:
             raise NotFound(op.scope.missing(req))
         if not visible(tx, who, call.found.loop):
-            if op.refuse is not None:
-                op.refuse(
-                    call, req, _outsider(who)
-                )  # sealed for operators; the caller learns nothing
+            if op.refuse is not None:  # recorded for operators, bounded; the caller learns nothing
+                refuse_outsider(call, op.refuse, req)
             return _Hidden(op.scope.missing(req))
     key: str | None = getattr(req, "idempotency_key", None)
     digest = request_digest(op.name, req) if key is not None else ""

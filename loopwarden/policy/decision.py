@@ -31,6 +31,7 @@ IDEMPOTENCY_CONFLICT = "idempotency_conflict"
 TODOS_NOT_ADDABLE = "todos_not_addable"
 TODO_LIMIT = "todo_limit"
 EVALUATION_ERROR = "evaluation_error"
+REFUSALS_SUPPRESSED = "refusals_suppressed"  # an outsider's refusals counted, not sealed
 
 VIOLATIONS = frozenset({TOOL_NOT_ALLOWED, TOOL_DENIED, APPROVAL_REQUIRED, APPROVAL_INVALID})
 """Reasons that count as a policy violation (they trigger `stop.on_violation`)."""

@@ -1,7 +1,7 @@
 """Bearer-token authentication for streamable HTTP (tokens themselves: `tokens.py`).
 
-The verifier looks the token's hash up on every request, so a revoked token stops working at
-once. Tokens are never logged or stored in clear.
+The verifier looks the token's hash up on every request, so a revoked or expired token stops
+working at once. Tokens are never logged or stored in clear.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from collections.abc import Callable
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 
+from loopwarden.clock import format_time, parse_time
 from loopwarden.errors import Forbidden
-from loopwarden.ledger.integrity import TOKEN_MAC
 from loopwarden.ledger.reader import TokenRow
 from loopwarden.ledger.store import Store
 from loopwarden.principals import ROLES, Principal
-from loopwarden.server.tokens import TOKEN_PREFIX, token_hash
+from loopwarden.server.tokens import TOKEN_PREFIX, token_hash, token_problem
 
 log = logging.getLogger("loopwarden.server")
 
@@ -38,15 +38,26 @@ class StoreTokenVerifier:
             return None
         hashed = token_hash(token)
         row: TokenRow | None = await store.read(lambda r: r.token(hashed))
-        if row is None or row.revoked_at is not None:
-            return None
-        if not store.integrity.valid(TOKEN_MAC, row.mac_values(), row.mac):
-            # A row no loopwarden wrote (or one edited since): refused, and worth an operator's look.
+        problem = token_problem(row, format_time(store.clock()), store.integrity)
+        if problem == "forged" and row is not None:  # worth an operator's look
             log.error(
                 "refusing token %s: its MAC does not verify (run loopwarden verify)", row.token_id
             )
+        if problem is not None or row is None:
             return None
-        return AccessToken(token=row.token_id, client_id=row.agent, scopes=[f"role:{row.role}"])
+        # The token id as `subject`: a session belongs to the token that opened it (the SDK
+        # refuses it to any other), so revoking that token can close exactly its sessions.
+        return AccessToken(
+            token=row.token_id,
+            client_id=row.agent,
+            subject=row.token_id,
+            scopes=[f"role:{row.role}"],
+            expires_at=_epoch(row.expires_at),
+        )
+
+
+def _epoch(when: str | None) -> int | None:
+    return None if when is None else int(parse_time(when).timestamp())
 
 
 def principal_from_token() -> Principal:

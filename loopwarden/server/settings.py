@@ -7,6 +7,7 @@ user data directory. It holds `loopwarden.db` and `keys/`, and is created 0700.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -58,6 +59,51 @@ def parse_bind(text: str) -> tuple[str, int]:
 
 
 @dataclass(frozen=True)
+class HttpLimits:
+    """What one client may hold of a streamable-HTTP server (docs/reliability.md has the
+    attacks each limit answers). Build with `HttpLimits.create` to validate."""
+
+    sessions_per_principal: int = 16  # open MCP sessions per token holder (agent id and role)
+    session_idle_seconds: float = 300.0  # a session with no request in flight this long closes
+    connections_per_address: int = 64  # TCP connections per client IP address
+    header_seconds: float = 10.0  # to send a whole request head, from connecting or last answer
+    body_seconds: float = 30.0  # to send a whole request body, from the end of its head
+
+    @staticmethod
+    def create(**values: float | None) -> HttpLimits:
+        """Defaults for the values left None; `InvalidInput` naming the flag for a bad one."""
+        defaults = HttpLimits()
+        chosen = {k: getattr(defaults, k) if v is None else v for k, v in values.items()}
+        for name, value in chosen.items():
+            counted = name.endswith(("_principal", "_address"))
+            if not (math.isfinite(value) and 0 < value <= LIMIT_CEILINGS[name]) or (
+                counted and value != int(value)
+            ):
+                flag = "--" + LIMIT_FLAGS[name]
+                raise InvalidInput(
+                    f"{flag} must be a positive {'whole number' if counted else 'number of seconds'} "
+                    f"up to {LIMIT_CEILINGS[name]:g} (got {value!r})"
+                )
+        return HttpLimits(**chosen)  # type: ignore[arg-type]
+
+
+LIMIT_FLAGS = {
+    "sessions_per_principal": "max-sessions-per-principal",
+    "session_idle_seconds": "session-idle-timeout",
+    "connections_per_address": "max-connections-per-address",
+    "header_seconds": "header-timeout",
+    "body_seconds": "body-timeout",
+}
+LIMIT_CEILINGS = {
+    "sessions_per_principal": 10_000,
+    "session_idle_seconds": 86_400,
+    "connections_per_address": 100_000,
+    "header_seconds": 3_600,
+    "body_seconds": 3_600,
+}
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything `serve` needs. Build with `Settings.create`."""
 
@@ -69,6 +115,7 @@ class Settings:
     allowed_hosts: tuple[str, ...] = ()  # extra Host names accepted (DNS-rebinding protection)
     synchronous: Synchronous = "full"
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
+    limits: HttpLimits = HttpLimits()
 
     @property
     def db_path(self) -> Path:
@@ -84,6 +131,7 @@ class Settings:
         no_auth: bool = False,
         allow_remote: bool = False,
         allowed_hosts: tuple[str, ...] = (),
+        limits: HttpLimits | None = None,
     ) -> Settings:
         """Validate a serve configuration. Identity comes from here (launch configuration),
         never from a tool argument: `--agent`/`LOOPWARDEN_AGENT`, `--role`/`LOOPWARDEN_ROLE`."""
@@ -125,4 +173,5 @@ class Settings:
             allow_remote=allow_remote,
             allowed_hosts=tuple(allowed_hosts),
             synchronous=synchronous,
+            limits=limits or HttpLimits(),
         )

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 
+import anyio
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Mount
 
-from loopwarden.server.runtime import Runtime
+from loopwarden.clock import format_time, system_clock
+from loopwarden.ledger.store import snapshot
+from loopwarden.server.connections import ConnectionGuard, connection_ceiling, guarded_protocol
+from loopwarden.server.sessions import SessionGate, SessionLimits
 from loopwarden.server.settings import Settings, is_loopback, url_host
 
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -43,32 +48,49 @@ async def serve_stdio(server: MCPServer) -> None:
     await server.run_stdio_async()
 
 
-def with_dashboard(app: Starlette, runtime: Runtime, security: TransportSecuritySettings) -> None:
-    """Mount the operator dashboard at `/` beside `/mcp` (which is matched first), reading the
-    runtime's store, under the same Host and Origin rules as `/mcp`."""
-    from loopwarden.dashboard.app import Dashboard, build_dashboard
-
-    settings = runtime.settings
-    dashboard = Dashboard(
-        lambda: runtime.store,
-        db=settings.db_path,
-        keys_home=settings.home,
-        security=security,
-        clock=runtime.clock,
-    )
-    app.router.routes.append(Mount("/", app=build_dashboard(dashboard)))
-
-
-async def serve_http(server: MCPServer, settings: Settings, runtime: Runtime | None = None) -> None:
-    """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM, and with `runtime`
-    (the server's, from `app.build`) the dashboard at http://HOST:PORT/."""
+async def serve_http(server: MCPServer, settings: Settings, mounts: Sequence[Mount] = ()) -> None:
+    """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM, within
+    `settings.limits` (sessions per principal, idle sessions, connections, read timeouts), with
+    `mounts` (the dashboard) beside `/mcp`, which is matched first."""
     assert settings.http is not None
     host, port = settings.http
+    limits = settings.limits
     security = transport_security(host, settings.allowed_hosts)
-    app = server.streamable_http_app(transport_security=security, host=host)
-    if runtime is not None:
-        with_dashboard(app, runtime, security)
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", access_log=False, lifespan="on"
+    app = server.streamable_http_app(
+        transport_security=security, host=host, session_idle_timeout=limits.session_idle_seconds
     )
-    await uvicorn.Server(config).serve()
+    app.router.routes.extend(mounts)
+    sessions = SessionLimits(
+        server.session_manager,
+        limit=limits.sessions_per_principal,
+        idle_seconds=limits.session_idle_seconds,
+        live_tokens=lambda ids: live_tokens(settings, ids),
+        launch=None if settings.principal is None else settings.principal.id,
+    )
+    app.user_middleware.append(Middleware(SessionGate, limits=sessions))  # after authentication
+    guard = ConnectionGuard(
+        per_address=limits.connections_per_address,
+        total=connection_ceiling(limits.connections_per_address),
+        header_seconds=limits.header_seconds,
+        body_seconds=limits.body_seconds,
+    )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        http=guarded_protocol(guard),
+    )
+    async with anyio.create_task_group() as group:
+        group.start_soon(sessions.run)
+        await uvicorn.Server(config).serve()
+        group.cancel_scope.cancel()
+
+
+def live_tokens(settings: Settings, ids: set[str]) -> set[str]:
+    """Of the token ids `ids`, those neither revoked nor expired now (a read-only snapshot)."""
+    now = format_time(system_clock())
+    with snapshot(settings.db_path) as reader:
+        return {t.token_id for t in reader.tokens() if t.token_id in ids and t.live_at(now)}

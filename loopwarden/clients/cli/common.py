@@ -9,7 +9,6 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import anyio
 import typer
-from rich.markup import escape
 
 from loopwarden.clients import admin, render
 from loopwarden.errors import IntegrityError, InvalidInput, LoopwardenError, one_line
@@ -42,7 +41,7 @@ def fail(
 ) -> NoReturn:
     if as_json:
         render.emit_json({"error": error, "message": message})
-    render.err.print(f"[red]error:[/red] {escape(one_line(message))}")
+    render.err.print(f"[red]error:[/red] {render.safe(one_line(message))}")
     raise typer.Exit(code)
 
 

@@ -101,4 +101,4 @@ def receipt(receipt_id: str, home: Home = None, json_out: Json = False) -> None:
         f"[bold]{result.receipt_id}[/bold] leaf {out['leaf_index']} {state} (key {key_id})"
     )
     render.console.print(f"[dim]{result.digest}[/dim]")
-    render.console.print_json(json.dumps(result.body))
+    render.console.print(render.json_text(result.body), markup=False)

@@ -101,7 +101,8 @@ def loop_list(home: Home = None, json_out: Json = False) -> None:
             [
                 lp.loop_id,
                 render.Styled(
-                    render.status(lp.status) + (f" ({lp.stop_reason})" if lp.stop_reason else "")
+                    render.status(lp.status)
+                    + (f" ({render.safe(lp.stop_reason)})" if lp.stop_reason else "")
                 ),
                 f"{lp.todos['done']}/{sum(lp.todos.values())}",
                 lp.turns,

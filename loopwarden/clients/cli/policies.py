@@ -12,6 +12,7 @@ from loopwarden.clients.cli.common import EXIT_USAGE, Json, fail, read_policy_fi
 from loopwarden.errors import LoopwardenError
 from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.evaluate import explain as explain_tool
+from loopwarden.policy.lint import case_near_misses
 from loopwarden.policy.loader import policy_schema
 from loopwarden.policy.model import LoopPolicy
 
@@ -35,14 +36,15 @@ def policy_check(file: Path, json_out: Json = False) -> None:
         notes.append("no agents are allowed: nobody can claim a turn")
     if not policy.tools.allow and not policy.tools.approval:
         notes.append("no tool is allowed: every reported tool use will be refused")
+    notes += case_near_misses(policy)
     if json_out:
         render.emit_json(
             {"valid": True, "digest": digest, "notes": notes, "policy": policy_document(policy)}
         )
     else:
-        render.console.print(f"[green]valid[/green] {file.name}  {digest}")
+        render.console.print(f"[green]valid[/green] {render.safe(file.name)}  {digest}")
         for note in notes:
-            render.console.print(f"[yellow]note:[/yellow] {note}")
+            render.console.print(f"[yellow]note:[/yellow] {render.safe(note)}")
 
 
 @app.command("schema")
@@ -78,4 +80,4 @@ def policy_explain(
     else:
         for v in verdicts:
             color = {"allow": "green", "approval": "yellow", "deny": "red"}[v.effect]
-            render.console.print(f"[{color}]{v.effect:8}[/{color}] {v.explain()}")
+            render.console.print(f"[{color}]{v.effect:8}[/{color}] {render.safe(v.explain())}")

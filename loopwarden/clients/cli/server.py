@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 import typer
@@ -10,6 +10,27 @@ import typer
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import EXIT_OK, EXIT_USAGE, EXIT_VERIFY, Home, Json, fail, run
 from loopwarden.errors import LoopwardenError
+
+if TYPE_CHECKING:
+    from loopwarden.server.settings import Settings
+
+
+# The HTTP limits (server/settings.py HttpLimits); each flag's default is the limit's.
+Sessions = Annotated[
+    int | None, typer.Option(help="HTTP: open MCP sessions per token holder (default 16).")
+]
+IdleTimeout = Annotated[
+    float | None, typer.Option(help="HTTP: seconds before an idle session closes (300).")
+]
+Connections = Annotated[
+    int | None, typer.Option(help="HTTP: connections per client address (default 64).")
+]
+HeaderTimeout = Annotated[
+    float | None, typer.Option(help="HTTP: seconds to send a request head (default 10).")
+]
+BodyTimeout = Annotated[
+    float | None, typer.Option(help="HTTP: seconds to send a request body (default 30).")
+]
 
 
 def serve(
@@ -31,26 +52,26 @@ def serve(
         list[str] | None,
         typer.Option("--allowed-host", help="A Host name clients use for a remote bind (repeat)."),
     ] = None,
+    max_sessions_per_principal: Sessions = None,
+    session_idle_timeout: IdleTimeout = None,
+    max_connections_per_address: Connections = None,
+    header_timeout: HeaderTimeout = None,
+    body_timeout: BodyTimeout = None,
 ) -> None:
     """Run the MCP server (stdio by default). Logs go to stderr; stdout is the protocol."""
     # The SDK loads only here: every other command starts without it.
+    from loopwarden.dashboard.site import dashboard_mount
     from loopwarden.server.app import build
-    from loopwarden.server.settings import Settings, url_host
-    from loopwarden.server.transports import configure_logging, serve_http, serve_stdio
+    from loopwarden.server.settings import url_host
+    from loopwarden.server.transports import (
+        configure_logging,
+        serve_http,
+        serve_stdio,
+        transport_security,
+    )
 
     configure_logging()
-    try:
-        settings = Settings.create(
-            home=home,
-            agent=agent,
-            role=role,
-            http=http,
-            no_auth=no_auth,
-            allow_remote=allow_remote,
-            allowed_hosts=tuple(allowed_host or ()),
-        )
-    except LoopwardenError as exc:
-        fail(exc.message, EXIT_USAGE)
+    settings = _settings(locals())
 
     async def preflight() -> None:  # refuse a damaged store with a clear message before serving
         async with admin.open_store(settings.home):
@@ -65,7 +86,34 @@ def serve(
         base = f"http://{url_host(host)}:{port}"
         render.err.print(f"loopwarden serving streamable HTTP on {base}/mcp")
         render.err.print(f"operator dashboard on {base}/ (sign in with an operator token)")
-        anyio.run(serve_http, server, settings, runtime)
+        dashboard = dashboard_mount(runtime, transport_security(host, settings.allowed_hosts))
+        anyio.run(serve_http, server, settings, [dashboard])
+
+
+def _settings(flags: dict[str, Any]) -> Settings:
+    """`serve`'s flags as validated settings; a bad one exits 2 naming it."""
+    from loopwarden.server.settings import HttpLimits, Settings
+
+    try:
+        limits = HttpLimits.create(
+            sessions_per_principal=flags["max_sessions_per_principal"],
+            session_idle_seconds=flags["session_idle_timeout"],
+            connections_per_address=flags["max_connections_per_address"],
+            header_seconds=flags["header_timeout"],
+            body_seconds=flags["body_timeout"],
+        )
+        return Settings.create(
+            home=flags["home"],
+            agent=flags["agent"],
+            role=flags["role"],
+            http=flags["http"],
+            no_auth=flags["no_auth"],
+            allow_remote=flags["allow_remote"],
+            allowed_hosts=tuple(flags["allowed_host"] or ()),
+            limits=limits,
+        )
+    except LoopwardenError as exc:
+        fail(exc.message, EXIT_USAGE)
 
 
 def demo(home: Home = None, json_out: Json = False) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated
 
 import typer
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import Home, Json, run
+from loopwarden.clients.cli.common import Home, Json, parse_duration, run
+from loopwarden.errors import InvalidInput
 from loopwarden.ledger.reader import TokenRow
 from loopwarden.principals import principal
 from loopwarden.server.tokens import IssuedToken, issue_token, revoke_token
@@ -19,6 +21,10 @@ app = typer.Typer(no_args_is_help=True, help="Bearer tokens for streamable HTTP.
 def token_create(
     agent: Annotated[str, typer.Option("--agent", help="The principal the token authenticates.")],
     role: Annotated[str, typer.Option("--role", help="agent or operator.")] = "agent",
+    expires: Annotated[
+        str | None,
+        typer.Option("--expires", help="Lifetime, e.g. 30m, 12h, 30d (default: never expires)."),
+    ] = None,
     home: Home = None,
     json_out: Json = False,
 ) -> None:
@@ -26,8 +32,9 @@ def token_create(
 
     async def action() -> IssuedToken:
         who = principal(agent, role)
+        lifetime = _lifetime(expires)
         async with admin.open_store(home) as store:
-            return await store.write(lambda tx: issue_token(tx, who))
+            return await store.write(lambda tx: issue_token(tx, who, lifetime))
 
     issued = run(action, as_json=json_out)
     if json_out:
@@ -37,13 +44,25 @@ def token_create(
                 "token_id": issued.token_id,
                 "agent": issued.agent,
                 "role": issued.role,
+                "expires_at": issued.expires_at,
             }
         )
     else:
+        until = f", expires {issued.expires_at}" if issued.expires_at else ""
         render.console.print(
-            f"token for {issued.agent} ({issued.role}), id {issued.token_id} — shown once:"
+            f"token for {issued.agent} ({issued.role}), id {issued.token_id}{until} — shown once:",
+            markup=False,
         )
         print(issued.token)
+
+
+def _lifetime(text: str | None) -> timedelta | None:
+    if text is None:
+        return None
+    seconds = parse_duration(text)
+    if seconds <= 0:
+        raise InvalidInput(f"--expires must be a positive duration (got {text!r})")
+    return timedelta(seconds=seconds)
 
 
 @app.command("list")
@@ -61,6 +80,7 @@ def token_list(home: Home = None, json_out: Json = False) -> None:
             "role": t.role,
             "created_at": t.created_at,
             "revoked_at": t.revoked_at,
+            "expires_at": t.expires_at,
         }
         for t in run(action, as_json=json_out)
     ]
@@ -69,9 +89,16 @@ def token_list(home: Home = None, json_out: Json = False) -> None:
     else:
         render.table(
             "tokens",
-            ["id", "agent", "role", "created", "revoked"],
+            ["id", "agent", "role", "created", "revoked", "expires"],
             [
-                [i["token_id"], i["agent"], i["role"], i["created_at"], i["revoked_at"] or "-"]
+                [
+                    i["token_id"],
+                    i["agent"],
+                    i["role"],
+                    i["created_at"],
+                    i["revoked_at"] or "-",
+                    i["expires_at"] or "never",
+                ]
                 for i in items
             ],
         )
