@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,7 +25,7 @@ from loopwarden.ledger.findings import ENVELOPE_PROBLEMS, Report
 from loopwarden.ledger.fold import FoldError, apply, chain_problem
 from loopwarden.ledger.keys import Keyring, Signer, decode_public_key, public_key_b64
 from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.receipts import open_envelope, pae
+from loopwarden.ledger.receipts import Opened, open_envelope, pae
 from loopwarden.ledger.rows import LoopView
 
 BUNDLE_FORMAT = "loopwarden.bundle/v1"
@@ -166,33 +166,68 @@ def _check_signed(parts: _Parts, origin: object, report: Report) -> Checkpoint:
     return signed
 
 
+@dataclass(frozen=True)
+class _Item:
+    """One receipt of a bundle, read and checked against its signature and the log."""
+
+    envelope: bytes
+    opened: Opened
+    where: dict[str, int]
+    altered: bool  # not the receipt that was signed and logged (reported once)
+
+
+def _read_item(
+    parts: _Parts, signed: Checkpoint, item: Any, position: int, report: Report
+) -> _Item | None:
+    """Read bundle item `position` and check it is what was signed and logged. One finding
+    per receipt: its first envelope problem (the message names the others), else
+    `inclusion_invalid` (not judged against a checkpoint whose own signature fails). None if
+    the item is malformed."""
+    try:
+        envelope = str(item["envelope"]).encode()
+        leaf_index = int(item["leaf_index"])
+        proof = [base64.b64decode(h, validate=True) for h in item["inclusion_proof"]]
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        report.add("bundle_malformed", f"receipt #{position} is malformed", position=position)
+        return None
+    where = {"position": position, "leaf_index": leaf_index}
+    opened = open_envelope(envelope, parts.keyring)
+    if opened.problems:  # one finding, naming every problem of this envelope
+        first, *more = (ENVELOPE_PROBLEMS[p] for p in opened.problems)
+        also = "".join(f"; and {text}" for text in more)
+        report.add(opened.problems[0], f"receipt #{position}: {first}{also}", **where)
+    leaf = merkle.leaf_hash(envelope)
+    logged = merkle.verify_inclusion(leaf, leaf_index, signed.size, proof, signed.root)
+    if signed.problem == "signature_invalid":
+        logged = True  # an edited checkpoint proves nothing either way; its one finding says so
+    if not logged and not opened.problems:
+        report.add(
+            "inclusion_invalid", f"receipt #{position} is not in the checkpointed log", **where
+        )
+    return _Item(envelope, opened, where, altered=bool(opened.problems) or not logged)
+
+
 def _replay(
     parts: _Parts, signed: Checkpoint, report: Report
-) -> tuple[LoopView | None, str | None]:
+) -> tuple[LoopView | None, str | None, bool]:
     """Check and fold the receipts in order; the first one that breaks the chain ends the
-    replay (what follows it cannot be judged). Returns the view and the last good digest."""
+    replay (what follows it cannot be judged). Returns the view, the last digest, and whether
+    the last receipt was altered.
+
+    One finding per cause: an altered receipt is reported once (`_read_item`), and its
+    successor's `prev`, which names the genuine receipt's digest, is not reported again as a
+    broken chain."""
     view: LoopView | None = None
     previous: str | None = None
-    for position, item in enumerate(parts.items, start=1):
-        try:
-            envelope = str(item["envelope"]).encode()
-            leaf_index = int(item["leaf_index"])
-            proof = [base64.b64decode(h, validate=True) for h in item["inclusion_proof"]]
-        except (KeyError, TypeError, ValueError, binascii.Error):
-            report.add("bundle_malformed", f"receipt #{position} is malformed", position=position)
+    altered = False  # the previous receipt is not the one that was logged
+    for position, raw in enumerate(parts.items, start=1):
+        item = _read_item(parts, signed, raw, position, report)
+        if item is None:
             continue
-        where = {"position": position, "leaf_index": leaf_index}
-        opened = open_envelope(envelope, parts.keyring)
-        for problem in opened.problems:
-            report.add(problem, f"receipt #{position}: {ENVELOPE_PROBLEMS[problem]}", **where)
-        leaf = merkle.leaf_hash(envelope)
-        if not merkle.verify_inclusion(leaf, leaf_index, signed.size, proof, signed.root):
-            report.add(
-                "inclusion_invalid", f"receipt #{position} is not in the checkpointed log", **where
-            )
-        digest = sha256_digest(envelope)
+        where, digest = item.where, sha256_digest(item.envelope)
+        follows_altered, altered = altered, item.altered
         try:
-            body = parse_body(opened.body)
+            body = parse_body(item.opened.body)
         except ValidationError:
             report.add(
                 "schema_invalid", f"receipt #{position} does not match the receipt schema", **where
@@ -203,6 +238,11 @@ def _replay(
                 "index_mismatch", f"receipt #{position} belongs to loop {body.loop_id}", **where
             )
         broken = chain_problem(position - 1, previous, body)
+        if broken == "prev_mismatch" and follows_altered and view and body.prev:
+            # Its predecessor was altered and already reported; `prev` names the genuine one,
+            # which is not in the bundle to check. Take its word for the head and go on.
+            broken = None
+            view.loop = replace(view.loop, head_digest=body.prev)
         if broken is not None:
             what = (
                 f"has seq {body.seq}"
@@ -218,7 +258,26 @@ def _replay(
             report.add("projection_mismatch", f"receipt #{position} does not fold: {exc}", **where)
             break
         report.receipts += 1
-    return view, previous
+    return view, previous, altered
+
+
+ALTERED_RECEIPT = frozenset(ENVELOPE_PROBLEMS) | {"inclusion_invalid"}
+
+
+def _ends_early(parts: _Parts, report: Report, head: str | None, last_altered: bool) -> bool:
+    """Whether the receipts stop before the head the signed manifest names. Judged only when
+    that is a cause of its own: every receipt replayed, and nothing found but altered receipts
+    (whose digest, if the last one, is not compared: it is reported already)."""
+    if report.receipts != len(parts.items):
+        return False
+    if any(f.code not in ALTERED_RECEIPT for f in report.findings):
+        return False
+    manifest = parts.manifest
+    return (
+        manifest.get("loop_id") != report.loop_id
+        or manifest.get("head_seq") != len(parts.items)
+        or (manifest.get("head_digest") != head and not last_altered)
+    )
 
 
 def verify_bundle(bundle: Any, trusted: Keyring | None = None) -> Report:
@@ -233,15 +292,11 @@ def verify_bundle(bundle: Any, trusted: Keyring | None = None) -> Report:
     if parts is None:
         return report
     signed = _check_signed(parts, bundle.get("origin"), report)
-    view, head = _replay(parts, signed, report)
-    manifest = parts.manifest
+    view, head, last_altered = _replay(parts, signed, report)
     if not parts.items:
         report.add("bundle_malformed", "the bundle holds no receipts")
-    elif report.clean and (
-        manifest.get("loop_id") != report.loop_id
-        or manifest.get("head_seq") != len(parts.items)
-        or manifest.get("head_digest") != head
-    ):
+    elif _ends_early(parts, report, head, last_altered):
+        manifest = parts.manifest
         report.add(
             "bundle_incomplete",
             f"the manifest names head seq {manifest.get('head_seq')} of loop "
