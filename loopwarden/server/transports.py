@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import sys
 
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 
+from loopwarden.errors import LoopwardenError
 from loopwarden.server.settings import Settings, is_loopback, url_host
 
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -40,8 +43,32 @@ async def serve_stdio(server: MCPServer) -> None:
     await server.run_stdio_async()
 
 
-async def serve_http(server: MCPServer, settings: Settings) -> None:
-    """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to HOST:PORT for `serve_http`, bound before the server says it serves.
+
+    A busy port is a `LoopwardenError` with code `address_in_use` (any other bind failure:
+    `bind_failed`), raised here rather than after a "serving on" line."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        where = f"{url_host(host)}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            message = f"address in use: {where} (another server is listening there)"
+            raise LoopwardenError(message, code="address_in_use") from None
+        raise LoopwardenError(
+            f"cannot listen on {where}: {exc.strerror}", code="bind_failed"
+        ) from None
+    return sock
+
+
+async def serve_http(
+    server: MCPServer, settings: Settings, sock: socket.socket | None = None
+) -> None:
+    """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM (on `sock` if given,
+    a socket from `listen`)."""
     assert settings.http is not None
     host, port = settings.http
     app = server.streamable_http_app(
@@ -50,4 +77,4 @@ async def serve_http(server: MCPServer, settings: Settings) -> None:
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False, lifespan="on"
     )
-    await uvicorn.Server(config).serve()
+    await uvicorn.Server(config).serve(sockets=[sock] if sock is not None else None)

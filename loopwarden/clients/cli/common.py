@@ -70,10 +70,15 @@ def operate(
     who: str | None = None,
     as_json: bool = False,
 ) -> Res:
-    """Run one operation as the operator, on `home`'s store (the same runner as every edge)."""
+    """Run one operation as the operator, on `home`'s store (the same runner as every edge).
+
+    Only an operation that writes and names nothing stored (`loop open`) may create the store;
+    one that reads, or acts on a loop or approval, needs an existing database and creates
+    nothing (`admin.existing_home`): a mistyped home is an error, not a new empty store."""
+    create = op.access == "write" and op.scope is None
 
     async def action() -> Res:
-        async with admin.open_store(home) as store:
+        async with admin.open_store(home, create=create) as store:
             return await op(store, admin.operator(who), request)
 
     return run(action, as_json=as_json)

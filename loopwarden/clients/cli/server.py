@@ -29,14 +29,22 @@ def serve(
     ] = False,
     allowed_host: Annotated[
         list[str] | None,
-        typer.Option("--allowed-host", help="A Host name clients use for a remote bind (repeat)."),
+        typer.Option(
+            "--allowed-host",
+            metavar="NAME",
+            help="A Host name clients use for a remote bind (repeat).",
+        ),
     ] = None,
 ) -> None:
-    """Run the MCP server (stdio by default). Logs go to stderr; stdout is the protocol."""
+    """Run the MCP server (stdio by default).
+
+    Logs go to stderr; on stdio, stdout is the protocol. With --http, streamable HTTP at /mcp
+    with bearer tokens (`loopwarden token create`).
+    """
     # The SDK loads only here: every other command starts without it.
     from loopwarden.server.app import build_server
     from loopwarden.server.settings import Settings, url_host
-    from loopwarden.server.transports import configure_logging, serve_http, serve_stdio
+    from loopwarden.server.transports import configure_logging, listen, serve_http, serve_stdio
 
     configure_logging()
     try:
@@ -52,6 +60,13 @@ def serve(
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE)
 
+    sock = None
+    if settings.http is not None:  # bind first: a busy port fails before anything is said
+        try:
+            sock = listen(*settings.http)
+        except LoopwardenError as exc:
+            fail(exc.message)
+
     async def preflight() -> None:  # refuse a damaged store with a clear message before serving
         async with admin.open_store(settings.home):
             pass
@@ -63,13 +78,18 @@ def serve(
     else:
         host, port = settings.http
         render.err.print(
-            f"loopwarden serving streamable HTTP on http://{url_host(host)}:{port}/mcp"
+            f"loopwarden serving streamable HTTP on http://{url_host(host)}:{port}/mcp "
+            f"(home {settings.home})"
         )
-        anyio.run(serve_http, server, settings)
+        anyio.run(serve_http, server, settings, sock)
 
 
 def demo(home: Home = None, json_out: Json = False) -> None:
-    """Run the end-to-end demonstration over a real MCP stdio connection, then audit it."""
+    """Run the end-to-end demonstration, then audit it.
+
+    Each agent talks to its own server over a real MCP stdio connection. Without --home the
+    demo works in a temporary directory and removes it at the end.
+    """
     from loopwarden.clients.demo import run_demo
 
     ok = anyio.run(run_demo, home, json_out)
