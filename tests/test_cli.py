@@ -1442,6 +1442,13 @@ def every_command(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...
 COMMANDS = every_command(typer.main.get_command(app))
 
 
+def command_named(path: tuple[str, ...]) -> Any:
+    found = typer.main.get_command(app)
+    for name in path:
+        found = found.commands[name]
+    return found
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
 def test_help_shows_no_bool_placeholders_and_unwraps_every_paragraph(command):
     result = CliRunner().invoke(app, [*command, "--help"], terminal_width=400)
@@ -1455,12 +1462,8 @@ def test_help_shows_no_bool_placeholders_and_unwraps_every_paragraph(command):
 
 
 def test_every_command_summary_fits_the_command_list():
-    group = typer.main.get_command(app)
     for command in COMMANDS:
-        cmd = group
-        for name in command:
-            cmd = cmd.commands[name]  # type: ignore[attr-defined]
-        summary = (cmd.help or "").split("\f")[0].strip().split("\n\n")[0]
+        summary = (command_named(command).help or "").split("\f")[0].strip().split("\n\n")[0]
         assert "\n" not in summary and len(summary) <= 60, (command, summary)
 
 
@@ -1507,3 +1510,21 @@ def test_the_demo_cleans_up_its_temporary_home_and_prints_a_working_hint(tmp_pat
     assert (done.returncode, out["ok"], out["kept"], out["home"]) == (0, True, True, str(kept))
     assert (kept / "loopwarden.db").is_file() and (kept / "guarded-bundle.json").is_file()
     assert list(scratch.iterdir()) == []
+
+
+LEAVES = [c for c in COMMANDS if not hasattr(command_named(c), "commands")]
+
+
+@pytest.mark.parametrize("command", LEAVES, ids=[" ".join(c) for c in LEAVES])
+def test_every_command_takes_home_and_every_one_that_prints_takes_json(command, tmp_path):
+    flags = ["--home", str(tmp_path)] + ([] if command == ("serve",) else ["--json"])
+    result = CliRunner().invoke(app, [*command, *flags, "--help"])
+    assert result.exit_code == 0, result.output  # an unknown option would be exit 2
+
+
+def test_policy_init_json_names_the_file_and_the_digest(tmp_path):
+    target = tmp_path / "p.toml"
+    assert ok_json(f"policy init {target}") == {"file": str(target), "digest": STARTER_DIGEST}
+    printed = ok_json("policy init")
+    assert (printed["file"], printed["digest"]) == (None, STARTER_DIGEST)
+    assert printed["text"] == target.read_text()

@@ -157,10 +157,11 @@ def verify_bundle_cmd(
         typer.Option("--trusted-keys", help="A file of trusted public keys (`keys export`)."),
     ] = None,
     json_out: Json = False,
+    home: Home = None,
 ) -> None:
     """Verify a proof bundle offline; exit 3 on any finding.
 
-    Needs no database and no server. With --key or --trusted-keys, a bundle signed by any other key fails; both take what
+    Needs no database and no server (--home is accepted and ignored). With --key or --trusted-keys, a bundle signed by any other key fails; both take what
     `loopwarden keys export` writes (a key line, its --json document, or a file of either).
     """
     if key is not None and trusted_keys is not None:

@@ -14,7 +14,7 @@ from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, fail, read_pol
 from loopwarden.errors import LoopwardenError
 from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.evaluate import explain as explain_tool
-from loopwarden.policy.loader import policy_schema
+from loopwarden.policy.loader import parse_policy, policy_schema
 from loopwarden.policy.model import LoopPolicy
 
 app = typer.Typer(no_args_is_help=True, help="Policy files.")
@@ -39,11 +39,21 @@ def policy_init(
         Path | None, typer.Argument(help="Where to write it (*.toml); default: stdout.")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing FILE.")] = False,
+    json_out: Json = False,
+    home: Home = None,
 ) -> None:
-    """Write a commented starter policy to edit (valid as written)."""
+    """Write a commented starter policy to edit (valid as written).
+
+    With --json, `{"file", "digest"}` (and the policy's `text` when no FILE is given). Needs
+    no store (--home is accepted and ignored).
+    """
     text = starter_policy()
+    digest = policy_digest(parse_policy(text, "toml", source="starter"))
     if file is None:
-        sys.stdout.write(text)
+        if json_out:
+            render.emit_json({"file": None, "digest": digest, "text": text})
+        else:
+            sys.stdout.write(text)
         return
     if file.suffix != ".toml":
         fail(f"policy init writes TOML: name the file *.toml (got {file.name})", EXIT_USAGE)
@@ -53,7 +63,10 @@ def policy_init(
         file.write_text(text)
     except OSError as exc:
         fail(f"cannot write {file}: {exc.strerror}", EXIT_USAGE)
-    render.console.print(f"wrote {file}; check it with: loopwarden policy check {file}")
+    if json_out:
+        render.emit_json({"file": str(file), "digest": digest})
+    else:
+        render.console.print(f"wrote {file}; check it with: loopwarden policy check {file}")
 
 
 @app.command("check")
@@ -80,10 +93,10 @@ def policy_check(file: Path, json_out: Json = False, home: Home = None) -> None:
 
 
 @app.command("schema")
-def policy_schema_cmd(json_out: Json = False) -> None:
+def policy_schema_cmd(json_out: Json = False, home: Home = None) -> None:
     """Print the policy JSON Schema.
 
-    Always JSON (--json is accepted, like every command).
+    Always JSON (--json is accepted, like every command). Needs no store (--home is ignored).
     """
     render.emit_json(policy_schema())
 
@@ -96,10 +109,11 @@ def policy_explain(
         typer.Option("--tool", metavar="NAME", help="Tool name to classify (repeatable)."),
     ],
     json_out: Json = False,
+    home: Home = None,
 ) -> None:
     """Classify tools: allowed, denied or needing approval.
 
-    Names the pattern that decided each tool.
+    Names the pattern that decided each tool. Needs no store (--home is ignored).
     """
     policy = _load(file, json_out)
     verdicts = [explain_tool(policy, name) for name in tool]

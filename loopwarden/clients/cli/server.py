@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import anyio
 import typer
@@ -10,6 +10,9 @@ import typer
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import EXIT_OK, EXIT_USAGE, EXIT_VERIFY, Home, Json, fail, run
 from loopwarden.errors import LoopwardenError
+
+if TYPE_CHECKING:
+    from loopwarden.server.settings import Settings
 
 
 def serve(
@@ -42,9 +45,8 @@ def serve(
     with bearer tokens (`loopwarden token create`).
     """
     # The SDK loads only here: every other command starts without it.
-    from loopwarden.server.app import build_server
-    from loopwarden.server.settings import Settings, url_host
-    from loopwarden.server.transports import configure_logging, listen, serve_http, serve_stdio
+    from loopwarden.server.settings import Settings
+    from loopwarden.server.transports import configure_logging
 
     configure_logging()
     try:
@@ -59,6 +61,15 @@ def serve(
         )
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE)
+
+    _run(settings)
+
+
+def _run(settings: Settings) -> None:
+    """Bind (HTTP), check the store, then serve until stopped."""
+    from loopwarden.server.app import build_server
+    from loopwarden.server.settings import url_host
+    from loopwarden.server.transports import listen, serve_http, serve_stdio
 
     sock = None
     if settings.http is not None:  # bind first: a busy port fails before anything is said
