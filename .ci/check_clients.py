@@ -164,7 +164,7 @@ def codex_config(run: Run) -> str:
         raise CheckFailed(f"codex: mcp add stored {launch} with LOOPWARDEN_HOME={home}")
     if "loopwarden" not in run.log("codex"):
         raise CheckFailed("codex: mcp list does not list loopwarden")
-    return f"codex: added ({shlex.join(launch)}); its mcp list does not connect, so not checked"
+    return f"codex: added ({shlex.join(launch)}); its mcp list does not connect, so the connection is not checked"
 
 
 SCENARIOS = (

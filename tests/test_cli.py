@@ -19,6 +19,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -40,7 +41,7 @@ from support import loopwarden as loopwarden_process
 from typer.testing import CliRunner
 
 import loopwarden
-from loopwarden.clients import admin, render
+from loopwarden.clients import admin, demo, render
 from loopwarden.clients.cli import app
 from loopwarden.clock import parse_time
 from loopwarden.ledger.events import Evidence, ToolUse, Usage
@@ -1504,12 +1505,32 @@ def test_the_demo_cleans_up_its_temporary_home_and_prints_a_working_hint(tmp_pat
     assert list(scratch.iterdir()) == []  # the loopwarden-demo-* directory is gone
     hint = proc.stdout.strip().splitlines()[-1]
     assert f"{sys.executable} -m loopwarden demo --home DIR" in hint
-    kept = tmp_path / "kept"
-    done = run_process("demo", "--json", "--home", str(kept), env=cli_env(TMPDIR=str(scratch)))
-    out = json.loads(done.stdout)
-    assert (done.returncode, out["ok"], out["kept"], out["home"]) == (0, True, True, str(kept))
-    assert (kept / "loopwarden.db").is_file() and (kept / "guarded-bundle.json").is_file()
-    assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["temporary", "--home"])
+def test_the_demo_keeps_its_store_and_bundle_only_in_a_given_home(
+    tmp_path, monkeypatch, capsys, given
+):
+    """The demo's own bookkeeping, with one stand-in scenario (the real ones run above)."""
+    seen: list[tuple[Path, Path]] = []
+
+    async def scenario(home: Path, narrator: Any, work: Path) -> bool:
+        seen.append((home, work))
+        (work / "guarded-bundle.json").write_text("{}")
+        return True
+
+    monkeypatch.setattr(demo, "SCENARIOS", {"only": scenario})
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    home = tmp_path / "kept" if given else None
+    assert anyio.run(demo.run_demo, home, True)
+    out = json.loads(capsys.readouterr().out)
+    ((used, work),) = seen
+    assert (out["kept"], out["home"]) == (given, str(used))
+    if given:
+        assert used == work == home and (work / "guarded-bundle.json").is_file()
+    else:
+        assert work.name.startswith("loopwarden-demo-") and used == work / "home"
+        assert not work.exists()
 
 
 LEAVES = [c for c in COMMANDS if not hasattr(command_named(c), "commands")]

@@ -430,6 +430,7 @@ async def run_demo(home: str | Path | None = None, as_json: bool = False) -> boo
     With `home`, the demo's store and bundle stay there; without, it works in a fresh temporary
     directory and removes it at the end."""
     work = Path(home) if home else Path(tempfile.mkdtemp(prefix="loopwarden-demo-"))
+    work.mkdir(parents=True, exist_ok=True, mode=0o700)
     home_path = work if home else work / "home"
     try:
         return await _run_scenarios(home_path, work, as_json, kept=home is not None)

@@ -161,8 +161,9 @@ def verify_bundle_cmd(
 ) -> None:
     """Verify a proof bundle offline; exit 3 on any finding.
 
-    Needs no database and no server (--home is accepted and ignored). With --key or --trusted-keys, a bundle signed by any other key fails; both take what
-    `loopwarden keys export` writes (a key line, its --json document, or a file of either).
+    Needs no database and no server (--home is accepted and ignored). With --key or
+    --trusted-keys, a bundle signed by any other key fails; both take what `loopwarden keys
+    export` writes (a key line, its --json document, or a file of either).
     """
     if key is not None and trusted_keys is not None:
         fail("give --key or --trusted-keys, not both", EXIT_USAGE, as_json=json_out)

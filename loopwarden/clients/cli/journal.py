@@ -102,7 +102,7 @@ async def _follow(loop_id: str, kind: str | None, home: Path | None, json_out: b
         while True:
             request = {"loop_id": loop_id, "kind": kind, "after_seq": after}
             result: JournalResult = await journal(store, admin.operator(), request)
-            if not json_out and after == 0 and not printed:
+            if not (json_out or printed):
                 _header(loop_id)  # once, after the first poll found the loop
                 printed = True
             for line in result.receipts:
