@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all bench bench-quick lint clean
+.PHONY: demo test test-all check-clients bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ test: $(STAMP)
 
 test-all: $(STAMP)  # the long reliability variants too (see docs/reliability.md)
 	$(BIN)/python -m pytest -q
+
+check-clients: $(STAMP)  # the README's client set-ups, run against real client CLIs from npm
+	$(BIN)/python .ci/check_clients.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

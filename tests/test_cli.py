@@ -10,10 +10,17 @@ home, as a server process would do it.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
+import queue
+import re
 import shlex
+import socket
 import subprocess
+import sys
+import tempfile
+import threading
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,16 +28,20 @@ from typing import Any, TypeVar
 
 import anyio
 import jsonschema
+import platformdirs
 import pytest
+import typer
 import yaml
 from click.testing import Result
 from conftest import BASIC_POLICY, BUILDER, REVIEWER
+from rich.console import Console
 from support import cli as run_process
 from support import cli_env, one_line
+from support import loopwarden as loopwarden_process
 from typer.testing import CliRunner
 
 import loopwarden
-from loopwarden.clients import admin
+from loopwarden.clients import admin, demo, render
 from loopwarden.clients.cli import app
 from loopwarden.clock import parse_time
 from loopwarden.ledger.events import Evidence, ToolUse, Usage
@@ -39,7 +50,11 @@ from loopwarden.ledger.store import Store
 from loopwarden.operations.approvals import ApprovalRequest, request_approval
 from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
 from loopwarden.operations.projection import ProjectionRequest, projection
+from loopwarden.operations.quota import QuotaRequest
+from loopwarden.operations.quota import quota as quota_op
 from loopwarden.operations.update import UpdateRequest, UpdateResult, update
+from loopwarden.policy.digest import policy_digest
+from loopwarden.policy.loader import parse_policy
 from loopwarden.principals import Principal
 
 T = TypeVar("T")
@@ -211,7 +226,7 @@ def test_loop_open_with_todos_and_id_prints_the_documented_json(home, policy_fil
 def test_loop_open_without_id_generates_one_and_says_so(home, policy_file):
     result = cli(f"loop open --policy {policy_file} --objective o --todo a --home {home}")
     assert result.exit_code == 0, result.stderr
-    assert "opened loop loop-" in result.stdout and "with 1 todos" in result.stdout
+    assert "opened loop loop-" in result.stdout and "with 1 todo (" in result.stdout
     generated = result.stdout.split("opened loop ")[1].split()[0]
     assert [lp["loop_id"] for lp in ok_json(f"loop list --home {home}")["loops"]] == [generated]
 
@@ -269,7 +284,7 @@ def test_loop_open_with_an_invalid_policy_exits_2_naming_the_field(home, tmp_pat
     assert "budgets.max_turns" in out["message"]
     human = cli(f"loop open --policy {bad} --objective o --home {home}")
     assert human.exit_code == 2 and "budgets.max_turns" in one_line(human.stderr)
-    assert ok_json(f"loop list --home {home}") == {"loops": []}
+    assert not home.exists()  # refused before any store was created
 
 
 def test_loop_open_with_an_unknown_policy_extension_exits_2(home, tmp_path):
@@ -302,7 +317,8 @@ def test_loop_open_without_an_objective_is_a_usage_error(home, policy_file):
 # --- loop list / show ------------------------------------------------------------------------
 
 
-def test_loop_list_on_an_empty_home_is_an_empty_list(home):
+def test_loop_list_on_a_store_without_loops_is_an_empty_list(home):
+    assert cli(f"token create --agent builder --home {home}").exit_code == 0  # creates the store
     assert cli_json(f"loop list --home {home}") == (0, {"loops": []})
 
 
@@ -432,9 +448,10 @@ def test_receipts_table_lists_every_receipt_with_its_signature_state(home, loop)
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
     assert lines[0].strip() == f"receipts of {loop}"
-    assert lines[1].split() == ["seq", "kind", "principal", "effect", "reasons", "receipt", "sig"]
+    header = ["seq", "time", "(UTC)", "kind", "principal", "effect", "receipt", "sig", "reasons"]
+    assert lines[1].split() == header
     rows = [line.split() for line in lines[2:] if line.strip()]
-    assert [(r[0], r[1], r[-1]) for r in rows] == [
+    assert [(r[0], r[2], r[6]) for r in rows] == [
         ("1", "loop.opened", "ok"),
         ("2", "turn.claimed", "ok"),
         ("3", "turn.reported", "ok"),
@@ -532,7 +549,7 @@ def test_verify_clean_database_exits_0_with_the_documented_json(home, loop):
     assert len(bytes.fromhex(out["root"])) == 32
     human = cli(f"verify --home {home}")
     assert human.exit_code == 0
-    assert human.stdout.startswith("audit: clean — 3 receipts, 1 loops")
+    assert human.stdout.startswith("audit: clean — 3 receipts, 1 loop, ")
 
 
 def test_verify_one_loop_exits_0_and_an_unknown_loop_exits_1(home, policy_file):
@@ -791,9 +808,10 @@ def test_approve_unknown_id_exits_1_malformed_id_exits_2_reject_needs_a_reason(h
 def test_token_create_prints_the_token_once_and_list_never_shows_it(home):
     result = cli(f"token create --agent builder --home {home}")
     assert result.exit_code == 0
-    assert "shown once" in result.stdout
-    token = result.stdout.strip().splitlines()[-1]
-    assert token.startswith("lw_") and result.stdout.count(token) == 1
+    assert "shown once" in result.stderr
+    token = result.stdout.strip()  # the token alone: TOKEN=$(loopwarden token create …)
+    assert token.startswith("lw_") and result.stdout == token + "\n"
+    assert token not in result.stderr
     created = ok_json(f"token create --agent ops --role operator --home {home}")
     assert set(created) == {"token", "token_id", "agent", "role", "expires_at"}
     assert (created["agent"], created["role"]) == ("ops", "operator")
@@ -827,13 +845,13 @@ def test_token_revoke_marks_it_and_unknown_or_repeated_revoke_exits_1(home):
 
 def test_token_create_with_an_invalid_role_exits_2(home):
     assert cli(f"token create --agent x --role root --home {home}").exit_code == 2
-    assert ok_json(f"token list --home {home}") == {"tokens": []}
+    assert not home.exists()  # refused before any store was created
 
 
 # --- keys ------------------------------------------------------------------------------------
 
 
-def test_keys_show_and_export_describe_the_active_key(home):
+def test_keys_show_and_export_describe_the_active_key(home, loop):
     shown = ok_json(f"keys show --home {home}")
     assert set(shown) == {"active", "keys"} and len(shown["keys"]) == 1
     (key,) = shown["keys"]
@@ -1023,9 +1041,10 @@ def test_home_resolution_end_to_end_in_real_processes(tmp_path, policy_file):
     assert json.loads(opened.stdout)["loop_id"] == "P1"
     assert (env_home / "loopwarden.db").exists()
     listed = subprocess_cli(f"loop list --json --home {flag_home}", env_home=env_home)
-    assert listed.returncode == 0 and json.loads(listed.stdout) == {"loops": []}
+    assert listed.returncode == 1 and json.loads(listed.stdout)["error"] == "not_found"
     missing = subprocess_cli(f"loop show P1 --home {flag_home}", env_home=env_home)
-    assert missing.returncode == 1 and "P1" in missing.stderr
+    assert missing.returncode == 1 and str(flag_home) in one_line(missing.stderr)
+    assert not flag_home.exists()  # the flag won over the environment, and created nothing
     verified = subprocess_cli("verify --json", env_home=env_home)
     assert verified.returncode == 0, verified.stdout
     assert json.loads(verified.stdout)["receipts"] == 1
@@ -1034,3 +1053,500 @@ def test_home_resolution_end_to_end_in_real_processes(tmp_path, policy_file):
 def test_version_prints_the_package_version():
     result = cli("--version")
     assert (result.exit_code, result.stdout.strip()) == (0, loopwarden.__version__)
+
+
+def test_home_and_json_before_the_subcommand_mean_the_same_as_after_it(home, policy_file):
+    opened = cli(
+        f"--home {home} --json loop open --policy {policy_file} --objective o --todo a --id ROOT"
+    )
+    assert opened.exit_code == 0, opened.stderr
+    assert json.loads(opened.stdout)["loop_id"] == "ROOT"
+    assert [lp["loop_id"] for lp in ok_json(f"loop list --home {home}")["loops"]] == ["ROOT"]
+    human = cli(f"--home {home} loop list")
+    assert human.exit_code == 0 and "ROOT" in human.stdout
+    other = home.parent / "other"
+    mistyped = cli(f"--home {home} loop list --home {other}")  # the subcommand's own option wins
+    assert mistyped.exit_code == 1 and str(other) in one_line(mistyped.stderr)
+
+
+def test_home_prints_the_resolved_home_and_where_it_came_from(tmp_path, env_home, monkeypatch):
+    assert cli("home").stdout.strip() == str(env_home)
+    out = ok_json(f"home --home {tmp_path / 'flag'}")
+    assert out == {
+        "home": str(tmp_path / "flag"),
+        "source": "--home",
+        "database": str(tmp_path / "flag" / "loopwarden.db"),
+        "exists": False,
+    }
+    assert ok_json("home")["source"] == "LOOPWARDEN_HOME"
+    monkeypatch.delenv("LOOPWARDEN_HOME")
+    default = ok_json("home")
+    assert default["source"] == "default"
+    assert default["home"] == str(Path(platformdirs.user_data_dir("loopwarden")).resolve())
+    assert not (tmp_path / "flag").exists() and not env_home.exists()  # it only looks
+
+
+def test_home_says_when_the_home_holds_a_database(home, loop):
+    result = cli(f"home --home {home}")
+    assert (result.stdout.strip(), "holds a database") == (str(home), one_line(result.stderr)[-16:])
+
+
+def test_root_help_names_the_data_home_and_the_exit_codes(env_home):
+    text = one_line(cli("--help").stdout)
+    assert f"Data home: {env_home} (given by $LOOPWARDEN_HOME; no database yet)." in text
+    assert "Exit codes: 0 ok, 1 refused / not found / failed, 2 usage" in text
+
+
+# Every command that only reads, or acts on something already stored, on a home with no
+# database: it says so, exits 1 and creates nothing (a mistyped --home is not a new store).
+NEEDS_A_STORE = [
+    "loop list",
+    "loop show L1",
+    "loop pause L1",
+    "loop resume L1",
+    "loop cancel L1",
+    "receipts L1",
+    "receipts L1 --follow",
+    "receipt rcpt-" + "0" * 24,
+    "verify",
+    "verify --loop L1",
+    "approvals",
+    f"approve {NO_SUCH_APPROVAL}",
+    f"reject {NO_SUCH_APPROVAL} --reason no",
+    "token list",
+    "token revoke tok-ghost",
+    "keys show",
+    "keys export",
+    "export L1 -o {tmp}/bundle.json",
+]
+
+
+@pytest.mark.parametrize("command", NEEDS_A_STORE)
+@pytest.mark.parametrize("exists", [False, True], ids=["no-directory", "empty-directory"])
+def test_a_command_needing_a_store_on_a_home_without_one_exits_1_and_creates_nothing(
+    tmp_path, command, exists
+):
+    home = tmp_path / "mistyped"
+    if exists:
+        home.mkdir()
+    line = command.format(tmp=tmp_path)
+    human = cli(f"{line} --home {home}")
+    assert human.exit_code == 1, human.output
+    assert f"there is no loopwarden database in {home}" in one_line(human.stderr)
+    code, out = cli_json(f"{line} --home {home}")
+    assert code == 1
+    assert_error_document(out, "not_found")
+    assert home.exists() == exists and (not exists or list(home.iterdir()) == [])
+    assert not (tmp_path / "bundle.json").exists()
+
+
+def test_a_mistyped_home_creates_nothing_in_a_real_process(tmp_path):
+    """The issue's case: `loop list --home /mistyped` used to print an empty table, exit 0
+    and leave a database and keys behind."""
+    home = tmp_path / "mistyped"
+    for command in ("loop list", "verify"):
+        proc = subprocess_cli(f"{command} --home {home}")
+        assert proc.returncode == 1 and "no loopwarden database" in one_line(proc.stderr)
+        assert proc.stdout == "" and not home.exists()
+
+
+# --- policy init -----------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+# The starter policy's digest: the same as examples/policy.yaml's. A change to the starter's
+# values must change this on purpose (the README shows it).
+STARTER_DIGEST = "sha256:82b0bde273212817ca29ab142909164cffa953f854ef6b7595a6059f3ec19b9e"
+
+
+def test_policy_init_prints_a_commented_starter_policy_valid_as_written(tmp_path):
+    result = cli("policy init")
+    assert result.exit_code == 0
+    text = result.stdout
+    assert sum(line.lstrip().startswith("#") for line in text.splitlines()) >= 10
+    policy = parse_policy(text, "toml", source="starter")
+    assert policy_digest(policy) == STARTER_DIGEST
+    assert policy.agents == ("builder", "reviewer") and not policy.budgets.is_empty()
+
+
+def test_policy_init_writes_the_file_policy_check_accepts_and_never_overwrites(tmp_path):
+    target = tmp_path / "policy.toml"
+    written = cli(f"policy init {target}")
+    assert written.exit_code == 0 and f"policy check {target}" in one_line(written.stdout)
+    assert target.read_text() == cli("policy init").stdout
+    assert ok_json(f"policy check {target}")["digest"] == STARTER_DIGEST
+    target.write_text("# mine\n")
+    again = cli(f"policy init {target}")
+    assert again.exit_code == 1 and "--force" in one_line(again.stderr)
+    assert target.read_text() == "# mine\n"  # refused, unchanged
+    assert cli(f"policy init {target} --force").exit_code == 0
+    assert ok_json(f"policy check {target}")["digest"] == STARTER_DIGEST
+
+
+def test_policy_init_refuses_a_file_name_that_is_not_toml(tmp_path):
+    result = cli(f"policy init {tmp_path / 'policy.yaml'}")
+    assert result.exit_code == 2 and "*.toml" in one_line(result.stderr)
+    assert not (tmp_path / "policy.yaml").exists()
+
+
+def test_the_example_policy_is_the_starter_policy_and_cites_no_missing_file():
+    example = (REPO / "examples" / "policy.toml").read_text()
+    assert example == cli("policy init").stdout
+    assert "DESIGN.md" not in example
+    assert ok_json(f"policy check {REPO / 'examples' / 'policy.yaml'}")["digest"] == STARTER_DIGEST
+
+
+def test_policy_check_accepts_home_and_policy_schema_accepts_json(policy_file, tmp_path):
+    checked = ok_json(f"policy check {policy_file} --home {tmp_path / 'unused'}")
+    assert checked["valid"] is True and not (tmp_path / "unused").exists()
+    assert cli("policy schema --json").stdout == cli("policy schema").stdout
+    assert json.loads(cli("--json policy schema").stdout)["type"] == "object"
+
+
+# --- keys export → verify-bundle -------------------------------------------------------------
+
+
+def exported(home: Path, tmp_path: Path, flags: str) -> tuple[str, Path]:
+    """`keys export FLAGS` to stdout and to a file: (the stdout text, the file)."""
+    shown = cli(f"keys export {flags} --home {home}")
+    assert shown.exit_code == 0, shown.stderr
+    path = tmp_path / f"key{len(list(tmp_path.glob('key*')))}"
+    assert cli(f"keys export {flags} -o {path} --home {home}").exit_code == 0
+    assert path.read_text() == shown.stdout
+    return shown.stdout.strip(), path
+
+
+@pytest.mark.parametrize("flags", ["", "--json", "--all", "--all --json"])
+def test_what_keys_export_writes_is_what_verify_bundle_and_verify_accept(
+    home, bundle, tmp_path, flags
+):
+    text, path = exported(home, tmp_path, flags)
+    if not flags.endswith("--json"):
+        assert ok_json(f"verify-bundle {bundle} --key {shlex.quote(text)}")["keys_pinned"]
+    for option in (f"--key {path}", f"--trusted-keys {path}"):
+        out = ok_json(f"verify-bundle {bundle} {option}")
+        assert (out["verdict"], out["keys_pinned"]) == ("clean", True)
+    assert ok_json(f"verify --trusted-keys {path} --home {home}")["verdict"] == "clean"
+
+
+def test_keys_export_all_includes_retired_keys_so_old_bundles_still_pin(home, bundle, tmp_path):
+    old_key, _ = exported(home, tmp_path, "")
+    assert cli(f"keys rotate --home {home}").exit_code == 0
+    current, _ = exported(home, tmp_path, "")
+    code, out = cli_json(f"verify-bundle {bundle} --key {shlex.quote(current)}")
+    assert code == 3 and "unknown_key" in {f["code"] for f in out["findings"]}
+    _, every = exported(home, tmp_path, "--all")
+    assert {line.split()[0] for line in every.read_text().splitlines()} == {
+        old_key.split()[0],
+        current.split()[0],
+    }
+    assert ok_json(f"verify-bundle {bundle} --trusted-keys {every}")["verdict"] == "clean"
+
+
+def test_trusted_keys_keep_the_old_forms_and_refuse_a_mislabelled_key(home, bundle, tmp_path):
+    key = ok_json(f"keys export --home {home}")
+    path = tmp_path / "trusted.json"
+    for document in (
+        {key["key_id"]: key["public_key"]},  # the documented {key_id: base64}
+        {"keys": {key["key_id"]: key["public_key"]}},
+        {"prod": key["public_key"]},  # a label that is not a key id is only a name
+        ok_json(f"keys show --home {home}"),
+    ):
+        path.write_text(json.dumps(document))
+        assert ok_json(f"verify-bundle {bundle} --trusted-keys {path}")["verdict"] == "clean"
+    assert ok_json(f"verify-bundle {bundle} --key {key['public_key']}")["verdict"] == "clean"
+    path.write_text(json.dumps({"ed25519-0000000000000000": key["public_key"]}))
+    result = cli(f"verify-bundle {bundle} --trusted-keys {path}")
+    assert result.exit_code == 2 and "mislabelled" in one_line(result.stderr)
+
+
+def test_verify_bundle_key_that_is_neither_a_file_nor_a_key_exits_2(bundle, tmp_path):
+    result = cli(f"verify-bundle {bundle} --key {tmp_path / 'no-such.pub'}")
+    assert result.exit_code == 2
+    assert "neither a key file nor a base64 public key" in one_line(result.stderr)
+
+
+def test_one_edited_receipt_in_a_six_receipt_bundle_is_one_finding(home, policy_file, tmp_path):
+    """The issue's case: an edit used to be reported as three problems and a cut-off bundle
+    (`bundle_incomplete … receipts end at seq 3`) although all 6 receipts were there."""
+    open_loop(home, policy_file, "SIX", "a")
+    for action in ("pause", "resume", "pause", "resume", "cancel"):
+        assert cli(f"loop {action} SIX --home {home}").exit_code == 0
+    path = tmp_path / "six.json"
+    ok_json(f"export SIX -o {path} --home {home}")
+    bundle = json.loads(path.read_text())
+    assert len(bundle["receipts"]) == 6
+    envelope = json.loads(bundle["receipts"][2]["envelope"])
+    body = json.loads(base64.b64decode(envelope["payload"]))
+    body["data"]["reason"] = "edited"
+    envelope["payload"] = base64.b64encode(json.dumps(body).encode()).decode()
+    bundle["receipts"][2]["envelope"] = json.dumps(envelope)
+    path.write_text(json.dumps(bundle))
+    code, out = cli_json(f"verify-bundle {path}")
+    assert code == 3
+    assert [(f["code"], f.get("position")) for f in out["findings"]] == [("signature_invalid", 3)]
+    assert (out["receipts"], out["status"]) == (6, "cancelled")
+    human = cli(f"verify-bundle {path}").stdout
+    assert "6 receipts" in human and "bundle_incomplete" not in human
+
+
+# --- receipts --follow -----------------------------------------------------------------------
+
+FOLLOW_TIMEOUT = 30.0  # seconds for a follower to print its header, and to stop
+
+
+def columns_line_up(lines: list[str]) -> None:
+    """Every row's cells start where the header's columns do (fixed widths)."""
+    header = lines[0]
+    starts = [header.index(name) for name in ("time", "kind", "principal", "receipt", "sig")]
+    for row in lines[1:]:
+        for start in starts:
+            assert row[start - 2 : start] == "  " and row[start] != " ", (header, row)
+
+
+def test_receipts_follow_of_a_closed_loop_prints_everything_once_and_exits_0(home, loop):
+    assert cli(f"loop cancel {loop} --home {home}").exit_code == 0
+    result = cli(f"receipts {loop} --follow --home {home}")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"receipts of {loop}" and lines[1].startswith("seq")
+    assert [line.split()[2] for line in lines[2:]] == ["loop.opened", "loop.cancelled"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", lines[2].split()[1])
+    columns_line_up(lines[1:])
+    assert "stopped following" in result.stderr
+
+
+def test_receipts_follow_prints_one_header_and_stops_when_the_loop_closes(home, loop, tmp_path):
+    """A real follower process: new receipts appear under the first header, in fixed columns,
+    and it exits 0 on its own once the loop is closed."""
+    with (tmp_path / "follow.err").open("w") as errors:
+        follower = subprocess.Popen(
+            loopwarden_process("receipts", loop, "--follow", "--home", str(home)),
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env=cli_env(),
+        )
+    lines: queue.Queue[str | None] = queue.Queue()
+    reader = threading.Thread(target=read_into, args=(follower, lines), daemon=True)
+    reader.start()
+    try:
+        first = [next_line(lines) for _ in range(3)]  # title, header, loop.opened
+        agent_report(home, agent_claim(home, loop))
+        assert cli(f"loop cancel {loop} --home {home}").exit_code == 0
+        assert follower.wait(timeout=FOLLOW_TIMEOUT) == 0, (tmp_path / "follow.err").read_text()
+    finally:
+        follower.kill()
+        follower.wait()
+    reader.join(timeout=FOLLOW_TIMEOUT)
+    rest = list(iter(lines.get_nowait, None))
+    every = first + rest
+    assert sum(line.startswith("seq ") for line in every) == 1
+    assert [line.split()[2] for line in every[2:]] == [
+        "loop.opened",
+        "turn.claimed",
+        "turn.reported",
+        "loop.cancelled",
+    ]
+    columns_line_up(every[1:])
+
+
+def read_into(process: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
+    """Every line `process` prints, then None at its end."""
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
+
+
+def next_line(lines: queue.Queue[str | None]) -> str:
+    try:
+        line = lines.get(timeout=FOLLOW_TIMEOUT)
+    except queue.Empty:
+        raise AssertionError(f"no output within {FOLLOW_TIMEOUT}s") from None
+    assert line is not None, "the follower ended early"
+    return line
+
+
+# --- serve on a busy port --------------------------------------------------------------------
+
+
+def test_serve_http_on_a_busy_port_says_address_in_use_and_exits_1(home):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess_cli(f"serve --http 127.0.0.1:{port} --home {home}")
+    assert proc.returncode == 1, proc.stderr
+    assert f"address in use: 127.0.0.1:{port}" in one_line(proc.stderr)
+    assert "serving" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- a loop with no todos --------------------------------------------------------------------
+
+
+def test_a_loop_opened_without_todos_says_so_at_open_claim_quota_and_show(home, policy_file):
+    opened = cli(f"loop open --policy {policy_file} --objective o --id EMPTY --home {home}")
+    assert opened.exit_code == 0 and "with 0 todos" in opened.stdout
+    assert "this loop has no todos" in one_line(opened.stderr)
+    claimed = agent_claim(home, "EMPTY")
+    assert not claimed.granted and claimed.receipt_id is None  # nothing to claim: no receipt
+    assert [(r.code, r.message) for r in claimed.reasons] == [
+        (
+            "no_eligible_todo",
+            "this loop has no todos: nothing can be claimed until one is added (todo_add)",
+        )
+    ]
+    quota = with_store(home, lambda k: quota_op(k, BUILDER, QuotaRequest(loop_id="EMPTY")))
+    assert not quota.allowed and "this loop has no todos" in quota.reasons[0].message
+    shown = ok_json(f"loop show EMPTY --home {home}")
+    assert shown["attention"] == {"who": "human", "why": "the loop has no todos"}
+    assert kinds(home, "EMPTY") == ["loop.opened"]
+
+
+def test_a_loop_with_todos_waiting_on_dependencies_keeps_the_dependency_message(
+    home, policy_file, tmp_path
+):
+    todos = tmp_path / "todos.json"
+    todos.write_text(json.dumps([{"id": "a", "title": "a"}, {"title": "b", "depends_on": ["a"]}]))
+    ok_json(
+        f"loop open --policy {policy_file} --objective o --todos {todos} --id DEP --home {home}"
+    )
+    assert agent_claim(home, "DEP").granted
+    waiting = agent_claim(home, "DEP", REVIEWER)
+    assert [r.message for r in waiting.reasons] == ["no open todo has its dependencies done"]
+
+
+# --- polish: plurals, help, demo, widths -----------------------------------------------------
+
+
+def test_counts_of_one_are_singular(home, policy_file):
+    assert (
+        "with 1 todo ("
+        in cli(
+            f"loop open --policy {policy_file} --objective o --todo a --id ONE --home {home}"
+        ).stdout
+    )
+    ok_json(f"export ONE -o {home / 'one.json'} --home {home}")
+    audit_line = cli(f"verify --home {home}").stdout.splitlines()[0]
+    assert "— 1 receipt, 1 loop, 1 checkpoint, tree size 1" in audit_line
+    assert "loop ONE, 1 receipt," in cli(f"verify-bundle {home / 'one.json'}").stdout
+    assert render.counted(0, "loop") == "0 loops" and render.counted(2, "todo") == "2 todos"
+
+
+def every_command(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = []
+    for name, command in getattr(group, "commands", {}).items():
+        found.append((*path, name))
+        found += every_command(command, (*path, name))
+    return found
+
+
+COMMANDS = every_command(typer.main.get_command(app))
+
+
+def command_named(path: tuple[str, ...]) -> Any:
+    found = typer.main.get_command(app)
+    for name in path:
+        found = found.commands[name]
+    return found
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
+def test_help_shows_no_bool_placeholders_and_unwraps_every_paragraph(command):
+    result = CliRunner().invoke(app, [*command, "--help"], terminal_width=400)
+    assert result.exit_code == 0
+    assert "<bool>" not in result.stdout
+    description = result.stdout.split("\n\n")[1:]  # after the usage line
+    for paragraph in description:
+        if paragraph.startswith(("Options:", "Commands:", "Arguments:")):
+            break
+        assert "\n" not in paragraph.strip(), paragraph  # re-wrapped, never hard-wrapped
+
+
+def test_every_command_summary_fits_the_command_list():
+    for command in COMMANDS:
+        summary = (command_named(command).help or "").split("\f")[0].strip().split("\n\n")[0]
+        assert "\n" not in summary and len(summary) <= 60, (command, summary)
+
+
+def test_loop_show_never_wraps_a_digest_at_80_columns(home, loop, monkeypatch):
+    buffer = io.StringIO()
+    monkeypatch.setattr(render, "console", Console(file=buffer, width=80, highlight=False))
+    assert cli(f"loop show {loop} --home {home}").exit_code == 0
+    shown = ok_json(f"loop show {loop} --home {home}")
+    lines = buffer.getvalue().splitlines()
+    assert f"policy:    {shown['policy_digest']}" in lines
+    assert any(line.endswith(shown["head"]["digest"]) for line in lines)
+
+
+def test_the_demo_hint_names_a_command_that_runs(tmp_path, monkeypatch):
+    script = tmp_path / "venv" / "bin" / "loopwarden"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(script), "demo"])
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert render.program() == "venv/bin/loopwarden"  # below the working directory: relative
+    monkeypatch.chdir(tmp_path / "venv")
+    monkeypatch.setattr(sys, "argv", ["bin/loopwarden", "demo"])
+    assert render.program() == "bin/loopwarden"
+    monkeypatch.setenv("PATH", str(script.parent))
+    script.chmod(0o755)
+    assert render.program() == "loopwarden"  # the one on the PATH
+    monkeypatch.setattr(sys, "argv", ["/somewhere/__main__.py"])
+    assert render.program() == f"{sys.executable} -m loopwarden"
+
+
+def test_the_demo_cleans_up_its_temporary_home_and_prints_a_working_hint(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc = run_process("demo", env=cli_env(TMPDIR=str(scratch)), cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all scenarios behaved as governed" in proc.stdout
+    assert list(scratch.iterdir()) == []  # the loopwarden-demo-* directory is gone
+    hint = proc.stdout.strip().splitlines()[-1]
+    assert f"{sys.executable} -m loopwarden demo --home DIR" in hint
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["temporary", "--home"])
+def test_the_demo_keeps_its_store_and_bundle_only_in_a_given_home(
+    tmp_path, monkeypatch, capsys, given
+):
+    """The demo's own bookkeeping, with one stand-in scenario (the real ones run above)."""
+    seen: list[tuple[Path, Path]] = []
+
+    async def scenario(home: Path, narrator: Any, work: Path) -> bool:
+        seen.append((home, work))
+        (work / "guarded-bundle.json").write_text("{}")
+        return True
+
+    monkeypatch.setattr(demo, "SCENARIOS", {"only": scenario})
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    home = tmp_path / "kept" if given else None
+    assert anyio.run(demo.run_demo, home, True)
+    out = json.loads(capsys.readouterr().out)
+    ((used, work),) = seen
+    assert (out["kept"], out["home"]) == (given, str(used))
+    if given:
+        assert used == work == home and (work / "guarded-bundle.json").is_file()
+    else:
+        assert work.name.startswith("loopwarden-demo-") and used == work / "home"
+        assert not work.exists()
+
+
+LEAVES = [c for c in COMMANDS if not hasattr(command_named(c), "commands")]
+
+
+@pytest.mark.parametrize("command", LEAVES, ids=[" ".join(c) for c in LEAVES])
+def test_every_command_takes_home_and_every_one_that_prints_takes_json(command, tmp_path):
+    flags = ["--home", str(tmp_path)] + ([] if command == ("serve",) else ["--json"])
+    result = CliRunner().invoke(app, [*command, *flags, "--help"])
+    assert result.exit_code == 0, result.output  # an unknown option would be exit 2
+
+
+def test_policy_init_json_names_the_file_and_the_digest(tmp_path):
+    target = tmp_path / "p.toml"
+    assert ok_json(f"policy init {target}") == {"file": str(target), "digest": STARTER_DIGEST}
+    printed = ok_json("policy init")
+    assert (printed["file"], printed["digest"]) == (None, STARTER_DIGEST)
+    assert printed["text"] == target.read_text()

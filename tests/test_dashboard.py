@@ -30,6 +30,7 @@ from support import (
     loopwarden,
     make_policy,
     mint_tokens,
+    run_cli_app,
     running,
 )
 
@@ -254,15 +255,25 @@ def wait_ready(http: httpx2.Client) -> None:
             time.sleep(0.05)
 
 
-def test_the_dashboard_command_refuses_a_port_in_use_with_exit_2(tmp_path):
+def test_the_dashboard_command_refuses_a_port_in_use_with_exit_1_as_serve_does(tmp_path):
     import socket
+
+    home = tmp_path / "home"
+    assert run_cli_app("token", "create", "--agent", "ops", "--home", str(home)).exit_code == 0
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = cli("dashboard", "--port", str(port), "--home", str(tmp_path / "h"))
-    assert done.returncode == 2 and "cannot listen" in done.stderr
+        done = cli("dashboard", "--port", str(port), "--home", str(home))
+    assert done.returncode == 1, done.stderr
+    assert f"address in use: 127.0.0.1:{port}" in done.stderr
+
+
+def test_the_dashboard_command_creates_no_home(tmp_path):
+    done = cli("dashboard", "--port", "0", "--home", str(tmp_path / "typo"))
+    assert done.returncode == 1 and "there is no loopwarden database" in done.stderr
+    assert not (tmp_path / "typo").exists()
 
 
 def test_the_cli_still_starts_without_the_web_stack():

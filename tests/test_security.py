@@ -613,7 +613,7 @@ def test_a_fresh_home_is_private_even_under_a_permissive_umask(tmp_path):
 @pytest.mark.parametrize("loose", [0o644, 0o640, 0o604], ids=["0644", "0640", "0604"])
 def test_a_private_key_readable_by_others_is_refused_at_startup(tmp_path, loose):
     home = tmp_path / "home"
-    assert run_cli_app("keys", "show", "--home", str(home)).exit_code == 0
+    assert run_cli_app("token", "create", "--agent", "x", "--home", str(home)).exit_code == 0
     key_file = next((home / "keys").glob("*.key"))
     key_file.chmod(loose)
     for args in (["serve", "--agent", "builder"], ["serve", "--http", "127.0.0.1:1"]):
@@ -627,7 +627,7 @@ def test_a_private_key_readable_by_others_is_refused_at_startup(tmp_path, loose)
 
 def test_a_loosened_key_directory_is_made_private_again(tmp_path):
     home = tmp_path / "home"
-    assert run_cli_app("keys", "show", "--home", str(home)).exit_code == 0
+    assert run_cli_app("token", "create", "--agent", "x", "--home", str(home)).exit_code == 0
     (home / "keys").chmod(0o755)
     home.chmod(0o755)
     assert run_cli_app("keys", "show", "--home", str(home)).exit_code == 0

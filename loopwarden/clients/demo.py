@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from rich.markup import escape
 
 from loopwarden.clients import admin, render
 from loopwarden.clients.agent import AgentClient
@@ -102,7 +105,7 @@ async def _open(
     n.step(
         "operator",
         f"open loop {loop_id}",
-        f"{result.todos} todos, policy {result.policy_digest[:15]}…",
+        f"{render.counted(result.todos, 'todo')}, policy {result.policy_digest[:15]}…",
         decision="allow",
         receipt_id=result.receipt_id,
     )
@@ -370,8 +373,9 @@ async def scenario_audit(home: Path, n: Narrator, work: Path) -> bool:
     n.step(
         "auditor",
         "loopwarden verify",
-        f"{'clean' if report.clean else 'TAMPERED'}: {report.receipts} receipts, {report.loops} loops, "
-        f"tree size {report.tree_size}, {report.checkpoints} checkpoints, projections rebuilt",
+        f"{'clean' if report.clean else 'TAMPERED'}: {render.counted(report.receipts, 'receipt')}, "
+        f"{render.counted(report.loops, 'loop')}, tree size {report.tree_size}, "
+        f"{render.counted(report.checkpoints, 'checkpoint')}, projections rebuilt",
         decision="allow" if report.clean else "deny",
     )
     n.say(f"            Merkle root {report.root}")
@@ -390,7 +394,7 @@ async def scenario_bundle(home: Path, n: Narrator, work: Path) -> bool:
     n.step(
         "operator",
         "loopwarden export guarded",
-        f"{len(bundle['receipts'])} receipts → {path.name}",
+        f"{render.counted(len(bundle['receipts']), 'receipt')} → {path.name}",
         decision="allow",
     )
     report = verify_bundle(json.loads(path.read_text()), Keyring({"pinned": key}))
@@ -421,45 +425,54 @@ def _leaf(exc: BaseException) -> str:
 
 
 async def run_demo(home: str | Path | None = None, as_json: bool = False) -> bool:
-    """Run every scenario; True if each showed what it should and the audit is clean."""
-    work = Path(tempfile.mkdtemp(prefix="loopwarden-demo-"))
-    home_path = Path(home) if home else work / "home"
+    """Run every scenario; True if each showed what it should and the audit is clean.
+
+    With `home`, the demo's store and bundle stay there; without, it works in a fresh temporary
+    directory and removes it at the end."""
+    work = Path(home) if home else Path(tempfile.mkdtemp(prefix="loopwarden-demo-"))
+    work.mkdir(parents=True, exist_ok=True, mode=0o700)
+    home_path = work if home else work / "home"
+    try:
+        return await _run_scenarios(home_path, work, as_json, kept=home is not None)
+    finally:
+        if home is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+async def _run_scenarios(home: Path, work: Path, as_json: bool, *, kept: bool) -> bool:
     n = Narrator(as_json)
     if not as_json:
         render.console.print(
             "[bold]loopwarden demo[/bold] — governed agent loops over MCP (stdio), "
             "every step a signed, Merkle-logged receipt"
         )
-        render.console.print(f"[dim]data home {home_path}[/dim]")
+        render.console.print(f"[dim]data home {home}{'' if kept else ' (temporary)'}[/dim]")
     results: dict[str, bool] = {}
     for name, scenario in SCENARIOS.items():
         try:
-            results[name] = await scenario(home_path, n, work)
+            results[name] = await scenario(home, n, work)
         except Exception as exc:  # the demo reports a broken step instead of a traceback
             results[name] = False
-            message = _leaf(exc)
-            n.step("demo", name, f"FAILED: {message}", decision="deny")
+            n.step("demo", name, f"FAILED: {_leaf(exc)}", decision="deny")
     ok = all(results.values())
     if as_json:
+        steps = [s.__dict__ for s in n.steps]
         render.emit_json(
-            {
-                "ok": ok,
-                "home": str(home_path),
-                "results": results,
-                "steps": [s.__dict__ for s in n.steps],
-            }
+            {"ok": ok, "home": str(home), "kept": kept, "results": results, "steps": steps}
         )
-    else:
-        verdict = (
-            "[green]all scenarios behaved as governed[/green]"
-            if ok
-            else "[red]a scenario misbehaved[/red]"
-        )
-        render.console.print(
-            f"\n{verdict}: "
-            + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in results.items())
-        )
-        render.console.print(
-            f"[dim]inspect it: loopwarden loop show build-review --home {home_path}[/dim]"
-        )
+        return ok
+    verdict = (
+        "[green]all scenarios behaved as governed[/green]"
+        if ok
+        else "[red]a scenario misbehaved[/red]"
+    )
+    outcomes = ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in results.items())
+    render.console.print(f"\n{verdict}: {outcomes}")
+    cmd = render.program()
+    hint = (
+        f"inspect it: {cmd} loop show build-review --home {home}"
+        if kept
+        else f"the temporary data home is removed; to keep one and inspect it: {cmd} demo --home DIR"
+    )
+    render.console.print(f"[dim]{escape(hint)}[/dim]", soft_wrap=True)
     return ok

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -68,6 +71,25 @@ def cell(value: Any) -> str | Text:
     return Text(visible(value) if isinstance(value, str) else _num(value))
 
 
+def program() -> str:
+    """How to run this `loopwarden` again from the same shell: `loopwarden` if that is the one
+    on the PATH, else the running script's path (relative when it is below the working
+    directory, as `.venv/bin/loopwarden` is after `make demo`), else `python -m loopwarden`."""
+    script = Path(sys.argv[0]).absolute()
+    if script.name != "loopwarden" or not script.is_file():
+        return f"{sys.executable} -m loopwarden"
+    found = shutil.which("loopwarden")
+    if found and Path(found).absolute() == script:
+        return "loopwarden"
+    relative = os.path.relpath(script)
+    return str(script) if relative.startswith("..") else relative
+
+
+def counted(n: int, noun: str) -> str:
+    """`1 loop`, `2 loops`, `0 loops`."""
+    return f"{n} {noun if n == 1 else noun + 's'}"
+
+
 def emit_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=False, default=str))
 
@@ -105,7 +127,7 @@ def projection(p: ProjectionResult) -> None:
         head += f" ({safe(p.stop_reason)})"
     console.print(head)
     console.print(f"objective: {safe(p.objective)}")
-    console.print(f"policy:    {p.policy_digest}")
+    console.print(f"policy:    {p.policy_digest}", soft_wrap=True)  # a digest never wraps
     console.print(f"attention: [bold]{p.attention.who}[/bold] — {safe(p.attention.why)}")
     console.print(f"next:      {safe(p.next_action)}")
     budgets = Table(title="budgets", title_justify="left", box=None, pad_edge=False)
@@ -152,7 +174,7 @@ def projection(p: ProjectionResult) -> None:
     console.print(recent)
     for warning in p.warnings:
         console.print(f"[yellow]warning:[/yellow] {safe(warning)}")
-    console.print(f"[dim]head: seq {p.head.seq} {p.head.digest}[/dim]")
+    console.print(f"[dim]head: seq {p.head.seq} {p.head.digest}[/dim]", soft_wrap=True)
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
@@ -167,8 +189,9 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 def audit(report: Report) -> None:
     verdict = "[green]clean[/green]" if report.clean else "[red]TAMPERED[/red]"
     console.print(
-        f"audit: {verdict} — {report.receipts} receipts, {report.loops} loops, "
-        f"{report.checkpoints} checkpoints, tree size {report.tree_size} ({report.seconds:.2f}s)"
+        f"audit: {verdict} — {counted(report.receipts, 'receipt')}, "
+        f"{counted(report.loops, 'loop')}, {counted(report.checkpoints, 'checkpoint')}, "
+        f"tree size {report.tree_size} ({report.seconds:.2f}s)"
     )
     console.print(f"[dim]root {report.root}[/dim]")
     for f in report.findings:
@@ -185,7 +208,7 @@ def bundle(report: Report) -> None:
         else "[yellow]keys taken from the bundle (not pinned)[/yellow]"
     )
     console.print(
-        f"bundle: {verdict} — loop {safe(report.loop_id)}, {report.receipts} receipts, checkpoint size "
+        f"bundle: {verdict} — loop {safe(report.loop_id)}, {counted(report.receipts, 'receipt')}, checkpoint size "
         f"{report.tree_size}, {pinned}"
     )
     if report.status:

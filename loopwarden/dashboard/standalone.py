@@ -57,20 +57,7 @@ def standalone_app(
     return Starlette(routes=[Mount("/", app=build_dashboard(dashboard))], lifespan=lifespan)
 
 
-def bind(port: int) -> socket.socket:
-    """A listening loopback socket on `port` (0: any free port). `OSError` if taken."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((LOOPBACK, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 async def serve(app: Starlette, sock: socket.socket) -> None:
-    """Serve `app` on the bound socket until SIGINT/SIGTERM."""
+    """Serve `app` on the bound socket (`transports.listen`) until SIGINT/SIGTERM."""
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     await uvicorn.Server(config).serve(sockets=[sock])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -24,10 +24,10 @@ from loopwarden.ledger.checkpoints import Checkpoint, open_checkpoint
 from loopwarden.ledger.events import parse_body
 from loopwarden.ledger.findings import ENVELOPE_PROBLEMS, Report
 from loopwarden.ledger.fold import FoldError, apply, chain_problem
-from loopwarden.ledger.judge import Judge
+from loopwarden.ledger.judge import Judge, Verdict
 from loopwarden.ledger.keys import Keyring, Signer, decode_public_key, public_key_b64
 from loopwarden.ledger.reader import CheckpointRow, JournalRow, Reader
-from loopwarden.ledger.receipts import open_envelope, pae
+from loopwarden.ledger.receipts import Opened, open_envelope, pae
 from loopwarden.ledger.rows import LoopView
 
 BUNDLE_FORMAT = "loopwarden.bundle/v1"
@@ -180,34 +180,74 @@ def _check_signed(parts: _Parts, origin: object, report: Report) -> Checkpoint:
     return signed
 
 
-def _replay(
-    parts: _Parts, signed: Checkpoint, report: Report
-) -> tuple[LoopView | None, str | None]:
-    """Check and fold the receipts in order; the first one that breaks the chain ends the
-    replay (what follows it cannot be judged). Returns the view and the last good digest."""
+@dataclass(frozen=True)
+class _Item:
+    """One receipt of a bundle, read and checked against its signature and the log."""
+
+    envelope: bytes
+    opened: Opened
+    where: dict[str, int]
+    altered: bool  # not the receipt that was signed and logged (reported once)
+
+
+def _read_item(
+    parts: _Parts, signed: Checkpoint, item: Any, position: int, report: Report
+) -> _Item | None:
+    """Read bundle item `position` and check it is what was signed and logged. One finding
+    per receipt: its first envelope problem (the message names the others), else
+    `inclusion_invalid` (not judged against a checkpoint whose own signature fails). None if
+    the item is malformed."""
+    try:
+        envelope = str(item["envelope"]).encode()
+        leaf_index = int(item["leaf_index"])
+        proof = [base64.b64decode(h, validate=True) for h in item["inclusion_proof"]]
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        report.add("bundle_malformed", f"receipt #{position} is malformed", position=position)
+        return None
+    where = {"position": position, "leaf_index": leaf_index}
+    opened = open_envelope(envelope, parts.keyring)
+    if opened.problems:  # one finding, naming every problem of this envelope
+        first, *more = (ENVELOPE_PROBLEMS[p] for p in opened.problems)
+        also = "".join(f"; and {text}" for text in more)
+        report.add(opened.problems[0], f"receipt #{position}: {first}{also}", **where)
+    leaf = merkle.leaf_hash(envelope)
+    logged = merkle.verify_inclusion(leaf, leaf_index, signed.size, proof, signed.root)
+    if signed.problem == "signature_invalid":
+        logged = True  # an edited checkpoint proves nothing either way; its one finding says so
+    if not logged and not opened.problems:
+        report.add(
+            "inclusion_invalid", f"receipt #{position} is not in the checkpointed log", **where
+        )
+    return _Item(envelope, opened, where, altered=bool(opened.problems) or not logged)
+
+
+@dataclass
+class _Replayed:
+    view: LoopView | None
+    head: str | None  # the last receipt's digest
+    last_altered: bool  # whether the last receipt is not the one that was logged
+    ending: list[Verdict]  # the judge's verdicts on the end of the receipts (a stop owed)
+
+
+def _replay(parts: _Parts, signed: Checkpoint, report: Report) -> _Replayed:
+    """Check, judge and fold the receipts in order; the first one that breaks the chain ends
+    the replay (what follows it cannot be judged).
+
+    One finding per cause: an altered receipt is reported once (`_read_item`), and its
+    successor's `prev`, which names the genuine receipt's digest, is not reported again as a
+    broken chain."""
     view: LoopView | None = None
     previous: str | None = None
+    altered = False  # the previous receipt is not the one that was logged
     judge = Judge(keys_known=False)  # one loop's receipts: a key's earlier use may be elsewhere
-    for position, item in enumerate(parts.items, start=1):
-        try:
-            envelope = str(item["envelope"]).encode()
-            leaf_index = int(item["leaf_index"])
-            proof = [base64.b64decode(h, validate=True) for h in item["inclusion_proof"]]
-        except (KeyError, TypeError, ValueError, binascii.Error):
-            report.add("bundle_malformed", f"receipt #{position} is malformed", position=position)
+    for position, raw in enumerate(parts.items, start=1):
+        item = _read_item(parts, signed, raw, position, report)
+        if item is None:
             continue
-        where = {"position": position, "leaf_index": leaf_index}
-        opened = open_envelope(envelope, parts.keyring)
-        for problem in opened.problems:
-            report.add(problem, f"receipt #{position}: {ENVELOPE_PROBLEMS[problem]}", **where)
-        leaf = merkle.leaf_hash(envelope)
-        if not merkle.verify_inclusion(leaf, leaf_index, signed.size, proof, signed.root):
-            report.add(
-                "inclusion_invalid", f"receipt #{position} is not in the checkpointed log", **where
-            )
-        digest = sha256_digest(envelope)
+        where, digest = item.where, sha256_digest(item.envelope)
+        follows_altered, altered = altered, item.altered
         try:
-            body = parse_body(opened.body)
+            body = parse_body(item.opened.body)
         except ValidationError:
             report.add(
                 "schema_invalid", f"receipt #{position} does not match the receipt schema", **where
@@ -218,6 +258,11 @@ def _replay(
                 "index_mismatch", f"receipt #{position} belongs to loop {body.loop_id}", **where
             )
         broken = chain_problem(position - 1, previous, body)
+        if broken == "prev_mismatch" and follows_altered and view and body.prev:
+            # Its predecessor was altered and already reported; `prev` names the genuine one,
+            # which is not in the bundle to check. Take its word for the head and go on.
+            broken = None
+            view.loop = replace(view.loop, head_digest=body.prev)
         if broken is not None:
             what = (
                 f"has seq {body.seq}"
@@ -227,7 +272,8 @@ def _replay(
             report.add(broken, f"receipt #{position} {what}", **where)
             break
         previous = digest
-        judged(report, judge, view, body, **where)
+        if not item.altered:  # an altered receipt is reported already; its decision is not its
+            judged(report, judge, view, body, **where)
         try:
             view = apply(view, body, digest)
         except FoldError as exc:
@@ -235,10 +281,29 @@ def _replay(
             break
         judge.after(view, body)
         report.receipts += 1
-    if view is not None:
-        for verdict in judge.end({view.loop.loop_id: view}).get(view.loop.loop_id, []):
-            report.add("decision_illegal", verdict.message, rule=verdict.rule)
-    return view, previous
+    ending = [] if view is None else judge.end({view.loop.loop_id: view}).get(view.loop.loop_id, [])
+    return _Replayed(view, previous, altered, ending)
+
+
+ALTERED_RECEIPT = frozenset(ENVELOPE_PROBLEMS) | {"inclusion_invalid"}
+REPLAYED_THROUGH = ALTERED_RECEIPT | {"decision_illegal"}  # findings that end no replay
+
+
+def _ends_early(parts: _Parts, report: Report, head: str | None, last_altered: bool) -> bool:
+    """Whether the receipts stop before the head the signed manifest names. Judged only when
+    that is a cause of its own: every receipt replayed, and nothing found but altered receipts
+    (whose digest, if the last one, is not compared: it is reported already) or illegal
+    decisions."""
+    if report.receipts != len(parts.items):
+        return False
+    if any(f.code not in REPLAYED_THROUGH for f in report.findings):
+        return False
+    manifest = parts.manifest
+    return (
+        manifest.get("loop_id") != report.loop_id
+        or manifest.get("head_seq") != len(parts.items)
+        or (manifest.get("head_digest") != head and not last_altered)
+    )
 
 
 def verify_bundle(bundle: Any, trusted: Keyring | None = None) -> Report:
@@ -253,20 +318,20 @@ def verify_bundle(bundle: Any, trusted: Keyring | None = None) -> Report:
     if parts is None:
         return report
     signed = _check_signed(parts, bundle.get("origin"), report)
-    view, head = _replay(parts, signed, report)
-    manifest = parts.manifest
+    replayed = _replay(parts, signed, report)
+    view = replayed.view
     if not parts.items:
         report.add("bundle_malformed", "the bundle holds no receipts")
-    elif report.clean and (
-        manifest.get("loop_id") != report.loop_id
-        or manifest.get("head_seq") != len(parts.items)
-        or manifest.get("head_digest") != head
-    ):
+    elif _ends_early(parts, report, replayed.head, replayed.last_altered):
+        manifest = parts.manifest
         report.add(
             "bundle_incomplete",
             f"the manifest names head seq {manifest.get('head_seq')} of loop "
             f"{manifest.get('loop_id')}, but the bundle's receipts end at seq {report.receipts}",
         )
+    else:  # a stop owed at the end is judged only on receipts that are all there
+        for verdict in replayed.ending:
+            report.add("decision_illegal", verdict.message, rule=verdict.rule)
     if view is not None:
         report.status = str(view.loop.status)
         report.stop_reason = view.loop.stop_reason

@@ -121,7 +121,7 @@ class Judge:
 
     def after(self, view: LoopView, body: ReceiptBody) -> None:
         """Remember what later receipts are judged against (`view` now includes `body`)."""
-        state = self._loops[body.loop_id]
+        state = self._loops.setdefault(body.loop_id, _Loop())
         data = body.data
         if isinstance(data, TurnClaimed):
             bisect.insort(state.claims, body.at)

@@ -10,6 +10,7 @@ from loopwarden.ledger import rules
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.rows import LoopRow
 from loopwarden.policy import decision as codes
+from loopwarden.policy.decision import Reason
 from loopwarden.policy.evaluate import ClaimFacts, evaluate_claim
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import LoopStatus, TodoStatus
@@ -23,6 +24,16 @@ def claims_in_window(policy: LoopPolicy, reader: Reader, loop_id: str, now: date
         return 0
     since = format_time(now - timedelta(seconds=policy.rate.window_seconds))
     return reader.claims_since(loop_id, since)
+
+
+def nothing_to_claim(loop: LoopRow) -> Reason:
+    """Why no todo can be claimed now (`no_eligible_todo`); a loop with no todos says so."""
+    if loop.todo_total == 0:
+        return Reason(
+            codes.NO_ELIGIBLE_TODO,
+            "this loop has no todos: nothing can be claimed until one is added (todo_add)",
+        )
+    return Reason(codes.NO_ELIGIBLE_TODO, "no open todo has its dependencies done")
 
 
 def claim_facts(

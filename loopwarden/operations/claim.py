@@ -19,7 +19,7 @@ from loopwarden.ledger.events import (
 )
 from loopwarden.ledger.rows import LoopRow, TodoRow
 from loopwarden.ledger.store import Txn
-from loopwarden.operations.admission import claim_facts
+from loopwarden.operations.admission import claim_facts, nothing_to_claim
 from loopwarden.operations.leases import expire_leases
 from loopwarden.operations.operation import Call
 from loopwarden.operations.results import BudgetOut, Model, ReasonOut, budgets_out, reasons_out
@@ -91,7 +91,7 @@ def _pick(tx: Txn, loop: LoopRow, req: ClaimRequest) -> TodoRow | Reason:
     if req.todo_id is None:
         todo = tx.next_eligible_todo(loop.loop_id)
         if todo is None:
-            return Reason(codes.NO_ELIGIBLE_TODO, "no open todo has its dependencies done")
+            return nothing_to_claim(loop)
         return todo
     todo = tx.todo(loop.loop_id, req.todo_id)
     if todo is None:

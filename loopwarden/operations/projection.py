@@ -155,6 +155,11 @@ def attention_for(
             Attention(who="agent", why=f"{len(live)} turn(s) in progress"),
             "agent: finish the open turns and report with update",
         )
+    if loop.todo_total == 0:
+        return (
+            Attention(who="human", why="the loop has no todos"),
+            "operator: add a todo (todo_add); until then nothing can be claimed",
+        )
     blocked = loop.count(TodoStatus.BLOCKED)
     if blocked:
         return (

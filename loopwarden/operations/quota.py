@@ -10,7 +10,7 @@ from loopwarden.clock import format_time
 from loopwarden.ledger.events import LoopId
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.store import Txn
-from loopwarden.operations.admission import claim_facts
+from loopwarden.operations.admission import claim_facts, nothing_to_claim
 from loopwarden.operations.leases import expire_leases
 from loopwarden.operations.operation import Call
 from loopwarden.operations.results import (
@@ -25,8 +25,6 @@ from loopwarden.operations.results import (
 from loopwarden.operations.runner import NeedsPrediction, operation
 from loopwarden.operations.stops import apply_stop_rules, due_stop
 from loopwarden.operations.visibility import by_loop
-from loopwarden.policy import decision as codes
-from loopwarden.policy.decision import Reason
 from loopwarden.policy.evaluate import evaluate_claim
 from loopwarden.principals import Principal
 from loopwarden.statuses import LoopStatus
@@ -79,7 +77,7 @@ def _answer(reader: Reader, who: Principal, loop_id: str, now: datetime) -> Quot
     facts = claim_facts(reader, loop, policy, who.id, now)
     reasons = list(evaluate_claim(policy, facts, digest=loop.policy_digest).reasons)
     if not reasons and reader.next_eligible_todo(loop.loop_id) is None:
-        reasons.append(Reason(codes.NO_ELIGIBLE_TODO, "no open todo has its dependencies done"))
+        reasons.append(nothing_to_claim(loop))
     return QuotaResult(
         loop_id=loop.loop_id,
         allowed=not reasons,

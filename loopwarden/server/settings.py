@@ -26,13 +26,30 @@ DEFAULT_CHECKPOINT_EVERY = 256
 LOOPBACK_NAMES = {"localhost"}
 
 
-def resolve_home(home: str | Path | None = None) -> Path:
-    """`home`, else `LOOPWARDEN_HOME`, else the platform user data dir (created 0700)."""
-    chosen = home or os.environ.get("LOOPWARDEN_HOME") or platformdirs.user_data_dir("loopwarden")
-    path = Path(chosen).expanduser().resolve()
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+def home_source(home: str | Path | None = None) -> tuple[Path, str]:
+    """Which data directory a command uses, and why: (`home`, "--home"), else
+    (`LOOPWARDEN_HOME`, "LOOPWARDEN_HOME"), else (the platform user data dir, "default").
+    `~` is expanded and the path made absolute. Touches nothing on disk."""
+    if home:
+        chosen, source = str(home), "--home"
+    elif os.environ.get("LOOPWARDEN_HOME"):
+        chosen, source = os.environ["LOOPWARDEN_HOME"], "LOOPWARDEN_HOME"
+    else:
+        chosen, source = platformdirs.user_data_dir("loopwarden"), "default"
+    return Path(chosen).expanduser().resolve(), source
+
+
+def private_dir(path: Path) -> None:
+    """Make an existing data directory 0700 again if its mode was loosened."""
     if path.stat().st_mode & 0o077:
         os.chmod(path, 0o700)
+
+
+def resolve_home(home: str | Path | None = None) -> Path:
+    """The data directory (`home_source`), created 0700 if missing: for commands that write."""
+    path = home_source(home)[0]
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(path)
     return path
 
 

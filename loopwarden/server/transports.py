@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -14,6 +16,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount
 
 from loopwarden.clock import format_time, system_clock
+from loopwarden.errors import LoopwardenError
 from loopwarden.ledger.store import snapshot
 from loopwarden.server.connections import ConnectionGuard, connection_ceiling, guarded_protocol
 from loopwarden.server.sessions import SessionGate, SessionLimits
@@ -48,10 +51,37 @@ async def serve_stdio(server: MCPServer) -> None:
     await server.run_stdio_async()
 
 
-async def serve_http(server: MCPServer, settings: Settings, mounts: Sequence[Mount] = ()) -> None:
-    """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM, within
-    `settings.limits` (sessions per principal, idle sessions, connections, read timeouts), with
-    `mounts` (the dashboard) beside `/mcp`, which is matched first."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to HOST:PORT for `serve_http`, bound before the server says it serves.
+
+    A busy port is a `LoopwardenError` with code `address_in_use` (any other bind failure:
+    `bind_failed`), raised here rather than after a "serving on" line."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        where = f"{url_host(host)}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            message = f"address in use: {where} (another server is listening there)"
+            raise LoopwardenError(message, code="address_in_use") from None
+        raise LoopwardenError(
+            f"cannot listen on {where}: {exc.strerror}", code="bind_failed"
+        ) from None
+    return sock
+
+
+async def serve_http(
+    server: MCPServer,
+    settings: Settings,
+    sock: socket.socket | None = None,
+    mounts: Sequence[Mount] = (),
+) -> None:
+    """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM (on `sock` if given,
+    a socket from `listen`), within `settings.limits` (sessions per principal, idle sessions,
+    connections, read timeouts), with `mounts` (the dashboard) beside `/mcp`, which is matched
+    first."""
     assert settings.http is not None
     host, port = settings.http
     limits = settings.limits
@@ -85,7 +115,7 @@ async def serve_http(server: MCPServer, settings: Settings, mounts: Sequence[Mou
     )
     async with anyio.create_task_group() as group:
         group.start_soon(sessions.run)
-        await uvicorn.Server(config).serve()
+        await uvicorn.Server(config).serve(sockets=[sock] if sock is not None else None)
         group.cancel_scope.cancel()
 
 

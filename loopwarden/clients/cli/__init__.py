@@ -15,6 +15,7 @@ from loopwarden.clients.cli import (
     approvals,
     audits,
     dashboard,
+    homes,
     journal,
     keys,
     loops,
@@ -22,12 +23,15 @@ from loopwarden.clients.cli import (
     server,
     tokens,
 )
+from loopwarden.clients.cli.common import Home, Json
 
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help="loopwarden: govern long-running AI agent loops with signed, Merkle-logged receipts.",
     pretty_exceptions_enable=False,
+    cls=homes.RootGroup,
+    rich_markup_mode=None,  # click's plain help: no `<bool>` on flags, docstrings re-wrapped
 )
 app.add_typer(loops.app, name="loop")
 app.add_typer(tokens.app, name="token")
@@ -44,12 +48,17 @@ app.command("verify-bundle")(audits.verify_bundle_cmd)
 app.command()(approvals.approvals)
 app.command()(approvals.approve)
 app.command()(approvals.reject)
+app.command()(homes.home)
 
 
 @app.callback(invoke_without_command=True)
 def _main(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    home: Home = None,
+    json_out: Json = False,
 ) -> None:
+    homes.pass_down(ctx, home=home, json_out=json_out)
     if version:
         print(__version__)
         raise typer.Exit()

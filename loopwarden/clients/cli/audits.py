@@ -19,20 +19,22 @@ from loopwarden.clients.cli.common import (
     fail,
     run,
 )
+from loopwarden.clients.keyfiles import read_key_argument, read_key_file
 from loopwarden.clock import format_time
 from loopwarden.errors import LoopwardenError, NotFound
 from loopwarden.ledger.audit import audit as run_audit
 from loopwarden.ledger.bundles import export_bundle, load_bundle, verify_bundle
 from loopwarden.ledger.findings import Report
 from loopwarden.ledger.integrity import Integrity
-from loopwarden.ledger.keys import Keyring, decode_public_key
+from loopwarden.ledger.keys import Keyring
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.store import Txn
 
 TrustedKeys = Annotated[
     Path | None,
     typer.Option(
-        "--trusted-keys", help="JSON {key_id: base64} to trust instead of the key directory."
+        "--trusted-keys",
+        help="Trust the keys in this file (what `keys export` writes), not the key directory.",
     ),
 ]
 
@@ -47,13 +49,9 @@ def home_keyring(home: Path | None, json_out: bool) -> Keyring:
 
 def load_trusted(path: Path) -> Keyring:
     try:
-        data = json.loads(path.read_text())
-        keys = data.get("keys", data) if isinstance(data, dict) else None
-        if not isinstance(keys, dict):
-            raise ValueError("expected a JSON object {key_id: base64 public key}")
-        return Keyring({k: decode_public_key(v) for k, v in keys.items()})
-    except (OSError, ValueError, LoopwardenError) as exc:
-        fail(f"cannot read trusted keys from {path}: {exc}", EXIT_USAGE)
+        return read_key_file(path)
+    except LoopwardenError as exc:
+        fail(f"--trusted-keys: {exc.message}", EXIT_USAGE)
 
 
 def _audit(
@@ -87,9 +85,12 @@ def verify(
     json_out: Json = False,
     trusted_keys: TrustedKeys = None,
 ) -> None:
-    """Full audit: signatures, schema, seq/prev chains, Merkle root vs every checkpoint,
-    checkpoint consistency, every decision judged against its policy, every projection rebuilt
-    from receipts, and the row proofs and MACs the server relies on. Exit 3 on any finding."""
+    """Audit the whole store; exit 3 on any finding.
+
+    Every signature, the receipt schema, each loop's seq/prev chain, the Merkle root against
+    every checkpoint and their consistency, every decision judged against the loop's policy,
+    every projection rebuilt from its receipts, and the row proofs and MACs the server relies on.
+    """
     keyring = load_trusted(trusted_keys) if trusted_keys else home_keyring(home, json_out)
     try:
         with admin.open_reader(home) as reader:
@@ -114,13 +115,16 @@ def export(
     home: Home = None,
     json_out: Json = False,
 ) -> None:
-    """Export an offline proof bundle: the loop's envelopes, public keys, a fresh signed
-    checkpoint and an inclusion proof per receipt."""
+    """Export an offline proof bundle of one loop.
+
+    The loop's envelopes, the public keys, a fresh signed checkpoint and an inclusion proof
+    per receipt; anyone can check it with `loopwarden verify-bundle`.
+    """
     if not output.parent.is_dir():
         fail(f"cannot write {output}: no such directory", EXIT_USAGE, as_json=json_out)
 
     async def action() -> dict[str, Any]:
-        async with admin.open_store(home) as store:
+        async with admin.open_store(home, create=False) as store:
             if await store.read(lambda r: r.loop_row(loop_id)) is None:
                 raise NotFound(f"no loop with id {loop_id!r}")
             await store.write(Txn.checkpoint)
@@ -145,7 +149,7 @@ def export(
         render.emit_json(summary)
     else:
         render.console.print(
-            f"wrote {output}: {summary['receipts']} receipts of loop {loop_id}, checkpoint size "
+            f"wrote {output}: {render.counted(summary['receipts'], 'receipt')} of loop {loop_id}, checkpoint size "
             f"{summary['checkpoint_size']}, keys {', '.join(summary['key_ids'])}"
         )
 
@@ -154,23 +158,31 @@ def verify_bundle_cmd(
     bundle_file: Annotated[Path, typer.Argument(metavar="BUNDLE")],
     key: Annotated[
         str | None,
-        typer.Option("--key", help="Trusted public key (base64), e.g. from `keys export`."),
+        typer.Option(
+            "--key", help="A trusted public key, or a file holding it (`keys export` output)."
+        ),
     ] = None,
     trusted_keys: Annotated[
-        Path | None, typer.Option("--trusted-keys", help="JSON {key_id: base64} of trusted keys.")
+        Path | None,
+        typer.Option("--trusted-keys", help="A file of trusted public keys (`keys export`)."),
     ] = None,
     json_out: Json = False,
+    home: Home = None,
 ) -> None:
-    """Verify a bundle with no database and no server. With --key/--trusted-keys, a bundle
-    signed by any other key fails. Exit 3 on any finding."""
+    """Verify a proof bundle offline; exit 3 on any finding.
+
+    Needs no database and no server (--home is accepted and ignored). With --key or
+    --trusted-keys, a bundle signed by any other key fails; both take what `loopwarden keys
+    export` writes (a key line, its --json document, or a file of either).
+    """
     if key is not None and trusted_keys is not None:
         fail("give --key or --trusted-keys, not both", EXIT_USAGE, as_json=json_out)
     trusted = None
     if key is not None:
         try:
-            trusted = Keyring({"k": decode_public_key(key)})
+            trusted = read_key_argument(key)
         except LoopwardenError as exc:
-            fail(exc.message, EXIT_USAGE, as_json=json_out)
+            fail(f"--key: {exc.message}", EXIT_USAGE, as_json=json_out)
     elif trusted_keys:
         trusted = load_trusted(trusted_keys)
     try:

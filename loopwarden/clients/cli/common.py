@@ -72,11 +72,15 @@ def operate(
 ) -> Res:
     """Run one operation as the operator, on `home`'s store (the same runner as every edge).
 
+    Only an operation that writes and names nothing stored (`loop open`) may create the store;
+    one that reads, or acts on a loop or approval, needs an existing database and creates
+    nothing (`admin.existing_home`): a mistyped home is an error, not a new empty store.
     `check=False` skips the store's startup check: `receipts` and `receipt` keep working on a
     damaged store, so that an operator can look at what is there."""
+    create = op.access == "write" and op.scope is None
 
     async def action() -> Res:
-        async with admin.open_store(home, check=check) as store:
+        async with admin.open_store(home, check=check, create=create) as store:
             return await op(store, admin.operator(who), request)
 
     return run(action, as_json=as_json)

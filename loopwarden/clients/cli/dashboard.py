@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import anyio
 import typer
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import EXIT_USAGE, Home, fail, run
-from loopwarden.server.settings import DB_NAME, resolve_home
+from loopwarden.clients.cli.common import Home, Json, fail, run
+from loopwarden.errors import LoopwardenError
+from loopwarden.server.settings import DB_NAME
 
 DEFAULT_PORT = 8766
 
@@ -19,34 +21,48 @@ def dashboard(
         int, typer.Option(min=0, max=65535, help="Loopback port (0: any free port).")
     ] = DEFAULT_PORT,
     home: Home = None,
+    json_out: Json = False,
 ) -> None:
-    """Serve the operator dashboard for the local store on http://127.0.0.1:PORT/ (loopback
-    only; sign in with an operator token: loopwarden token create --agent NAME --role operator)."""
+    """Serve the operator dashboard for a local store, on loopback.
+
+    At http://127.0.0.1:PORT/; sign in with an operator token (loopwarden token create --agent
+    NAME --role operator). With --json the URL is printed as {"url": ...}.
+    """
     # The web stack loads only here: every other command starts without it.
-    from loopwarden.dashboard.standalone import LOOPBACK, bind, serve, standalone_app
-    from loopwarden.server.transports import configure_logging, transport_security
+    from loopwarden.dashboard.standalone import LOOPBACK, serve, standalone_app
+    from loopwarden.server.transports import configure_logging, listen, transport_security
 
     configure_logging()
-    path = resolve_home(home)
+    path = existing(home, json_out)
 
     async def preflight() -> None:  # refuse a damaged store with a clear message before serving
-        async with admin.open_store(path):
+        async with admin.open_store(path, create=False):
             pass
 
-    run(preflight)
+    run(preflight, as_json=json_out)
     try:
-        sock = bind(port)
-    except OSError as exc:
-        fail(f"cannot listen on {LOOPBACK}:{port}: {exc.strerror}", EXIT_USAGE)
+        sock = listen(LOOPBACK, port)
+    except LoopwardenError as exc:
+        fail(exc.message, as_json=json_out, error=exc.code)
     app = standalone_app(
-        lambda: admin.open_store(path),
+        lambda: admin.open_store(path, create=False),
         db=path / DB_NAME,
         keys_home=path,
         security=transport_security(LOOPBACK),
     )
     url = f"http://{LOOPBACK}:{sock.getsockname()[1]}/"
-    print(f"loopwarden dashboard on {url}", flush=True)
+    if json_out:
+        render.emit_json({"url": url})
+    else:
+        print(f"loopwarden dashboard on {url}", flush=True)
     render.err.print(
         "sign in with an operator token (mint one: loopwarden token create --agent NAME --role operator)"
     )
     anyio.run(serve, app, sock)
+
+
+def existing(home: Path | None, json_out: bool) -> Path:
+    try:
+        return admin.existing_home(home)
+    except LoopwardenError as exc:
+        fail(exc.message, as_json=json_out, error=exc.code)

@@ -3,32 +3,64 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import anyio
 import typer
+from rich.markup import escape
 
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import Home, Json, exit_code, fail, operate
 from loopwarden.errors import LoopwardenError
-from loopwarden.operations.journal import JournalResult, ReceiptLine, journal
+from loopwarden.ledger.events import ReceiptKind
+from loopwarden.operations.journal import MAX_LINES, JournalResult, ReceiptLine, journal
 from loopwarden.operations.receipt import receipt as receipt_op
 
-COLUMNS = ["seq", "kind", "principal", "effect", "reasons", "receipt", "sig"]
+FOLLOW_SECONDS = 1.0  # how often --follow looks for new receipts
+KIND_WIDTH = max(len(kind) for kind in ReceiptKind)
+# (header, width): fixed, so --follow can print its header once and every row lines up; the
+# last column takes the rest of the line. Longer cells are cut with "…" (--json has them whole).
+COLUMNS = [
+    ("seq", 5),
+    ("time (UTC)", 20),
+    ("kind", KIND_WIDTH),
+    ("principal", 12),
+    ("effect", 6),
+    ("receipt", 29),
+    ("sig", 3),
+    ("reasons", 0),
+]
 
 
-def _row(line: ReceiptLine) -> list[object]:
-    sig = "ok" if line.verified else render.Styled("[red]BAD[/red]")
-    return [
-        line.seq,
-        line.kind,
-        line.principal,
-        line.effect,
-        ", ".join(line.reasons),
-        line.receipt_id,
-        sig,
-    ]
+def _fit(text: str, width: int) -> str:
+    if not width:
+        return text
+    return text[: width - 1] + "…" if len(text) > width else text.ljust(width)
+
+
+def _line(cells: list[str], styles: dict[int, str] | None = None) -> str:
+    """One row as rich markup: every cell's controls escaped (`render.visible`), then its
+    markup, then padded or cut to its column's width."""
+    parts = []
+    for index, (text, (_, width)) in enumerate(zip(cells, COLUMNS, strict=True)):
+        part = escape(_fit(render.visible(text), width))  # agents' text: controls shown escaped
+        style = (styles or {}).get(index)
+        parts.append(f"[{style}]{part}[/{style}]" if style else part)
+    return "  ".join(parts).rstrip()
+
+
+def _row(line: ReceiptLine) -> str:
+    at = line.at[:19] + "Z" if len(line.at) >= 19 else line.at
+    cells = [str(line.seq), at, line.kind, line.principal, line.effect, line.receipt_id]
+    cells += ["ok" if line.verified else "BAD", ", ".join(line.reasons)]
+    return _line(cells, None if line.verified else {6: "red"})
+
+
+def _header(loop_id: str) -> None:
+    render.console.print(f"receipts of {escape(loop_id)}")
+    render.console.print(_line([name for name, _ in COLUMNS]), soft_wrap=True)
 
 
 def receipts(
@@ -37,19 +69,27 @@ def receipts(
         str | None, typer.Option("--kind", help="Only this kind, e.g. turn.refused.")
     ] = None,
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing new receipts.")
+        bool,
+        typer.Option("--follow", "-f", help="Keep printing new receipts until the loop closes."),
     ] = False,
     home: Home = None,
     json_out: Json = False,
 ) -> None:
-    """The loop's journal as a table (signature checked per row)."""
+    """Print a loop's receipts, each signature checked.
+
+    With --follow, new receipts are printed as they are sealed, under the same header, until
+    the loop closes (completed, stopped or cancelled): then it exits 0. With --json, one JSON
+    document (or with --follow, one JSON line per receipt).
+    """
     if not follow:
         request = {"loop_id": loop_id, "kind": kind}
         result = operate(journal, request, home, as_json=json_out, check=False)
         if json_out:
             render.emit_json(result.model_dump(mode="json", include={"loop_id", "receipts"}))
-        else:
-            render.table(f"receipts of {loop_id}", COLUMNS, [_row(r) for r in result.receipts])
+            return
+        _header(loop_id)
+        for line in result.receipts:
+            render.console.print(_row(line), soft_wrap=True)
         return
     try:
         anyio.run(_follow, loop_id, kind, home, json_out)
@@ -58,25 +98,36 @@ def receipts(
 
 
 async def _follow(loop_id: str, kind: str | None, home: Path | None, json_out: bool) -> None:
-    after, first = 0, True
-    async with admin.open_store(home, check=False) as store:
+    """Poll the journal; return once a poll saw the loop closed and everything up to it."""
+    after, printed = 0, False
+    async with admin.open_store(home, check=False, create=False) as store:
         while True:
             request = {"loop_id": loop_id, "kind": kind, "after_seq": after}
             result: JournalResult = await journal(store, admin.operator(), request)
-            if result.receipts:
-                after = result.receipts[-1].seq
-            if json_out:
-                for line in result.receipts:
+            if not (json_out or printed):
+                _header(loop_id)  # once, after the first poll found the loop
+                printed = True
+            for line in result.receipts:
+                if json_out:
                     print(json.dumps(line.model_dump(mode="json")), flush=True)
-            elif result.receipts or first:
-                title = f"receipts of {loop_id}" if first else ""
-                render.table(title, COLUMNS, [_row(r) for r in result.receipts])
-            first = False
-            await anyio.sleep(1.0)
+                else:
+                    render.console.print(_row(line), soft_wrap=True)
+            sys.stdout.flush()  # a live stream: each batch reaches a pipe (| grep) at once
+            after = result.receipts[-1].seq if result.receipts else after
+            if result.closed and len(result.receipts) < MAX_LINES:
+                if not json_out:
+                    render.err.print(
+                        f"[dim]loop {escape(loop_id)} is closed; stopped following[/dim]"
+                    )
+                return
+            await anyio.sleep(FOLLOW_SECONDS)
 
 
 def receipt(receipt_id: str, home: Home = None, json_out: Json = False) -> None:
-    """One receipt: the envelope, its decoded body, and whether it verifies."""
+    """Show one receipt: envelope, body, verification.
+
+    The DSSE envelope, its decoded body, whether its signature verifies and under which key.
+    """
     result = operate(receipt_op, {"receipt_id": receipt_id}, home, as_json=json_out, check=False)
     key_id = (result.envelope.get("signatures") or [{}])[0].get("keyid")
     out = {

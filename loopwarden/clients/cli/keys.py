@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
-from loopwarden.clients import render
-from loopwarden.clients.cli.common import Home, Json, fail
+from loopwarden.clients import admin, render
+from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, fail
+from loopwarden.clients.keyfiles import key_line
 from loopwarden.errors import LoopwardenError
-from loopwarden.ledger.keys import KeyStore, public_key_b64
+from loopwarden.ledger.keys import Keyring, KeyStore, Signer, public_key_b64
 from loopwarden.server.settings import resolve_home
 
 app = typer.Typer(no_args_is_help=True, help="Signing keys.")
@@ -15,13 +20,12 @@ app = typer.Typer(no_args_is_help=True, help="Signing keys.")
 
 @app.command("show")
 def keys_show(home: Home = None, json_out: Json = False) -> None:
-    """The active signing key and every retired public key kept for verification."""
-    keys = KeyStore(resolve_home(home))
-    try:
-        active = keys.load_signer().key_id
-        ring = keys.keyring()
-    except LoopwardenError as exc:
-        fail(exc.message, as_json=json_out, error=exc.code)
+    """List the signing keys: the active one and retired ones.
+
+    Retired public keys are kept so that old receipts still verify.
+    """
+    signer, ring = _existing_keys(home, json_out)
+    active = signer.key_id
     items = [
         {"key_id": k, "public_key": public_key_b64(v), "active": k == active}
         for k, v in ring.public_keys().items()
@@ -38,8 +42,11 @@ def keys_show(home: Home = None, json_out: Json = False) -> None:
 
 @app.command("rotate")
 def keys_rotate(home: Home = None, json_out: Json = False) -> None:
-    """Make a new active key; the old private key is deleted, its public key kept.
-    Restart running servers to sign with the new key."""
+    """Make a new active signing key.
+
+    The old private key is deleted and its public key kept, so old receipts still verify.
+    Restart running servers to sign with the new key.
+    """
     old, new = KeyStore(resolve_home(home)).rotate()
     if json_out:
         render.emit_json(
@@ -52,14 +59,48 @@ def keys_rotate(home: Home = None, json_out: Json = False) -> None:
         )
 
 
-@app.command("export")
-def keys_export(home: Home = None, json_out: Json = False) -> None:
-    """Print the current public key (base64) and its id, for auditors (`verify-bundle --key`)."""
+def _existing_keys(home: Path | None, json_out: bool) -> tuple[Signer, Keyring]:
+    """The active signer and every public key of an existing home (a home with no database
+    is an error, and nothing is created)."""
     try:
-        signer = KeyStore(resolve_home(home)).load_signer()
+        keys = KeyStore(admin.existing_home(home))
+        return keys.load_signer(), keys.keyring()
     except LoopwardenError as exc:
         fail(exc.message, as_json=json_out, error=exc.code)
-    if json_out:
-        render.emit_json({"key_id": signer.key_id, "public_key": public_key_b64(signer.public_key)})
+
+
+@app.command("export")
+def keys_export(
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write to this file, not stdout.")
+    ] = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="Every public key kept, retired ones too.")
+    ] = False,
+    home: Home = None,
+    json_out: Json = False,
+) -> None:
+    """Print the public key, in the form verifiers read.
+
+    One line `<base64> <key id>` (with --all, one per key); --json gives {key_id, public_key}
+    (with --all, {"keys": {key_id: base64}}). Every form, as text or as a file, is accepted by
+    `verify-bundle --key`, `verify-bundle --trusted-keys` and `verify --trusted-keys`.
+    """
+    signer, ring = _existing_keys(home, json_out)
+    keys = ring.public_keys() if every else {signer.key_id: signer.public_key}
+    if json_out and every:
+        text = json.dumps({"keys": {k: public_key_b64(v) for k, v in keys.items()}}, indent=2)
+    elif json_out:
+        text = json.dumps(
+            {"key_id": signer.key_id, "public_key": public_key_b64(signer.public_key)}, indent=2
+        )
     else:
-        print(f"{public_key_b64(signer.public_key)} {signer.key_id}")
+        text = "\n".join(key_line(public) for public in keys.values())
+    if output is None:
+        print(text)
+        return
+    try:
+        output.write_text(text + "\n")
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror}", EXIT_USAGE)
+    render.err.print(f"wrote {output}: {', '.join(keys)}")

@@ -35,7 +35,8 @@ def loop_open(
     policy: Annotated[Path, typer.Option("--policy", help="Policy file (.toml, .yaml, .json).")],
     objective: Annotated[str, typer.Option("--objective", help="What the loop is for.")],
     todo: Annotated[
-        list[str] | None, typer.Option("--todo", help="A todo title (repeat, in claim order).")
+        list[str] | None,
+        typer.Option("--todo", metavar="TITLE", help="A todo title (repeat, in claim order)."),
     ] = None,
     todos_file: Annotated[
         Path | None,
@@ -67,9 +68,14 @@ def loop_open(
         render.emit_json({"loop_id": result.loop_id, **result.model_dump(mode="json")})
     else:
         render.console.print(
-            f"opened loop [bold]{result.loop_id}[/bold] with {result.todos} todos "
+            f"opened loop [bold]{result.loop_id}[/bold] with {render.counted(result.todos, 'todo')} "
             f"(policy {result.policy_digest[:19]}…, receipt {result.receipt_id})"
         )
+        if not result.todos:
+            render.err.print(
+                "[yellow]note:[/yellow] this loop has no todos: nothing can be claimed until one "
+                "is added (the todo_add tool; agents too if the policy's todos.agents_may_add)"
+            )
 
 
 @app.command("list")
@@ -116,7 +122,11 @@ def loop_list(home: Home = None, json_out: Json = False) -> None:
 
 @app.command("show")
 def loop_show(loop_id: str, home: Home = None, json_out: Json = False, who: As = None) -> None:
-    """Show a loop's projection: status, budgets, todos, leases, attention, recent receipts."""
+    """Show a loop: status, budgets, todos, who acts next.
+
+    The projection: status, budgets, todos, leases, approvals, attention, the next action and
+    the recent receipts.
+    """
     result = operate(projection, {"loop_id": loop_id}, home, who=who, as_json=json_out)
     if json_out:
         render.emit_json(result.model_dump(mode="json"))
@@ -161,5 +171,8 @@ def loop_resume(
 def loop_cancel(
     loop_id: str, reason: Reason = "", home: Home = None, json_out: Json = False, who: As = None
 ) -> None:
-    """Cancel a loop: every open turn is closed; nothing more can happen in it."""
+    """Cancel a loop for good.
+
+    Every open turn is closed; nothing more can happen in it.
+    """
     _control(cancel_loop, loop_id, reason, home, json_out, who)

@@ -50,7 +50,11 @@ def serve(
     ] = False,
     allowed_host: Annotated[
         list[str] | None,
-        typer.Option("--allowed-host", help="A Host name clients use for a remote bind (repeat)."),
+        typer.Option(
+            "--allowed-host",
+            metavar="NAME",
+            help="A Host name clients use for a remote bind (repeat).",
+        ),
     ] = None,
     max_sessions_per_principal: Sessions = None,
     session_idle_timeout: IdleTimeout = None,
@@ -58,20 +62,31 @@ def serve(
     header_timeout: HeaderTimeout = None,
     body_timeout: BodyTimeout = None,
 ) -> None:
-    """Run the MCP server (stdio by default). Logs go to stderr; stdout is the protocol."""
+    """Run the MCP server (stdio by default).
+
+    Logs go to stderr; on stdio, stdout is the protocol. With --http, streamable HTTP at /mcp
+    with bearer tokens (`loopwarden token create`).
+    """
+    from loopwarden.server.transports import configure_logging
+
+    configure_logging()
+    _run(_settings(locals()))
+
+
+def _run(settings: Settings) -> None:
+    """Bind (HTTP), check the store, then serve until stopped."""
     # The SDK loads only here: every other command starts without it.
     from loopwarden.dashboard.site import dashboard_mount
     from loopwarden.server.app import build
     from loopwarden.server.settings import url_host
-    from loopwarden.server.transports import (
-        configure_logging,
-        serve_http,
-        serve_stdio,
-        transport_security,
-    )
+    from loopwarden.server.transports import listen, serve_http, serve_stdio, transport_security
 
-    configure_logging()
-    settings = _settings(locals())
+    sock = None
+    if settings.http is not None:  # bind first: a busy port fails before anything is said
+        try:
+            sock = listen(*settings.http)
+        except LoopwardenError as exc:
+            fail(exc.message)
 
     async def preflight() -> None:  # refuse a damaged store with a clear message before serving
         async with admin.open_store(settings.home):
@@ -84,10 +99,10 @@ def serve(
     else:
         host, port = settings.http
         base = f"http://{url_host(host)}:{port}"
-        render.err.print(f"loopwarden serving streamable HTTP on {base}/mcp")
+        render.err.print(f"loopwarden serving streamable HTTP on {base}/mcp (home {settings.home})")
         render.err.print(f"operator dashboard on {base}/ (sign in with an operator token)")
         dashboard = dashboard_mount(runtime, transport_security(host, settings.allowed_hosts))
-        anyio.run(serve_http, server, settings, [dashboard])
+        anyio.run(serve_http, server, settings, sock, [dashboard])
 
 
 def _settings(flags: dict[str, Any]) -> Settings:
@@ -117,7 +132,11 @@ def _settings(flags: dict[str, Any]) -> Settings:
 
 
 def demo(home: Home = None, json_out: Json = False) -> None:
-    """Run the end-to-end demonstration over a real MCP stdio connection, then audit it."""
+    """Run the end-to-end demonstration, then audit it.
+
+    Each agent talks to its own server over a real MCP stdio connection. Without --home the
+    demo works in a temporary directory and removes it at the end.
+    """
     from loopwarden.clients.demo import run_demo
 
     ok = anyio.run(run_demo, home, json_out)

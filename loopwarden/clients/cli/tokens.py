@@ -28,7 +28,10 @@ def token_create(
     home: Home = None,
     json_out: Json = False,
 ) -> None:
-    """Mint a bearer token (printed once; only its hash is stored)."""
+    """Mint a bearer token, printed once (only its hash is stored).
+
+    The token alone goes to stdout, so `TOKEN=$(loopwarden token create --agent NAME)` works.
+    """
 
     async def action() -> IssuedToken:
         who = principal(agent, role)
@@ -47,9 +50,9 @@ def token_create(
                 "expires_at": issued.expires_at,
             }
         )
-    else:
+    else:  # the token alone on stdout: TOKEN=$(loopwarden token create --agent NAME)
         until = f", expires {issued.expires_at}" if issued.expires_at else ""
-        render.console.print(
+        render.err.print(
             f"token for {issued.agent} ({issued.role}), id {issued.token_id}{until} — shown once:",
             markup=False,
         )
@@ -70,7 +73,7 @@ def token_list(home: Home = None, json_out: Json = False) -> None:
     """List tokens (ids and principals; never the tokens)."""
 
     async def action() -> list[TokenRow]:
-        async with admin.open_store(home) as store:
+        async with admin.open_store(home, create=False) as store:
             return await store.read(lambda r: r.tokens())
 
     items = [
@@ -109,7 +112,7 @@ def token_revoke(token_id: str, home: Home = None, json_out: Json = False) -> No
     """Revoke a token by id; it stops working on the next request."""
 
     async def action() -> None:
-        async with admin.open_store(home) as store:
+        async with admin.open_store(home, create=False) as store:
             await store.write(lambda tx: revoke_token(tx, token_id))
 
     run(action, as_json=json_out)

@@ -1,0 +1,404 @@
+"""The client check: the README's client set-ups, run as written, against real client CLIs.
+
+The README marks every client set-up with `<!-- client-check: NAME -->` just above its
+```sh block (`NAME background` for a command a user runs in a terminal of its own); this
+script runs those blocks verbatim, so the README shows exactly what is tested. It installs
+the clients from npm into a scratch directory (with Node 22 from `node-<os>-<arch>@22`: the
+MCP Inspector's CLI needs Node >= 22), then runs each scenario in bash, in a scratch HOME,
+with this checkout's `loopwarden` on the PATH:
+
+- stdio: Claude Code and Gemini CLI `mcp list` show loopwarden Connected; Codex CLI accepts
+  `mcp add` (its `mcp list` only lists, it does not connect, so the check reads back the
+  server Codex would launch); the MCP Inspector's `tools/list --strict` passes and its
+  `quota` call finds the loop the README opened (the agents share the CLI's home);
+- HTTP: the README's `serve --http` on loopback, a bearer token, Claude Code Connected, and
+  the Inspector's `--strict` and `projection` calls through the bearer header.
+
+Every wait is bounded; servers listen on loopback only and are stopped at the end. Exit 0 if
+every check passed, 1 otherwise: one line says what failed (an unreachable registry too).
+Usage: python .ci/check_clients.py [--clients-dir DIR] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = {  # pinned: a client upgrade is a deliberate change to this list
+    "@anthropic-ai/claude-code": "2.1.332",
+    "@google/gemini-cli": "0.61.0",
+    "@openai/codex": "0.171.0",
+    "@modelcontextprotocol/inspector": "2.12.0",
+}
+NODE_MAJOR = "22"
+QUIET = ("--loglevel=error", "--prefer-offline")
+INSTALL_SECONDS = 900
+REGISTRY_SECONDS = 60
+SCENARIO_SECONDS = 420
+STARTUP_SECONDS = 30
+LOCK_SECONDS = 900
+MARKER = re.compile(
+    r"<!-- client-check: ([a-z0-9-]+)( background)? -->\n```sh\n(.*?)\n```", re.DOTALL
+)
+BIND = re.compile(r"--http (127\.0\.0\.1|localhost):(\d+)")
+WAIT_PORT = """
+wait_port() {  # HOST PORT SECONDS: until something listens there, at most SECONDS
+  local deadline=$((SECONDS + $3))
+  until (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; do
+    if (( SECONDS >= deadline )); then echo "nothing listens on $1:$2 after $3 s" >&2; return 1; fi
+    sleep 0.2
+  done
+}
+"""
+
+
+class CheckFailed(Exception):
+    """One line saying what failed."""
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    text: str
+    background: bool = False
+
+
+def readme_blocks(text: str) -> dict[str, Block]:
+    """The README's marked client set-up blocks by name (each name once)."""
+    blocks: dict[str, Block] = {}
+    for match in MARKER.finditer(text):
+        name = match.group(1)
+        if name in blocks:
+            raise CheckFailed(f"README: client-check block {name!r} appears twice")
+        blocks[name] = Block(name, match.group(3), background=bool(match.group(2)))
+    return blocks
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """README blocks run in order in one bash session and one scratch HOME, then checks."""
+
+    name: str
+    steps: tuple[str, ...]
+    checks: tuple[Callable[[Run], str], ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished scenario: where its logs are, and how to run one more client command."""
+
+    home: Path
+    project: Path
+    logs: Path
+    env: dict[str, str]
+
+    def log(self, step: str) -> str:
+        return (self.logs / f"{step}.log").read_text(errors="replace")
+
+    def command(self, *args: str) -> str:
+        done = subprocess.run(
+            args, cwd=self.project, env=self.env, capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0:
+            raise CheckFailed(f"`{shlex.join(args)}` exited {done.returncode}: {last(done.stderr)}")
+        return done.stdout
+
+
+def last(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
+def npm_error(stderr: str) -> str:
+    """npm's reason in one line: its fetch error if any, else its first error line."""
+    lines = [line.removeprefix("npm error").strip() for line in stderr.splitlines()]
+    fetch = [line for line in lines if line.startswith("FetchError")]
+    return (fetch or [line for line in lines if line] or ["(no output)"])[0]
+
+
+def connected(step: str, client: str) -> Callable[[Run], str]:
+    """The step's `mcp list` shows a loopwarden line that says Connected."""
+
+    def check(run: Run) -> str:
+        lines = [line for line in run.log(step).splitlines() if "loopwarden" in line]
+        if not any("Connected" in line for line in lines):
+            shown = lines[-1] if lines else last(run.log(step))
+            raise CheckFailed(f"{client}: loopwarden is not Connected ({shown.strip()})")
+        return f"{client}: {next(line for line in lines if 'Connected' in line).strip()}"
+
+    return check
+
+
+def contains(step: str, needle: str, what: str) -> Callable[[Run], str]:
+    def check(run: Run) -> str:
+        if needle not in run.log(step):
+            raise CheckFailed(f"{what}: {needle!r} not in its output ({last(run.log(step))})")
+        return f"{what}: ok"
+
+    return check
+
+
+def codex_config(run: Run) -> str:
+    """`codex mcp list` does not connect: read back the server Codex would launch."""
+    shown = json.loads(run.command("codex", "mcp", "get", "loopwarden", "--json"))
+    transport = shown.get("transport", {})
+    launch = [transport.get("command"), *transport.get("args", [])]
+    home = transport.get("env", {}).get("LOOPWARDEN_HOME")
+    if launch != ["loopwarden", "serve", "--agent", "builder"] or home != run.env["EXPECT_HOME"]:
+        raise CheckFailed(f"codex: mcp add stored {launch} with LOOPWARDEN_HOME={home}")
+    if "loopwarden" not in run.log("codex"):
+        raise CheckFailed("codex: mcp list does not list loopwarden")
+    return f"codex: added ({shlex.join(launch)}); its mcp list does not connect, so the connection is not checked"
+
+
+SCENARIOS = (
+    Scenario(
+        "stdio",
+        ("home", "claude-stdio", "gemini", "codex", "inspector-stdio"),
+        (
+            contains("home", "opened loop csv-export", "loopwarden loop open"),
+            connected("claude-stdio", "Claude Code (stdio)"),
+            connected("gemini", "Gemini CLI (stdio)"),
+            codex_config,
+            contains(
+                "inspector-stdio", '"allowed": true', "MCP Inspector (stdio, --strict, quota)"
+            ),
+        ),
+    ),
+    Scenario(
+        "http",
+        ("home", "http-token", "http-serve", "claude-http", "inspector-http"),
+        (
+            connected("claude-http", "Claude Code (HTTP, bearer header)"),
+            contains(
+                "inspector-http",
+                '"loop_id": "csv-export"',
+                "MCP Inspector (HTTP, bearer header, --strict, projection)",
+            ),
+        ),
+    ),
+)
+
+
+def node_package() -> str:
+    machine = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}
+    arch = machine.get(platform.machine().lower())
+    system = {"linux": "linux", "darwin": "darwin"}.get(sys.platform)
+    if arch is None or system is None:
+        raise CheckFailed(f"no Node package for {sys.platform}/{platform.machine()}")
+    return f"node-{system}-{arch}@{NODE_MAJOR}"
+
+
+def install(dest: Path) -> None:
+    """The pinned clients and Node 22 into `dest` (npm; repeat runs reuse what is there)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise CheckFailed("npm is not installed (the client check installs the clients with it)")
+    first = next(iter(PACKAGES))
+    try:
+        reach = subprocess.run(
+            [npm, "view", first, "version", "--fetch-retries=0", "--fetch-timeout=30000"],
+            capture_output=True,
+            text=True,
+            timeout=REGISTRY_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        raise CheckFailed(
+            f"the npm registry is unreachable (no answer in {REGISTRY_SECONDS} s)"
+        ) from None
+    if reach.returncode != 0:
+        raise CheckFailed(f"the npm registry is unreachable: {npm_error(reach.stderr)}")
+    dest.mkdir(parents=True, exist_ok=True)
+    specs = [f"{name}@{version}" for name, version in PACKAGES.items()] + [node_package()]
+    try:
+        done = subprocess.run(
+            [npm, "install", "--prefix", str(dest), "--no-audit", "--no-fund", *QUIET, *specs],
+            capture_output=True,
+            text=True,
+            timeout=INSTALL_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        raise CheckFailed(f"npm install took over {INSTALL_SECONDS} s") from None
+    if done.returncode != 0:
+        raise CheckFailed(f"npm install failed: {npm_error(done.stderr)}")
+
+
+def environment(clients: Path, home: Path) -> dict[str, str]:
+    """A clean environment: the scratch HOME, the clients and Node 22 first on the PATH, this
+    checkout's `loopwarden` next; nothing that could choose a home or a principal for us."""
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "loopwarden").exists():
+        raise CheckFailed(f"run this with the venv's python ({bin_dir} has no loopwarden)")
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TERM")}
+    path = os.pathsep.join([str(clients / "node_modules" / ".bin"), str(bin_dir), keep["PATH"]])
+    return {
+        **keep,
+        "PATH": path,
+        "HOME": str(home),
+        "TMPDIR": str(home / "tmp"),
+        "NO_COLOR": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "EXPECT_HOME": str(home / ".loopwarden"),  # what the README's `export` line makes it
+    }
+
+
+def bash_script(blocks: dict[str, Block], steps: tuple[str, ...], logs: Path) -> str:
+    lines = ["set -euo pipefail", WAIT_PORT]
+    for name in steps:
+        if name not in blocks:
+            raise CheckFailed(f"README has no client-check block {name!r}")
+        block, log = blocks[name], shlex.quote(str(logs / f"{name}.log"))
+        lines.append(f"echo '== {name}' >&2")
+        if block.background:
+            bind = BIND.search(block.text)
+            if bind is None:
+                raise CheckFailed(f"README block {name!r}: a background server binds loopback")
+            lines += [
+                f"{{\n{block.text}\n}} > {log} 2>&1 &",
+                f"wait_port {bind[1]} {bind[2]} {STARTUP_SECONDS}",
+            ]
+        else:
+            lines.append(f"{{\n{block.text}\n}} > {log} 2>&1")
+    return "\n".join(lines) + "\n"
+
+
+def run_scenario(
+    scenario: Scenario, blocks: dict[str, Block], clients: Path, root: Path
+) -> list[str]:
+    """Run one scenario in its own scratch HOME; the lines its checks report."""
+    home, project, logs = (
+        root / scenario.name / "home",
+        root / scenario.name / "project",
+        root / scenario.name / "logs",
+    )
+    for path in (home / "tmp", project, logs):
+        path.mkdir(parents=True)
+    (project / "node_modules").symlink_to(clients / "node_modules")  # npx finds the Inspector
+    trust = {str(project): "TRUST_FOLDER"}  # what answering Gemini's "trust this folder?" writes
+    (home / ".gemini").mkdir()
+    (home / ".gemini" / "trustedFolders.json").write_text(json.dumps(trust))
+    run = Run(home, project, logs, environment(clients, home))
+    script = bash_script(blocks, scenario.steps, logs)
+    with (logs / "steps.log").open("w") as steps:
+        process = subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=project,
+            env=run.env,
+            stdout=steps,
+            stderr=steps,
+            start_new_session=True,
+        )
+        try:
+            code = process.wait(timeout=SCENARIO_SECONDS)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            stop_group(process)
+    step = last((logs / "steps.log").read_text()).removeprefix("== ")
+    if code is None:
+        raise CheckFailed(f"{scenario.name}: still running after {SCENARIO_SECONDS} s, at {step}")
+    if code != 0:
+        detail = last((logs / f"{step}.log").read_text()) if (logs / f"{step}.log").exists() else ""
+        raise CheckFailed(f"{scenario.name}: README block {step!r} failed (exit {code}): {detail}")
+    return [check(run) for check in scenario.checks]
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """Stop the scenario's process group (its bash and the servers it started), bounded."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(process.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+    process.wait(timeout=5)
+
+
+def check_ports(blocks: dict[str, Block]) -> None:
+    for block in blocks.values():
+        for host, port in BIND.findall(block.text):
+            with socket.socket() as sock:
+                try:
+                    sock.bind((host, int(port)))
+                except OSError:
+                    raise CheckFailed(
+                        f"port {port} (the README's) is in use on {host}: free it first"
+                    ) from None
+
+
+def locked(path: Path) -> int:
+    """One client check at a time on a machine (they share the README's port), bounded."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + LOCK_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise CheckFailed(
+                    f"another client check held {path} for {LOCK_SECONDS} s"
+                ) from None
+            time.sleep(1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--clients-dir", type=Path, default=Path(tempfile.gettempdir()) / "loopwarden-clients"
+    )
+    parser.add_argument("--keep", action="store_true", help="Keep the scratch HOMEs and logs.")
+    parser.add_argument("--readme", type=Path, default=REPO / "README.md", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="loopwarden-client-check-"))
+    ok = False
+    try:
+        blocks = readme_blocks(args.readme.read_text())
+        fd = locked(Path(tempfile.gettempdir()) / "loopwarden-client-check.lock")
+        try:
+            install(args.clients_dir)
+            check_ports(blocks)
+            for scenario in SCENARIOS:
+                for line in run_scenario(scenario, blocks, args.clients_dir, root):
+                    print(f"ok  {line}", flush=True)
+        finally:
+            os.close(fd)
+        ok = True
+    except CheckFailed as exc:
+        print(f"client check FAILED: {exc}", file=sys.stderr)
+    finally:
+        if (ok and not args.keep) or not any(root.iterdir()):
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"client check: scratch HOMEs and logs kept in {root}", file=sys.stderr)
+    if ok:
+        versions = ", ".join(f"{name} {version}" for name, version in PACKAGES.items())
+        print(f"client check passed ({versions}; Node {NODE_MAJOR})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

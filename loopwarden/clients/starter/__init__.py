@@ -1,0 +1,1 @@
+"""The starter policy `loopwarden policy init` writes (package data)."""
