@@ -1,10 +1,18 @@
-"""Shared fixtures: a real data home (key files + SQLite), a manual clock, principals, a store."""
+"""Shared fixtures: a real data home (key files + SQLite), a manual clock, principals, a store.
+
+Backends: a module marked `pytestmark = pytest.mark.backends` runs each of its tests that use
+`store` (or `backend`, `store_url`) on SQLite and on PostgreSQL — a real server, started once
+per session (`pgserver.py`), each test in a fresh schema. Without one, the PostgreSQL cases skip
+with one loud line; `LOOPWARDEN_TEST_PG=postgresql://…` points them at an existing server.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import pgserver
 import pytest
 
 from loopwarden.clock import ManualClock
@@ -46,12 +54,74 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
+BACKENDS = ("sqlite", "postgresql")
+_PG: dict[str, pgserver.PgServer | None] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "backends: run the module's store tests on SQLite and on PostgreSQL"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker("backends"):
+        metafunc.parametrize("backend", BACKENDS, indirect=True)
+
+
+def postgres_server() -> pgserver.PgServer | None:
+    """The session's PostgreSQL server, started on first use (None if none can be had)."""
+    if "server" not in _PG:
+        _PG["server"] = server = pgserver.start()
+        if server is None:
+            sys.stderr.write(
+                "\n*** loopwarden: NO POSTGRESQL SERVER: the PostgreSQL cases are SKIPPED "
+                f"(install the test extra, or set {pgserver.ENV}=postgresql://…) ***\n"
+            )
+    return _PG["server"]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    server = _PG.get("server")
+    if server is not None and server.origin.startswith("$"):
+        server.drop_schemas()  # an existing server keeps nothing of ours
+
+
 @pytest.fixture
-async def store(home: Path, clock: ManualClock) -> AsyncIterator[Store]:
+def backend(request: pytest.FixtureRequest) -> str:
+    """The store's backend: "sqlite" unless the module is marked `backends`."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture
+def pg_url() -> str:
+    """A fresh, empty PostgreSQL schema's store URL (skips if there is no server)."""
+    server = postgres_server()
+    if server is None:
+        pytest.skip("no PostgreSQL server (see the line above)")
+    return server.fresh_url()
+
+
+@pytest.fixture
+def store_url(backend: str, home: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """Where the test's store lives: the home's SQLite file, or a fresh PostgreSQL schema."""
+    if backend == "sqlite":
+        yield str(home / "loopwarden.db")
+    else:
+        yield request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+async def store(home: Path, clock: ManualClock, store_url: str) -> AsyncIterator[Store]:
     keys = KeyStore(home)
     signer = keys.load_signer()
     store = await Store.open(
-        home / "loopwarden.db", signer, keyring=keys.keyring(), clock=clock, checkpoint_every=16
+        store_url,
+        signer,
+        keyring=keys.keyring(),
+        key_dir=home,
+        clock=clock,
+        checkpoint_every=16,
     )
     try:
         yield store

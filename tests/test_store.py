@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER
 
@@ -538,9 +539,10 @@ async def test_a_write_cancelled_while_queued_never_commits(store):
     await open_test_loop(store, 2)
     before = await store.read(snapshot)
     started = anyio.Event()
+    token = anyio.lowlevel.current_token()  # the body runs on the store's writer thread
 
     def slow(tx):
-        anyio.from_thread.run_sync(started.set)
+        anyio.from_thread.run_sync(started.set, token=token)
         time.sleep(0.3)  # hold the writer while the second call queues behind it
 
     def doomed(tx):

