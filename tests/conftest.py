@@ -8,6 +8,7 @@ with one loud line; `LOOPWARDEN_TEST_PG=postgresql://…` points them at an exis
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -78,6 +79,8 @@ def postgres_server() -> pgserver.PgServer | None:
                 "\n*** loopwarden: NO POSTGRESQL SERVER: the PostgreSQL cases are SKIPPED "
                 f"(install the test extra, or set {pgserver.ENV}=postgresql://…) ***\n"
             )
+    if _PG["server"] is None and os.environ.get("CI"):
+        raise RuntimeError("CI must run the PostgreSQL tests, and no PostgreSQL server started")
     return _PG["server"]
 
 

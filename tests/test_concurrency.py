@@ -243,30 +243,38 @@ def http_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
         stop_server(served)
 
 
-@bounded(RUN_TIMEOUT)
-async def test_16_http_agents_drain_200_todos_without_a_double_grant_or_double_completion(
-    http_world,
-):
-    served, tokens = http_world
-    async with connect_http(served.url, tokens["alice"].token) as alice:
+async def drain(
+    urls: list[str], tokens: dict[str, Any], loop_id: str, seeds: int
+) -> tuple[Tally, float]:
+    """Open `loop_id` (TODOS todos) as alice, then let the 16 HTTP agents drain it, agent n on
+    `urls[n % len(urls)]`; returns what they saw and the seconds the drain took."""
+    async with connect_http(urls[0], tokens["alice"].token) as alice:
         opened = await alice.open_loop(
-            "drain the crowd loop",
+            f"drain {loop_id}",
             crowd_policy(HTTP_AGENTS),
             [{"title": f"item {n}"} for n in range(1, TODOS + 1)],
-            loop_id="crowd-http",
+            loop_id=loop_id,
         )
     assert opened.todos == TODOS
     tally = Tally()
     began = time.monotonic()
 
-    async def agent(name: str, seed: int) -> None:
-        async with connect_http(served.url, tokens[name].token) as me:
-            await work(me, name, "crowd-http", tally, seed)
+    async def agent(name: str, n: int) -> None:
+        async with connect_http(urls[n % len(urls)], tokens[name].token) as me:
+            await work(me, name, loop_id, tally, seeds + n)
 
     async with anyio.create_task_group() as group:
-        for seed, name in enumerate(HTTP_AGENTS):
-            group.start_soon(agent, name, seed)
-    elapsed = time.monotonic() - began
+        for n, name in enumerate(HTTP_AGENTS):
+            group.start_soon(agent, name, n)
+    return tally, time.monotonic() - began
+
+
+@bounded(RUN_TIMEOUT)
+async def test_16_http_agents_drain_200_todos_without_a_double_grant_or_double_completion(
+    http_world,
+):
+    served, tokens = http_world
+    tally, elapsed = await drain([served.url], tokens, "crowd-http", seeds=0)
     summary = check_journal(served.home, "crowd-http", TODOS, HTTP_AGENTS, tally)
     print(f"\n[concurrency/http] 16 sessions, one server: {summary}; drained in {elapsed:.1f}s")
 
@@ -587,25 +595,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Se
 @bounded(RUN_TIMEOUT)
 async def test_4_replicas_on_one_postgresql_database_drain_200_todos_with_16_agents(replicas):
     served, tokens, store = replicas
-    async with connect_http(served[0].url, tokens["alice"].token) as alice:
-        opened = await alice.open_loop(
-            "drain across replicas",
-            crowd_policy(HTTP_AGENTS),
-            [{"title": f"item {n}"} for n in range(1, TODOS + 1)],
-            loop_id="crowd-pg",
-        )
-    assert opened.todos == TODOS
-    tally = Tally()
-    began = time.monotonic()
-
-    async def agent(name: str, seed: int) -> None:  # agent n talks to replica n mod 4 only
-        async with connect_http(served[seed % REPLICAS].url, tokens[name].token) as me:
-            await work(me, name, "crowd-pg", tally, 200 + seed)
-
-    async with anyio.create_task_group() as group:
-        for seed, name in enumerate(HTTP_AGENTS):
-            group.start_soon(agent, name, seed)
-    elapsed = time.monotonic() - began
+    tally, elapsed = await drain([r.url for r in served], tokens, "crowd-pg", seeds=200)
     home = served[0].home
     summary = check_journal(home, "crowd-pg", TODOS, HTTP_AGENTS, tally, store)
     print(f"\n[concurrency/replicas] 16 agents, {REPLICAS} replicas: {summary}; {elapsed:.1f}s")
