@@ -209,6 +209,17 @@ class OutsiderRefusal:
     suppressed: int
 
 
+def unpack_response(stored: bytes | str) -> str:
+    """An idempotency record's response JSON as stored (zlib-compressed, see `Txn.remember`);
+    bytes that do not decompress are an `IntegrityError`: loopwarden did not write them."""
+    if not isinstance(stored, bytes):
+        return str(stored)
+    try:
+        return zlib.decompress(stored).decode()
+    except (zlib.error, UnicodeDecodeError):
+        raise IntegrityError("an idempotency record's response was changed outside loopwarden") from None
+
+
 def _placeholders(values: Iterable[object]) -> str:
     return ",".join("?" for _ in values)
 
@@ -560,10 +571,7 @@ class Reader:
         )
         if r is None:
             return None
-        response = r[2]
-        if isinstance(response, bytes):  # zlib-compressed JSON (see Txn.remember)
-            response = zlib.decompress(response).decode()
-        return (r[0], r[1], response)
+        return (r[0], r[1], unpack_response(r[2]))
 
     def token(self, token_hash: str) -> TokenRow | None:
         r = self._one(
