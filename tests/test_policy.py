@@ -1076,6 +1076,8 @@ SCALAR_CHANGES = [
     ("tools", "deny", ["git.push", "git.reset"]),
     ("tools", "approval", ["deploy.*", "db.migrate"]),
     (None, "agents", ["builder", "reviewer", "tester"]),
+    ("tools", "commands", {"deny": ["git push*"]}),
+    (None, "observe", {"mode": "record"}),
 ]
 
 

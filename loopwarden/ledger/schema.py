@@ -242,8 +242,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) WITHOUT ROWID""",
         "CREATE INDEX outsider_refusals_by_principal ON outsider_refusals (loop_id, principal, seq)",
     ),
+    # version 6: host hooks (operations/hooks.py). Each turn row keeps what the host saw in it
+    # (calls admitted and run, per policy tool name), the tools its accepted report named, and
+    # the calls refused before they ran; each loop row, the host session each agent's hooks
+    # last spoke from. The rows' proofs cover the new columns, so the projection is re-derived.
+    (
+        "ALTER TABLE turns ADD COLUMN observed TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE turns ADD COLUMN reported TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE turns ADD COLUMN refusals INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE loops ADD COLUMN hosts TEXT NOT NULL DEFAULT '{}'",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
-REBUILT_AT = 4
-"""Upgrading an existing database past this version re-derives its projection from the journal."""
+REBUILT_AT = 6
+"""Upgrading an existing database to this version or past it re-derives its projection (and
+its proofs) from the journal: the rows' columns changed at 4 and 6."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -29,16 +28,12 @@ from loopwarden.ledger.guard import GuardedReader, loop_mac_values, row_leaf
 from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC, Integrity
 from loopwarden.ledger.keys import Signer
 from loopwarden.ledger.reader import (
-    APPROVAL_COLUMNS,
     LOOP_COLUMNS,
-    TODO_COLUMNS,
+    ROW_SQL,
     TOKEN_COLUMNS,
-    TURN_COLUMNS,
     PolicyCache,
     TokenRow,
-    as_sql,
     loop_to_sql,
-    todo_to_sql,
 )
 from loopwarden.ledger.receipts import Sealed, seal
 from loopwarden.ledger.rows import LoopRow, LoopView
@@ -53,13 +48,6 @@ class Sealer(Protocol):
     signer: Signer
     origin: str
     checkpoint_every: int
-
-
-_ROW_SQL: dict[str, tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
-    "todos": (TODO_COLUMNS, todo_to_sql),
-    "turns": (TURN_COLUMNS, as_sql),
-    "approvals": (APPROVAL_COLUMNS, as_sql),
-}
 
 
 def _qmarks(columns: str) -> str:
@@ -108,7 +96,7 @@ class ProjectionWriter(GuardedReader):
             for row in rows:
                 tree.put(row.slot, row_leaf(table, row))
             if rows:
-                columns, to_sql = _ROW_SQL[table]
+                columns, to_sql = ROW_SQL[table]
                 self.conn.executemany(
                     f"INSERT OR REPLACE INTO {table} ({columns}) VALUES ({_qmarks(columns)})",
                     [to_sql(row) for row in rows],

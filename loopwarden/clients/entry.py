@@ -1,0 +1,19 @@
+"""The `loopwarden` command's entry point: `loopwarden hook HOST …` (started by agent hosts
+for every tool call) goes straight to its lean handler; everything else to the admin CLI."""
+
+from __future__ import annotations
+
+import sys
+
+from loopwarden.policy.hosts import HOSTS
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if len(argv) >= 2 and argv[0] == "hook" and argv[1] in HOSTS:
+        from loopwarden.clients.hook_command import main as hook_main
+
+        sys.exit(hook_main(argv[1:]))
+    from loopwarden.clients.cli import main as cli_main
+
+    cli_main()
