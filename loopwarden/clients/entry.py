@@ -3,6 +3,7 @@ for every tool call) goes straight to its lean handler; everything else to the a
 
 from __future__ import annotations
 
+import os
 import sys
 
 from loopwarden.policy.hosts import HOSTS
@@ -11,6 +12,9 @@ from loopwarden.policy.hosts import HOSTS
 def main() -> None:
     argv = sys.argv[1:]
     if len(argv) >= 2 and argv[0] == "hook" and argv[1] in HOSTS:
+        # Pydantic looks up plugin entry points on first use (~10 ms of importlib.metadata);
+        # loopwarden uses none, and the hook runs on every tool call the model makes.
+        os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
         from loopwarden.clients.hook_command import main as hook_main
 
         sys.exit(hook_main(argv[1:]))

@@ -10,6 +10,7 @@ store: an event for a home with no database is refused, fail-closed, like any fa
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -70,6 +71,10 @@ async def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
 
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
+    # stderr is the reason channel (the host shows it to the model): failures are told there,
+    # once, by the reply; nothing else may write to it.
+    logging.getLogger("loopwarden").addHandler(logging.NullHandler())
+    logging.getLogger("loopwarden").propagate = False
     raw = sys.stdin.buffer.read()
     import anyio
 
