@@ -438,8 +438,16 @@ def test_install_speaks_each_hosts_settings_format():
     cursor = merged(None, target("cursor"))
     assert cursor["version"] == 1
     assert cursor["hooks"]["beforeShellExecution"][0]["failClosed"] is True
-    with pytest.raises(Exception, match="commands only"):
-        merged(None, target("codex", http="http://127.0.0.1:1"))
+    forwarded = merged(None, target("codex", http="http://127.0.0.1:8765"))
+    command = forwarded["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
+    assert command.endswith("hook codex --loop L1 --agent builder --server http://127.0.0.1:8765")
+
+
+def test_the_entry_point_knows_every_host():
+    from loopwarden.clients.entry import HOSTS as ENTRY_HOSTS
+    from loopwarden.policy.hosts import HOSTS
+
+    assert ENTRY_HOSTS == HOSTS
 
 
 # --- a real `loopwarden hook HOST` process per host -----------------------------------------

@@ -199,3 +199,58 @@ def test_an_observer_token_calls_no_tool(live):
             return refused.value
 
     assert anyio.run(try_quota).code == "forbidden"
+
+
+def forward(live: dict[str, Any], host: str, name: str, **env: str) -> subprocess.CompletedProcess:
+    """`loopwarden hook HOST --server URL`: the standard-library forwarder a command-only host
+    runs, posting to the live server."""
+    base = live["served"].url.removesuffix("/mcp")
+    raw = (FIXTURES.parent / host / f"{name}.json").read_bytes()
+    return subprocess.run(
+        [*loopwarden("hook", host, "--loop", LOOP, "--agent", "builder", "--server", base)],
+        input=raw,
+        capture_output=True,
+        env=cli_env(**env),
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("host", "name", "is_deny"),
+    [
+        (
+            "codex",
+            "PreToolUse-read",
+            lambda o: o["hookSpecificOutput"]["permissionDecision"] == "deny",
+        ),
+        ("gemini", "BeforeTool-read_file", lambda o: o["decision"] == "deny"),
+        ("cursor", "preToolUse-Read", lambda o: o["permission"] == "deny"),
+    ],
+)
+def test_a_command_only_host_forwards_to_the_server_and_gets_its_decision(
+    live, host, name, is_deny
+):
+    done = forward(live, host, name, LOOPWARDEN_OBSERVER_TOKEN=live["observer"].token)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert is_deny(answer) and "claim a turn first" in json.dumps(answer)
+
+
+def test_the_forwarder_fails_closed_without_a_token_or_a_server(live, tmp_path):
+    missing = forward(live, "codex", "PreToolUse-read")
+    assert missing.returncode == 2 and b"LOOPWARDEN_OBSERVER_TOKEN" in missing.stderr
+    wrong = forward(live, "codex", "PreToolUse-read", LOOPWARDEN_OBSERVER_TOKEN=live["agent"].token)
+    assert wrong.returncode == 0 and b"observer token" in wrong.stdout, "the server's deny"
+    raw = (FIXTURES.parent / "codex" / "PreToolUse-read.json").read_bytes()
+    down = subprocess.run(
+        [
+            *loopwarden(
+                "hook", "codex", "--loop", LOOP, "--agent", "b", "--server", "http://127.0.0.1:9"
+            )
+        ],
+        input=raw,
+        capture_output=True,
+        env=cli_env(LOOPWARDEN_OBSERVER_TOKEN="lw_x"),
+        timeout=60,
+    )
+    assert down.returncode == 2 and b"cannot be reached" in down.stderr

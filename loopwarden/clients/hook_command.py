@@ -29,6 +29,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--agent", required=True, help="the agent the host runs (its principal)")
     p.add_argument("--home", default=None, help="the data home (else LOOPWARDEN_HOME)")
     p.add_argument(
+        "--server",
+        default=None,
+        help="forward the event to this loopwarden serve --http (LOOPWARDEN_OBSERVER_TOKEN)",
+    )
+    p.add_argument(
         "--server-name",
         action="append",
         default=None,
@@ -37,9 +42,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
+def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
     from loopwarden.clients import admin
-    from loopwarden.hooks.handle import handle, read_event
+    from loopwarden.hooks.handle import handle_now, read_event
     from loopwarden.ledger.keys import KeyStore
     from loopwarden.ledger.store import Store
     from loopwarden.server.settings import DB_NAME, synchronous_mode
@@ -48,7 +53,7 @@ async def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
     try:
         home = admin.existing_home(args.home)
         keys = KeyStore(home)
-        store = await Store.open(
+        store = Store.open_now(
             home / DB_NAME,
             keys.load_signer(),
             keyring=keys.keyring(),
@@ -64,9 +69,9 @@ async def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
         return protocol.failure(phase, message)
     try:
         servers = args.server_name or ["loopwarden"]
-        return await handle(store, host, raw, loop_id=args.loop, agent=args.agent, servers=servers)
+        return handle_now(store, host, raw, loop_id=args.loop, agent=args.agent, servers=servers)
     finally:
-        await store.close()
+        store.close_now()
 
 
 def main(argv: Sequence[str]) -> int:
@@ -76,9 +81,7 @@ def main(argv: Sequence[str]) -> int:
     logging.getLogger("loopwarden").addHandler(logging.NullHandler())
     logging.getLogger("loopwarden").propagate = False
     raw = sys.stdin.buffer.read()
-    import anyio
-
-    reply = anyio.run(_answer, args.host, raw, args)
+    reply = _answer(args.host, raw, args)
     if reply.stdout:
         sys.stdout.write(reply.stdout + "\n")
     if reply.stderr:

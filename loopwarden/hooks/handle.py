@@ -13,6 +13,7 @@ from loopwarden.errors import LoopwardenError, describe_validation
 from loopwarden.hooks.protocols import MAX_EVENT, PROTOCOLS, Event, MalformedEvent, Reply
 from loopwarden.ledger.store import Store
 from loopwarden.operations.hooks import HookEvent, hook
+from loopwarden.operations.runner import run_now
 from loopwarden.principals import Principal
 
 log = logging.getLogger("loopwarden.hooks")
@@ -31,24 +32,52 @@ def read_event(host: str, raw: bytes) -> Event:
     return PROTOCOLS[host].read(data)
 
 
+def _failed(host: str, event: Event | None, exc: BaseException, loop_id: str, agent: str) -> Reply:
+    protocol, phase = PROTOCOLS[host], (event.phase if event else None)
+    if isinstance(exc, ValidationError):
+        return protocol.failure(phase, describe_validation(exc))
+    if isinstance(exc, LoopwardenError):
+        if exc.code in ("integrity_error", "store_error"):
+            log.error("hook for %s in loop %s failed: %s", agent, loop_id, exc)
+        return protocol.failure(phase, exc.message)
+    # Fail closed, and never a traceback to the model.
+    log.error("hook for %s in loop %s failed unexpectedly", agent, loop_id, exc_info=exc)
+    return protocol.failure(phase, "loopwarden could not decide this event; it is blocked")
+
+
+class _Call:
+    """One event's parts: the host's event read, and the `hook` request built from it."""
+
+    def __init__(self, host: str, raw: bytes, loop_id: str, agent: str, servers: list[str]):
+        self.host, self.loop_id, self.agent = host, loop_id, agent
+        self.event: Event = read_event(host, raw)
+        self.request = HookEvent(loop_id=loop_id, host=host, servers=servers, **self.event.__dict__)
+        self.observer = Principal(id=agent, role="observer")
+
+
 async def handle(
     store: Store, host: str, raw: bytes, *, loop_id: str, agent: str, servers: list[str]
 ) -> Reply:
     """Answer one event of `host` for `agent`'s observer in `loop_id`, as that host expects."""
-    protocol = PROTOCOLS[host]
     event: Event | None = None
     try:
-        event = read_event(host, raw)
-        request = HookEvent(loop_id=loop_id, host=host, servers=servers, **event.__dict__)
-        answer = await hook(store, Principal(id=agent, role="observer"), request)
-        return protocol.reply(event, answer)
-    except ValidationError as exc:
-        return protocol.failure(event.phase if event else None, describe_validation(exc))
-    except LoopwardenError as exc:
-        if exc.code in ("integrity_error", "store_error"):
-            log.error("hook for %s in loop %s failed: %s", agent, loop_id, exc)
-        return protocol.failure(event.phase if event else None, exc.message)
-    except Exception:  # fail closed, and never a traceback to the model
-        log.exception("hook for %s in loop %s failed unexpectedly", agent, loop_id)
-        phase = event.phase if event else None
-        return protocol.failure(phase, "loopwarden could not decide this event; it is blocked")
+        call = _Call(host, raw, loop_id, agent, servers)
+        event = call.event
+        answer = await hook(store, call.observer, call.request)
+        return PROTOCOLS[host].reply(call.event, answer)
+    except Exception as exc:
+        return _failed(host, event, exc, loop_id, agent)
+
+
+def handle_now(
+    store: Store, host: str, raw: bytes, *, loop_id: str, agent: str, servers: list[str]
+) -> Reply:
+    """`handle` on the calling thread, for the one event a hook process answers."""
+    event: Event | None = None
+    try:
+        call = _Call(host, raw, loop_id, agent, servers)
+        event = call.event
+        answer = run_now(hook, store, call.observer, call.request)
+        return PROTOCOLS[host].reply(call.event, answer)
+    except Exception as exc:
+        return _failed(host, event, exc, loop_id, agent)

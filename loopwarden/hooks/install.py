@@ -33,8 +33,10 @@ class Target:
     http: str | None = None  # a server's base URL, for Claude Code's http hooks
 
     def command(self) -> str:
+        """The hook command; with `http` (hosts without http hooks), one that forwards each
+        event to that server (`clients/hook_forward.py`)."""
         words = [*self.program, "hook", self.host, "--loop", self.loop_id, "--agent", self.agent]
-        words += ["--home", str(self.home)]
+        words += ["--server", self.http] if self.http else ["--home", str(self.home)]
         for server in self.servers:
             if server != "loopwarden" or len(self.servers) > 1:
                 words += ["--server-name", server]
@@ -86,7 +88,7 @@ def _merge_groups(existing: Any, group: dict[str, Any], host: str) -> list[Any]:
 
 def _claude_like(target: Target, events: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     def hook(extra: dict[str, Any]) -> dict[str, Any]:
-        if target.http is not None:
+        if target.http is not None and target.host == "claude-code":  # Claude's own http hooks
             return {
                 "type": "http",
                 "url": target.url(),
@@ -107,10 +109,6 @@ def _claude_like(target: Target, events: dict[str, dict[str, Any]]) -> dict[str,
 
 def groups_for(target: Target) -> dict[str, dict[str, Any]]:
     """Per event, the one matcher group (or, for Cursor, hook entry) loopwarden installs."""
-    if target.http is not None and target.host != "claude-code":
-        raise InvalidInput(
-            f"{target.host} hooks are commands only; drop --http (Claude Code alone has http hooks)"
-        )
     if target.host == "claude-code":
         block = {"timeout": 30, "onFailure": "block"}
         return _claude_like(

@@ -9,6 +9,7 @@ the operations' input types, so one set of limits guards both.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal, cast, get_args
@@ -66,7 +67,9 @@ def new_id(prefix: str) -> str:
 
 
 class Fact(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Built on first use, not at import: a process that seals one receipt (a host hook) pays
+    # only for the kinds it touches.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Usage(Fact):
@@ -354,7 +357,7 @@ class DecisionRef(Fact):
 class _Body(Fact):
     """The signed payload every receipt shares; each kind's subclass adds `kind` and `data`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
     schema_: Literal["loopwarden.receipt/v1"] = Field(default=RECEIPT_SCHEMA, alias="schema")
     loop_id: LoopId
@@ -498,12 +501,17 @@ BODY_TYPES: dict[str, type[_Body]] = {
 DATA_MODELS: dict[str, type[Fact]] = {
     kind: cast(type[Fact], cls.model_fields["data"].annotation) for kind, cls in BODY_TYPES.items()
 }
-_BODY = TypeAdapter[ReceiptBody](ReceiptBody)
+
+
+@functools.cache
+def _body_adapter() -> TypeAdapter[ReceiptBody]:
+    """The union's validator, built once on first use (see `Fact`)."""
+    return TypeAdapter[ReceiptBody](ReceiptBody)
 
 
 def parse_body(value: Any) -> ReceiptBody:
     """Validate a decoded receipt payload (raises pydantic `ValidationError`)."""
-    return _BODY.validate_python(value)
+    return _body_adapter().validate_python(value)
 
 
 def make_body(kind: ReceiptKind | str, **fields: Any) -> ReceiptBody:

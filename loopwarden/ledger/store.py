@@ -184,36 +184,76 @@ class Store:
         journal head, Merkle frontier and projection disagree: `IntegrityError`, and
         `loopwarden verify` explains what is wrong.
         """
-        path = Path(path)
-        trusted = keyring if keyring is not None else Keyring({signer.key_id: signer.public_key})
 
         def _open() -> Store:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            conn = connect(path, synchronous=synchronous)
-            reader_conn = None
-            try:
-                # A store at the current version already has its secret; only a new or an
-                # upgraded one may create it (a refused store is left exactly as it was).
-                current = conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-                key = secret or KeyStore(path.parent).load_secret(create=not current)
-                integrity = Integrity(key)
-                migrate(conn, integrity)
-                reader_conn = connect(path, synchronous=synchronous)
-                store = cls(
-                    conn, reader_conn, path, signer, trusted, integrity, clock, checkpoint_every
-                )
-                if check:
-                    startup_check(Reader(conn))
-                return store
-            except BaseException as exc:
-                conn.close()
-                if reader_conn is not None:
-                    reader_conn.close()
-                if isinstance(exc, sqlite3.Error):
-                    raise StoreError(f"cannot open the database: {exc}") from None
-                raise
+            return cls.open_now(
+                path,
+                signer,
+                keyring=keyring,
+                secret=secret,
+                clock=clock,
+                checkpoint_every=checkpoint_every,
+                synchronous=synchronous,
+                check=check,
+            )
 
         return await anyio.to_thread.run_sync(_open)
+
+    @classmethod
+    def open_now(
+        cls,
+        path: Path | str,
+        signer: Signer,
+        *,
+        keyring: Keyring | None = None,
+        secret: bytes | None = None,
+        clock: Clock = system_clock,
+        checkpoint_every: int = 256,
+        synchronous: Synchronous = "full",
+        check: bool = True,
+    ) -> Store:
+        """`open`, on the calling thread: for a process that makes one call and exits (a host
+        hook), which need not start an event loop for it."""
+        path = Path(path)
+        trusted = keyring if keyring is not None else Keyring({signer.key_id: signer.public_key})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = connect(path, synchronous=synchronous)
+        reader_conn = None
+        try:
+            # A store at the current version already has its secret; only a new or an
+            # upgraded one may create it (a refused store is left exactly as it was).
+            current = conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+            key = secret or KeyStore(path.parent).load_secret(create=not current)
+            integrity = Integrity(key)
+            migrate(conn, integrity)
+            reader_conn = connect(path, synchronous=synchronous)
+            store = cls(
+                conn, reader_conn, path, signer, trusted, integrity, clock, checkpoint_every
+            )
+            if check:
+                startup_check(Reader(conn))
+            return store
+        except BaseException as exc:
+            conn.close()
+            if reader_conn is not None:
+                reader_conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"cannot open the database: {exc}") from None
+            raise
+
+    def close_now(self) -> None:
+        """`close`, on the calling thread (the store must not be in use elsewhere)."""
+        self._conn.close()
+        self._reader_conn.close()
+
+    def write_now(self, fn: Callable[[Txn], T]) -> T:
+        """`write` for one caller on the calling thread (no group commit, no event loop): the
+        same transaction, committed whole or not at all."""
+        item = _Pending(fn)
+        self._commit_group([item])
+        if item.error is not None:
+            raise item.error
+        return item.result
 
     async def close(self) -> None:
         async with self._write_lock:

@@ -42,9 +42,7 @@ def _check_loop(home: Path | None, loop_id: str, agent: str) -> list[str]:
         with admin.open_reader(home) as reader:
             loop = reader.loop_row(loop_id)
             if loop is None:
-                return [
-                    f"there is no loop {loop_id!r} yet: open it before the agent runs"
-                ]
+                return [f"there is no loop {loop_id!r} yet: open it before the agent runs"]
             policy = reader.policy(loop.policy_digest)
     except LoopwardenError as exc:
         return [exc.message]
