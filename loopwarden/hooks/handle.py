@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from loopwarden.errors import LoopwardenError, describe_validation
 from loopwarden.hooks.protocols import MAX_EVENT, PROTOCOLS, Event, MalformedEvent, Reply
 from loopwarden.ledger.store import Store
-from loopwarden.operations.hooks import HookEvent, hook
+from loopwarden.operations.hooks import HookAnswer, HookEvent, hook
 from loopwarden.operations.runner import run_now
 from loopwarden.principals import Principal
 
@@ -48,11 +48,14 @@ def _failed(host: str, event: Event | None, exc: BaseException, loop_id: str, ag
 class _Call:
     """One event's parts: the host's event read, and the `hook` request built from it."""
 
-    def __init__(self, host: str, raw: bytes, loop_id: str, agent: str, servers: list[str]):
+    def __init__(self, host: str, event: Event, loop_id: str, agent: str, servers: list[str]):
         self.host, self.loop_id, self.agent = host, loop_id, agent
-        self.event: Event = read_event(host, raw)
+        self.event = event
         self.request = HookEvent(loop_id=loop_id, host=host, servers=servers, **self.event.__dict__)
         self.observer = Principal(id=agent, role="observer")
+
+    def reply(self, answer: HookAnswer) -> Reply:
+        return PROTOCOLS[self.host].reply(self.event, answer)
 
 
 async def handle(
@@ -61,12 +64,14 @@ async def handle(
     """Answer one event of `host` for `agent`'s observer in `loop_id`, as that host expects."""
     event: Event | None = None
     try:
-        call = _Call(host, raw, loop_id, agent, servers)
-        event = call.event
-        answer = await hook(store, call.observer, call.request)
-        return PROTOCOLS[host].reply(call.event, answer)
+        event = read_event(host, raw)
+        call = _Call(host, event, loop_id, agent, servers)
     except Exception as exc:
         return _failed(host, event, exc, loop_id, agent)
+    try:
+        return call.reply(await hook(store, call.observer, call.request))
+    except Exception as exc:
+        return _failed(host, call.event, exc, loop_id, agent)
 
 
 def handle_now(
@@ -75,9 +80,11 @@ def handle_now(
     """`handle` on the calling thread, for the one event a hook process answers."""
     event: Event | None = None
     try:
-        call = _Call(host, raw, loop_id, agent, servers)
-        event = call.event
-        answer = run_now(hook, store, call.observer, call.request)
-        return PROTOCOLS[host].reply(call.event, answer)
+        event = read_event(host, raw)
+        call = _Call(host, event, loop_id, agent, servers)
     except Exception as exc:
         return _failed(host, event, exc, loop_id, agent)
+    try:
+        return call.reply(run_now(hook, store, call.observer, call.request))
+    except Exception as exc:
+        return _failed(host, call.event, exc, loop_id, agent)

@@ -116,6 +116,20 @@ def _deny(reason: str) -> dict[str, Any]:
     }
 
 
+def _tool_call(event: dict[str, Any], session: str, shell_tools: frozenset[str]) -> dict[str, Any]:
+    """The parts of a tool event hosts name alike: `tool_name`, `tool_input`, `tool_use_id`."""
+    tool = _field(event, "tool_name", str)
+    tool_input = event.get("tool_input", {})
+    use_id = event.get("tool_use_id")
+    return {
+        "session_id": session,
+        "tool_use_id": use_id if isinstance(use_id, str) else None,
+        "host_tool": tool,
+        "input_digest": digest(tool_input),
+        "command": _shell_line(tool_input) if tool in shell_tools else None,
+    }
+
+
 class ClaudeCode:
     """Claude Code hooks (PreToolUse, PostToolUse, PostToolUseFailure, SessionStart, Stop;
     `command` and `http` types).
@@ -142,16 +156,7 @@ class ClaudeCode:
             return Event("stop", session, stop_active=bool(event.get("stop_hook_active")))
         if name != "PreToolUse" and name not in self.post_events:
             raise MalformedEvent(f"loopwarden does not handle {name!r} events")
-        tool = _field(event, "tool_name", str)
-        tool_input = event.get("tool_input", {})
-        use_id = event.get("tool_use_id")
-        common = {
-            "session_id": session,
-            "tool_use_id": use_id if isinstance(use_id, str) else None,
-            "host_tool": tool,
-            "input_digest": digest(tool_input),
-            "command": _shell_line(tool_input) if tool in self.shell_tools else None,
-        }
+        common = _tool_call(event, session, self.shell_tools)
         if name == "PreToolUse":
             return Event("pre", **common)
         response = event.get("tool_response", event.get("error"))
@@ -309,16 +314,7 @@ class Cursor:
             return Event("pre", session, host_tool="Read", input_digest=digest({"file_path": path}))
         if name not in ("preToolUse", "postToolUse"):
             raise MalformedEvent(f"loopwarden does not handle {name!r} events")
-        tool = _field(event, "tool_name", str)
-        tool_input = event.get("tool_input", {})
-        use_id = event.get("tool_use_id")
-        common = {
-            "session_id": session,
-            "tool_use_id": use_id if isinstance(use_id, str) else None,
-            "host_tool": tool,
-            "input_digest": digest(tool_input),
-            "command": _shell_line(tool_input) if tool in self.shell_tools else None,
-        }
+        common = _tool_call(event, session, self.shell_tools)
         if name == "preToolUse":
             return Event("pre", **common)
         duration = event.get("duration")
