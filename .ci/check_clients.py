@@ -167,10 +167,38 @@ def codex_config(run: Run) -> str:
     return f"codex: added ({shlex.join(launch)}); its mcp list does not connect, so the connection is not checked"
 
 
+def hooks_accepted(step: str, settings: str, client: str) -> Callable[[Run], str]:
+    """After `hook install`, the host still starts with its settings and lists loopwarden,
+    and the settings hold loopwarden's hook for every event it installed."""
+
+    def check(run: Run) -> str:
+        written = json.loads((run.project / settings).read_text())
+        commands = json.dumps(written.get("hooks", {}))
+        if "hook" not in commands or "--loop csv-export --agent builder" not in commands:
+            raise CheckFailed(f"{client}: {settings} has no loopwarden hook after hook install")
+        text = run.log(step)
+        if "loopwarden" not in text:
+            raise CheckFailed(f"{client}: with the hooks installed: {last(text)}")
+        if client != "Codex CLI" and "Connected" not in text:
+            raise CheckFailed(f"{client}: not Connected with the hooks installed: {last(text)}")
+        return f"{client}: starts with loopwarden's hooks installed ({settings})"
+
+    return check
+
+
 SCENARIOS = (
     Scenario(
         "stdio",
-        ("home", "claude-stdio", "gemini", "codex", "inspector-stdio"),
+        (
+            "home",
+            "claude-stdio",
+            "gemini",
+            "codex",
+            "inspector-stdio",
+            "hooks-claude",
+            "hooks-gemini",
+            "hooks-codex",
+        ),
         (
             contains("home", "opened loop csv-export", "loopwarden loop open"),
             connected("claude-stdio", "Claude Code (stdio)"),
@@ -179,6 +207,9 @@ SCENARIOS = (
             contains(
                 "inspector-stdio", '"allowed": true', "MCP Inspector (stdio, --strict, quota)"
             ),
+            hooks_accepted("hooks-claude", ".claude/settings.json", "Claude Code"),
+            hooks_accepted("hooks-gemini", ".gemini/settings.json", "Gemini CLI"),
+            hooks_accepted("hooks-codex", ".codex/hooks.json", "Codex CLI"),
         ),
     ),
     Scenario(

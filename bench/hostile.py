@@ -33,7 +33,11 @@ INIT = {
     "jsonrpc": "2.0",
     "id": 1,
     "method": "initialize",
-    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "b", "version": "0"}},
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "b", "version": "0"},
+    },
 }
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 USUAL_LIMIT = (
@@ -94,7 +98,9 @@ def initialize(url: str, token: str, timeout: float = 10) -> tuple[int | str, fl
     started = time.monotonic()
     try:
         with httpx2.Client(timeout=timeout) as http:
-            status: int | str = http.post(url, json=INIT, headers={**HEADERS, "Authorization": f"Bearer {token}"}).status_code
+            status: int | str = http.post(
+                url, json=INIT, headers={**HEADERS, "Authorization": f"Bearer {token}"}
+            ).status_code
     except httpx2.HTTPError as exc:
         status = type(exc).__name__
     return status, time.monotonic() - started
@@ -161,7 +167,19 @@ def outsider_flood(home: Path, seconds: float, limit: int) -> None:
     home.parent.mkdir(parents=True, exist_ok=True)
     policy = home.parent / "policy.json"
     policy.write_text(json.dumps(POLICY))
-    cli(home, "loop", "open", "--policy", str(policy), "--objective", "o", "--todo", "a", "--id", "L1")
+    cli(
+        home,
+        "loop",
+        "open",
+        "--policy",
+        str(policy),
+        "--objective",
+        "o",
+        "--todo",
+        "a",
+        "--id",
+        "L1",
+    )
     outsider = cli(home, "token", "create", "--agent", "mallory")["token"]
     process, url = serve(home)
     try:
@@ -169,8 +187,15 @@ def outsider_flood(home: Path, seconds: float, limit: int) -> None:
             head = {**HEADERS, "Authorization": f"Bearer {outsider}"}
             session = http.post(url, json=INIT, headers=head).headers["mcp-session-id"]
             head |= {"mcp-session-id": session, "mcp-protocol-version": "2025-11-25"}
-            http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=head)
-            call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "claim", "arguments": {"loop_id": "L1"}}}
+            http.post(
+                url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=head
+            )
+            call = {
+                "jsonrpc": "2.0",
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": "claim", "arguments": {"loop_id": "L1"}},
+            }
             calls, started = 0, time.monotonic()
             while calls < limit and time.monotonic() - started < seconds:
                 http.post(url, json=call, headers=head)

@@ -1,5 +1,5 @@
 """`python -m loopwarden` is the `loopwarden` command."""
 
-from loopwarden.clients.cli import main
+from loopwarden.clients.entry import main
 
 main()

@@ -434,12 +434,20 @@ class Replay:
     kinds: Counter[str] = field(default_factory=Counter)
 
 
-def _charge(usage: dict[str, Any]) -> Totals:
+def _charge(report: dict[str, Any]) -> Totals:
+    """What a report charges, computed apart from the server: tool calls are the larger of the
+    reported usage and the sum of tools_used counts (no host observes these runs), and a
+    receipt that records its charge must record exactly that."""
+    usage = report.get("usage", {})
+    listed = sum(t.get("count", 1) for t in report.get("tools_used", []))
+    tool_calls = max(usage.get("tool_calls", 0), listed)
+    recorded = report.get("tool_calls_charged", tool_calls)
+    assert recorded == tool_calls, f"charged {recorded} tool calls, expected {tool_calls}"
     return Totals(
         model_calls=usage.get("model_calls", 0),
         input_tokens=usage.get("input_tokens", 0),
         output_tokens=usage.get("output_tokens", 0),
-        tool_calls=usage.get("tool_calls", 0),
+        tool_calls=tool_calls,
         cost_micros=to_micros(usage.get("cost_usd", 0.0)),
         wall_micros=to_micros(usage.get("wall_seconds", 0.0)),
     )
@@ -487,12 +495,12 @@ def replay_grants(entries: list[Entry], *, chain: bool = True) -> Replay:
         elif body.kind == "turn.reported":
             close(data["turn_id"], data["todo_id"])
             out.reports[data["turn_id"]] += 1
-            out.charged = out.charged.plus(_charge(data.get("usage", {})))
+            out.charged = out.charged.plus(_charge(data))
             if data["outcome"] == "completed":
                 out.completed[data["todo_id"]] += 1
         elif body.kind == "turn.refused":
             if data["charged"]:
-                out.charged = out.charged.plus(_charge(data.get("usage", {})))
+                out.charged = out.charged.plus(_charge(data))
             if data["closes_turn"]:
                 close(data["turn_id"], data["todo_id"])
         elif body.kind == "lease.expired":

@@ -16,10 +16,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from loopwarden.errors import PolicyError
-from loopwarden.policy import BUDGET_DIMENSIONS, LoopPolicy, parse_policy, policy_digest
 from loopwarden.policy.budgets import MICRO, Totals, budget_lines, exhausted, to_micros
 from loopwarden.policy.decision import Reason
-from loopwarden.policy.digest import policy_document
+from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.evaluate import (
     ClaimFacts,
     ReportFacts,
@@ -32,7 +31,8 @@ from loopwarden.policy.evaluate import (
     evaluate_tools,
     explain,
 )
-from loopwarden.policy.loader import format_for, policy_from_data
+from loopwarden.policy.loader import format_for, parse_policy, policy_from_data
+from loopwarden.policy.model import BUDGET_DIMENSIONS, LoopPolicy
 from loopwarden.policy.patterns import TOOL_NAME_RE, check_pattern, is_tool_name, matches
 
 DIGEST = "sha256:" + "ab" * 32
@@ -1076,6 +1076,8 @@ SCALAR_CHANGES = [
     ("tools", "deny", ["git.push", "git.reset"]),
     ("tools", "approval", ["deploy.*", "db.migrate"]),
     (None, "agents", ["builder", "reviewer", "tester"]),
+    ("tools", "commands", {"deny": ["git push*"]}),
+    (None, "observe", {"mode": "record"}),
 ]
 
 

@@ -48,6 +48,7 @@ from loopwarden.operations.approvals import (
     request_approval,
 )
 from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.operations.hooks import HookEvent, hook
 from loopwarden.operations.leases import HeartbeatRequest, heartbeat
 from loopwarden.operations.loops import (
     LoopControlRequest,
@@ -100,7 +101,9 @@ async def fold_check(store: Store, loop_id: str) -> tuple[list[ReceiptBody], Loo
 
 
 def assert_counters_are_sums(bodies: list[ReceiptBody], stored: LoopView) -> None:
-    """turns == number of turn.claimed; every other total == the charged usage in receipts."""
+    """turns == number of turn.claimed; every other total == the charged usage in receipts
+    (tool calls: what each report records it charged, never less than its usage or its listed
+    counts)."""
     expected = Counter()
     for body in bodies:
         if body.kind == "turn.claimed":
@@ -114,7 +117,9 @@ def assert_counters_are_sums(bodies: list[ReceiptBody], stored: LoopView) -> Non
             expected["model_calls"] += usage.model_calls
             expected["input_tokens"] += usage.input_tokens
             expected["output_tokens"] += usage.output_tokens
-            expected["tool_calls"] += usage.tool_calls
+            listed = sum(t.count for t in body.data.tools_used)
+            assert body.data.tool_calls >= max(usage.tool_calls, listed), "tools_used uncharged"
+            expected["tool_calls"] += body.data.tool_calls
             expected["cost_micros"] += round(usage.cost_usd * MICRO)
             expected["wall_micros"] += round(usage.wall_seconds * MICRO)
     totals = stored.loop.totals.as_dict()
@@ -319,7 +324,44 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(store, clo
     )
     await step("L3", control_loop(store, OPERATOR, "cancel", LoopControlRequest(loop_id="L3")))
 
+    # L4: a host's hooks (record mode): attach, admit, refuse, observe; the report cross-checked.
+    watched = make_policy(
+        agents=["builder"], observe={"mode": "record"}, tools={"allow": ["fs.*", "shell.run"]}
+    )
+    await step(
+        "L4",
+        open_loop(
+            store,
+            OPERATOR,
+            OpenLoopRequest(objective="o", policy=watched, todos=todos, loop_id="L4"),
+        ),
+    )
+    observer = Principal(id="builder", role="observer")
+
+    def event(phase: str, tool: str | None = None, **kw: Any) -> HookEvent:
+        digests = {"input_digest": "sha256:" + "1" * 64} if tool else {}
+        if phase == "post":
+            digests["response_digest"] = "sha256:" + "2" * 64
+        return HookEvent(
+            loop_id="L4", host="claude-code", phase=phase, session_id="s", host_tool=tool,
+            **digests, **kw,
+        )  # fmt: skip
+
+    await step("L4", hook(store, observer, event("session")))  # host.attached
+    await step("L4", hook(store, observer, event("pre", "Read")))  # no turn: tool.refused
+    v1 = await step("L4", claim(store, BUILDER, req("L4")))
+    await step("L4", hook(store, observer, event("pre", "Read", tool_use_id="u1")))
+    await step("L4", hook(store, observer, event("post", "Read", tool_use_id="u1")))
+    await step("L4", hook(store, observer, event("post", "Bash", tool_use_id="u2")))
+    reported = await step(
+        "L4",
+        update(store, BUILDER, _report(v1, "progress", "w1", tools_used=[ToolUse(name="fs.read")])),
+    )
+    assert reported.accepted and [r.code for r in reported.reasons] == ["tool_unreported"]
+
     assert set(seen) == set(DATA_MODELS), f"kinds never exercised: {set(DATA_MODELS) - set(seen)}"
+    report = await store.read(lambda r: audit(r, store.keyring, workers=0))
+    assert report.findings == [], "every decision of the scenario is judged legal"
 
 
 @pytest.mark.anyio
@@ -447,9 +489,7 @@ async def op_heartbeat(w: World, data: st.DataObject) -> None:
         return
     owner, turn = data.draw(st.sampled_from(w.turns))
     fence = data.draw(st.sampled_from([turn.fence, turn.fence, 0]))
-    await heartbeat(
-        w.store, _who(data, owner), HeartbeatRequest(turn_id=turn.turn_id, fence=fence)
-    )  # type: ignore[arg-type]
+    await heartbeat(w.store, _who(data, owner), HeartbeatRequest(turn_id=turn.turn_id, fence=fence))  # type: ignore[arg-type]
 
 
 async def op_advance(w: World, data: st.DataObject) -> None:
@@ -547,8 +587,14 @@ async def _drive(data: st.DataObject, on_violation: str) -> None:
                     await OPERATIONS[name](world, data)
                 except NotFound:
                     # An outsider is answered as for a missing loop; its refusal alone is sealed.
-                    added = await store.read(lambda r, after=before: r.loop_journal("L", after_seq=after))
-                    assert [row.kind for row in added] in ([], ["claim.refused"], ["request.refused"])
+                    added = await store.read(
+                        lambda r, after=before: r.loop_journal("L", after_seq=after)
+                    )
+                    assert [row.kind for row in added] in (
+                        [],
+                        ["claim.refused"],
+                        ["request.refused"],
+                    )
                 except LoopwardenError:
                     # A raised error (Conflict, InvalidInput, ...) must leave nothing behind.
                     assert await store.read(lambda r: r.journal_count()) == before

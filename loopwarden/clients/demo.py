@@ -1,8 +1,10 @@
 """`loopwarden demo`: the product in one run, over real MCP stdio connections.
 
 Each agent talks to its own `loopwarden serve` subprocess (as every stdio MCP client does);
-all of them share one fresh SQLite store. The operator acts through the admin API. Three
-scenarios — success, refusal, approval — then a full audit and an offline bundle check.
+all of them share one fresh SQLite store. The operator acts through the admin API. Four
+scenarios — success, refusal, approval, and a host whose hooks decide every tool call (a
+`git push` blocked before it runs, an under-reported turn refused) — then a full audit and an
+offline bundle check.
 """
 
 from __future__ import annotations
@@ -363,7 +365,7 @@ async def scenario_approval(home: Path, n: Narrator, work: Path) -> bool:
 
 
 async def scenario_audit(home: Path, n: Narrator, work: Path) -> bool:
-    n.section("audit", "4. audit — every receipt checked offline")
+    n.section("audit", "5. audit — every receipt checked offline")
     async with admin.open_store(home) as store:
         size = await store.write(Txn.checkpoint)
     n.step("operator", "sign a checkpoint", f"tree size {size}", decision="allow")
@@ -407,11 +409,116 @@ async def scenario_bundle(home: Path, n: Narrator, work: Path) -> bool:
     return report.clean
 
 
+def _host_event(name: str, tool: str | None = None, **fields: Any) -> dict[str, Any]:
+    """A Claude Code hook event, as its hooks send them (docs/hooks.md)."""
+    event = {
+        "session_id": "demo-session",
+        "transcript_path": "",
+        "cwd": ".",
+        "hook_event_name": name,
+        **(
+            {
+                "tool_name": tool,
+                "tool_use_id": f"toolu_{hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]}",
+            }
+            if tool
+            else {}
+        ),
+        **fields,
+    }
+    return event
+
+
+async def _hook(home: Path, n: Narrator, event: dict[str, Any], action: str) -> str | None:
+    """Run the real command hook (`loopwarden hook claude-code`) on one event; the deny
+    reason, or None if the call may run."""
+    import sys
+
+    import anyio
+
+    command = [sys.executable, "-m", "loopwarden", "hook", "claude-code"]
+    args = ["--loop", "hooked", "--agent", "builder", "--home", str(home)]
+    done = await anyio.run_process([*command, *args], input=json.dumps(event).encode(), check=False)
+    out = json.loads(done.stdout) if done.stdout.strip() else {}
+    spec = out.get("hookSpecificOutput", {})
+    reason = (
+        spec.get("permissionDecisionReason") if spec.get("permissionDecision") == "deny" else None
+    )
+    if done.returncode not in (0,):
+        reason = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
+    n.step(
+        "host",
+        action,
+        "blocked: " + reason.removeprefix("loopwarden: ") if reason else "let through",
+        decision="deny" if reason else "allow",
+    )
+    return reason
+
+
+async def scenario_hooks(home: Path, n: Narrator, work: Path) -> bool:
+    n.section("hooks", "4. hooks — the agent's host asks before every tool call")
+    await _open(
+        home,
+        n,
+        "hooked",
+        "Fix the failing test; never push",
+        "hooked.toml",
+        [{"id": "fix", "title": "fix the failing test"}, {"id": "notes", "title": "write notes"}],
+    )
+
+    def bash(command: str, phase: str = "PreToolUse", **more: Any) -> dict[str, Any]:
+        return _host_event(phase, "Bash", tool_input={"command": command}, **more)
+
+    await _hook(home, n, _host_event("SessionStart", source="startup"), "SessionStart")
+    async with AgentClient.stdio("builder", home) as builder:
+        grant = await _claim(n, "builder", builder, "hooked")
+        ran = await _hook(home, n, bash("pytest -q"), "Bash: pytest -q")
+        await _hook(
+            home,
+            n,
+            bash("pytest -q", "PostToolUse", tool_response={"stdout": "3 passed"}),
+            "Bash ran",
+        )
+        pushed = await _hook(home, n, bash("git push origin main"), "Bash: git push origin main")
+        under = await _update(
+            n,
+            "builder",
+            builder,
+            grant,
+            "hooked-1",
+            "completed",
+            "Fixed the test.",
+            tools_used=[{"name": "fs.write", "count": 1}],
+            evidence=[{"kind": "test", "summary": "3 passed"}],
+        )
+        again = await _claim(n, "builder", builder, "hooked")
+        await _hook(home, n, bash("pytest -q"), "Bash: pytest -q")
+        honest = await _update(
+            n,
+            "builder",
+            builder,
+            again,
+            "hooked-2",
+            "completed",
+            "Fixed the test; reported what the host saw.",
+            tools_used=[{"name": "shell.run", "count": 1}],
+            evidence=[{"kind": "test", "summary": "3 passed"}],
+        )
+    return (
+        ran is None
+        and pushed is not None
+        and not under.accepted
+        and "unreported_tool_use" in _reasons(under.reasons)
+        and honest.accepted
+    )
+
+
 Scenario = Callable[[Path, Narrator, Path], Awaitable[bool]]
 SCENARIOS: dict[str, Scenario] = {
     "success": scenario_success,
     "refusal": scenario_refusal,
     "approval": scenario_approval,
+    "hooks": scenario_hooks,
     "audit": scenario_audit,
     "bundle": scenario_bundle,
 }

@@ -155,6 +155,16 @@ def projection(p: ProjectionResult) -> None:
             row = (lease.turn_id, lease.todo_id, lease.agent, lease.fence, lease.lease_expires_at)
             leases.add_row(*map(cell, row))
         console.print(leases)
+    watched = [t for t in p.turns if t.observed or t.tool_refusals]
+    if watched:  # the host's hooks saw these turns: what they saw beside what was reported
+        turns = Table(title="observed tool use", title_justify="left", box=None, pad_edge=False)
+        for column in ("turn", "agent", "status", "observed", "reported", "refused"):
+            turns.add_column(column)
+        for w in watched:
+            seen = ", ".join(f"{k} ×{v}" for k, v in w.observed.items())
+            said = ", ".join(f"{k} ×{v}" for k, v in w.reported.items())
+            turns.add_row(*map(cell, (w.turn_id, w.agent, w.status, seen, said, w.tool_refusals)))
+        console.print(turns)
     if p.approvals:
         approvals = Table(title="approvals", title_justify="left", box=None, pad_edge=False)
         for column in ("id", "tool", "status", "requested by", "summary"):

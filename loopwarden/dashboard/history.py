@@ -134,7 +134,9 @@ class LoopHistory:
             return Totals(turns=1)
         if kind == "turn.reported" or (kind == "turn.refused" and data.get("charged")):
             try:
-                return usage_totals(Usage.model_validate(data.get("usage", {})))
+                charged = data.get("tool_calls_charged")  # absent in 0.1.0's receipts
+                tool_calls = charged if isinstance(charged, int) else None
+                return usage_totals(Usage.model_validate(data.get("usage", {})), tool_calls)
             except ValidationError:
                 self.unreadable += 1
         return None

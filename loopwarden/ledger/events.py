@@ -9,6 +9,7 @@ the operations' input types, so one set of limits guards both.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal, cast, get_args
@@ -66,7 +67,9 @@ def new_id(prefix: str) -> str:
 
 
 class Fact(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Built on first use, not at import: a process that seals one receipt (a host hook) pays
+    # only for the kinds it touches.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Usage(Fact):
@@ -131,6 +134,10 @@ class ReceiptKind(StrEnum):
     LOOP_CANCELLED = "loop.cancelled"
     LOOP_STOPPED = "loop.stopped"
     LOOP_COMPLETED = "loop.completed"
+    HOST_ATTACHED = "host.attached"
+    TOOL_ADMITTED = "tool.admitted"
+    TOOL_REFUSED = "tool.refused"
+    TOOL_OBSERVED = "tool.observed"
 
 
 CLOSING_KINDS = frozenset(
@@ -157,7 +164,7 @@ class ClaimRefused(Fact):
     todo_id: TodoId | None = None
 
 
-RefusedOperation = Literal["heartbeat", "todo_add", "request_approval", "decide_approval"]
+RefusedOperation = Literal["heartbeat", "todo_add", "request_approval", "decide_approval", "hook"]
 
 
 class RequestRefused(Fact):
@@ -195,6 +202,17 @@ class TurnReport(Fact):
     summary: str = Field(max_length=MAX_SUMMARY)
     failure_signature: str | None = Field(default=None, max_length=200)
     approval_ids: tuple[ApprovalId, ...] = Field(default=(), max_length=MAX_TOOLS_USED)
+    # What the server charged against max_tool_calls: the largest of usage.tool_calls, the sum
+    # of tools_used counts and the calls the host observed in the turn. Absent in receipts of
+    # release 0.1.0, which charged usage.tool_calls alone (the fold does the same for them).
+    tool_calls_charged: Count | None = None
+
+    @property
+    def tool_calls(self) -> int:
+        """The tool calls this report charges."""
+        if self.tool_calls_charged is not None:
+            return self.tool_calls_charged
+        return self.usage.tool_calls
 
 
 class TurnReported(TurnReport):
@@ -235,6 +253,54 @@ class TodoAdded(Fact):
     todo: TodoSpec
 
 
+Host = Literal["claude-code", "codex", "gemini", "cursor"]
+HostSession = Annotated[str, Field(min_length=1, max_length=200)]
+HostToolName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class HostAttached(Fact):
+    """An agent's host session announced itself (its SessionStart, or its first hook event)."""
+
+    host: Host
+    session_id: HostSession
+
+
+class ToolCall(Fact):
+    """One tool call as the host's hook showed it, before it ran. The input itself is never
+    recorded (it may hold secrets): only the digest of its RFC 8785 bytes."""
+
+    host: Host
+    session_id: HostSession
+    tool_use_id: str | None = Field(default=None, max_length=200)
+    host_tool: HostToolName
+    tool: ToolName
+    input_digest: Digest
+
+
+class ToolAdmitted(ToolCall):
+    pass
+
+
+class ToolRefused(ToolCall):
+    """`enforced`: the host was told to block the call (`[observe] mode = "enforce"`); in
+    `record` mode the refusal is recorded and the call let through."""
+
+    enforced: bool
+
+
+class ToolObserved(Fact):
+    """A tool call the host ran (its post-tool hook): what came back, digested."""
+
+    host: Host
+    session_id: HostSession
+    tool_use_id: str | None = Field(default=None, max_length=200)
+    host_tool: HostToolName
+    tool: ToolName
+    response_digest: Digest
+    errored: bool = False
+    duration_ms: Amount | None = None
+
+
 class LoopStatusChanged(Fact):
     """A pause or resume; `reason` is the operator's note."""
 
@@ -263,6 +329,10 @@ ReceiptData = (
     | TodoAdded
     | LoopStatusChanged
     | LoopStopped
+    | HostAttached
+    | ToolAdmitted
+    | ToolRefused
+    | ToolObserved
 )
 
 
@@ -287,7 +357,7 @@ class DecisionRef(Fact):
 class _Body(Fact):
     """The signed payload every receipt shares; each kind's subclass adds `kind` and `data`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
     schema_: Literal["loopwarden.receipt/v1"] = Field(default=RECEIPT_SCHEMA, alias="schema")
     loop_id: LoopId
@@ -380,6 +450,26 @@ class LoopStoppedBody(_Body):
     data: LoopStopped
 
 
+class HostAttachedBody(_Body):
+    kind: Literal["host.attached"]
+    data: HostAttached
+
+
+class ToolAdmittedBody(_Body):
+    kind: Literal["tool.admitted"]
+    data: ToolAdmitted
+
+
+class ToolRefusedBody(_Body):
+    kind: Literal["tool.refused"]
+    data: ToolRefused
+
+
+class ToolObservedBody(_Body):
+    kind: Literal["tool.observed"]
+    data: ToolObserved
+
+
 ReceiptBody = Annotated[
     LoopOpenedBody
     | TurnClaimedBody
@@ -393,7 +483,11 @@ ReceiptBody = Annotated[
     | ApprovalDecidedBody
     | TodoAddedBody
     | LoopStatusChangedBody
-    | LoopStoppedBody,
+    | LoopStoppedBody
+    | HostAttachedBody
+    | ToolAdmittedBody
+    | ToolRefusedBody
+    | ToolObservedBody,
     Field(discriminator="kind"),
 ]
 """The signed payload of every receipt: one body class per kind, chosen by `kind`."""
@@ -407,12 +501,17 @@ BODY_TYPES: dict[str, type[_Body]] = {
 DATA_MODELS: dict[str, type[Fact]] = {
     kind: cast(type[Fact], cls.model_fields["data"].annotation) for kind, cls in BODY_TYPES.items()
 }
-_BODY = TypeAdapter[ReceiptBody](ReceiptBody)
+
+
+@functools.cache
+def _body_adapter() -> TypeAdapter[ReceiptBody]:
+    """The union's validator, built once on first use (see `Fact`)."""
+    return TypeAdapter[ReceiptBody](ReceiptBody)
 
 
 def parse_body(value: Any) -> ReceiptBody:
     """Validate a decoded receipt payload (raises pydantic `ValidationError`)."""
-    return _BODY.validate_python(value)
+    return _body_adapter().validate_python(value)
 
 
 def make_body(kind: ReceiptKind | str, **fields: Any) -> ReceiptBody:

@@ -22,6 +22,7 @@ from loopwarden.ledger.events import (
     ApprovalDecided,
     ApprovalRequested,
     ClosedTurn,
+    HostAttached,
     LeaseExpired,
     LeaseRenewed,
     LoopOpened,
@@ -31,8 +32,13 @@ from loopwarden.ledger.events import (
     ReceiptKind,
     TodoAdded,
     TodoSpec,
+    ToolAdmitted,
+    ToolCall,
+    ToolObserved,
+    ToolRefused,
     TurnClaimed,
     TurnRefused,
+    TurnReport,
     TurnReported,
     Usage,
 )
@@ -58,9 +64,25 @@ from loopwarden.statuses import (
 
 ChainProblem = Literal["seq_gap", "prev_mismatch"]
 REFUSALS = frozenset(
-    {ReceiptKind.CLAIM_REFUSED, ReceiptKind.REQUEST_REFUSED, ReceiptKind.TURN_REFUSED}
+    {
+        ReceiptKind.CLAIM_REFUSED,
+        ReceiptKind.REQUEST_REFUSED,
+        ReceiptKind.TURN_REFUSED,
+        ReceiptKind.TOOL_REFUSED,
+    }
 )
-"""Kinds that record a refusal: the only receipts a closed loop still takes."""
+"""Kinds that record a refusal."""
+AFTER_CLOSE = REFUSALS | {ReceiptKind.TOOL_OBSERVED}
+"""The only receipts a closed loop still takes: refusals, and what a host saw run."""
+HOST_KINDS = frozenset(
+    {
+        ReceiptKind.HOST_ATTACHED,
+        ReceiptKind.TOOL_ADMITTED,
+        ReceiptKind.TOOL_REFUSED,
+        ReceiptKind.TOOL_OBSERVED,
+    }
+)
+"""Kinds a host's hooks seal (their principal is the agent the hook speaks for)."""
 
 
 class FoldError(LoopwardenError):
@@ -103,19 +125,22 @@ def touched(body: ReceiptBody) -> Touched:
             todos=frozenset(c.todo_id for c in f.closed_turns),
             turns=frozenset(c.turn_id for c in f.closed_turns),
         )
+    if body.turn_id is not None and body.kind in HOST_KINDS:
+        return Touched(turns=frozenset([body.turn_id]))
     return Touched()
 
 
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def usage_totals(usage: Usage) -> Totals:
-    """What one report charges, in exact units (turns are charged at claim time)."""
+def usage_totals(usage: Usage, tool_calls: int | None = None) -> Totals:
+    """What one report charges, in exact units (turns are charged at claim time); `tool_calls`
+    if given (`TurnReport.tool_calls`), else the reported usage's."""
     return Totals(
         model_calls=usage.model_calls,
         input_tokens=usage.input_tokens,
         output_tokens=usage.output_tokens,
-        tool_calls=usage.tool_calls,
+        tool_calls=usage.tool_calls if tool_calls is None else tool_calls,
         cost_micros=to_micros(usage.cost_usd),
         wall_micros=to_micros(usage.wall_seconds),
     )
@@ -276,8 +301,9 @@ def _expired(view: LoopView, body: ReceiptBody, f: LeaseExpired) -> None:
     _release(view, f.todo_id, failed=True)
 
 
-def _charge(view: LoopView, usage: Usage) -> None:
-    view.loop = replace(view.loop, totals=view.loop.totals.plus(usage_totals(usage)))
+def _charge(view: LoopView, report: TurnReport) -> None:
+    charged = usage_totals(report.usage, report.tool_calls)
+    view.loop = replace(view.loop, totals=view.loop.totals.plus(charged))
 
 
 def _consume(view: LoopView, approval_id: str, turn_id: str) -> None:
@@ -293,8 +319,9 @@ def _reported(view: LoopView, body: ReceiptBody, f: TurnReported) -> None:
     todo: TodoRow = _row(view.todos, f.todo_id, "todo")
     if todo.status != TodoStatus.CLAIMED or todo.turn_id != f.turn_id:
         raise FoldError(f"todo {f.todo_id!r} is not held by turn {f.turn_id}")
-    _charge(view, f.usage)
-    _close_turn(view, f.turn_id, TurnStatus.REPORTED, body.at, f.outcome)
+    _charge(view, f)
+    closed = _close_turn(view, f.turn_id, TurnStatus.REPORTED, body.at, f.outcome)
+    view.turns[f.turn_id] = replace(closed, reported={t.name: t.count for t in f.tools_used})
     if f.outcome == "completed":
         _set_todo(view, todo, status=TodoStatus.DONE)
     elif f.outcome == "blocked":
@@ -313,7 +340,7 @@ def _reported(view: LoopView, body: ReceiptBody, f: TurnReported) -> None:
 
 def _refused(view: LoopView, body: ReceiptBody, f: TurnRefused) -> None:
     if f.charged:
-        _charge(view, f.usage)
+        _charge(view, f)
     if f.closes_turn:
         _close_turn(view, f.turn_id, TurnStatus.REFUSED, body.at, f.outcome)
         _release(view, f.todo_id, failed=True)
@@ -398,6 +425,38 @@ def _noop(view: LoopView, body: ReceiptBody, f: object) -> None:
     return None
 
 
+def _host_seen(
+    view: LoopView, body: ReceiptBody, f: HostAttached | ToolCall | ToolObserved
+) -> None:
+    """Every hook receipt records the host session the agent's hooks speak from."""
+    hosts = {**view.loop.hosts, body.principal.id: (f.host, f.session_id, body.at)}
+    view.loop = replace(view.loop, hosts=hosts)
+
+
+def _hook_turn(view: LoopView, body: ReceiptBody) -> TurnRow | None:
+    """The turn a hook receipt names: open, and the receipt's agent's."""
+    if body.turn_id is None:
+        return None
+    turn: TurnRow = _open_turn(view, body.turn_id)
+    if turn.agent != body.principal.id:
+        raise FoldError(f"turn {body.turn_id!r} is not {body.principal.id}'s")
+    return turn
+
+
+def _tool_seen(view: LoopView, body: ReceiptBody, f: ToolCall | ToolObserved) -> None:
+    """A hook's pre-tool admission, refusal, or post-tool observation: counted on the turn."""
+    _host_seen(view, body, f)
+    turn = _hook_turn(view, body)
+    if turn is None:
+        return
+    if isinstance(f, ToolRefused):
+        view.turns[turn.turn_id] = replace(turn, refusals=turn.refusals + 1)
+        return
+    admitted, ran = turn.observed.get(f.tool, (0, 0))
+    seen = (admitted + 1, ran) if isinstance(f, ToolAdmitted) else (admitted, ran + 1)
+    view.turns[turn.turn_id] = replace(turn, observed={**turn.observed, f.tool: seen})
+
+
 _HANDLERS: dict[str, Callable[[LoopView, Any, Any], None]] = {
     ReceiptKind.TURN_CLAIMED: _claimed,
     ReceiptKind.CLAIM_REFUSED: _noop,
@@ -409,6 +468,10 @@ _HANDLERS: dict[str, Callable[[LoopView, Any, Any], None]] = {
     ReceiptKind.APPROVAL_REQUESTED: _approval_requested,
     ReceiptKind.APPROVAL_DECIDED: _approval_decided,
     ReceiptKind.TODO_ADDED: _todo_added,
+    ReceiptKind.HOST_ATTACHED: _host_seen,
+    ReceiptKind.TOOL_ADMITTED: _tool_seen,
+    ReceiptKind.TOOL_REFUSED: _tool_seen,
+    ReceiptKind.TOOL_OBSERVED: _tool_seen,
     **{kind: _status_changed for kind in _TRANSITIONS},
 }
 
@@ -436,7 +499,7 @@ def apply(view: LoopView | None, body: ReceiptBody, digest: str) -> LoopView:
             raise FoldError(
                 f"loop {body.loop_id!r}: receipt {body.seq} does not chain to its predecessor"
             )
-        if view.loop.status.closed and body.kind not in REFUSALS:
+        if view.loop.status.closed and body.kind not in AFTER_CLOSE:
             raise FoldError(f"{body.kind} on a {view.loop.status} loop")
         _HANDLERS[body.kind](view, body, body.data)
     view.loop = replace(view.loop, head_seq=body.seq, head_digest=digest, updated_at=body.at)

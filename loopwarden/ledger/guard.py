@@ -27,12 +27,11 @@ from loopwarden.ledger.dialect import Connection
 from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, Integrity
 from loopwarden.ledger.reader import (
     LOOP_COLUMNS,
+    ROW_SQL,
     PolicyCache,
     Reader,
-    as_sql,
     loop_from_sql,
     loop_to_sql,
-    todo_to_sql,
 )
 from loopwarden.ledger.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.statuses import TodoStatus, TurnStatus
@@ -43,8 +42,7 @@ def loop_mac_values(loop: LoopRow, root: bytes) -> list[object]:
 
 
 def row_leaf(table: str, row: TodoRow | TurnRow | ApprovalRow) -> bytes:
-    values = todo_to_sql(row) if isinstance(row, TodoRow) else as_sql(row)
-    return state.leaf(table, values)
+    return state.leaf(table, ROW_SQL[table][1](row))
 
 
 class GuardedReader(Reader):

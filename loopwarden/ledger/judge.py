@@ -37,10 +37,14 @@ from loopwarden.ledger.events import (
     ReceiptKind,
     RequestRefused,
     TodoAdded,
+    ToolAdmitted,
+    ToolObserved,
+    ToolRefused,
     TurnClaimed,
     TurnRefused,
     TurnReported,
 )
+from loopwarden.ledger.fold import HOST_KINDS
 from loopwarden.ledger.rows import LoopView, TurnRow
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Reason
@@ -53,10 +57,12 @@ from loopwarden.policy.evaluate import (
     evaluate_report,
     evaluate_stop,
     evaluate_todo_add,
+    evaluate_tool_call,
     explain,
     tool_reasons,
     turn_reasons,
 )
+from loopwarden.policy.hosts import SHELL, policy_tool
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import TodoStatus
 
@@ -171,7 +177,8 @@ class Judge:
         if isinstance(data, TurnReported):
             return _reported(view, body, data)
         if isinstance(data, ClaimRefused | TurnRefused | RequestRefused):
-            return self._refused(state, view, body, data)
+            charged = _charged(view, body, data) if isinstance(data, TurnRefused) else []
+            return self._refused(state, view, body, data) + charged
         if isinstance(data, LeaseExpired):
             return _expired(view, body, data)
         if isinstance(data, LeaseRenewed):
@@ -187,6 +194,8 @@ class Judge:
                 evaluate_todo_add(view.policy, _todo_facts(view, body), digest="").codes,
                 "todo added",
             )
+        if body.kind in HOST_KINDS:
+            return _hook(view, body)
         return []
 
     def _refused(
@@ -310,7 +319,13 @@ def _claim_facts(state: _Loop, view: LoopView, body: ReceiptBody) -> ClaimFacts:
     open_turns = [view.turns[t] for t in view.loop.open_turns]
     window = _window(state, view.policy, body.at)
     return rules.claim_facts(
-        view.loop, open_turns, window, body.principal.id, parse_time(body.at), body.at
+        view.loop,
+        open_turns,
+        window,
+        body.principal.id,
+        parse_time(body.at),
+        body.at,
+        view.policy.claims.lease_seconds,
     )
 
 
@@ -326,7 +341,77 @@ def _report(
         body.principal.id, view.loop, turn, view.todos.get(turn.todo_id), view.approvals,
         data, parse_time(body.at), body.at,
     )  # fmt: skip
-    return evaluate_report(view.policy, facts, digest="").codes
+    decision = evaluate_report(view.policy, facts, digest="")
+    return () if decision.allowed else decision.codes  # an allow's reasons are warnings
+
+
+def _charged(view: LoopView, body: ReceiptBody, data: TurnReported | TurnRefused) -> list[Verdict]:
+    """A report that records its tool-call charge must charge what the rules say (receipts of
+    0.1.0 record none and charged usage.tool_calls, which the fold repeats)."""
+    turn = view.turns.get(data.turn_id)
+    if data.tool_calls_charged is None or turn is None or body.principal.id != turn.agent:
+        return []
+    expected = rules.tool_calls_charged(data, data.usage.tool_calls, turn)
+    if data.tool_calls_charged == expected:
+        return []
+    return [
+        Verdict(
+            "charge", f"charged {data.tool_calls_charged} tool calls where the rules say {expected}"
+        )
+    ]
+
+
+COMMAND_CODES = frozenset(
+    {codes.COMMAND_DENIED, codes.COMMAND_NOT_ALLOWED, codes.COMMAND_UNREADABLE}
+)
+"""Reasons decided on a command line, which receipts do not carry (only the input's digest)."""
+
+
+def _hook(view: LoopView, body: ReceiptBody) -> list[Verdict]:
+    """A host hook's receipt: sealed by the agent's observer, in a loop that observes, naming
+    the agent's open turn (or none if it held none), the tool by the host's mapping, and for a
+    pre-tool decision, the decision the rules give (command rules aside: the line is not kept)."""
+    data = body.data
+    verdicts = []
+    if body.principal.role != "observer":
+        verdicts.append(Verdict("role", f"{body.kind} by a {body.principal.role}"))
+    mode = view.policy.observe_mode
+    if mode == "off":
+        return [*verdicts, Verdict("observe_off", f"{body.kind} in a loop that observes no host")]
+    open_turns = [view.turns[t] for t in view.loop.open_turns]
+    turn = rules.agent_turn(open_turns, body.principal.id)
+    if body.turn_id != (turn.turn_id if turn is not None else None):
+        verdicts.append(Verdict("hook_turn", "it does not name the agent's open turn"))
+    if not isinstance(data, ToolAdmitted | ToolRefused | ToolObserved):
+        return verdicts  # host.attached
+    overrides = view.policy.observe.names.get(data.host) if view.policy.observe else None
+    if data.tool != policy_tool(data.host, data.host_tool, overrides):
+        verdicts.append(Verdict("tool_name", f"{data.host_tool} is not {data.tool} on {data.host}"))
+    if isinstance(data, ToolObserved):
+        return verdicts
+    facts = rules.tool_call_facts(
+        view.loop, open_turns, view.approvals.values(), body.principal.id,
+        (data.host_tool, data.tool, None), body.at,
+    )  # fmt: skip
+    expected = set(evaluate_tool_call(view.policy, facts, digest="").codes) - COMMAND_CODES
+    if isinstance(data, ToolAdmitted):
+        if body.decision.effect != "allow":
+            verdicts.append(Verdict("effect", "an admission records a deny"))
+        return verdicts + _verdicts(tuple(sorted(expected)), "tool admitted")
+    if body.decision.effect != "deny":
+        verdicts.append(Verdict("effect", "a tool refusal records an allow"))
+    if isinstance(data, ToolRefused) and data.enforced != (mode == "enforce"):
+        verdicts.append(Verdict("enforced", f"enforced={data.enforced} under mode {mode}"))
+    recorded = _codes(body)
+    commands = recorded & COMMAND_CODES
+    rules_commands = data.tool == SHELL and view.policy.tools.commands is not None
+    if (recorded - COMMAND_CODES) != expected or (commands and not rules_commands):
+        verdicts.append(
+            Verdict(
+                "tool_refused", f"refused for {sorted(recorded)}; the rules give {sorted(expected)}"
+            )
+        )
+    return verdicts
 
 
 def _turn_reasons(
@@ -427,7 +512,8 @@ def _claimed(state: _Loop, view: LoopView, body: ReceiptBody, data: TurnClaimed)
 def _reported(view: LoopView, body: ReceiptBody, data: TurnReported) -> list[Verdict]:
     if body.decision.effect != "allow":
         return [Verdict("effect", "an accepted report records a deny")]
-    return _verdicts(_report(view, body, data, view.turns[data.turn_id]), "accepted")
+    found = _report(view, body, data, view.turns[data.turn_id])
+    return _verdicts(found, "accepted") + _charged(view, body, data)
 
 
 def _expired(view: LoopView, body: ReceiptBody, data: LeaseExpired) -> list[Verdict]:

@@ -44,7 +44,8 @@ from loopwarden.errors import NotFound, StoreError
 from loopwarden.ledger.dialect import POSTGRESQL, PgConnection
 from loopwarden.ledger.integrity import LOG_MAC, Integrity
 from loopwarden.ledger.location import redact
-from loopwarden.ledger.schema import PG_FIRST_VERSION, PG_MIGRATIONS, SCHEMA_VERSION
+from loopwarden.ledger.rebuild import rebuild_projection
+from loopwarden.ledger.schema import PG_FIRST_VERSION, PG_MIGRATIONS, REBUILT_AT, SCHEMA_VERSION
 from loopwarden.ledger.worker import Worker
 
 T = TypeVar("T")
@@ -82,7 +83,8 @@ def schema_version(conn: PgConnection) -> int:
 
 def migrate(conn: PgConnection, integrity: Integrity) -> None:
     """Bring the schema to `SCHEMA_VERSION` in one transaction; refuse a database from a newer
-    loopwarden. Replicas starting together take turns on an advisory lock, taken before the
+    loopwarden. Upgrading an existing database past `REBUILT_AT` re-derives its projection
+    from the journal, with proofs (`rebuild.py`), as on SQLite. Replicas starting together take turns on an advisory lock, taken before the
     transaction begins so that the version it reads includes the previous holder's work."""
     conn.execute("SELECT pg_advisory_lock(?)", (MIGRATION_LOCK,))
     try:
@@ -121,6 +123,8 @@ def _migrate(conn: PgConnection, integrity: Integrity) -> None:
             "INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
         )
     elif version < SCHEMA_VERSION:
+        if version < REBUILT_AT:  # the rows' proofs cover columns this upgrade added
+            rebuild_projection(conn, integrity)
         conn.execute(
             "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
         )
@@ -281,6 +285,10 @@ class PostgresBackend:
                     conn.execute("ROLLBACK")
         except psycopg.Error as exc:
             raise StoreError(f"database error: {_first_line(exc)}") from exc
+
+    def close_now(self) -> None:
+        if not self.writer.raw.closed:
+            self.writer.close()
 
     async def close(self) -> None:
         if self._reading is not None:

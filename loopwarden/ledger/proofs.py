@@ -12,13 +12,13 @@ A schema-3 database has no proofs to check; a missing secret skips the MACs (and
 
 from __future__ import annotations
 
-import zlib
 from collections import defaultdict
 
+from loopwarden.errors import IntegrityError
 from loopwarden.ledger.findings import Report
 from loopwarden.ledger.guard import loop_mac_values, row_leaf
 from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC, Integrity
-from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.reader import Reader, unpack_response
 from loopwarden.ledger.rows import LoopView
 from loopwarden.ledger.state import EMPTY, StateTree, node
 
@@ -90,8 +90,11 @@ def check_records(reader: Reader, integrity: Integrity, report: Report) -> None:
         "SELECT principal, key, operation, request_digest, response, mac FROM idempotency"
     )
     for principal, key, operation, digest, response, record_mac in rows:
-        text = zlib.decompress(response).decode() if isinstance(response, bytes) else str(response)
-        if not integrity.valid(RECORD_MAC, [principal, key, operation, digest, text], record_mac):
+        try:
+            values = [principal, key, operation, digest, unpack_response(response)]
+        except IntegrityError:
+            values = []  # no MAC matches: reported below
+        if not values or not integrity.valid(RECORD_MAC, values, record_mac):
             report.add(
                 "mac_invalid",
                 f"the idempotency record {principal}/{key} was changed outside loopwarden",

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
+from typing import Any
 
 from loopwarden.canonical import digest_of
 from loopwarden.errors import IntegrityError
@@ -24,14 +25,14 @@ LOOP_COLUMNS = (
     "loop_id, objective, status, stop_reason, policy_digest, opened_at, opened_by, turns, "
     "model_calls, input_tokens, output_tokens, tool_calls, cost_micros, wall_micros, todos_open, "
     "todos_claimed, todos_done, todos_blocked, failure_signature, failure_streak, head_seq, "
-    "head_digest, updated_at, open_turns, slots"
+    "head_digest, updated_at, open_turns, slots, hosts"
 )
 TODO_COLUMNS = (
     "loop_id, todo_id, title, ord, depends_on, status, attempts, fence, added_by, turn_id, slot"
 )
 TURN_COLUMNS = (
     "turn_id, loop_id, todo_id, agent, fence, status, claimed_at, lease_expires_at, closed_at, "
-    "outcome, slot, number"
+    "outcome, slot, number, observed, reported, refusals"
 )
 APPROVAL_COLUMNS = (
     "approval_id, loop_id, turn_id, todo_id, tool, summary, artifact_digest, status, requested_by, "
@@ -42,12 +43,16 @@ JOURNAL_COLUMNS = "leaf_index, loop_id, seq, kind, receipt_id, digest, at, turn_
 
 LEGACY_SCHEMA = 3
 """The last schema without the proof fields (loopwarden 0.1.0): still readable by an audit."""
-LEGACY_FIELDS = frozenset({"open_turns", "slots", "slot", "number"})
+LEGACY_FIELDS = frozenset(
+    {"open_turns", "slots", "slot", "number", "hosts", "observed", "reported", "refusals"}
+)
 """Row fields that schema did not store (read back as their defaults, and not compared)."""
 _LEGACY_COLUMNS = {
-    "loops": LOOP_COLUMNS.replace(", open_turns, slots", ", '[]', 0"),
+    "loops": LOOP_COLUMNS.replace(", open_turns, slots, hosts", ", '[]', 0, '{}'"),
     "todos": TODO_COLUMNS.replace(", slot", ", 0"),
-    "turns": TURN_COLUMNS.replace(", slot, number", ", 0, 0"),
+    "turns": TURN_COLUMNS.replace(
+        ", slot, number, observed, reported, refusals", ", 0, 0, '{}', '{}', 0"
+    ),
     "approvals": APPROVAL_COLUMNS.replace(", slot", ", 0"),
     "tokens": TOKEN_COLUMNS.replace(", expires_at, mac", ", NULL, NULL"),
 }
@@ -71,6 +76,7 @@ def loop_from_sql(r: tuple) -> LoopRow:
         updated_at=r[22],
         open_turns=tuple(json.loads(r[23])),
         slots=r[24],
+        hosts={agent: tuple(seen) for agent, seen in json.loads(r[25]).items()},
     )
 
 
@@ -99,7 +105,13 @@ def loop_to_sql(row: LoopRow) -> tuple:
         row.updated_at,
         json.dumps(list(row.open_turns)),
         row.slots,
+        _json_object(row.hosts),
     )
+
+
+def _json_object(value: dict[str, Any]) -> str:
+    """A dict column as JSON text, keys sorted (a row's bytes, MACs and leaves are stable)."""
+    return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in sorted(value.items())})
 
 
 def todo_from_sql(r: tuple) -> TodoRow:
@@ -125,7 +137,44 @@ def todo_to_sql(row: TodoRow) -> tuple:
 
 def turn_from_sql(r: tuple) -> TurnRow:
     status = TurnStatus(r[5])
-    return TurnRow(r[0], r[1], r[2], r[3], r[4], status, r[6], r[7], r[8], r[9], r[10], r[11])
+    observed = {tool: (seen[0], seen[1]) for tool, seen in json.loads(r[12]).items()}
+    return TurnRow(
+        turn_id=r[0],
+        loop_id=r[1],
+        todo_id=r[2],
+        agent=r[3],
+        fence=r[4],
+        status=status,
+        claimed_at=r[6],
+        lease_expires_at=r[7],
+        closed_at=r[8],
+        outcome=r[9],
+        slot=r[10],
+        number=r[11],
+        observed=observed,
+        reported=json.loads(r[13]),
+        refusals=r[14],
+    )
+
+
+def turn_to_sql(row: TurnRow) -> tuple:
+    return (
+        row.turn_id,
+        row.loop_id,
+        row.todo_id,
+        row.agent,
+        row.fence,
+        row.status,
+        row.claimed_at,
+        row.lease_expires_at,
+        row.closed_at,
+        row.outcome,
+        row.slot,
+        row.number,
+        _json_object(row.observed),
+        _json_object(row.reported),
+        row.refusals,
+    )
 
 
 _APPROVAL_FIELDS = tuple(f.name for f in fields(ApprovalRow))
@@ -137,8 +186,16 @@ def approval_from_sql(r: tuple) -> ApprovalRow:
     return ApprovalRow(**values)
 
 
-def as_sql(row: TurnRow | ApprovalRow) -> tuple:
+def approval_to_sql(row: ApprovalRow) -> tuple:
     return tuple(row.__dict__.values())
+
+
+ROW_SQL: dict[str, tuple[str, Callable[[Any], tuple[Any, ...]]]] = {
+    "todos": (TODO_COLUMNS, todo_to_sql),
+    "turns": (TURN_COLUMNS, turn_to_sql),
+    "approvals": (APPROVAL_COLUMNS, approval_to_sql),
+}
+"""Per row table: its columns and how a row becomes their values (what the state tree hashes)."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +264,19 @@ class OutsiderRefusal:
     seq: int
     at: str
     suppressed: int
+
+
+def unpack_response(stored: bytes | str) -> str:
+    """An idempotency record's response JSON as stored (zlib-compressed, see `Txn.remember`);
+    bytes that do not decompress are an `IntegrityError`: loopwarden did not write them."""
+    if not isinstance(stored, bytes):
+        return str(stored)
+    try:
+        return zlib.decompress(stored).decode()
+    except (zlib.error, UnicodeDecodeError):
+        raise IntegrityError(
+            "an idempotency record's response was changed outside loopwarden"
+        ) from None
 
 
 def _placeholders(values: Iterable[object]) -> str:
@@ -405,6 +475,18 @@ class Reader:
         )
         return {r[0]: approval_from_sql(r) for r in rows}
 
+    def approved_for_turn(self, loop_id: str, turn_id: str) -> dict[str, ApprovalRow]:
+        """The approved approvals requested in `turn_id` (expired or not)."""
+        ids = [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT approval_id FROM approvals "
+                "WHERE loop_id = ? AND status = 'approved' AND turn_id = ?",
+                (loop_id, turn_id),
+            )
+        ]
+        return self.approvals(ids)
+
     def approval(self, approval_id: str) -> ApprovalRow | None:
         return self.approvals([approval_id]).get(approval_id)
 
@@ -561,10 +643,7 @@ class Reader:
         )
         if r is None:
             return None
-        response = r[2]
-        if isinstance(response, bytes):  # zlib-compressed JSON (see Txn.remember)
-            response = zlib.decompress(response).decode()
-        return (r[0], r[1], response)
+        return (r[0], r[1], unpack_response(r[2]))
 
     def token(self, token_hash: str) -> TokenRow | None:
         r = self._one(

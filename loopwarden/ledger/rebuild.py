@@ -11,14 +11,12 @@ the edit. `loopwarden verify` reads such a database as it is, and says what diff
 
 from __future__ import annotations
 
-import zlib
-
 from loopwarden.errors import IntegrityError
 from loopwarden.ledger.dialect import Connection
 from loopwarden.ledger.events import parse_body
 from loopwarden.ledger.fold import FoldError, apply
 from loopwarden.ledger.integrity import LOG_MAC, RECORD_MAC, TOKEN_MAC, Integrity
-from loopwarden.ledger.reader import LEGACY_FIELDS, PolicyCache, Reader
+from loopwarden.ledger.reader import LEGACY_FIELDS, PolicyCache, Reader, unpack_response
 from loopwarden.ledger.receipts import open_envelope
 from loopwarden.ledger.rows import LoopView
 from loopwarden.ledger.txn import ProjectionWriter
@@ -81,7 +79,7 @@ def rebuild_projection(conn: Connection, integrity: Integrity) -> None:
     for principal, key, operation, digest, response in conn.execute(
         "SELECT principal, key, operation, request_digest, response FROM idempotency"
     ).fetchall():
-        text = zlib.decompress(response).decode() if isinstance(response, bytes) else response
+        text = unpack_response(response)
         mac = integrity.mac(RECORD_MAC, [principal, key, operation, digest, text])
         conn.execute(
             "UPDATE idempotency SET mac = ? WHERE principal = ? AND key = ?", (mac, principal, key)

@@ -35,6 +35,8 @@ class LoopRow:
     updated_at: str
     open_turns: tuple[str, ...] = ()  # ids of the open turns, in claim order (≤ claims.max_active)
     slots: int = 0  # rows created so far; each todo, turn and approval has its own slot
+    # Per agent, the host session its hooks last spoke from: (host, session id, time).
+    hosts: dict[str, tuple[str, str, str]] = field(default_factory=dict)
 
     def count(self, status: TodoStatus) -> int:
         return self.todo_counts[TODO_STATUSES.index(status)]
@@ -76,6 +78,20 @@ class TurnRow:
     outcome: str | None
     slot: int = 0
     number: int = 0  # 1 for the loop's first claim, and so on (claims are numbered in time order)
+    # What the host's hooks saw in this turn, per policy tool name: (calls admitted before they
+    # ran, calls seen after they ran); `refusals`: tool calls refused before they ran.
+    observed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    reported: dict[str, int] = field(default_factory=dict)  # the accepted report's tools_used
+    refusals: int = 0
+
+    def observed_calls(self, tool: str) -> int:
+        """Calls of `tool` the host saw: admitted or ran, whichever hook saw more."""
+        admitted, ran = self.observed.get(tool, (0, 0))
+        return max(admitted, ran)
+
+    @property
+    def observed_total(self) -> int:
+        return sum(self.observed_calls(tool) for tool in self.observed)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ on exactly the facts it was decided on.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from loopwarden.clock import parse_time
@@ -16,7 +16,7 @@ from loopwarden.ledger.events import Evidence, ToolUse
 from loopwarden.ledger.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Reason
-from loopwarden.policy.evaluate import ClaimFacts, ReportFacts, StopFacts
+from loopwarden.policy.evaluate import ClaimFacts, ReportFacts, StopFacts, ToolCallFacts
 from loopwarden.statuses import ApprovalStatus, TodoStatus
 
 
@@ -42,6 +42,7 @@ def claim_facts(
     agent: str,
     now: datetime,
     now_text: str,
+    lease_seconds: int,
 ) -> ClaimFacts:
     """What a claim by `agent` is decided on: leases live at `now` (expired ones are swept
     first), per agent, and the claims already in the rate window."""
@@ -54,7 +55,26 @@ def claim_facts(
         active=len(live),
         active_for_agent=sum(1 for t in live if t.agent == agent),
         claims_in_window=claims_in_window,
+        host_attached=host_attached(loop, agent, now, lease_seconds),
     )
+
+
+def host_attached(loop: LoopRow, agent: str, now: datetime, lease_seconds: int) -> bool:
+    """Whether `agent`'s host hooks spoke for this loop within the last lease window."""
+    seen = loop.hosts.get(agent)
+    return seen is not None and parse_time(seen[2]) >= now - timedelta(seconds=lease_seconds)
+
+
+def observed_counts(turn: TurnRow) -> tuple[tuple[str, int], ...]:
+    """What the host's hooks saw run in `turn`, per policy tool name (sorted)."""
+    return tuple((tool, turn.observed_calls(tool)) for tool in sorted(turn.observed))
+
+
+def tool_calls_charged(report: ReportLike, usage_tool_calls: int, turn: TurnRow) -> int:
+    """What a report charges against max_tool_calls: the largest of the reported usage, the
+    sum of the reported counts, and what the host observed in the turn."""
+    listed = sum(t.count for t in report.tools_used)
+    return max(usage_tool_calls, listed, turn.observed_total)
 
 
 def stop_facts(loop: LoopRow, now: datetime) -> StopFacts:
@@ -133,6 +153,48 @@ def report_facts(
         tools=tuple(t.name for t in report.tools_used),
         approved_tools=covered,
         approval_problems=problems,
+        reported=tuple((t.name, t.count) for t in report.tools_used),
+        observed=observed_counts(turn),
+    )
+
+
+def agent_turn(open_turns: Iterable[TurnRow], agent: str) -> TurnRow | None:
+    """The open turn a hook event of `agent` counts against: its latest claimed."""
+    mine = [t for t in open_turns if t.agent == agent]
+    return max(mine, key=lambda t: t.number) if mine else None
+
+
+def tool_call_facts(
+    loop: LoopRow,
+    open_turns: Sequence[TurnRow],
+    approvals: Iterable[ApprovalRow],
+    agent: str,
+    call: tuple[str, str, str | None],
+    now_text: str,
+) -> ToolCallFacts:
+    """What a pre-tool decision for `agent` is made on: its open turn, the approvals that
+    cover tools in it, and the loop's tool calls so far (charged, plus those observed in open
+    turns and not yet charged). `call` is (host tool, policy tool, command line)."""
+    host_tool, tool, command = call
+    turn = agent_turn(open_turns, agent)
+    approved = frozenset(
+        a.tool
+        for a in approvals
+        if turn is not None
+        and a.turn_id == turn.turn_id
+        and a.status == ApprovalStatus.APPROVED
+        and (a.expires_at is None or now_text < a.expires_at)
+    )
+    return ToolCallFacts(
+        agent=agent,
+        loop_id=loop.loop_id,
+        loop_status=loop.status,
+        turn_id=turn.turn_id if turn is not None else None,
+        tool=tool,
+        host_tool=host_tool,
+        command=command,
+        approved=approved,
+        tool_calls=loop.totals.tool_calls + sum(t.observed_total for t in open_turns),
     )
 
 

@@ -1,7 +1,8 @@
 """The database schema, by version. `store.py` applies it; nothing else runs DDL.
 
-Migrations are append-only: version N's statements take a version N-1 database to N. The
-version lives in `PRAGMA user_version`.
+Migrations are append-only: version N's statements take a version N-1 database to N, on both
+backends (SQLite's `MIGRATIONS`, PostgreSQL's `PG_MIGRATIONS`). The version lives in SQLite's
+`PRAGMA user_version` and in PostgreSQL's `meta` row 'schema_version'.
 """
 
 from __future__ import annotations
@@ -242,11 +243,22 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) WITHOUT ROWID""",
         "CREATE INDEX outsider_refusals_by_principal ON outsider_refusals (loop_id, principal, seq)",
     ),
+    # version 6: host hooks (operations/hooks.py). Each turn row keeps what the host saw in it
+    # (calls admitted and run, per policy tool name), the tools its accepted report named, and
+    # the calls refused before they ran; each loop row, the host session each agent's hooks
+    # last spoke from. The rows' proofs cover the new columns, so the projection is re-derived.
+    (
+        "ALTER TABLE turns ADD COLUMN observed TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE turns ADD COLUMN reported TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE turns ADD COLUMN refusals INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE loops ADD COLUMN hosts TEXT NOT NULL DEFAULT '{}'",
+    ),
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
-REBUILT_AT = 4
-"""Upgrading an existing database past this version re-derives its projection from the journal."""
+REBUILT_AT = 6
+"""Upgrading an existing database to this version or past it re-derives its projection (and
+its proofs) from the journal: the rows' columns changed at 4 and 6."""
 
 
 # PostgreSQL. A PostgreSQL store begins at version 5, the schema above as it stands there, so
@@ -417,5 +429,14 @@ PG_MIGRATIONS: dict[int, tuple[str, ...]] = {
         # (postgres.py). Rows older than an hour are pruned; an answer is read back in seconds.
         f"CREATE TABLE commits (id {_T} PRIMARY KEY, at {_T} NOT NULL)",
     ),
+    # version 6: host hooks, as above.
+    6: (
+        "ALTER TABLE turns ADD COLUMN observed TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE turns ADD COLUMN reported TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE turns ADD COLUMN refusals BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE loops ADD COLUMN hosts TEXT NOT NULL DEFAULT '{}'",
+    ),
 }
-assert max(PG_MIGRATIONS) == SCHEMA_VERSION, "every new schema version needs a PostgreSQL migration"
+assert sorted(PG_MIGRATIONS) == list(range(PG_FIRST_VERSION, SCHEMA_VERSION + 1)), (
+    "every new schema version needs a PostgreSQL migration"
+)

@@ -191,6 +191,9 @@ class SqliteBackend:
         except sqlite3.Error as exc:
             raise StoreError(f"database error: {exc}") from exc
 
+    def close_now(self) -> None:
+        self.writer.close()
+
     async def close(self) -> None:
         self.writer.close()
         if self._reader is not None:

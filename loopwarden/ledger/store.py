@@ -13,6 +13,10 @@ caller can never leave one half done, and a whole governed step costs one queue 
 writer thread instead of one per statement (measured: a statement-per-await transaction adds
 1.7-10.5 ms per turn). Reads are one hop too: `read(fn)` runs `fn` on the backend's read side
 (aiosqlite's connection thread; PostgreSQL's reader threads) over one consistent snapshot.
+
+A process that makes one write and exits (the `loopwarden hook` command, started for every tool
+call a model makes) opens with `open_now` and writes with `write_now` on its own thread: the
+same transaction with no event loop, no writer thread and no read side to start.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class Backend(Protocol):
     async def start_reading(self) -> None: ...
     async def read(self, fn: Callable[[Any], T]) -> T: ...
     async def close(self) -> None: ...
+    def close_now(self) -> None: ...  # the write connection only (the read side never started)
 
 
 def _open_backend(location: Location, synchronous: Synchronous) -> Backend:
@@ -107,6 +112,7 @@ class Store:
         self.policies = PolicyCache()
         self.origin = Reader(backend.writer).meta("origin") or "loopwarden.local/unknown"
         self._writer = Worker("loopwarden-writer", self._commit_group)
+        self._started = False  # `open` started the writer thread and the read side
         self._closed = False
 
     @property
@@ -140,35 +146,20 @@ class Store:
         projection disagree: `IntegrityError`, and `loopwarden verify` explains what is wrong.
         With `create` false a store that does not exist yet is `NotFound`, and not made.
         """
-        where = parse_location(location)
-        if secret is None and key_dir is None:
-            if where.backend != "sqlite":
-                raise StoreError("a PostgreSQL store needs the home whose keys it uses")
-            key_dir = where.path.parent
-        trusted = keyring if keyring is not None else Keyring({signer.key_id: signer.public_key})
 
         def _open() -> Store:
-            backend = _open_backend(where, synchronous)
-            try:
-                # A store at the current version already has its secret; only a new or an
-                # upgraded one may create it (a refused store is left exactly as it was).
-                version = backend.schema_version()
-                if version == 0 and not create:
-                    raise NotFound(f"there is no loopwarden store in {where}")
-                current = version == SCHEMA_VERSION
-                assert secret is not None or key_dir is not None
-                key = secret or KeyStore(key_dir).load_secret(create=not current)  # type: ignore[arg-type]
-                integrity = Integrity(key)
-                backend.migrate(integrity)
-                store = cls(backend, where, signer, trusted, integrity, clock, checkpoint_every)
-                if check:
-                    startup_check(Reader(backend.writer))
-                return store
-            except BaseException as exc:
-                _close_quietly(backend)
-                if isinstance(exc, backend.errors):
-                    raise StoreError(f"cannot open the database: {exc}") from None
-                raise
+            return cls.open_now(
+                location,
+                signer,
+                keyring=keyring,
+                secret=secret,
+                key_dir=key_dir,
+                clock=clock,
+                checkpoint_every=checkpoint_every,
+                synchronous=synchronous,
+                check=check,
+                create=create,
+            )
 
         store = await anyio.to_thread.run_sync(_open)
         try:
@@ -177,7 +168,81 @@ class Store:
             await store.backend.close()
             raise
         store._writer.start()
+        store._started = True
         return store
+
+    @classmethod
+    def open_now(
+        cls,
+        location: Path | str | Location,
+        signer: Signer,
+        *,
+        keyring: Keyring | None = None,
+        secret: bytes | None = None,
+        key_dir: Path | None = None,
+        clock: Clock = system_clock,
+        checkpoint_every: int = 256,
+        synchronous: Synchronous = "full",
+        check: bool = True,
+        create: bool = True,
+    ) -> Store:
+        """`open`, on the calling thread, for a process that makes one write and exits (a host
+        hook) and need not start an event loop for it: only the backend's write connection is
+        opened (no writer thread, no read side), so the store serves `write_now` and
+        `close_now` only."""
+        where = parse_location(location)
+        if secret is None and key_dir is None:
+            if where.backend != "sqlite":
+                raise StoreError("a PostgreSQL store needs the home whose keys it uses")
+            key_dir = where.path.parent
+        trusted = keyring if keyring is not None else Keyring({signer.key_id: signer.public_key})
+        backend = _open_backend(where, synchronous)
+        try:
+            # A store at the current version already has its secret; only a new or an
+            # upgraded one may create it (a refused store is left exactly as it was).
+            version = backend.schema_version()
+            if version == 0 and not create:
+                raise NotFound(f"there is no loopwarden store in {where}")
+            if secret is not None:
+                key = secret
+            else:
+                assert key_dir is not None
+                key = KeyStore(key_dir).load_secret(create=version != SCHEMA_VERSION)
+            integrity = Integrity(key)
+            backend.migrate(integrity)
+            store = cls(backend, where, signer, trusted, integrity, clock, checkpoint_every)
+            if check:
+                startup_check(Reader(backend.writer))
+            return store
+        except BaseException as exc:
+            _close_quietly(backend)
+            if isinstance(exc, backend.errors):
+                raise StoreError(f"cannot open the database: {exc}") from None
+            raise
+
+    def write_now(self, fn: Callable[[Txn], T]) -> T:
+        """`write` for the one caller of a store opened with `open_now`, on the calling thread
+        (no group commit, no event loop): the same transaction, committed whole or not at all.
+        A store opened with `open` has a writer thread that owns its connection: `StoreError`."""
+        if self._closed or self._started:
+            raise StoreError(
+                "write_now is for a store opened with open_now", code="store_unavailable"
+            )
+        job = Job(fn, None, groupable=False)
+        self._commit_group([job])
+        if job.error is not None:
+            raise job.error
+        result: T = job.result
+        return result
+
+    def close_now(self) -> None:
+        """`close` for a store opened with `open_now`, on the calling thread."""
+        if self._closed:
+            return
+        if self._started:
+            raise StoreError("a store opened with open is closed with close")
+        self._closed = True
+        self.backend.close_now()
 
     async def close(self) -> None:
         if self._closed:
@@ -205,6 +270,8 @@ class Store:
     async def _call(self, fn: Callable[..., Any], *, groupable: bool) -> Any:
         if self._closed:
             raise StoreError("the store is closed", code="store_unavailable")
+        if not self._started:  # opened with open_now: no writer thread to hand it to
+            raise StoreError("a store opened with open_now writes with write_now")
         return await self._writer.call(fn, groupable=groupable)
 
     def _commit_group(self, batch: list[Job]) -> None:
@@ -266,6 +333,8 @@ class Store:
         """Run `fn(reader)` on a consistent snapshot of committed state (one read transaction)."""
         if self._closed:
             raise StoreError("the store is closed", code="store_unavailable")
+        if not self._started:
+            raise StoreError("a store opened with open_now has no read side")
         return await self.backend.read(lambda conn: fn(Reader(conn, self.policies)))
 
     def _as_store_error(self, exc: BaseException) -> BaseException:

@@ -4,7 +4,7 @@
 frontier and folds it into the projection rows it touches. Reads go through the guard
 (`guard.py`), so the rows a receipt is folded into are proved first; after the fold, the rows it
 changed are written back with their new leaves in the loop's state tree, and the loop row with
-the new root under its MAC. Everything runs inside the store's one SQLite transaction: it
+the new root under its MAC. Everything runs inside the store's one write transaction: it
 commits whole or not at all.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -29,16 +28,12 @@ from loopwarden.ledger.guard import GuardedReader, loop_mac_values, row_leaf
 from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC, Integrity
 from loopwarden.ledger.keys import Signer
 from loopwarden.ledger.reader import (
-    APPROVAL_COLUMNS,
     LOOP_COLUMNS,
-    TODO_COLUMNS,
+    ROW_SQL,
     TOKEN_COLUMNS,
-    TURN_COLUMNS,
     PolicyCache,
     TokenRow,
-    as_sql,
     loop_to_sql,
-    todo_to_sql,
 )
 from loopwarden.ledger.receipts import Sealed, seal
 from loopwarden.ledger.rows import LoopRow, LoopView
@@ -55,11 +50,8 @@ class Sealer(Protocol):
     checkpoint_every: int
 
 
-_ROW_SQL: dict[str, tuple[str, str, Callable[[Any], tuple[Any, ...]]]] = {
-    "todos": (TODO_COLUMNS, "loop_id, todo_id", todo_to_sql),
-    "turns": (TURN_COLUMNS, "turn_id", as_sql),
-    "approvals": (APPROVAL_COLUMNS, "approval_id", as_sql),
-}
+_ROW_KEYS = {"todos": "loop_id, todo_id", "turns": "turn_id", "approvals": "approval_id"}
+"""Each row table's key: the rows an upsert replaces (`Dialect.upsert`)."""
 _STATE_NODE_COLUMNS = "loop_id, level, idx, hashes"
 
 
@@ -105,7 +97,8 @@ class ProjectionWriter(GuardedReader):
             for row in rows:
                 tree.put(row.slot, row_leaf(table, row))
             if rows:
-                columns, key, to_sql = _ROW_SQL[table]
+                columns, to_sql = ROW_SQL[table]
+                key = _ROW_KEYS[table]
                 self.conn.executemany(
                     self.dialect.upsert(table, columns, key), [to_sql(row) for row in rows]
                 )

@@ -25,12 +25,13 @@ QUEUED, TAKEN, WITHDRAWN = 0, 1, 2
 
 
 class Job:
-    """One call waiting for the thread: `fn` and how it ended (`result` or `error`)."""
+    """One call waiting for the thread: `fn` and how it ended (`result` or `error`). A job run
+    on the caller's own thread (`Store.write_now`) has no future to resolve."""
 
     __slots__ = ("error", "fn", "future", "groupable", "result", "state")
 
     def __init__(
-        self, fn: Callable[..., Any], future: asyncio.Future[Any], groupable: bool
+        self, fn: Callable[..., Any], future: asyncio.Future[Any] | None, groupable: bool
     ) -> None:
         self.fn = fn
         self.future = future
@@ -83,10 +84,11 @@ class Worker:
         is withdrawn; cancelled later, it still runs to its end."""
         if self._stopped:
             raise RuntimeError("the worker is stopped")
-        job = Job(fn, asyncio.get_running_loop().create_future(), groupable)
+        future = asyncio.get_running_loop().create_future()
+        job = Job(fn, future, groupable)
         self._queue.put(job)
         try:
-            await asyncio.shield(job.future)
+            await asyncio.shield(future)
         except asyncio.CancelledError:
             with self._lock:
                 if job.state == QUEUED:
@@ -148,7 +150,8 @@ def _deliver(batch: list[Job]) -> None:
     """Wake the awaiting tasks: one call into each event loop for the whole batch."""
     by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[Any]]] = {}
     for job in batch:
-        by_loop.setdefault(job.future.get_loop(), []).append(job.future)
+        if job.future is not None:
+            by_loop.setdefault(job.future.get_loop(), []).append(job.future)
     for loop, futures in by_loop.items():
         with suppress(RuntimeError):  # that event loop has closed: no one is waiting
             loop.call_soon_threadsafe(_resolve, futures)

@@ -42,7 +42,13 @@ def claim_facts(
     """What the evaluator needs to decide a claim by `agent` now (leases already swept)."""
     window = claims_in_window(policy, reader, loop.loop_id, now)
     return rules.claim_facts(
-        loop, reader.open_turns(loop.loop_id), window, agent, now, format_time(now)
+        loop,
+        reader.open_turns(loop.loop_id),
+        window,
+        agent,
+        now,
+        format_time(now),
+        policy.claims.lease_seconds,
     )
 
 

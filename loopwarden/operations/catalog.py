@@ -7,6 +7,7 @@ from typing import Any
 
 from loopwarden.operations.approvals import decide_approval, list_approvals, request_approval
 from loopwarden.operations.claim import claim
+from loopwarden.operations.hooks import hook
 from loopwarden.operations.journal import journal
 from loopwarden.operations.leases import heartbeat
 from loopwarden.operations.loops import cancel_loop, list_loops, open_loop, pause_loop, resume_loop
@@ -35,5 +36,6 @@ OPERATIONS: tuple[Operation[Any, Any], ...] = (
     pause_loop,
     resume_loop,
     cancel_loop,
+    hook,
 )
 TOOLS: tuple[Operation[Any, Any], ...] = tuple(op for op in OPERATIONS if op.tool)

@@ -38,6 +38,7 @@ Access = Literal["read", "write"]
 
 AGENT_CALLERS: frozenset[Role] = frozenset({"agent", "operator"})
 OPERATOR_CALLERS: frozenset[Role] = frozenset({"operator"})
+OBSERVER_CALLERS: frozenset[Role] = frozenset({"observer"})  # a host's hooks, for one agent
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from loopwarden.clock import format_time
 from loopwarden.ledger.events import LoopId
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
+from loopwarden.ledger.rules import observed_counts
 from loopwarden.operations.admission import claims_in_window
 from loopwarden.operations.journal import ReceiptSummary, receipt_summary
 from loopwarden.operations.operation import Call
@@ -28,6 +29,7 @@ from loopwarden.operations.stops import due_stop
 from loopwarden.operations.visibility import by_loop
 from loopwarden.policy.budgets import budget_lines
 from loopwarden.policy.decision import Reason
+from loopwarden.policy.evaluate import observation_reasons
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import ApprovalStatus, LoopStatus, TodoStatus, TurnStatus
 
@@ -61,6 +63,18 @@ class TurnOut(Model):
     lease_expires_at: str
     closed_at: str | None
     outcome: str | None
+    observed: dict[str, int] = Field(
+        description="Tool calls the host's hooks saw in this turn, by policy tool name."
+    )
+    reported: dict[str, int] = Field(description="The accepted report's tools_used.")
+    tool_refusals: int = Field(description="Tool calls refused before they ran.")
+
+
+def turn_out(t: TurnRow) -> TurnOut:
+    observed = {tool: t.observed_calls(tool) for tool in sorted(t.observed)}
+    return from_row(
+        TurnOut, t, observed=observed, reported=dict(t.reported), tool_refusals=t.refusals
+    )
 
 
 class ApprovalOut(Model):
@@ -207,6 +221,19 @@ def _warnings(
     return warnings
 
 
+def _observation_warnings(policy: LoopPolicy, turns: list[TurnRow]) -> list[str]:
+    """Reported turns whose report and the host's observations disagree (record mode keeps
+    such reports; enforce mode refuses them, so there they show as refusals)."""
+    out: list[str] = []
+    for t in turns:
+        if t.status != TurnStatus.REPORTED:
+            continue
+        reported = tuple(t.reported.items())
+        violations, warnings = observation_reasons(policy, reported, observed_counts(t))
+        out.extend(f"turn {t.turn_id}: {r.message}" for r in violations + warnings)
+    return out
+
+
 def _outsider_warnings(reader: Reader, loop_id: str) -> list[str]:
     """Refusals of principals the policy does not admit: counted here, left out of the recent
     receipts (operations/outsiders.py)."""
@@ -248,6 +275,7 @@ def projection(call: Call[Reader], req: ProjectionRequest) -> ProjectionResult:
     attention, next_action = attention_for(
         loop, pending, live, eligible, due_stop(reader, loop, now)
     )
+    recent = reader.recent_turns(loop.loop_id, RECENT)
     return ProjectionResult(
         loop_id=loop.loop_id,
         objective=loop.objective,
@@ -259,13 +287,14 @@ def projection(call: Call[Reader], req: ProjectionRequest) -> ProjectionResult:
         todo_counts=loop.counts_by_status(),
         todos=[todo_out(t) for t in todos[:TODO_PAGE]],
         todos_truncated=len(todos) > TODO_PAGE,
-        active_leases=[from_row(TurnOut, t) for t in live],
-        turns=[from_row(TurnOut, t) for t in reader.recent_turns(loop.loop_id, RECENT)],
+        active_leases=[turn_out(t) for t in live],
+        turns=[turn_out(t) for t in recent],
         approvals=[from_row(ApprovalOut, a) for a in approvals],
         recent_receipts=[receipt_summary(r) for r in reader.recent_receipts(loop.loop_id, RECENT)],
         attention=attention,
         next_action=next_action,
         warnings=_warnings(policy, loop, open_turns, now)
+        + _observation_warnings(policy, recent)
         + _outsider_warnings(reader, loop.loop_id),
         head=Head(seq=loop.head_seq, digest=loop.head_digest),
     )

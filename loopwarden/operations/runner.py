@@ -99,6 +99,21 @@ async def run(
     return outcome
 
 
+def run_now(
+    op: Operation[Req, Res], store: Store, who: Principal, request: Req | dict[str, Any]
+) -> Res:
+    """`run` for a write operation, on the calling thread (`Store.write_now`): the same rules
+    in the same order, for a process that makes one call and exits (a host hook)."""
+    if op.access != "write":
+        raise TypeError(f"{op.name} is not a write operation")
+    req = parse(op, request)
+    check_role(op, who)
+    outcome: Any = store.write_now(lambda tx: _write(op, store, who, req, tx))
+    if isinstance(outcome, _Hidden):
+        raise NotFound(outcome.message)
+    return outcome
+
+
 def _write(
     op: Operation[Req, Res], store: Store, who: Principal, req: Req, tx: Txn
 ) -> Res | _Hidden:

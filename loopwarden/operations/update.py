@@ -23,7 +23,7 @@ from loopwarden.ledger.events import (
     check_evidence_size,
 )
 from loopwarden.ledger.rows import TurnRow
-from loopwarden.ledger.rules import report_facts
+from loopwarden.ledger.rules import report_facts, tool_calls_charged
 from loopwarden.ledger.store import Appended, Txn
 from loopwarden.operations.admission import Route, route_for
 from loopwarden.operations.leases import expire_leases
@@ -103,7 +103,8 @@ class UpdateResult(Model):
     )
 
 
-def _report(req: UpdateRequest, turn: TurnRow) -> TurnReport:
+def _report(req: UpdateRequest, turn: TurnRow, *, owner: bool = True) -> TurnReport:
+    charged = tool_calls_charged(req, req.usage.tool_calls, turn) if owner else None
     return TurnReport(
         turn_id=turn.turn_id,
         todo_id=turn.todo_id,
@@ -115,6 +116,7 @@ def _report(req: UpdateRequest, turn: TurnRow) -> TurnReport:
         summary=req.summary,
         failure_signature=req.failure_signature,
         approval_ids=tuple(dict.fromkeys(req.approval_ids)),
+        tool_calls_charged=charged,
     )
 
 
@@ -128,7 +130,8 @@ def _seal(
     closes: bool = False,
 ) -> Appended:
     turn = call.turn
-    report = dict(_report(req, turn))  # the validated parts, as they are (no re-validation)
+    owner = call.who.id == turn.agent
+    report = dict(_report(req, turn, owner=owner))  # the validated parts, as they are
     data: TurnReported | TurnRefused
     if accepted:
         kind, data = ReceiptKind.TURN_REPORTED, TurnReported(**report)
@@ -191,9 +194,12 @@ def update(call: Call[Txn], req: UpdateRequest) -> UpdateResult:
     """Close your turn with an honest report: outcome, tools used, usage, evidence, summary.
 
     Every turn you claim must end with exactly one accepted update. Budgets are charged from
-    `usage`; tools are checked against the loop's policy (a forbidden tool is refused and may
-    stop the loop). Completing a todo may require evidence. Then follow `route`: continue
-    (claim again), wait, user_action_required (stop and tell the user), or stop.
+    `usage` (tool calls: the largest of usage.tool_calls, the sum of tools_used counts and what
+    your host's hooks observed); tools are checked against the loop's policy (a forbidden tool
+    is refused and may stop the loop). If the loop observes your host, list every tool it ran
+    under the name the refusal or warning gives (e.g. shell.run for Bash). Completing a todo
+    may require evidence. Then follow `route`: continue (claim again), wait,
+    user_action_required (stop and tell the user), or stop.
 
     \f
     Close a turn with the agent's report.

@@ -32,8 +32,19 @@ TODOS_NOT_ADDABLE = "todos_not_addable"
 TODO_LIMIT = "todo_limit"
 EVALUATION_ERROR = "evaluation_error"
 REFUSALS_SUPPRESSED = "refusals_suppressed"  # an outsider's refusals counted, not sealed
+# Host hooks (docs/hooks.md): before a tool runs, and when a report is compared with them.
+NO_OPEN_TURN = "no_open_turn"
+COMMAND_DENIED = "command_denied"
+COMMAND_NOT_ALLOWED = "command_not_allowed"
+COMMAND_UNREADABLE = "command_unreadable"
+HOST_NOT_ATTACHED = "host_not_attached"
+UNREPORTED_TOOL_USE = "unreported_tool_use"  # observed, not reported: a violation in enforce mode
+TOOL_UNREPORTED = "tool_unreported"  # the same, as a warning (record mode)
+TOOL_UNOBSERVED = "tool_unobserved"  # reported, never observed: a warning
 
-VIOLATIONS = frozenset({TOOL_NOT_ALLOWED, TOOL_DENIED, APPROVAL_REQUIRED, APPROVAL_INVALID})
+VIOLATIONS = frozenset(
+    {TOOL_NOT_ALLOWED, TOOL_DENIED, APPROVAL_REQUIRED, APPROVAL_INVALID, UNREPORTED_TOOL_USE}
+)
 """Reasons that count as a policy violation (they trigger `stop.on_violation`)."""
 
 

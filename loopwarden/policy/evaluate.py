@@ -14,8 +14,10 @@ from typing import Literal, ParamSpec
 
 from loopwarden.policy import decision as codes
 from loopwarden.policy.budgets import Totals, exhausted
+from loopwarden.policy.commands import CommandParseError, command_matches, simple_commands, tails
 from loopwarden.policy.decision import Decision, Reason
-from loopwarden.policy.model import LoopPolicy
+from loopwarden.policy.hosts import SHELL
+from loopwarden.policy.model import CommandRules, LoopPolicy
 from loopwarden.policy.patterns import first_match
 from loopwarden.statuses import CLOSED_LOOP_STATUSES, LoopStatus, TurnStatus
 
@@ -119,6 +121,7 @@ class ClaimFacts:
     active: int
     active_for_agent: int
     claims_in_window: int
+    host_attached: bool = False  # the agent's host spoke within the lease window (enforce mode)
 
 
 def claim_reasons(policy: LoopPolicy, facts: ClaimFacts) -> list[Reason]:
@@ -163,6 +166,15 @@ def claim_reasons(policy: LoopPolicy, facts: ClaimFacts) -> list[Reason]:
                 f"(max {policy.claims.max_active_per_agent})",
             )
         )
+    if policy.observe_mode == "enforce" and not facts.host_attached:
+        reasons.append(
+            Reason(
+                codes.HOST_NOT_ATTACHED,
+                "this loop requires host hooks ([observe] mode = enforce) and none of "
+                f"{facts.agent!r}'s hooks has spoken in the last {policy.claims.lease_seconds} s; "
+                "start the agent in a host with `loopwarden hook install` done",
+            )
+        )
     return reasons
 
 
@@ -193,6 +205,8 @@ class ReportFacts:
     tools: tuple[str, ...]
     approved_tools: frozenset[str]
     approval_problems: tuple[Reason, ...] = ()
+    reported: tuple[tuple[str, int], ...] = ()  # tools_used: (name, count)
+    observed: tuple[tuple[str, int], ...] = ()  # what the host's hooks saw in the turn
 
 
 def turn_reasons(
@@ -262,7 +276,144 @@ def evaluate_report(policy: LoopPolicy, facts: ReportFacts, *, digest: str) -> D
         reasons.append(
             Reason(codes.EVIDENCE_REQUIRED, "completing a todo needs at least one evidence item")
         )
-    return Decision.of(reasons, digest)
+    violations, warnings = observation_reasons(policy, facts.reported, facts.observed)
+    reasons.extend(violations)
+    if reasons:
+        return Decision("deny", tuple(reasons), digest)
+    return Decision("allow", tuple(warnings), digest)
+
+
+def observation_reasons(
+    policy: LoopPolicy,
+    reported: tuple[tuple[str, int], ...],
+    observed: tuple[tuple[str, int], ...],
+) -> tuple[list[Reason], list[Reason]]:
+    """A report against what the host's hooks saw in the turn: (violations, warnings).
+
+    A tool the host ran more often than the report says is `unreported_tool_use` (a violation)
+    in `enforce` mode and `tool_unreported` (a warning) in `record` mode; a reported tool the
+    host never saw is `tool_unobserved` (a warning). Mode `off` compares nothing."""
+    mode = policy.observe_mode
+    if mode == "off":
+        return [], []
+    said = dict(reported)
+    violations, warnings = [], []
+    for tool, calls in observed:
+        if said.get(tool, 0) < calls:
+            message = (
+                f"the host ran {tool} {calls}× this turn; the report says {said.get(tool, 0)}. "
+                f"Report it in tools_used as {{name: {tool!r}, count: {calls}}}"
+            )
+            if mode == "enforce":
+                violations.append(Reason(codes.UNREPORTED_TOOL_USE, message))
+            else:
+                warnings.append(Reason(codes.TOOL_UNREPORTED, message))
+    seen = {tool for tool, calls in observed if calls}
+    for tool, count in reported:
+        if tool not in seen:
+            warnings.append(
+                Reason(
+                    codes.TOOL_UNOBSERVED,
+                    f"the report names {tool} ×{count}, which the host's hooks never saw run",
+                )
+            )
+    return violations, warnings
+
+
+# --- tool calls, before they run (host hooks) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolCallFacts:
+    """One tool call a host's hook asks about, against the agent's state in the loop."""
+
+    agent: str
+    loop_id: str
+    loop_status: LoopStatus
+    turn_id: str | None  # the agent's open turn in the loop, if any
+    tool: str  # the policy name the host tool maps to
+    host_tool: str
+    command: str | None  # the command line, for shell.run
+    approved: frozenset[str]  # tools covered by the turn's approved, unexpired approvals
+    tool_calls: int  # tool calls charged in the loop plus those observed in its open turns
+
+
+def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
+    """Why a tool call may not run now, each worded for the model: what to do instead."""
+    if facts.loop_status != LoopStatus.ACTIVE:
+        return [
+            Reason(
+                codes.LOOP_NOT_ACTIVE,
+                f"loop {facts.loop_id} is {facts.loop_status}: no tool may run for it now",
+            )
+        ]
+    if facts.turn_id is None:
+        return [
+            Reason(
+                codes.NO_OPEN_TURN,
+                f"claim a turn first: call loopwarden's claim tool for loop {facts.loop_id}, "
+                f"then retry {facts.host_tool}",
+            )
+        ]
+    reasons = []
+    for reason in tool_reasons(policy, [facts.tool], facts.approved):
+        if reason.code == codes.APPROVAL_REQUIRED:
+            reason = Reason(
+                codes.APPROVAL_REQUIRED,
+                f"{facts.tool} needs an operator's approval for this turn: call loopwarden's "
+                f"request_approval tool (turn_id {facts.turn_id}, tool {facts.tool!r}), wait "
+                "until it is approved, then retry",
+            )
+        reasons.append(reason)
+    if facts.tool == SHELL and policy.tools.commands is not None:
+        reasons.extend(command_reasons(policy.tools.commands, facts.command))
+    limit = policy.budgets.max_tool_calls
+    if limit is not None and facts.tool_calls >= limit:
+        reasons.append(
+            Reason(
+                codes.budget_code("tool_calls"),
+                f"the tool_calls budget is used up ({facts.tool_calls} of {limit}, counting the "
+                "calls the host saw in open turns): report your turn with update",
+            )
+        )
+    return reasons
+
+
+def command_reasons(rules: CommandRules, line: str | None) -> list[Reason]:
+    """Why a shell command line may not run under `[tools.commands]`."""
+    if line is None:
+        return [Reason(codes.COMMAND_UNREADABLE, "the shell call carries no command line")]
+    try:
+        commands = simple_commands(line)
+    except CommandParseError as exc:
+        return [Reason(codes.COMMAND_UNREADABLE, f"the command line cannot be checked ({exc})")]
+    reasons = []
+    for command in commands:
+        shown = command if len(command) <= 120 else command[:117] + "..."
+        denied = next(
+            (p for p in rules.deny for tail in tails(command) if command_matches(p, tail)), None
+        )
+        if denied is not None:
+            reasons.append(
+                Reason(
+                    codes.COMMAND_DENIED,
+                    f"{shown!r} matches tools.commands.deny pattern {denied!r}: do not run it",
+                )
+            )
+        elif rules.allow and not any(command_matches(p, command) for p in rules.allow):
+            reasons.append(
+                Reason(
+                    codes.COMMAND_NOT_ALLOWED,
+                    f"{shown!r} matches no tools.commands.allow pattern",
+                )
+            )
+    return reasons
+
+
+@_fail_closed
+def evaluate_tool_call(policy: LoopPolicy, facts: ToolCallFacts, *, digest: str) -> Decision:
+    """May this tool call run now? The question a host's pre-tool hook asks."""
+    return Decision.of(tool_call_reasons(policy, facts), digest)
 
 
 # --- todos -----------------------------------------------------------------------------------

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import tomllib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
 from pydantic import ValidationError
 
 from loopwarden.errors import PolicyError, clip, one_line
 from loopwarden.policy.model import LoopPolicy
+
+if TYPE_CHECKING:
+    import yaml
 
 FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "json"}
 
@@ -28,17 +30,20 @@ def format_for(filename: str) -> str:
 
 
 def _decode(text: str, fmt: str, source: str) -> Any:
+    if fmt == "yaml":
+        import yaml  # only YAML files need it (a hook process never parses one)
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise PolicyError(f"{source}: malformed YAML: {_yaml_problem(exc)}") from None
     try:
         if fmt == "toml":
             return tomllib.loads(text)
-        if fmt == "yaml":
-            return yaml.safe_load(text)
         if fmt == "json":
             return json.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"{source}: malformed TOML: {clip(one_line(str(exc)), 200)}") from None
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"{source}: malformed YAML: {_yaml_problem(exc)}") from None
     except json.JSONDecodeError as exc:
         raise PolicyError(f"{source}: malformed JSON: {clip(one_line(str(exc)), 200)}") from None
     raise PolicyError(f"{source}: unknown policy format {fmt!r}")

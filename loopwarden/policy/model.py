@@ -18,7 +18,9 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from loopwarden.errors import clip
-from loopwarden.policy.patterns import check_pattern
+from loopwarden.policy.commands import check_command_pattern
+from loopwarden.policy.hosts import HOSTS
+from loopwarden.policy.patterns import check_pattern, is_tool_name
 
 AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$")
 
@@ -34,6 +36,7 @@ BUDGET_DIMENSIONS: tuple[str, ...] = (
 """Budget dimensions, in display order. `turns` is limited by `max_turns`, the rest by `max_<dim>`."""
 
 MAX_TODOS_CEILING = 100_000
+MAX_HOST_TOOL = 200
 
 
 def _sorted_unique(values: list[str]) -> tuple[str, ...]:
@@ -71,6 +74,29 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _check_command_patterns(values: tuple[str, ...]) -> tuple[str, ...]:
+    for pattern in values:
+        check_command_pattern(pattern)
+    return values
+
+
+CommandPatterns = Annotated[
+    tuple[str, ...],
+    Field(max_length=MAX_PATTERNS),
+    AfterValidator(_sorted_unique),
+    AfterValidator(_check_command_patterns),
+]
+
+
+class CommandRules(_Section):
+    """Which shell commands a `shell.run` call may run, by globs over each simple command of
+    its command line (see `commands.py`). Any part matching `deny` denies the call; with a
+    non-empty `allow`, so does any part matching none of it."""
+
+    allow: CommandPatterns = Field(default=(), description="Commands allowed (empty: any).")
+    deny: CommandPatterns = Field(default=(), description="Commands never run.")
+
+
 class ToolRules(_Section):
     """Which tools an agent may use. Precedence: deny > approval > allow > default deny."""
 
@@ -78,6 +104,9 @@ class ToolRules(_Section):
     deny: Patterns = Field(default=(), description="Tools never usable; deny always wins.")
     approval: Patterns = Field(
         default=(), description="Tools usable only with an approved, unconsumed approval."
+    )
+    commands: CommandRules | None = Field(
+        default=None, description="Rules over the command lines of shell.run calls."
     )
 
     @model_validator(mode="after")
@@ -176,6 +205,35 @@ class StopRules(_Section):
         return self
 
 
+def _check_names(value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    for host, names in value.items():
+        if host not in HOSTS:
+            raise ValueError(f"observe.names: unknown host {host!r} (known: {', '.join(HOSTS)})")
+        for host_tool, tool in names.items():
+            if not host_tool or len(host_tool) > MAX_HOST_TOOL:
+                raise ValueError(
+                    f"observe.names.{host}: a host tool name of 1-{MAX_HOST_TOOL} characters"
+                )
+            if not is_tool_name(tool):
+                raise ValueError(
+                    f"observe.names.{host}.{host_tool}: {tool!r} is not a dotted tool name"
+                )
+    return {host: dict(sorted(names.items())) for host, names in sorted(value.items())}
+
+
+class ObserveRules(_Section):
+    """How host hook evidence is used (docs/hooks.md): `off` (hooks are not consulted),
+    `record` (decisions and observations are sealed and compared with reports, mismatches are
+    warnings), `enforce` (decisions bind, an unreported observed tool is a violation, a claim
+    needs the agent's host attached)."""
+
+    mode: Literal["off", "record", "enforce"] = "off"
+    names: Annotated[dict[str, dict[str, str]], AfterValidator(_check_names)] = Field(
+        default_factory=dict,
+        description="Per host, host tool name → policy tool name (over the default table).",
+    )
+
+
 class TodoRules(_Section):
     agents_may_add: bool = False
     max_todos: int = Field(default=1_000, ge=1, le=MAX_TODOS_CEILING)
@@ -196,6 +254,7 @@ class LoopPolicy(_Section):
     claims: Claims = Claims()
     stop: StopRules = StopRules()
     todos: TodoRules = TodoRules()
+    observe: ObserveRules | None = None  # None (the default) is `off`, and keeps older digests
 
     @model_validator(mode="after")
     def _some_budget(self) -> LoopPolicy:
@@ -208,3 +267,7 @@ class LoopPolicy(_Section):
 
     def admits_agent(self, agent_id: str) -> bool:
         return "*" in self.agents or agent_id in self.agents
+
+    @property
+    def observe_mode(self) -> Literal["off", "record", "enforce"]:
+        return self.observe.mode if self.observe is not None else "off"

@@ -70,6 +70,15 @@ def resolve_home(home: str | Path | None = None) -> Path:
     return path
 
 
+def synchronous_mode() -> Synchronous:
+    """SQLite's durability for this process: `LOOPWARDEN_SYNCHRONOUS` (full, the default, or
+    normal); anything else is a usage error."""
+    synchronous = SYNCHRONOUS_MODES.get(os.environ.get("LOOPWARDEN_SYNCHRONOUS", "full").lower())
+    if synchronous is None:
+        raise InvalidInput("LOOPWARDEN_SYNCHRONOUS must be full or normal")
+    return synchronous
+
+
 def is_loopback(host: str) -> bool:
     if host in LOOPBACK_NAMES:
         return True
@@ -201,11 +210,7 @@ class Settings:
                     "who is this server for? pass --agent NAME (or set LOOPWARDEN_AGENT)"
                 )
             who = principal(agent, chosen, SERVE_ROLES)
-        synchronous = SYNCHRONOUS_MODES.get(
-            os.environ.get("LOOPWARDEN_SYNCHRONOUS", "full").lower()
-        )
-        if synchronous is None:
-            raise InvalidInput("LOOPWARDEN_SYNCHRONOUS must be full or normal")
+        synchronous = synchronous_mode()
         where = resolve_home(home)
         return Settings(
             home=where,

@@ -13,7 +13,7 @@ import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.middleware import Middleware
-from starlette.routing import Mount
+from starlette.routing import BaseRoute
 
 from loopwarden.clock import format_time, system_clock
 from loopwarden.errors import LoopwardenError
@@ -76,7 +76,7 @@ async def serve_http(
     server: MCPServer,
     settings: Settings,
     sock: socket.socket | None = None,
-    mounts: Sequence[Mount] = (),
+    mounts: Sequence[BaseRoute] = (),
 ) -> None:
     """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM (on `sock` if given,
     a socket from `listen`), within `settings.limits` (sessions per principal, idle sessions,

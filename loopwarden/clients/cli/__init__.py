@@ -16,6 +16,7 @@ from loopwarden.clients.cli import (
     audits,
     dashboard,
     homes,
+    hooks,
     journal,
     keys,
     loops,
@@ -39,6 +40,7 @@ app.add_typer(tokens.app, name="token")
 app.add_typer(keys.app, name="keys")
 app.add_typer(policies.app, name="policy")
 app.add_typer(stores.app, name="store")
+app.add_typer(hooks.app, name="hook")
 app.command()(server.serve)
 app.command()(server.demo)
 app.command()(dashboard.dashboard)

@@ -88,6 +88,7 @@ def _run(settings: Settings) -> None:
     # The SDK loads only here: every other command starts without it.
     from loopwarden.dashboard.site import dashboard_mount
     from loopwarden.server.app import build
+    from loopwarden.server.hook_route import hook_route
     from loopwarden.server.settings import url_host
     from loopwarden.server.transports import listen, serve_http, serve_stdio, transport_security
 
@@ -114,8 +115,9 @@ def _run(settings: Settings) -> None:
             where += f", store {settings.location}"  # without its password
         render.err.print(f"loopwarden serving streamable HTTP on {base}/mcp ({where})")
         render.err.print(f"operator dashboard on {base}/ (sign in with an operator token)")
+        render.err.print(f"host hooks on {base}/hooks/HOST?loop=ID (observer tokens)")
         dashboard = dashboard_mount(runtime, transport_security(host, settings.allowed_hosts))
-        anyio.run(serve_http, server, settings, sock, [dashboard])
+        anyio.run(serve_http, server, settings, sock, [hook_route(runtime), dashboard])
 
 
 def _settings(flags: dict[str, Any]) -> Settings:

@@ -20,7 +20,12 @@ app = typer.Typer(no_args_is_help=True, help="Bearer tokens for streamable HTTP.
 @app.command("create")
 def token_create(
     agent: Annotated[str, typer.Option("--agent", help="The principal the token authenticates.")],
-    role: Annotated[str, typer.Option("--role", help="agent or operator.")] = "agent",
+    role: Annotated[
+        str,
+        typer.Option(
+            "--role", help="agent, operator, or observer (a host's hooks, for one agent)."
+        ),
+    ] = "agent",
     expires: Annotated[
         str | None,
         typer.Option("--expires", help="Lifetime, e.g. 30m, 12h, 30d (default: never expires)."),

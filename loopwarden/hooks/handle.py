@@ -1,0 +1,90 @@
+"""One hook event, from the host's bytes to the host's answer: read, decided by the `hook`
+operation for the observer of one agent, answered. Fails closed: anything that goes wrong
+before a tool runs blocks it, with the reason."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from pydantic import ValidationError
+
+from loopwarden.errors import LoopwardenError, describe_validation
+from loopwarden.hooks.protocols import MAX_EVENT, PROTOCOLS, Event, MalformedEvent, Reply
+from loopwarden.ledger.store import Store
+from loopwarden.operations.hooks import HookAnswer, HookEvent, hook
+from loopwarden.operations.runner import run_now
+from loopwarden.principals import Principal
+
+log = logging.getLogger("loopwarden.hooks")
+
+
+def read_event(host: str, raw: bytes) -> Event:
+    """The host's event bytes as an `Event`; `MalformedEvent` if they are not one."""
+    if len(raw) > MAX_EVENT:
+        raise MalformedEvent(f"the event is larger than {MAX_EVENT} bytes")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise MalformedEvent("the event is not JSON") from None
+    if not isinstance(data, dict):
+        raise MalformedEvent("the event is not a JSON object")
+    return PROTOCOLS[host].read(data)
+
+
+def _failed(host: str, event: Event | None, exc: BaseException, loop_id: str, agent: str) -> Reply:
+    protocol, phase = PROTOCOLS[host], (event.phase if event else None)
+    if isinstance(exc, ValidationError):
+        return protocol.failure(phase, describe_validation(exc))
+    if isinstance(exc, LoopwardenError):
+        if exc.code in ("integrity_error", "store_error"):
+            log.error("hook for %s in loop %s failed: %s", agent, loop_id, exc)
+        return protocol.failure(phase, exc.message)
+    # Fail closed, and never a traceback to the model.
+    log.error("hook for %s in loop %s failed unexpectedly", agent, loop_id, exc_info=exc)
+    return protocol.failure(phase, "loopwarden could not decide this event; it is blocked")
+
+
+class _Call:
+    """One event's parts: the host's event read, and the `hook` request built from it."""
+
+    def __init__(self, host: str, event: Event, loop_id: str, agent: str, servers: list[str]):
+        self.host, self.loop_id, self.agent = host, loop_id, agent
+        self.event = event
+        self.request = HookEvent(loop_id=loop_id, host=host, servers=servers, **self.event.__dict__)
+        self.observer = Principal(id=agent, role="observer")
+
+    def reply(self, answer: HookAnswer) -> Reply:
+        return PROTOCOLS[self.host].reply(self.event, answer)
+
+
+async def handle(
+    store: Store, host: str, raw: bytes, *, loop_id: str, agent: str, servers: list[str]
+) -> Reply:
+    """Answer one event of `host` for `agent`'s observer in `loop_id`, as that host expects."""
+    event: Event | None = None
+    try:
+        event = read_event(host, raw)
+        call = _Call(host, event, loop_id, agent, servers)
+    except Exception as exc:
+        return _failed(host, event, exc, loop_id, agent)
+    try:
+        return call.reply(await hook(store, call.observer, call.request))
+    except Exception as exc:
+        return _failed(host, call.event, exc, loop_id, agent)
+
+
+def handle_now(
+    store: Store, host: str, raw: bytes, *, loop_id: str, agent: str, servers: list[str]
+) -> Reply:
+    """`handle` on the calling thread, for the one event a hook process answers."""
+    event: Event | None = None
+    try:
+        event = read_event(host, raw)
+        call = _Call(host, event, loop_id, agent, servers)
+    except Exception as exc:
+        return _failed(host, event, exc, loop_id, agent)
+    try:
+        return call.reply(run_now(hook, store, call.observer, call.request))
+    except Exception as exc:
+        return _failed(host, call.event, exc, loop_id, agent)
