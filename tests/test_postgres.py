@@ -152,6 +152,15 @@ async def test_a_store_that_does_not_exist_is_not_created_by_a_reading_command(h
 COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # the simple-query message psycopg sends for COMMIT
 
 
+class _Cut:
+    """One proxied connection's cut: `muted` once the server's answers are to be swallowed,
+    `answered` once one was."""
+
+    def __init__(self) -> None:
+        self.muted = threading.Event()
+        self.answered = threading.Event()
+
+
 class CuttingProxy:
     """A TCP proxy to the server's Unix socket that, when armed, cuts the connection at the
     store's next COMMIT: `before` it reaches the server, or `after` the server has answered
@@ -176,29 +185,36 @@ class CuttingProxy:
             server = socket.socket(socket.AF_UNIX)
             server.connect(self.socket_path)
             self._open += [client, server]
-            threading.Thread(target=self._up, args=(client, server), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client), daemon=True).start()
+            cut = _Cut()
+            threading.Thread(target=self._up, args=(client, server, cut), daemon=True).start()
+            threading.Thread(target=self._down, args=(server, client, cut), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _down(self, server: socket.socket, client: socket.socket, cut: _Cut) -> None:
+        """The server's answers to the client, until the cut: what comes after is swallowed
+        (and `answered` set), so the COMMIT's answer never reaches the store."""
         try:
-            while data := src.recv(65536):
-                dst.sendall(data)
+            while data := server.recv(65536):
+                if cut.muted.is_set():
+                    cut.answered.set()
+                    continue
+                client.sendall(data)
         except OSError:
             pass
         finally:
-            for sock in (src, dst):
+            cut.answered.set()
+            for sock in (server, client):
                 sock.close()
 
-    def _up(self, client: socket.socket, server: socket.socket) -> None:
+    def _up(self, client: socket.socket, server: socket.socket, cut: _Cut) -> None:
         try:
             while data := client.recv(65536):
                 if self.mode and COMMIT in data:
                     mode, self.mode = self.mode, None
                     self.cuts += 1
                     if mode == "after":
+                        cut.muted.set()  # before the COMMIT goes: its answer must not get back
                         server.sendall(data)
-                        server.settimeout(10)
-                        server.recv(65536)  # the server's answer: committed, never passed on
+                        cut.answered.wait(10)  # the server has committed, and said so
                     break
                 server.sendall(data)
         except OSError:
