@@ -21,6 +21,7 @@ LOOP_MAC = "loopwarden.loop/v1"
 LOG_MAC = "loopwarden.log/v1"
 RECORD_MAC = "loopwarden.idempotency/v1"
 TOKEN_MAC = "loopwarden.token/v1"
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str).encode
 
 
 class Integrity:
@@ -32,7 +33,7 @@ class Integrity:
         self._secret = secret
 
     def mac(self, kind: str, values: Iterable[object]) -> bytes:
-        data = json.dumps([kind, *values], separators=(",", ":"), ensure_ascii=False, default=str)
+        data = _ENCODE([kind, *values])
         return hmac.new(self._secret, data.encode(), hashlib.sha256).digest()
 
     def valid(self, kind: str, values: Iterable[object], mac: object) -> bool:

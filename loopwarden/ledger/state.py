@@ -15,6 +15,7 @@ a blob share the work.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterable
@@ -30,10 +31,24 @@ BlobSource = Callable[[int, int], bytes | None]
 """`blob(level, idx)` → the stored blob, or None if none was ever written."""
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str).encode
+
+
 def leaf(table: str, values: Iterable[object]) -> bytes:
     """The digest of one row: its table and its stored column values, in column order."""
-    data = json.dumps([table, *values], separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(b"\x00" + data.encode()).digest()
+    values = tuple(values)
+    try:
+        return _leaf(table, values)
+    except TypeError:  # a value that cannot be a cache key (the digest does not need one)
+        return _leaf.__wrapped__(table, values)
+
+
+@functools.lru_cache(maxsize=4096)
+def _leaf(table: str, values: tuple[object, ...]) -> bytes:
+    # Memoized: a write proves every open turn of its loop, and they are mostly the rows the
+    # previous write proved. The digest is a pure function of its arguments, so a cached one is
+    # the one a fresh computation gives; the proof itself (the path to the root) is never cached.
+    return hashlib.sha256(b"\x00" + _ENCODE([table, *values]).encode()).digest()
 
 
 def node(blob: bytes) -> bytes:

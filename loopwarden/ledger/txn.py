@@ -107,6 +107,7 @@ class ProjectionWriter(GuardedReader):
         for table, rows in changed.items():
             for row in rows:
                 tree.put(row.slot, row_leaf(table, row))
+            self.keep(table, rows)
             if rows:
                 columns, to_sql = _ROW_SQL[table]
                 self.conn.executemany(
