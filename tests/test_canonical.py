@@ -4,7 +4,7 @@
 rest to `rfc8785`. Every test here compares the two byte for byte (or both refuse): every code
 point, in strings and in keys; floats of every exponent, in and out of the domain, and at its
 edges; integers at the IEEE-754 limit; random nested values; and every receipt body release
-0.1.0 signed.
+0.1.0 signed. And timestamps keep the one form receipts carry.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import math
 import sqlite3
 import struct
 import sys
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 
 from loopwarden import canonical
 from loopwarden.canonical import MAX_EXACT_INT, canonical_bytes
+from loopwarden.clock import format_time, parse_time
 from loopwarden.errors import SealError
 from loopwarden.ledger.receipts import parse_envelope
 
@@ -288,3 +290,18 @@ def test_every_receipt_release_0_1_0_signed_is_its_body_s_canonical_bytes():
         assert canonical_bytes(json.loads(raw)) == raw
         taken += fast(body)
     assert taken == len(envelopes)
+
+
+# --- timestamps -------------------------------------------------------------------------------
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    when=st.datetimes(
+        min_value=datetime(1000, 1, 2), timezones=st.sampled_from([UTC, timezone(timedelta(hours=-7))])
+    )
+)
+def test_receipt_timestamps_render_as_strftime_renders_them(when):
+    # format_time renders with isoformat (faster); every signed `at` must keep its exact form.
+    assert format_time(when) == when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert parse_time(format_time(when)) == when

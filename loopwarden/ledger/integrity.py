@@ -9,7 +9,6 @@ kind of row or one key never verifies for another.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 from collections.abc import Iterable
@@ -33,8 +32,7 @@ class Integrity:
         self._secret = secret
 
     def mac(self, kind: str, values: Iterable[object]) -> bytes:
-        data = _ENCODE([kind, *values])
-        return hmac.new(self._secret, data.encode(), hashlib.sha256).digest()
+        return hmac.digest(self._secret, _ENCODE([kind, *values]).encode(), "sha256")
 
     def valid(self, kind: str, values: Iterable[object], mac: object) -> bool:
         return isinstance(mac, bytes) and hmac.compare_digest(self.mac(kind, values), mac)
