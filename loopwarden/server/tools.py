@@ -2,7 +2,7 @@
 
 Each tool's input schema is its request model's JSON Schema (flat arguments, the model's
 constraints field for field, unknown arguments refused); its output schema is the result
-model's. A call runs through the operation runner as the server's principal. Errors carry a
+model's, flattened for clients to check cheaply (`schemas.py`). A call runs through the operation runner as the server's principal. Errors carry a
 code end to end: the text reads `code: message` and the structured content is
 `{"error": {"code", "message"}}`.
 """
@@ -22,6 +22,7 @@ from loopwarden.errors import IntegrityError, LoopwardenError, StoreError
 from loopwarden.operations.catalog import TOOLS
 from loopwarden.operations.operation import Operation
 from loopwarden.server.runtime import Runtime
+from loopwarden.server.schemas import slim
 
 log = logging.getLogger("loopwarden.server")
 
@@ -122,7 +123,7 @@ def make_tool(
         description=description,
         parameters=request.model_json_schema(),
         fn_metadata=FuncMetadata(
-            arg_model=_arguments_model(request), output_schema=result.model_json_schema()
+            arg_model=_arguments_model(request), output_schema=slim(result.model_json_schema())
         ),
         is_async=True,
         annotations=annotations,
