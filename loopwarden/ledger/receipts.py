@@ -142,7 +142,7 @@ def open_envelope(
 
     Problem codes: `envelope_malformed`, `payload_type_mismatch`, `unknown_key`,
     `signature_invalid`, `payload_malformed`, `not_canonical`. With `keyring=None` the
-    signature is not checked (the caller checks it elsewhere, see `signature_problems`); with
+    signature is not checked (the caller checks it elsewhere, see `signature_problem`); with
     `canonical=False` the RFC 8785 re-serialization check is skipped.
     """
     parsed = parse_envelope(envelope_bytes)
@@ -152,7 +152,7 @@ def open_envelope(
     if parsed.payload_type != PAYLOAD_TYPE:
         problems.append("payload_type_mismatch")
     if keyring is not None:
-        problems.extend(_signature_problem(keyring, parsed))
+        problems.extend(signature_problem(keyring, parsed))
     body = _parse_body(parsed.payload)
     if body is None:
         problems.append("payload_malformed")
@@ -162,7 +162,9 @@ def open_envelope(
     return Opened(parsed.envelope, parsed.payload, body, parsed.key_id, tuple(problems))
 
 
-def _signature_problem(keyring: Keyring, parsed: Envelope) -> tuple[str, ...]:
+def signature_problem(keyring: Keyring, parsed: Envelope) -> tuple[str, ...]:
+    """Only the signature check of a parsed envelope: `()`, `("unknown_key",)` or
+    `("signature_invalid",)`."""
     if parsed.key_id not in keyring:
         return ("unknown_key",)
     if not keyring.verify(
@@ -170,22 +172,6 @@ def _signature_problem(keyring: Keyring, parsed: Envelope) -> tuple[str, ...]:
     ):
         return ("signature_invalid",)
     return ()
-
-
-def signature_problems(
-    envelopes: list[bytes], public_keys: dict[str, bytes]
-) -> list[tuple[str, ...]]:
-    """Only the signature check of each envelope: `()`, `("unknown_key",)` or
-    `("signature_invalid",)` (a malformed envelope is `()` here; `open_envelope` reports it).
-
-    A plain function of plain data, so an audit can run it in worker processes.
-    """
-    keyring = Keyring(public_keys)
-    out: list[tuple[str, ...]] = []
-    for raw in envelopes:
-        parsed = parse_envelope(raw)
-        out.append(() if parsed is None else _signature_problem(keyring, parsed))
-    return out
 
 
 def _reject_constant(name: str) -> Any:
