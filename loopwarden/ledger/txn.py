@@ -113,9 +113,8 @@ class ProjectionWriter(GuardedReader):
                 ("approvals", view.approvals),
             )
         }
+        tree.fill({row.slot: row_leaf(t, row) for t, rows in changed.items() for row in rows})
         for table, rows in changed.items():
-            for row in rows:
-                tree.put(row.slot, row_leaf(table, row))
             self.keep(table, rows)
             if rows:
                 to_sql = _ROW_SQL[table][1]

@@ -9,7 +9,6 @@ code end to end: the text reads `code: message` and the structured content is
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -38,10 +37,9 @@ def error_result(code: str, message: str) -> CallToolResult:
 
 def success_result(result: BaseModel) -> CallToolResult:
     """A result model as structured content, and the same JSON as text for older clients."""
-    structured = result.model_dump(mode="json")
     return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(structured))],
-        structured_content=structured,
+        content=[TextContent(type="text", text=result.model_dump_json())],
+        structured_content=result.model_dump(mode="json"),
     )
 
 
