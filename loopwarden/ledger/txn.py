@@ -10,7 +10,6 @@ commits whole or not at all.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import zlib
 from dataclasses import dataclass, replace
@@ -54,6 +53,16 @@ def _qmarks(columns: str) -> str:
     return ",".join("?" for _ in columns.split(","))
 
 
+_WRITE_ROWS = {
+    table: f"INSERT OR REPLACE INTO {table} ({columns}) VALUES ({_qmarks(columns)})"
+    for table, (columns, _) in ROW_SQL.items()
+}
+_WRITE_LOOP = (
+    f"INSERT OR REPLACE INTO loops ({LOOP_COLUMNS}, state_root, mac) "
+    f"VALUES ({_qmarks(LOOP_COLUMNS)}, ?, ?)"
+)
+
+
 @dataclass(frozen=True)
 class Appended:
     """A receipt made durable by its transaction: identity, position, and the folded view."""
@@ -92,15 +101,12 @@ class ProjectionWriter(GuardedReader):
                 ("approvals", view.approvals),
             )
         }
+        tree.fill({row.slot: row_leaf(t, row) for t, rows in changed.items() for row in rows})
         for table, rows in changed.items():
-            for row in rows:
-                tree.put(row.slot, row_leaf(table, row))
+            self.keep(table, rows)
             if rows:
-                columns, to_sql = ROW_SQL[table]
-                self.conn.executemany(
-                    f"INSERT OR REPLACE INTO {table} ({columns}) VALUES ({_qmarks(columns)})",
-                    [to_sql(row) for row in rows],
-                )
+                to_sql = ROW_SQL[table][1]
+                self.conn.executemany(_WRITE_ROWS[table], [to_sql(row) for row in rows])
         self.conn.executemany(
             "INSERT OR REPLACE INTO state_nodes (loop_id, level, idx, hashes) VALUES (?, ?, ?, ?)",
             [(loop_id, level, idx, blob) for level, idx, blob in tree.blobs()],
@@ -111,11 +117,7 @@ class ProjectionWriter(GuardedReader):
     def _save_loop(self, loop: LoopRow, root: bytes) -> None:
         self._loops[loop.loop_id] = loop
         mac = self.integrity.mac(LOOP_MAC, loop_mac_values(loop, root))
-        columns = f"{LOOP_COLUMNS}, state_root, mac"
-        self.conn.execute(
-            f"INSERT OR REPLACE INTO loops ({columns}) VALUES ({_qmarks(columns)})",
-            (*loop_to_sql(loop), root, mac),
-        )
+        self.conn.execute(_WRITE_LOOP, (*loop_to_sql(loop), root, mac))
 
 
 class Txn(ProjectionWriter):
@@ -266,14 +268,14 @@ class Txn(ProjectionWriter):
     # --- operational records ------------------------------------------------------------------
 
     def remember(
-        self, principal: str, key: str, operation: str, request_digest: str, response: Any
+        self, principal: str, key: str, operation: str, request_digest: str, text: str
     ) -> None:
-        """Record the response to an idempotent call (first write wins), under its MAC.
+        """Record the response (its JSON text) to an idempotent call (first write wins), under
+        its MAC.
 
         Responses are kept forever (a replay after any delay must not act twice), so they are
         stored zlib-compressed: a full update result shrinks about fourfold.
         """
-        text = json.dumps(response, separators=(",", ":"))
         mac = self.integrity.mac(RECORD_MAC, [principal, key, operation, request_digest, text])
         self.conn.execute(
             "INSERT INTO idempotency (principal, key, operation, request_digest, response, "
