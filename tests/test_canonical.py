@@ -53,10 +53,11 @@ def same(value: Any) -> None:
 
 
 def fast(value: Any) -> bool:
-    """Whether `value` takes the fast path (the reference is not consulted)."""
+    """Whether `value` takes the fast path (the reference is not consulted): it is in the
+    domain, and its bytes encode (a lone surrogate passes the domain check, not the encoding)."""
     try:
-        canonical._plain(value)
-    except canonical._Outside:
+        canonical._ENCODE(canonical._plain(value)).encode("utf-8")
+    except (canonical._Outside, UnicodeEncodeError):
         return False
     return True
 
