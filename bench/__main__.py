@@ -23,7 +23,7 @@ from bench.report import Section, console_summary, read_previous, render
 
 # name: (module, share of the quick budget, share of the full budget), in report order.
 FAMILIES = {
-    "transport": (transport, 15, 35),
+    "transport": (transport, 18, 55),
     "kernel": (kernel, 6, 25),
     "audit": (audit, 5, 35),
     "scale": (scale, 8, 160),

@@ -88,7 +88,7 @@ def console_summary(sections: list[Section], wall: float) -> str:
         out.extend(f"  note: {n}" for n in s.notes)
     targets = [t for s in sections for t in s.targets]
     if targets:
-        out.append("\n== targets (issue 6)")
+        out.append("\n== targets")
         out.append(
             text_table(
                 Table(
@@ -133,7 +133,7 @@ def md_section(section: Section, current: dict[str, str]) -> str:
         out += [md_table(table), ""]
     if section.targets:
         rows = [[t.goal, t.measured, t.verdict, t.note] for t in section.targets]
-        out += [md_table(Table(["target (issue 6)", "measured", "verdict", "why"], rows)), ""]
+        out += [md_table(Table(["target", "measured", "verdict", "why"], rows)), ""]
     out += [f"- {note}" for note in section.notes]
     if section.notes:
         out.append("")
@@ -195,7 +195,7 @@ def render(sections: list[Section], machine: dict[str, str], run: dict[str, str]
         "",
         md_table(
             Table(
-                ["target (issue 6)", "measured", "verdict", "family"],
+                ["target", "measured", "verdict", "family"],
                 [[t.goal, t.measured, t.verdict, f"{s.number}. {s.family}"] for s, t in targets],
             )
         ),

@@ -346,3 +346,32 @@ def test_append_refuses_a_frontier_of_the_wrong_length():
     frontier, _ = _appended(_leaves(3))
     with pytest.raises(ValueError):
         merkle.append_leaf(frontier, 4, merkle.leaf_hash(b"x"))
+
+
+# --- the per-loop state tree ------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(slots=st.integers(min_value=1, max_value=700), data=st.data())
+def test_filling_a_state_tree_at_once_builds_the_tree_leaf_by_leaf_puts_build(slots, data):
+    # The audit rebuilds each loop's tree in one `fill`; the write path `put`s leaf by leaf.
+    # Every slot, a sparse subset, or (as a damaged row could) slots outside the tree.
+    from loopwarden.ledger.state import EMPTY, StateTree, node
+
+    inside = st.integers(min_value=0, max_value=slots - 1)
+    chosen = data.draw(
+        st.one_of(
+            st.just(list(range(slots))),
+            st.lists(inside, max_size=80),
+            st.lists(st.integers(min_value=-3, max_value=slots + 40), max_size=20),
+        )
+    )
+    leaves = {slot: hashlib.sha256(str(slot).encode()).digest() for slot in chosen}
+    trees = [StateTree(0, node(EMPTY), lambda level, idx: None) for _ in range(2)]
+    for tree in trees:
+        tree.grow(slots)
+    trees[0].fill(leaves)
+    for slot, digest in leaves.items():
+        trees[1].put(slot, digest)
+    assert trees[0].root == trees[1].root
+    assert trees[0].blobs() == trees[1].blobs()

@@ -16,6 +16,7 @@ from typing import Any
 
 import nacl.signing
 import pytest
+import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -877,7 +878,7 @@ def test_load_signer_loads_the_winner_when_another_process_publishes_first(tmp_p
 def test_envelope_template_renders_exactly_the_rfc8785_bytes(payload, signature, key_id):
     from loopwarden.ledger.receipts import envelope_bytes
 
-    expected = canonical_bytes(
+    expected = rfc8785.dumps(  # the reference itself, not our fast path
         {
             "payload": base64.b64encode(payload).decode(),
             "payloadType": PAYLOAD_TYPE,
@@ -885,3 +886,103 @@ def test_envelope_template_renders_exactly_the_rfc8785_bytes(payload, signature,
         }
     )
     assert envelope_bytes(payload, key_id, signature) == expected
+
+
+# --- the audit's one-pass payload parse -------------------------------------------------------
+
+
+def _release_payloads() -> list[bytes]:
+    import sqlite3
+
+    from loopwarden.ledger.receipts import parse_envelope
+
+    db = Path(__file__).parent / "fixtures" / "release-0.1.0" / "loopwarden.db"
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = [bytes(r[0]) for r in conn.execute("SELECT envelope FROM journal")]
+    finally:
+        conn.close()
+    parsed = [parse_envelope(raw) for raw in rows]
+    return [p.payload for p in parsed if p is not None]
+
+
+RELEASE_PAYLOADS = _release_payloads()
+
+
+def _two_steps(payload: bytes) -> Any:
+    """What the audit did before: json.loads (no NaN), then the typed body; None on failure."""
+    from pydantic import ValidationError
+
+    from loopwarden.ledger.events import parse_body
+    from loopwarden.ledger.receipts import _parse_body
+
+    raw = _parse_body(payload)
+    try:
+        return parse_body(raw if raw is not None else {})
+    except ValidationError:
+        return None
+
+
+def _edit(body: Any, path: list[int], value: Any) -> Any:
+    """`body` with the node reached by `path` (indices into sorted keys / items) set to `value`."""
+    if not path or not isinstance(body, dict | list) or not body:
+        return value
+    if isinstance(body, dict):
+        key = sorted(body)[path[0] % len(body)]
+        return {**body, key: _edit(body[key], path[1:], value)}
+    at = path[0] % len(body)
+    return [*body[:at], _edit(body[at], path[1:], value), *body[at + 1 :]]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    which=st.integers(min_value=0, max_value=len(RELEASE_PAYLOADS) - 1),
+    path=st.lists(st.integers(min_value=0, max_value=20), max_size=4),
+    value=st.one_of(
+        JSON_VALUES,
+        st.sampled_from([math.nan, math.inf, "\ud800", "NaN", 1e400, -0.0, 2**64, "", []]),
+    ),
+    edit=st.booleans(),
+    spacing=st.sampled_from([(",", ":"), (", ", ": ")]),
+    ascii_only=st.booleans(),
+)
+def test_the_one_pass_payload_parse_reads_what_json_then_the_schema_read(
+    which, path, value, edit, spacing, ascii_only
+):
+    from loopwarden.ledger.events import parse_payload
+
+    body = json.loads(RELEASE_PAYLOADS[which])
+    if edit:
+        body = _edit(body, path, value)
+    try:
+        payload = json.dumps(body, separators=spacing, ensure_ascii=ascii_only).encode(
+            "utf-8", "surrogatepass"
+        )
+    except ValueError:
+        return
+    one, two = parse_payload(payload), _two_steps(payload)
+    if one is not None:
+        assert one == two
+    if not edit:
+        assert one is not None and one == two  # a signed payload takes the one pass
+
+
+def test_every_release_payload_takes_the_one_pass_and_reads_the_same():
+    from loopwarden.ledger.events import parse_payload
+
+    for payload in RELEASE_PAYLOADS:
+        one = parse_payload(payload)
+        assert one is not None and one == _two_steps(payload)
+    assert len(RELEASE_PAYLOADS) == 32
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_a_payload_json_loads_would_refuse_is_not_read_in_one_pass(literal):
+    # NaN and Infinity are not JSON: the audit's old parse refused them (payload_malformed),
+    # so the one pass must not read them where the schema lets any value through (a policy).
+    from loopwarden.ledger.events import parse_payload
+
+    opened = next(p for p in RELEASE_PAYLOADS if b'"kind":"loop.opened"' in p)
+    payload = opened.replace(b'"policy":{', b'"policy":{"x":' + literal.encode() + b",", 1)
+    assert payload != opened and _two_steps(payload) is None
+    assert parse_payload(payload) is None

@@ -149,7 +149,7 @@ async def test_failed_transaction_after_append_leaves_no_trace(store):
         tx.append(
             "L1", "todo.added", OPERATOR, TodoAdded(todo=TodoSpec(id="zz", title="z", order=1))
         )
-        tx.remember("builder", "key-1", "update", "sha256:" + "0" * 64, {"accepted": True})
+        tx.remember("builder", "key-1", "update", "sha256:" + "0" * 64, '{"accepted":true}')
         assert tx.journal_count() == 16 and tx.latest_checkpoint() is not None  # visible inside
         raise RuntimeError("boom after the append")
 

@@ -980,10 +980,12 @@ def test_verify_bundle_with_an_empty_key_is_a_usage_error(reforged):
     assert result.exit_code == 2
 
 
+@pytest.mark.parametrize("batch", [1024, 3], ids=["one-batch", "batches-in-flight"])
 def test_parallel_signature_checks_find_exactly_what_inline_checks_find(
-    pristine, tmp_path, monkeypatch
+    pristine, tmp_path, monkeypatch, batch
 ):
     monkeypatch.setattr(audit_module, "PARALLEL_FROM", 0)  # force worker processes on a small log
+    monkeypatch.setattr(audit_module, "BATCH", batch)  # small: the next batch checked meanwhile
     home = damaged_copy(pristine, tmp_path, edited_body_not_resigned).home
     with admin.open_reader(home) as reader:
         parallel = audit(reader, admin.keyring_of(home), workers=1)

@@ -11,6 +11,7 @@ compares the result with the stored projection tables and the proofs kept of the
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import time
@@ -26,7 +27,7 @@ from loopwarden.canonical import sha256_digest
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger import merkle
 from loopwarden.ledger.checkpoints import open_checkpoint
-from loopwarden.ledger.events import ReceiptBody, parse_body
+from loopwarden.ledger.events import ReceiptBody, parse_body, parse_payload
 from loopwarden.ledger.findings import ENVELOPE_PROBLEMS, Report
 from loopwarden.ledger.fold import FoldError, apply, chain_problem
 from loopwarden.ledger.integrity import Integrity
@@ -34,7 +35,13 @@ from loopwarden.ledger.judge import Judge, Verdict
 from loopwarden.ledger.keys import Keyring
 from loopwarden.ledger.proofs import Node, NodeCheck, check_loop, check_records
 from loopwarden.ledger.reader import LEGACY_FIELDS, CheckpointRow, JournalRow, Reader
-from loopwarden.ledger.receipts import open_envelope, receipt_id_for, signature_problems
+from loopwarden.ledger.receipts import (
+    PAYLOAD_TYPE,
+    open_envelope,
+    parse_envelope,
+    receipt_id_for,
+    signature_problem,
+)
 from loopwarden.ledger.rows import LoopView
 
 
@@ -81,40 +88,61 @@ def diff_views(
 BATCH = 1024
 PARALLEL_FROM = 4096  # receipts; below this, worker start-up costs more than it saves
 
+Checked = tuple[bytes, str, tuple[str, bytes] | None, tuple[str, ...]]
+"""What a worker makes of one envelope: its Merkle leaf hash, its digest, its payload type and
+payload (None if it is not a DSSE envelope), and its signature problems."""
+
+
+def check_envelopes(
+    envelopes: list[tuple[bytes, bool]], public_keys: dict[str, bytes]
+) -> list[Checked]:
+    """Each envelope hashed and, if in the audit's scope, parsed once and its signature
+    checked: the work of an audit that needs nothing but the envelope's bytes. A plain
+    function of plain data, run in a worker process on large journals."""
+    out: list[Checked] = []
+    keyring = Keyring(public_keys)
+    for raw, in_scope in envelopes:
+        parsed = parse_envelope(raw) if in_scope else None
+        problems = signature_problem(keyring, parsed) if parsed is not None else ()
+        payload = None if parsed is None else (parsed.payload_type, parsed.payload)
+        out.append((merkle.leaf_hash(raw), sha256_digest(raw), payload, problems))
+    return out
+
 
 class _Result(Protocol):
-    def result(self) -> list[tuple[str, ...]]: ...
+    def result(self) -> list[Checked]: ...
 
 
 class _Done:
     """A finished result with the `Future.result()` shape."""
 
-    def __init__(self, value: list[tuple[str, ...]]) -> None:
+    def __init__(self, value: list[Checked]) -> None:
         self._value = value
 
-    def result(self) -> list[tuple[str, ...]]:
+    def result(self) -> list[Checked]:
         return self._value
 
 
-SignatureCheck = Callable[[list[bytes], dict[str, bytes]], _Result]
+EnvelopeCheck = Callable[[list[tuple[bytes, bool]], dict[str, bytes]], _Result]
 
 
 @contextmanager
-def _signature_checker(total: int, workers: int | None) -> Iterator[SignatureCheck]:
-    """Signature checks for a batch, returned as a future.
+def _envelope_checker(total: int, workers: int | None) -> Iterator[EnvelopeCheck]:
+    """`check_envelopes` for a batch, returned as a future.
 
     Ed25519 verification is most of an audit's cost and PyNaCl holds the GIL, so on a large
-    journal it runs in worker processes while this process parses, folds and hashes the same
-    batch. Small journals (or `workers=0`) check inline.
+    journal the envelope work runs in worker processes while this process validates, judges
+    and folds the batch before. Small journals, one core, or `workers=0`: inline.
     """
-    count = workers if workers is not None else max((os.cpu_count() or 1) - 1, 1)
-    if count < 1 or total < PARALLEL_FROM or (os.cpu_count() or 1) < 2:
-        yield lambda envelopes, keys: _Done(signature_problems(envelopes, keys))
+    cores = os.cpu_count() or 1
+    count = workers if workers is not None else max(cores - 1, 1)
+    if count < 1 or total < PARALLEL_FROM or cores < 2:
+        yield lambda envelopes, keys: _Done(check_envelopes(envelopes, keys))
         return
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=count, mp_context=context) as pool:
-        yield lambda envelopes, keys: pool.submit(signature_problems, envelopes, keys)
+        yield lambda envelopes, keys: pool.submit(check_envelopes, envelopes, keys)
 
 
 def _batches(rows: Iterable[JournalRow], size: int) -> Iterator[list[JournalRow]]:
@@ -161,21 +189,24 @@ class _Audit:
         self.keys = keyring.public_keys()
         self.judge = Judge(keys_known=loop_id is None)
 
-    def batch(self, rows: list[JournalRow], check: SignatureCheck) -> None:
-        in_scope = [row for row in rows if self.loop_id is None or row.loop_id == self.loop_id]
-        signatures = check([row.envelope for row in in_scope], self.keys)
-        for row in rows:
-            self._leaf(row)
+    def in_scope(self, row: JournalRow) -> bool:
+        return self.loop_id is None or row.loop_id == self.loop_id
+
+    def batch(self, rows: list[JournalRow], checked: list[Checked]) -> None:
+        """One batch of the journal, with what `check_envelopes` made of its envelopes."""
+        for row, (leaf, _, _, _) in zip(rows, checked, strict=True):
+            self._leaf(row, leaf)
         self.nodes.check(self.made)
         self.made = []
-        for row in in_scope:
-            self._receipt(row)
-        for row, problems in zip(in_scope, signatures.result(), strict=True):
+        mine = [(row, c) for row, c in zip(rows, checked, strict=True) if self.in_scope(row)]
+        for row, (_, digest, payload, _) in mine:
+            self._receipt(row, digest, payload)
+        for row, (_, _, _, problems) in mine:
             for problem in problems:
                 self.report.add(problem, ENVELOPE_PROBLEMS[problem], **_where(row))
-        self.report.receipts += len(in_scope)
+        self.report.receipts += len(mine)
 
-    def _leaf(self, row: JournalRow) -> None:
+    def _leaf(self, row: JournalRow, leaf: bytes) -> None:
         if row.leaf_index != self.expected:
             self.report.add(
                 "leaf_gap",
@@ -183,9 +214,7 @@ class _Audit:
                 **_where(row),
             )
         self.expected = row.leaf_index + 1
-        self.frontier, made = merkle.append_leaf(
-            self.frontier, self.size, merkle.leaf_hash(row.envelope)
-        )
+        self.frontier, made = merkle.append_leaf(self.frontier, self.size, leaf)
         self.made.extend(made)
         self.size += 1
         while self.pending and self.pending[0].size == self.size:
@@ -198,13 +227,15 @@ class _Audit:
                 f"the Merkle root recomputed at size {cp.size} differs from the checkpoint's",
             )
 
-    def _receipt(self, row: JournalRow) -> None:
+    def _receipt(self, row: JournalRow, digest: str, payload: tuple[str, bytes] | None) -> None:
         """Everything about one receipt but its signature (checked in bulk, see `audit`)."""
         add = self.report.add
-        opened = open_envelope(row.envelope, None, canonical=False)
-        for problem in opened.problems:
+        body = None
+        if payload is not None and payload[0] == PAYLOAD_TYPE:
+            body = parse_payload(payload[1])  # the common case: one pass, nothing wrong
+        opened = None if body is not None else open_envelope(row.envelope, None, canonical=False)
+        for problem in opened.problems if opened is not None else ():
             add(problem, ENVELOPE_PROBLEMS[problem], **_where(row))
-        digest = sha256_digest(row.envelope)
         if digest != row.digest or receipt_id_for(digest) != row.receipt_id:
             add(
                 "digest_mismatch",
@@ -213,7 +244,9 @@ class _Audit:
             )
         chain = self.chains.setdefault(row.loop_id, _LoopChain())
         try:
-            body = parse_body(opened.body)
+            if body is None:
+                assert opened is not None
+                body = parse_body(opened.body)  # what is wrong with it, step by step
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             where = ".".join(str(p) for p in first["loc"])
@@ -333,11 +366,19 @@ def audit(
     report = Report("database")
     run = _Audit(reader, keyring, loop_id, report, integrity)
     total = reader.journal_count()
-    with _signature_checker(total, workers) as check:
-        for batch in _batches(reader.iter_journal(), BATCH):
-            run.batch(batch, check)
-            if progress:
-                progress(run.size, total)
+    with _envelope_checker(total, workers) as check:
+        # One batch ahead: the envelopes of the next are checked while this one is folded.
+        ahead: tuple[list[JournalRow], _Result] | None = None
+        for rows in itertools.chain(_batches(reader.iter_journal(), BATCH), [None]):
+            if rows is not None:
+                envelopes = [(row.envelope, run.in_scope(row)) for row in rows]
+                current, ahead = ahead, (rows, check(envelopes, run.keys))
+            else:
+                current, ahead = ahead, None
+            if current is not None:
+                run.batch(current[0], current[1].result())
+                if progress:
+                    progress(run.size, total)
     run.finish()
     report.seconds = time.perf_counter() - started
     return report

@@ -10,11 +10,12 @@ the operations' input types, so one set of limits guards both.
 from __future__ import annotations
 
 import functools
+import re
 import secrets
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal, cast, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from loopwarden.policy.patterns import TOOL_NAME_RE
 
@@ -512,6 +513,26 @@ def _body_adapter() -> TypeAdapter[ReceiptBody]:
 def parse_body(value: Any) -> ReceiptBody:
     """Validate a decoded receipt payload (raises pydantic `ValidationError`)."""
     return _body_adapter().validate_python(value)
+
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def parse_payload(payload: bytes) -> ReceiptBody | None:
+    """The typed body of a payload in one pass (pydantic parses and validates the JSON bytes),
+    or None where that pass fails, or might read it differently from `json.loads` then
+    `parse_body`: the caller then takes those two steps, which say what is wrong. Those are
+    NaN and Infinity (which `json.loads` reads and a payload may not hold) and escaped
+    surrogates; every payload this returns a body for, the two steps read as the same body (a
+    property test holds it)."""
+    if b"NaN" in payload or b"Infinity" in payload:
+        return None
+    if b"\\u" in payload and _SURROGATE.search(payload):
+        return None
+    try:
+        return _body_adapter().validate_json(payload)
+    except ValidationError:
+        return None
 
 
 def make_body(kind: ReceiptKind | str, **fields: Any) -> ReceiptBody:

@@ -19,6 +19,7 @@ row" (the audit reports it), and which open todo comes first is the database's a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from loopwarden.errors import IntegrityError
@@ -41,6 +42,16 @@ def loop_mac_values(loop: LoopRow, root: bytes) -> list[object]:
     return [*loop_to_sql(loop), root.hex()]
 
 
+_ROW_ID = {"todos": "todo_id", "turns": "turn_id", "approvals": "approval_id"}
+RowKey = tuple[str | None, str]
+"""A row's key in a transaction's rows: (loop id, todo id) for todos (their ids are per loop),
+(None, id) for turns and approvals."""
+
+
+def _row_key(table: str, row: Any) -> RowKey:
+    return (row.loop_id if table == "todos" else None, getattr(row, _ROW_ID[table]))
+
+
 def row_leaf(table: str, row: TodoRow | TurnRow | ApprovalRow) -> bytes:
     return state.leaf(table, ROW_SQL[table][1](row))
 
@@ -56,6 +67,9 @@ class GuardedReader(Reader):
         self._loops: dict[str, LoopRow | None] = {}
         self._trees: dict[str, state.StateTree] = {}
         self._log: tuple[int, list[bytes]] | None = None
+        # Todo, turn and approval rows read (proved) or written, by table and `RowKey`; None for
+        # a row that does not exist.
+        self._rows: dict[str, dict[RowKey, Any]] = {t: {} for t in _ROW_ID}
 
     # --- loops --------------------------------------------------------------------------------
 
@@ -66,18 +80,19 @@ class GuardedReader(Reader):
 
     def _proved_loop(self, loop_id: str) -> LoopRow | None:
         r = self._one(
-            f"SELECT {LOOP_COLUMNS}, state_root, mac FROM loops WHERE loop_id = ?", (loop_id,)
+            f"SELECT {LOOP_COLUMNS}, state_root, mac, "
+            "(SELECT max(seq) FROM journal WHERE loop_id = ?), "
+            "(SELECT digest FROM journal WHERE loop_id = ? ORDER BY seq DESC LIMIT 1) "
+            "FROM loops WHERE loop_id = ?",
+            (loop_id, loop_id, loop_id),  # `?` each (PostgreSQL's driver has no `?1`)
         )
         if r is None:
             return None
-        loop, root, mac = loop_from_sql(r), bytes(r[-2] or b""), r[-1]
+        r, (root, mac), head = r[:-4], r[-4:-2], r[-2:]
+        loop, root = loop_from_sql(r), bytes(root or b"")
         what = f"the stored state of loop {loop_id!r}"
         self.integrity.check(LOOP_MAC, loop_mac_values(loop, root), mac, what)
-        head = self._one(
-            "SELECT seq, digest FROM journal WHERE loop_id = ? ORDER BY seq DESC LIMIT 1",
-            (loop_id,),
-        )
-        if head is None or (head[0], head[1]) != (loop.head_seq, loop.head_digest):
+        if head != (loop.head_seq, loop.head_digest):
             raise IntegrityError(
                 f"{what} is not the state after its last receipt (an older copy was put back, or "
                 "receipts were removed); nothing was sealed. Run `loopwarden verify`."
@@ -101,8 +116,17 @@ class GuardedReader(Reader):
         return self._trees[loop_id]
 
     def _prove(self, table: str, rows: dict[str, Any]) -> dict[str, Any]:
+        """`rows` (id → row, as read from the database), each proved once per transaction: a
+        row read again must equal the one proved (or written) before, and is that object (the
+        fold tells the rows it changed by identity)."""
+        known = self._rows[table]
         for key, row in rows.items():
-            if not self.tree(row.loop_id).holds(row.slot, row_leaf(table, row)):
+            held = known.get(_row_key(table, row))
+            if held is not None and held == row:
+                rows[key] = held
+            elif held is None and self.tree(row.loop_id).holds(row.slot, row_leaf(table, row)):
+                known[_row_key(table, row)] = row
+            else:
                 raise IntegrityError(
                     f"the stored {table[:-1]} {key!r} of loop {row.loop_id!r} is not the one its "
                     "receipts made (edited, swapped or rolled back outside loopwarden); nothing was "
@@ -110,16 +134,41 @@ class GuardedReader(Reader):
                 )
         return rows
 
+    def _cached(
+        self,
+        table: str,
+        loop_id: str | None,
+        ids: Iterable[str],
+        load: Callable[[list[str]], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """The rows of `ids` that exist: those this transaction has read or written already,
+        and the others loaded with `load(their ids)` and proved."""
+        known = self._rows[table]
+        keys = {i: (loop_id, i) for i in ids}
+        missing = [i for i, key in keys.items() if key not in known]
+        if missing:
+            self._prove(table, load(missing))
+            for i in missing:
+                known.setdefault(keys[i], None)  # no such row (until this transaction adds it)
+        return {i: row for i, key in keys.items() if (row := known[key]) is not None}
+
+    def keep(self, table: str, rows: Iterable[Any]) -> None:
+        """Rows this transaction has written: what its later reads return."""
+        known = self._rows[table]
+        for row in rows:
+            known[_row_key(table, row)] = row
+
     # --- rows ---------------------------------------------------------------------------------
 
     def todos(self, loop_id: str, ids: Any) -> dict[str, TodoRow]:
-        return self._prove("todos", super().todos(loop_id, ids))
+        read = super().todos
+        return self._cached("todos", loop_id, ids, lambda missing: read(loop_id, missing))
 
     def turns(self, ids: Any) -> dict[str, TurnRow]:
-        return self._prove("turns", super().turns(ids))
+        return self._cached("turns", None, ids, super().turns)
 
     def approvals(self, ids: Any) -> dict[str, ApprovalRow]:
-        return self._prove("approvals", super().approvals(ids))
+        return self._cached("approvals", None, ids, super().approvals)
 
     def open_turns(self, loop_id: str) -> list[TurnRow]:
         """The loop's open turns: exactly the ids its loop row lists, each row proved."""
@@ -187,7 +236,7 @@ class GuardedReader(Reader):
         todo = super().next_eligible_todo(loop_id)
         if todo is None:
             return None
-        todo = self.todos(loop_id, [todo.todo_id])[todo.todo_id]
+        todo = self._prove("todos", {todo.todo_id: todo})[todo.todo_id]
         if todo.status != TodoStatus.OPEN or not self.dependencies_done(loop_id, todo):
             raise IntegrityError(f"the todos of loop {loop_id!r} were changed outside loopwarden")
         return todo
@@ -196,11 +245,13 @@ class GuardedReader(Reader):
 
     def log_state(self) -> tuple[int, list[bytes]]:
         if self._log is None:
-            r = self._one("SELECT size, frontier, mac FROM log_state WHERE id = 1")
-            size, frontier, mac = (r[0], bytes(r[1]), r[2]) if r else (0, b"", None)
+            r = self._one(
+                "SELECT size, frontier, mac, (SELECT max(leaf_index) FROM journal) "
+                "FROM log_state WHERE id = 1"
+            )
+            size, frontier, mac, last = (r[0], bytes(r[1]), r[2], r[3]) if r else (0, b"", None, None)
             self.integrity.check(LOG_MAC, [size, frontier.hex()], mac, "the stored Merkle log")
-            last = self._one("SELECT max(leaf_index) FROM journal")
-            if (last[0] if last and last[0] is not None else -1) != size - 1:
+            if (last if last is not None else -1) != size - 1:
                 raise IntegrityError(
                     "the stored Merkle log does not end at the journal's last receipt"
                 )

@@ -9,7 +9,6 @@ kind of row or one key never verifies for another.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 from collections.abc import Iterable
@@ -21,6 +20,7 @@ LOOP_MAC = "loopwarden.loop/v1"
 LOG_MAC = "loopwarden.log/v1"
 RECORD_MAC = "loopwarden.idempotency/v1"
 TOKEN_MAC = "loopwarden.token/v1"
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str).encode
 
 
 class Integrity:
@@ -32,8 +32,7 @@ class Integrity:
         self._secret = secret
 
     def mac(self, kind: str, values: Iterable[object]) -> bytes:
-        data = json.dumps([kind, *values], separators=(",", ":"), ensure_ascii=False, default=str)
-        return hmac.new(self._secret, data.encode(), hashlib.sha256).digest()
+        return hmac.digest(self._secret, _ENCODE([kind, *values]).encode(), "sha256")
 
     def valid(self, kind: str, values: Iterable[object], mac: object) -> bool:
         return isinstance(mac, bytes) and hmac.compare_digest(self.mac(kind, values), mac)

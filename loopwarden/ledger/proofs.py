@@ -29,9 +29,13 @@ def state_tree(view: LoopView) -> StateTree:
     """The state tree of a loop's rows, built from nothing."""
     tree = StateTree(0, node(EMPTY), lambda level, idx: None)
     tree.grow(view.loop.slots)
-    for table in ("todos", "turns", "approvals"):
-        for row in getattr(view, table).values():
-            tree.put(row.slot, row_leaf(table, row))
+    tree.fill(
+        {
+            row.slot: row_leaf(table, row)
+            for table in ("todos", "turns", "approvals")
+            for row in getattr(view, table).values()
+        }
+    )
     return tree
 
 

@@ -76,13 +76,7 @@ def seal(body: dict[str, Any], signer: Signer) -> Sealed:
     canonical bytes, or the fresh signature does not verify under the signer's own public key
     (the seal is checked before it can be committed).
     """
-    payload = canonical_bytes(body)
-    # What we sign must read back as itself: a number beyond IEEE-754 integers would parse as
-    # something JCS renders differently, and the receipt could never verify.
-    if _parse_body(payload, exact=True) is None:
-        raise SealError(
-            "the receipt body does not survive a JSON round trip; nothing was committed"
-        )
+    payload = canonical_bytes(body, exact=True)  # what we sign must read back as itself
     message = pae(PAYLOAD_TYPE, payload)
     signature = signer.sign(message)
     if not signer.verifies(message, signature):
@@ -148,7 +142,7 @@ def open_envelope(
 
     Problem codes: `envelope_malformed`, `payload_type_mismatch`, `unknown_key`,
     `signature_invalid`, `payload_malformed`, `not_canonical`. With `keyring=None` the
-    signature is not checked (the caller checks it elsewhere, see `signature_problems`); with
+    signature is not checked (the caller checks it elsewhere, see `signature_problem`); with
     `canonical=False` the RFC 8785 re-serialization check is skipped.
     """
     parsed = parse_envelope(envelope_bytes)
@@ -158,7 +152,7 @@ def open_envelope(
     if parsed.payload_type != PAYLOAD_TYPE:
         problems.append("payload_type_mismatch")
     if keyring is not None:
-        problems.extend(_signature_problem(keyring, parsed))
+        problems.extend(signature_problem(keyring, parsed))
     body = _parse_body(parsed.payload)
     if body is None:
         problems.append("payload_malformed")
@@ -168,7 +162,9 @@ def open_envelope(
     return Opened(parsed.envelope, parsed.payload, body, parsed.key_id, tuple(problems))
 
 
-def _signature_problem(keyring: Keyring, parsed: Envelope) -> tuple[str, ...]:
+def signature_problem(keyring: Keyring, parsed: Envelope) -> tuple[str, ...]:
+    """Only the signature check of a parsed envelope: `()`, `("unknown_key",)` or
+    `("signature_invalid",)`."""
     if parsed.key_id not in keyring:
         return ("unknown_key",)
     if not keyring.verify(
@@ -178,43 +174,14 @@ def _signature_problem(keyring: Keyring, parsed: Envelope) -> tuple[str, ...]:
     return ()
 
 
-def signature_problems(
-    envelopes: list[bytes], public_keys: dict[str, bytes]
-) -> list[tuple[str, ...]]:
-    """Only the signature check of each envelope: `()`, `("unknown_key",)` or
-    `("signature_invalid",)` (a malformed envelope is `()` here; `open_envelope` reports it).
-
-    A plain function of plain data, so an audit can run it in worker processes.
-    """
-    keyring = Keyring(public_keys)
-    out: list[tuple[str, ...]] = []
-    for raw in envelopes:
-        parsed = parse_envelope(raw)
-        out.append(() if parsed is None else _signature_problem(keyring, parsed))
-    return out
-
-
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _exact_int(text: str) -> int:
-    value = int(text)
-    if abs(value) > MAX_EXACT_INT:
-        raise ValueError(f"{text} is beyond IEEE-754 integer precision")
-    return value
-
-
-MAX_EXACT_INT = 2**53 - 1
-
-
-def _parse_body(payload: bytes, *, exact: bool = False) -> dict[str, Any] | None:
-    """The JSON object in `payload`, or None. With `exact`, also None if any integer is beyond
-    IEEE-754 precision: such bytes would not canonicalize back to themselves."""
+def _parse_body(payload: bytes) -> dict[str, Any] | None:
+    """The JSON object in `payload`, or None."""
     try:
-        body = json.loads(
-            payload, parse_constant=_reject_constant, parse_int=_exact_int if exact else None
-        )
+        body = json.loads(payload, parse_constant=_reject_constant)
     except (ValueError, RecursionError):
         return None
     return body if isinstance(body, dict) else None

@@ -15,6 +15,7 @@ a blob share the work.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterable
@@ -30,10 +31,24 @@ BlobSource = Callable[[int, int], bytes | None]
 """`blob(level, idx)` → the stored blob, or None if none was ever written."""
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str).encode
+
+
 def leaf(table: str, values: Iterable[object]) -> bytes:
     """The digest of one row: its table and its stored column values, in column order."""
-    data = json.dumps([table, *values], separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(b"\x00" + data.encode()).digest()
+    values = tuple(values)
+    try:
+        return _leaf(table, values)
+    except TypeError:  # a value that cannot be a cache key (the digest does not need one)
+        return _leaf.__wrapped__(table, values)
+
+
+@functools.lru_cache(maxsize=4096)
+def _leaf(table: str, values: tuple[object, ...]) -> bytes:
+    # Memoized: a write proves every open turn of its loop, and they are mostly the rows the
+    # previous write proved. The digest is a pure function of its arguments, so a cached one is
+    # the one a fresh computation gives; the proof itself (the path to the root) is never cached.
+    return hashlib.sha256(b"\x00" + _ENCODE([table, *values]).encode()).digest()
 
 
 def node(blob: bytes) -> bytes:
@@ -131,6 +146,26 @@ class StateTree:
             value = node(bytes(blob))
         self.root = value
 
+    def fill(self, leaves: dict[int, bytes]) -> None:
+        """`put` every (slot → digest) of `leaves` (all below `slots`), hashing each blob on
+        their paths once, bottom up, instead of once per leaf: the same tree, blobs and root.
+        (A slot outside the tree, which only a damaged row can name, is put as `put` does.)"""
+        if any(not 0 <= slot < self.slots for slot in leaves):
+            for slot, digest in leaves.items():
+                self.put(slot, digest)
+            return
+        entries = leaves  # at each level: index of the entry in that level's blobs → hash
+        for level in range(depth(self.slots)):
+            touched = set()
+            for at, value in entries.items():
+                idx, pos = divmod(at, FANOUT)
+                self._load(level, idx)[pos * HASH : (pos + 1) * HASH] = value
+                touched.add(idx)
+            self.dirty.update((level, idx) for idx in touched)
+            entries = {idx: node(bytes(self._load(level, idx))) for idx in touched}
+        if entries:
+            self.root = entries[0]
+
     def blobs(self) -> list[tuple[int, int, bytes]]:
         """The rewritten blobs, to store: (level, idx, blob)."""
         return [(level, idx, bytes(self._blobs[(level, idx)])) for level, idx in sorted(self.dirty)]
@@ -141,6 +176,5 @@ def root_of(leaves: dict[int, bytes], slots: int) -> bytes:
     recomputes from the stored rows, and what the write path keeps up to date."""
     tree = StateTree(0, node(EMPTY), lambda level, idx: None)
     tree.grow(slots)
-    for slot, digest in sorted(leaves.items()):
-        tree.put(slot, digest)
+    tree.fill(leaves)
     return tree.root

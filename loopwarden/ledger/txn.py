@@ -10,7 +10,6 @@ commits whole or not at all.
 
 from __future__ import annotations
 
-import json
 import zlib
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -21,7 +20,7 @@ from loopwarden.clock import format_time
 from loopwarden.errors import Conflict, NotFound
 from loopwarden.ledger import merkle
 from loopwarden.ledger.checkpoints import sign_checkpoint
-from loopwarden.ledger.dialect import Connection, qmarks
+from loopwarden.ledger.dialect import POSTGRESQL, SQLITE, Connection, Dialect, qmarks
 from loopwarden.ledger.events import LoopOpened, ReceiptBody, ReceiptData, ReceiptKind, make_body
 from loopwarden.ledger.fold import apply, touched
 from loopwarden.ledger.guard import GuardedReader, loop_mac_values, row_leaf
@@ -52,7 +51,23 @@ class Sealer(Protocol):
 
 _ROW_KEYS = {"todos": "loop_id, todo_id", "turns": "turn_id", "approvals": "approval_id"}
 """Each row table's key: the rows an upsert replaces (`Dialect.upsert`)."""
-_STATE_NODE_COLUMNS = "loop_id, level, idx, hashes"
+
+
+class _Writes:
+    """The upserts a transaction writes rows with, spelled once per backend at import."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.rows = {
+            table: dialect.upsert(table, columns, _ROW_KEYS[table])
+            for table, (columns, _) in ROW_SQL.items()
+        }
+        self.loop = dialect.upsert("loops", f"{LOOP_COLUMNS}, state_root, mac", "loop_id")
+        self.state_nodes = dialect.upsert(
+            "state_nodes", "loop_id, level, idx, hashes", "loop_id, level, idx"
+        )
+
+
+_WRITES = {dialect.name: _Writes(dialect) for dialect in (SQLITE, POSTGRESQL)}
 
 
 @dataclass(frozen=True)
@@ -93,17 +108,15 @@ class ProjectionWriter(GuardedReader):
                 ("approvals", view.approvals),
             )
         }
+        tree.fill({row.slot: row_leaf(t, row) for t, rows in changed.items() for row in rows})
+        writes = _WRITES[self.dialect.name]
         for table, rows in changed.items():
-            for row in rows:
-                tree.put(row.slot, row_leaf(table, row))
+            self.keep(table, rows)
             if rows:
-                columns, to_sql = ROW_SQL[table]
-                key = _ROW_KEYS[table]
-                self.conn.executemany(
-                    self.dialect.upsert(table, columns, key), [to_sql(row) for row in rows]
-                )
+                to_sql = ROW_SQL[table][1]
+                self.conn.executemany(writes.rows[table], [to_sql(row) for row in rows])
         self.conn.executemany(
-            self.dialect.upsert("state_nodes", _STATE_NODE_COLUMNS, "loop_id, level, idx"),
+            writes.state_nodes,
             [(loop_id, level, idx, blob) for level, idx, blob in tree.blobs()],
         )
         tree.dirty.clear()
@@ -112,10 +125,7 @@ class ProjectionWriter(GuardedReader):
     def _save_loop(self, loop: LoopRow, root: bytes) -> None:
         self._loops[loop.loop_id] = loop
         mac = self.integrity.mac(LOOP_MAC, loop_mac_values(loop, root))
-        columns = f"{LOOP_COLUMNS}, state_root, mac"
-        self.conn.execute(
-            self.dialect.upsert("loops", columns, "loop_id"), (*loop_to_sql(loop), root, mac)
-        )
+        self.conn.execute(_WRITES[self.dialect.name].loop, (*loop_to_sql(loop), root, mac))
 
 
 class Txn(ProjectionWriter):
@@ -265,14 +275,14 @@ class Txn(ProjectionWriter):
     # --- operational records ------------------------------------------------------------------
 
     def remember(
-        self, principal: str, key: str, operation: str, request_digest: str, response: Any
+        self, principal: str, key: str, operation: str, request_digest: str, text: str
     ) -> None:
-        """Record the response to an idempotent call (first write wins), under its MAC.
+        """Record the response (its JSON text) to an idempotent call (first write wins), under
+        its MAC.
 
         Responses are kept forever (a replay after any delay must not act twice), so they are
         stored zlib-compressed: a full update result shrinks about fourfold.
         """
-        text = json.dumps(response, separators=(",", ":"))
         mac = self.integrity.mac(RECORD_MAC, [principal, key, operation, request_digest, text])
         self.conn.execute(
             "INSERT INTO idempotency (principal, key, operation, request_digest, response, "

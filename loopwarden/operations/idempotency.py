@@ -43,4 +43,4 @@ def prior(reader: Reader, principal: str, key: str) -> Prior | None:
 def remember(
     tx: Txn, principal: str, key: str, operation: str, digest: str, result: BaseModel
 ) -> None:
-    tx.remember(principal, key, operation, digest, result.model_dump(mode="json"))
+    tx.remember(principal, key, operation, digest, result.model_dump_json())

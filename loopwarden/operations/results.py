@@ -53,16 +53,17 @@ class RateOut(Model):
     remaining: int | None
 
 
-# Result pieces built from already-validated internal values skip re-validation (hot path).
+# Result pieces are validated like any model: on these small models pydantic-core's validation
+# is about twice as fast as `model_construct` (which runs in Python).
 
 
 def reasons_out(reasons: Iterable[Reason]) -> list[ReasonOut]:
-    return [ReasonOut.model_construct(code=r.code, message=r.message) for r in reasons]
+    return [ReasonOut(code=r.code, message=r.message) for r in reasons]
 
 
 def budgets_out(policy: LoopPolicy, loop: LoopRow) -> dict[str, BudgetOut]:
     return {
-        dim: BudgetOut.model_construct(limit=line.limit, used=line.used, remaining=line.remaining)
+        dim: BudgetOut(limit=line.limit, used=line.used, remaining=line.remaining)
         for dim, line in budget_lines(policy, loop.totals).items()
     }
 

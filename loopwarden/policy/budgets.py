@@ -54,6 +54,14 @@ class Totals:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+_DIMENSIONS = tuple(
+    (dim, f"max_{dim}", _MICRO_DIMENSIONS.get(dim, dim), dim in _MICRO_DIMENSIONS)
+    for dim in BUDGET_DIMENSIONS
+)
+"""Per dimension, in display order: its name, the policy's limit field, the `Totals` field it is
+counted in, and whether that count is in micro-units (asked several times a turn)."""
+
+
 def limit_units(policy: LoopPolicy, dimension: str) -> int | None:
     limit = policy.budgets.limit(dimension)
     if limit is None:
@@ -63,10 +71,12 @@ def limit_units(policy: LoopPolicy, dimension: str) -> int | None:
 
 def exhausted(policy: LoopPolicy, totals: Totals) -> list[str]:
     """Dimensions whose used amount has reached the limit, in display order."""
-    out = []
-    for dimension in BUDGET_DIMENSIONS:
-        limit = limit_units(policy, dimension)
-        if limit is not None and totals.units(dimension) >= limit:
+    budgets, out = policy.budgets, []
+    for dimension, limit_field, units_field, micro in _DIMENSIONS:
+        limit = getattr(budgets, limit_field)
+        if limit is None:
+            continue
+        if getattr(totals, units_field) >= (to_micros(limit) if micro else int(limit)):
             out.append(dimension)
     return out
 
@@ -80,14 +90,18 @@ class BudgetLine:
 
 def budget_lines(policy: LoopPolicy, totals: Totals) -> dict[str, BudgetLine]:
     """Every dimension: limit (None = no limit), used, remaining (never negative)."""
-    lines = {}
-    for dimension in BUDGET_DIMENSIONS:
-        limit = policy.budgets.limit(dimension)
-        used = totals.used(dimension)
-        units = limit_units(policy, dimension)
+    budgets, lines = policy.budgets, {}
+    for dimension, limit_field, units_field, micro in _DIMENSIONS:
+        limit = getattr(budgets, limit_field)
+        units = getattr(totals, units_field)
         remaining: int | float | None = None
-        if units is not None:
-            left = max(units - totals.units(dimension), 0)
-            remaining = left / MICRO if dimension in _MICRO_DIMENSIONS else left
+        if micro:
+            used: int | float = units / MICRO
+            if limit is not None:
+                remaining = max(to_micros(limit) - units, 0) / MICRO
+        else:
+            used = units
+            if limit is not None:
+                remaining = max(int(limit) - units, 0)
         lines[dimension] = BudgetLine(limit=limit, used=used, remaining=remaining)
     return lines

@@ -75,7 +75,7 @@ class Decision:
 
     @property
     def codes(self) -> tuple[str, ...]:
-        return tuple(reason.code for reason in self.reasons)
+        return tuple([reason.code for reason in self.reasons]) if self.reasons else ()
 
     def as_dict(self) -> dict[str, object]:
         return {"effect": self.effect, "reasons": [r.as_dict() for r in self.reasons]}

@@ -70,10 +70,20 @@ class ToolVerdict:
 
 def explain(policy: LoopPolicy, tool: str) -> ToolVerdict:
     """Classify `tool`: deny beats approval beats allow beats the default deny."""
+    tools = policy.tools
+    return _explain(tools.deny, tools.approval, tools.allow, tool)
+
+
+@functools.lru_cache(maxsize=4096)
+def _explain(
+    deny: tuple[str, ...], approval: tuple[str, ...], allow: tuple[str, ...], tool: str
+) -> ToolVerdict:
+    # Memoized (a pure function of its arguments; the verdict is immutable): every report and
+    # every audited one classifies its tools against the same few patterns.
     rules: tuple[tuple[Rule, tuple[str, ...]], ...] = (
-        ("deny", policy.tools.deny),
-        ("approval", policy.tools.approval),
-        ("allow", policy.tools.allow),
+        ("deny", deny),
+        ("approval", approval),
+        ("allow", allow),
     )
     for rule, patterns in rules:
         pattern = first_match(patterns, tool)

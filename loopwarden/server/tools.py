@@ -2,14 +2,13 @@
 
 Each tool's input schema is its request model's JSON Schema (flat arguments, the model's
 constraints field for field, unknown arguments refused); its output schema is the result
-model's. A call runs through the operation runner as the server's principal. Errors carry a
+model's, flattened for clients to check cheaply (`schemas.py`). A call runs through the operation runner as the server's principal. Errors carry a
 code end to end: the text reads `code: message` and the structured content is
 `{"error": {"code", "message"}}`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -22,6 +21,7 @@ from loopwarden.errors import IntegrityError, LoopwardenError, StoreError
 from loopwarden.operations.catalog import TOOLS
 from loopwarden.operations.operation import Operation
 from loopwarden.server.runtime import Runtime
+from loopwarden.server.schemas import slim
 
 log = logging.getLogger("loopwarden.server")
 
@@ -37,10 +37,9 @@ def error_result(code: str, message: str) -> CallToolResult:
 
 def success_result(result: BaseModel) -> CallToolResult:
     """A result model as structured content, and the same JSON as text for older clients."""
-    structured = result.model_dump(mode="json")
     return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(structured))],
-        structured_content=structured,
+        content=[TextContent(type="text", text=result.model_dump_json())],
+        structured_content=result.model_dump(mode="json"),
     )
 
 
@@ -122,7 +121,7 @@ def make_tool(
         description=description,
         parameters=request.model_json_schema(),
         fn_metadata=FuncMetadata(
-            arg_model=_arguments_model(request), output_schema=result.model_json_schema()
+            arg_model=_arguments_model(request), output_schema=slim(result.model_json_schema())
         ),
         is_async=True,
         annotations=annotations,
