@@ -24,9 +24,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Literal, TypeVar
-
-import aiosqlite
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from loopwarden.errors import NotFound, StoreError
 from loopwarden.ledger.dialect import SQLITE
@@ -34,6 +32,9 @@ from loopwarden.ledger.integrity import LOG_MAC, Integrity
 from loopwarden.ledger.reader import LEGACY_SCHEMA
 from loopwarden.ledger.rebuild import rebuild_projection
 from loopwarden.ledger.schema import MIGRATIONS, REBUILT_AT, SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    import aiosqlite
 
 T = TypeVar("T")
 Synchronous = Literal["full", "normal"]
@@ -162,6 +163,8 @@ class SqliteBackend:
     # --- reads (aiosqlite) ----------------------------------------------------------------------
 
     async def start_reading(self) -> None:
+        import aiosqlite  # here: a process that only writes (the hook command) never loads it
+
         def connector() -> sqlite3.Connection:
             self._reader_conn = connect(self.path, synchronous=self.synchronous)
             return self._reader_conn

@@ -9,17 +9,22 @@ The thread takes jobs in arrival order. Jobs that may share a transaction (`grou
 wait together are handed over as one batch: that is the store's group commit. A job the
 awaiting task gave up on while it was still queued is withdrawn and never runs; once the thread
 has taken a job it runs to its end (a retry with the idempotency key finds what it did).
+
+`asyncio` is imported by the methods that await: the hook command builds a store (and so a
+worker it never starts) in a process that runs no event loop and should not pay for one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from queue import Empty, SimpleQueue
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
 
 QUEUED, TAKEN, WITHDRAWN = 0, 1, 2
 
@@ -84,6 +89,8 @@ class Worker:
         is withdrawn; cancelled later, it still runs to its end."""
         if self._stopped:
             raise RuntimeError("the worker is stopped")
+        import asyncio
+
         future = asyncio.get_running_loop().create_future()
         job = Job(fn, future, groupable)
         self._queue.put(job)
@@ -105,6 +112,8 @@ class Worker:
         self._stopped = True
         for _ in self._threads:
             self._queue.put(_STOP)
+        import asyncio
+
         loop = asyncio.get_running_loop()
         for thread in self._threads:
             if thread.is_alive():
