@@ -12,11 +12,13 @@ import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pgserver
 import pytest
 
 from loopwarden.clock import ManualClock
+from loopwarden.ledger.integrity import Integrity
 from loopwarden.ledger.keys import KeyStore
 from loopwarden.ledger.store import Store
 from loopwarden.principals import Principal
@@ -105,13 +107,35 @@ def pg_url() -> str:
     return server.fresh_url()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    report = yield
+    if report.when == "call":
+        item.stash[PASSED] = report.passed
+    return report
+
+
+PASSED = pytest.StashKey[bool]()
+
+
 @pytest.fixture
 def store_url(backend: str, home: Path, request: pytest.FixtureRequest) -> Iterator[str]:
-    """Where the test's store lives: the home's SQLite file, or a fresh PostgreSQL schema."""
+    """Where the test's store lives: the home's SQLite file, or a PostgreSQL schema — for the
+    `store` fixture an emptied one (`PgServer.store_url`: a new store's tables cost ~80 ms),
+    given back once the test has passed; else a fresh one."""
     if backend == "sqlite":
         yield str(home / "loopwarden.db")
-    else:
+        return
+    if "store" not in request.fixturenames:
         yield request.getfixturevalue("pg_url")
+        return
+    server = postgres_server()
+    if server is None:
+        pytest.skip("no PostgreSQL server (see the line above)")
+    url = server.store_url(Integrity(KeyStore(home).load_secret()))
+    yield url
+    if request.node.stash.get(PASSED, False):
+        server.give_back(url)
 
 
 @pytest.fixture

@@ -12,7 +12,9 @@ Where it comes from, first found wins:
 The server listens on a Unix socket in a temporary directory only (no TCP port at all) and is
 stopped, its data deleted, when the process exits. It runs with `fsync = off`: the tests kill
 loopwarden processes, never the database server, so its own crash safety is not under test
-(the bench runs its own server with PostgreSQL's durable defaults).
+(the bench runs its own server with PostgreSQL's durable defaults). A store's tables cost
+PostgreSQL ~80 ms to make, so the `store` fixture's schemas are emptied and reused
+(`PgServer.store_url`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
+from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
 
 ENV = "LOOPWARDEN_TEST_PG"
 
@@ -40,6 +43,8 @@ class PgServer:
     url: str
     origin: str  # where it came from, for the test report
     schemas: list[str] = field(default_factory=list)
+    returned: list[str] = field(default_factory=list)  # used schemas, to be emptied and reused
+    _shape: list[tuple[str, ...]] | None = None  # what a newly migrated schema's tables are
 
     def fresh_url(self, prefix: str = "lw") -> str:
         """A new, empty schema, and the store URL whose connections work in it alone."""
@@ -50,6 +55,77 @@ class PgServer:
             conn.execute(f'CREATE SCHEMA "{name}"')
         self.schemas.append(name)
         return with_search_path(self.url, name)
+
+    def store_url(self, integrity: Any) -> str:
+        """A store at the current schema version holding nothing, for a home whose integrity
+        secret gives `integrity`: a returned schema emptied (its rows deleted, the rows a new
+        store begins with written again, by the store's own code), else a fresh one.
+
+        Making a store's tables costs PostgreSQL ~80 ms (a file per table and index), emptying
+        them a few: the suites open a store per test. A returned schema whose tables are not
+        exactly those of a new one (a test dropped a column, say) is never reused."""
+        while self.returned:
+            name = self.returned.pop()
+            if self._emptied(name, integrity):
+                return with_search_path(self.url, name)
+        return self.fresh_url()
+
+    def give_back(self, url: str) -> None:
+        """`url`'s schema (from `store_url`) is no longer used: `store_url` may empty it."""
+        name = parse_qs(urlsplit(url).query)["options"][0].removeprefix("-csearch_path=")
+        self.returned.append(name)
+
+    def _columns(self, conn: Any, name: str) -> list[tuple[str, ...]]:
+        rows = conn.execute(
+            "SELECT table_name, column_name, data_type, coalesce(column_default, '') "
+            "FROM information_schema.columns WHERE table_schema = %s "
+            "UNION ALL SELECT tablename, indexname, indexdef, '' FROM pg_indexes "
+            "WHERE schemaname = %s ORDER BY 1, 2",
+            (name, name),
+        ).fetchall()
+        return [
+            tuple(str(v).replace(f'"{name}".', "").replace(f"{name}.", "") for v in r) for r in rows
+        ]
+
+    def _new_shape(self) -> list[tuple[str, ...]]:
+        if self._shape is None:
+            import psycopg
+
+            from loopwarden.ledger.integrity import Integrity
+            from loopwarden.ledger.postgres import connect, migrate
+
+            url = self.fresh_url("shape")
+            store = connect(url)
+            try:
+                migrate(store, Integrity(bytes(32)))
+            finally:
+                store.close()
+            name = self.schemas[-1]
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                self._shape = self._columns(conn, name)
+        return self._shape
+
+    def _emptied(self, name: str, integrity: Any) -> bool:
+        import psycopg
+
+        from loopwarden.ledger.dialect import PgConnection
+        from loopwarden.ledger.postgres import initialize
+
+        shape = self._new_shape()
+        try:
+            with psycopg.connect(self.url, autocommit=True) as raw:
+                if self._columns(raw, name) != shape:
+                    return False
+                raw.execute(f'SET search_path = "{name}"')
+                raw.execute("BEGIN")
+                raw.execute("SET LOCAL lock_timeout = '2s'")  # a session left behind: not reused
+                tables = sorted({row[0] for row in shape})
+                raw.execute("DELETE FROM " + "; DELETE FROM ".join(tables))
+                initialize(PgConnection(raw), integrity)
+                raw.execute("COMMIT")
+        except psycopg.Error:
+            return False
+        return True
 
     def drop_schemas(self) -> None:
         import psycopg

@@ -84,8 +84,9 @@ def schema_version(conn: PgConnection) -> int:
 def migrate(conn: PgConnection, integrity: Integrity) -> None:
     """Bring the schema to `SCHEMA_VERSION` in one transaction; refuse a database from a newer
     loopwarden. Upgrading an existing database past `REBUILT_AT` re-derives its projection
-    from the journal, with proofs (`rebuild.py`), as on SQLite. Replicas starting together take turns on an advisory lock, taken before the
-    transaction begins so that the version it reads includes the previous holder's work."""
+    from the journal, with proofs (`rebuild.py`), as on SQLite. Replicas starting together
+    take turns on an advisory lock, taken before the transaction begins so that the version it
+    reads includes the previous holder's work."""
     conn.execute("SELECT pg_advisory_lock(?)", (MIGRATION_LOCK,))
     try:
         conn.execute("BEGIN")
@@ -111,23 +112,29 @@ def _migrate(conn: PgConnection, integrity: Integrity) -> None:
         for statement in PG_MIGRATIONS[number]:
             conn.execute(statement)
     if version == 0:
-        conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('origin', ?)",
-            (f"loopwarden.pg/{secrets.token_hex(8)}",),
-        )
-        conn.execute(
-            "INSERT INTO log_state (id, size, frontier, mac) VALUES (1, 0, ?, ?)",
-            (b"", integrity.mac(LOG_MAC, [0, ""])),
-        )
-        conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-        )
+        initialize(conn, integrity)
     elif version < SCHEMA_VERSION:
         if version < REBUILT_AT:  # the rows' proofs cover columns this upgrade added
             rebuild_projection(conn, integrity)
         conn.execute(
             "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
         )
+
+
+def initialize(conn: PgConnection, integrity: Integrity) -> None:
+    """The rows a new store begins with, in its tables just made (inside the caller's
+    transaction): its origin, the empty Merkle log under its MAC, the schema version."""
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES ('origin', ?)",
+        (f"loopwarden.pg/{secrets.token_hex(8)}",),
+    )
+    conn.execute(
+        "INSERT INTO log_state (id, size, frontier, mac) VALUES (1, 0, ?, ?)",
+        (b"", integrity.mac(LOG_MAC, [0, ""])),
+    )
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+    )
 
 
 def check_secret(conn: PgConnection, integrity: Integrity) -> None:
