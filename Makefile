@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/loopwarden demo
 
+# Two pytest workers (pytest-xdist; at most four): much of the suite waits on processes,
+# sockets and fsync, so two workers on two cores take about two thirds of one's time.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --numprocesses=auto --maxprocesses=4
 
 test-all: $(STAMP)  # the long reliability variants too (see docs/reliability.md)
 	$(BIN)/python -m pytest -q
