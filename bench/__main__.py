@@ -17,7 +17,7 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import audit, dashboard, hooks, kernel, memory, scale, startup, transport
+from bench import audit, backends, dashboard, hooks, kernel, memory, scale, startup, transport
 from bench import harness as h
 from bench.report import Section, console_summary, read_previous, render
 
@@ -30,6 +30,7 @@ FAMILIES = {
     "memory": (memory, 8, 290),
     "startup": (startup, 8, 20),
     "dashboard": (dashboard, 10, 60),
+    "backends": (backends, 10, 60),
     "hooks": (hooks, 6, 30),
 }
 BUDGET = {True: 50.0, False: 550.0}  # seconds: quick, full

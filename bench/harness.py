@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from loopwarden.ledger.keys import KeyStore
+from loopwarden.ledger.location import Location
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.store import Store, Synchronous, connect
 from loopwarden.operations import claim as claim_op
@@ -97,13 +98,18 @@ def temp_home(name: str) -> Iterator[Path]:
 
 @asynccontextmanager
 async def open_store(
-    home: Path, *, synchronous: Synchronous = "full", checkpoint_every: int = 256
+    home: Path,
+    *,
+    synchronous: Synchronous = "full",
+    checkpoint_every: int = 256,
+    location: Location | None = None,
 ) -> AsyncIterator[Store]:
-    """The home's store and keys, as `Runtime.open` builds them for a server."""
+    """The home's store (or the one at `location`) and keys, as `Runtime.open` builds them."""
     keys = KeyStore(home)
     store = await Store.open(
-        home / DB_NAME,
+        location or home / DB_NAME,
         keys.load_signer(),
+        key_dir=home,
         synchronous=synchronous,
         checkpoint_every=checkpoint_every,
     )

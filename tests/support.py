@@ -264,9 +264,12 @@ class Token:
     role: str
 
 
-def mint_tokens(home: Path, specs: list[tuple[str, str]]) -> dict[str, Token]:
+def mint_tokens(
+    home: Path, specs: list[tuple[str, str]], store: str | None = None
+) -> dict[str, Token]:
     """`loopwarden token create --agent NAME --role ROLE --json` for each (name, role), run
-    in-process through the CLI app (the same command, without an interpreter start each)."""
+    in-process through the CLI app (the same command, without an interpreter start each), in
+    the store `store` names (default: the home's)."""
     from typer.testing import CliRunner
 
     from loopwarden.clients.cli import app
@@ -276,7 +279,11 @@ def mint_tokens(home: Path, specs: list[tuple[str, str]]) -> dict[str, Token]:
     for agent, role in specs:
         result = runner.invoke(
             app,
-            ["token", "create", "--agent", agent, "--role", role, "--json", "--home", str(home)],
+            [
+                *("token", "create", "--agent", agent, "--role", role, "--json"),
+                *("--home", str(home)),
+                *(("--store", store) if store else ()),
+            ],
         )
         assert result.exit_code == 0, result.output
         issued = json.loads(result.stdout)

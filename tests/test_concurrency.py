@@ -13,6 +13,10 @@
   successors' work stands.
 - Idempotent retries: one update sent 5 times at once seals one `turn.reported` and returns 5
   identical answers.
+- Replicas on PostgreSQL: 4 `loopwarden serve --http` processes on one database, 16 agents
+  spread over them, the same drain and the same proofs; and replicas SIGKILLed again and again
+  while agents write through them (retrying with their idempotency keys): no acknowledged
+  receipt lost, no half receipt (`verify` rebuilds every projection and finds it whole).
 
 LOOPWARDEN_TEST_SCALE scales the todo count (e.g. 0.25 for a quick run, 2 for a longer one).
 """
@@ -33,7 +37,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import BASIC_POLICY, OPERATOR
+from conftest import BASIC_POLICY, OPERATOR, postgres_server
 from mcp import Client
 from support import (
     Served,
@@ -43,6 +47,7 @@ from support import (
     cli_env,
     codes,
     connect_http,
+    kill_server,
     loop_entries,
     merkle_problems,
     mint_tokens,
@@ -51,14 +56,17 @@ from support import (
     run_cli_app,
     scale,
     serving,
+    spawn_server,
     start_server,
     stdio_params,
     stop_server,
     text_of,
+    wait_listening,
 )
 
-from loopwarden.clients.agent import AgentClient
+from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clock import ManualClock
+from loopwarden.ledger.store import snapshot
 from loopwarden.operations.claim import ClaimResult
 from loopwarden.operations.update import UpdateResult
 from loopwarden.principals import Principal
@@ -182,9 +190,12 @@ async def work(agent: AgentClient, name: str, loop_id: str, tally: Tally, seed: 
             return
 
 
-def check_journal(home: Path, loop_id: str, todos: int, agents: list[str], tally: Tally) -> str:
-    """Everything the issue requires, proven from the signed receipts. Returns a summary."""
-    with open_db(home) as reader:
+def check_journal(
+    home: Path, loop_id: str, todos: int, agents: list[str], tally: Tally, store: str | None = None
+) -> str:
+    """Everything the issue requires, proven from the signed receipts (in the home's file, or
+    the store `store` names). Returns a summary."""
+    with open_db(home) if store is None else snapshot(store) as reader:
         entries = loop_entries(reader, home, loop_id)  # seq 1..n, each signature verified
         replayed = replay_grants(entries)  # one live lease per todo, rising fences, chain
         loop = reader.loop_row(loop_id)
@@ -202,7 +213,7 @@ def check_journal(home: Path, loop_id: str, todos: int, agents: list[str], tally
     assert len(busy) >= len(agents) * 3 // 4, f"too little concurrency: {tally.turns}"
     assert replayed.max_open >= min(len(agents), 4), f"at most {replayed.max_open} leases at once"
 
-    audit = cli("verify", "--json", "--home", str(home))
+    audit = cli("verify", "--json", "--home", str(home), *(("--store", store) if store else ()))
     assert audit.returncode == 0, audit.stdout + audit.stderr
     report = json.loads(audit.stdout)
     assert report["verdict"] == "clean" and report["tree_size"] >= len(entries)
@@ -232,30 +243,38 @@ def http_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
         stop_server(served)
 
 
-@bounded(RUN_TIMEOUT)
-async def test_16_http_agents_drain_200_todos_without_a_double_grant_or_double_completion(
-    http_world,
-):
-    served, tokens = http_world
-    async with connect_http(served.url, tokens["alice"].token) as alice:
+async def drain(
+    urls: list[str], tokens: dict[str, Any], loop_id: str, seeds: int
+) -> tuple[Tally, float]:
+    """Open `loop_id` (TODOS todos) as alice, then let the 16 HTTP agents drain it, agent n on
+    `urls[n % len(urls)]`; returns what they saw and the seconds the drain took."""
+    async with connect_http(urls[0], tokens["alice"].token) as alice:
         opened = await alice.open_loop(
-            "drain the crowd loop",
+            f"drain {loop_id}",
             crowd_policy(HTTP_AGENTS),
             [{"title": f"item {n}"} for n in range(1, TODOS + 1)],
-            loop_id="crowd-http",
+            loop_id=loop_id,
         )
     assert opened.todos == TODOS
     tally = Tally()
     began = time.monotonic()
 
-    async def agent(name: str, seed: int) -> None:
-        async with connect_http(served.url, tokens[name].token) as me:
-            await work(me, name, "crowd-http", tally, seed)
+    async def agent(name: str, n: int) -> None:
+        async with connect_http(urls[n % len(urls)], tokens[name].token) as me:
+            await work(me, name, loop_id, tally, seeds + n)
 
     async with anyio.create_task_group() as group:
-        for seed, name in enumerate(HTTP_AGENTS):
-            group.start_soon(agent, name, seed)
-    elapsed = time.monotonic() - began
+        for n, name in enumerate(HTTP_AGENTS):
+            group.start_soon(agent, name, n)
+    return tally, time.monotonic() - began
+
+
+@bounded(RUN_TIMEOUT)
+async def test_16_http_agents_drain_200_todos_without_a_double_grant_or_double_completion(
+    http_world,
+):
+    served, tokens = http_world
+    tally, elapsed = await drain([served.url], tokens, "crowd-http", seeds=0)
     summary = check_journal(served.home, "crowd-http", TODOS, HTTP_AGENTS, tally)
     print(f"\n[concurrency/http] 16 sessions, one server: {summary}; drained in {elapsed:.1f}s")
 
@@ -538,3 +557,165 @@ async def test_the_journal_checks_catch_a_double_grant_a_gap_a_double_report_and
         assert_totals_match(dataclasses.replace(totals, cost_micros=totals.cost_micros + 1), clean)
     with pytest.raises(AssertionError):
         assert_totals_match(dataclasses.replace(totals, turns=totals.turns - 1), clean)
+
+
+# --- replicas on one PostgreSQL database ---------------------------------------------------------
+
+REPLICAS = 4
+
+
+def pg_store() -> str:
+    server = postgres_server()
+    if server is None:
+        pytest.skip("no PostgreSQL server (see the line at the start of the run)")
+    return server.fresh_url("replicas")
+
+
+def start_replicas(home: Path, logs: Path, store: str, count: int) -> list[Served]:
+    """`count` `serve --http` processes on one store, started together, each listening."""
+    spawned = [spawn_server(home, logs, "--store", store) for _ in range(count)]
+    return [wait_listening(served, port) for served, port in spawned]
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Served], dict, str]]:
+    """4 replicas on one fresh PostgreSQL schema, a token per agent and the operator."""
+    store = pg_store()
+    root = tmp_path_factory.mktemp("replicas")
+    home = root / "home"
+    tokens = mint_tokens(home, [(a, "agent") for a in HTTP_AGENTS] + [("alice", "operator")], store)
+    served = start_replicas(home, root / "logs", store, REPLICAS)
+    try:
+        yield served, tokens, store
+    finally:
+        for replica in served:
+            stop_server(replica)
+
+
+@bounded(RUN_TIMEOUT)
+async def test_4_replicas_on_one_postgresql_database_drain_200_todos_with_16_agents(replicas):
+    served, tokens, store = replicas
+    tally, elapsed = await drain([r.url for r in served], tokens, "crowd-pg", seeds=200)
+    home = served[0].home
+    summary = check_journal(home, "crowd-pg", TODOS, HTTP_AGENTS, tally, store)
+    print(f"\n[concurrency/replicas] 16 agents, {REPLICAS} replicas: {summary}; {elapsed:.1f}s")
+
+
+RETRIED = {"store_error", "store_unavailable", "store_busy", "commit_unknown", "internal_error"}
+
+
+@dataclass
+class Acknowledged:
+    """Every receipt a replica answered with, and how often a call had to be retried."""
+
+    receipts: set[str] = field(default_factory=set)
+    completed: Counter[str] = field(default_factory=Counter)
+    retries: int = 0
+
+
+async def _kill_loop(
+    home: Path, logs: Path, store: str, live: list[Served], kills: int, stop: anyio.Event
+) -> None:
+    """SIGKILL a random replica every so often (agents are mid-call), start a new one."""
+    rng = random.Random(7)
+    try:
+        for _ in range(kills):
+            await anyio.sleep(rng.uniform(0.3, 0.9))
+            victim = live.pop(rng.randrange(len(live)))
+            kill_server(victim)
+            fresh = await anyio.to_thread.run_sync(start_replicas, home, logs, store, 1)
+            live.append(fresh[0])
+    finally:
+        stop.set()
+
+
+async def _killed_agent(
+    name: str, token: str, live: list[Served], stop: anyio.Event, seen: Acknowledged
+) -> None:
+    """Claim and complete until `stop`, every call retried (same idempotency key) on any live
+    replica until one answers: a lost connection never makes the agent act twice."""
+    rng = random.Random(name)
+
+    async def call(make: Any) -> Any:
+        for _ in range(60):
+            try:
+                with anyio.fail_after(20):
+                    async with connect_http(rng.choice(live).url, token) as me:
+                        return await make(me)
+            except ToolCallError as exc:
+                if exc.code not in RETRIED:
+                    raise
+            except Exception:  # the replica died under the call: try another
+                pass
+            seen.retries += 1
+            await anyio.sleep(0.05)
+        raise AssertionError(f"{name}: no replica answered 60 times in a row")
+
+    n = 0
+    while not stop.is_set():
+        n += 1
+        key = f"{name}-{n}"
+        grant = await call(lambda me, key=key: me.claim("killed", idempotency_key=f"{key}-claim"))
+        seen.receipts.add(grant.receipt_id)
+        assert grant.granted, grant.reasons
+        result = await call(
+            lambda me, grant=grant, key=key: me.update(
+                grant.turn_id,
+                grant.fence,
+                "completed",
+                "done",
+                f"{key}-report",
+                usage={"model_calls": 1, "cost_usd": 0.01},
+                evidence=[{"kind": "test", "summary": "green"}],
+            )
+        )
+        assert result.accepted, result.reasons
+        seen.receipts.add(result.receipt_id)
+        seen.completed[grant.todo_id] += 1
+
+
+@pytest.mark.parametrize("kills", [3, pytest.param(15, marks=pytest.mark.slow)])
+async def test_sigkilled_replicas_lose_no_acknowledged_receipt_and_leave_no_half_receipt(
+    tmp_path, kills
+):
+    store = pg_store()
+    home, logs = tmp_path / "home", tmp_path / "logs"
+    agents = [f"k-{n}" for n in range(8)]
+    specs = [(a, "agent") for a in agents] + [("alice", "operator")]
+    tokens = await anyio.to_thread.run_sync(mint_tokens, home, specs, store)  # runs its own loop
+    live = await anyio.to_thread.run_sync(start_replicas, home, logs, store, 3)
+    seen, stop = Acknowledged(), anyio.Event()
+    try:
+        with anyio.fail_after(60 + kills * 20):
+            async with connect_http(live[0].url, tokens["alice"].token) as alice:
+                await alice.open_loop(
+                    "work through crashes",
+                    crowd_policy(agents),
+                    [{"title": f"item {n}"} for n in range(1, 2001)],
+                    loop_id="killed",
+                )
+            async with anyio.create_task_group() as group:
+                group.start_soon(_kill_loop, home, logs, store, live, kills, stop)
+                for name in agents:
+                    group.start_soon(_killed_agent, name, tokens[name].token, live, stop, seen)
+    finally:
+        for replica in live:
+            stop_server(replica)
+    assert seen.retries > 0, "no call was cut by a kill: the test proved nothing"
+    with snapshot(store) as reader:
+        stored = {row.receipt_id for row in reader.loop_journal("killed")}
+        lost = seen.receipts - stored
+        assert not lost, f"{len(lost)} acknowledged receipts are not in the journal"
+        entries = loop_entries(reader, home, "killed")  # every one whole and verified
+        replayed = replay_grants(entries)  # seq 1..n, prev chain, one lease per todo
+        assert merkle_problems(reader) == []
+        loop = reader.loop_row("killed")
+        assert_totals_match(loop.totals, replayed)
+    assert set(replayed.completed.values()) <= {1}, "a todo was completed twice"
+    assert dict(replayed.completed) == dict(seen.completed)
+    audit = cli("verify", "--json", "--home", str(home), "--store", store)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    print(
+        f"\n[concurrency/sigkill] {kills} replicas killed mid-write: {len(seen.receipts)} "
+        f"acknowledged receipts all kept, {seen.retries} calls retried, verify clean"
+    )

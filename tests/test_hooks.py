@@ -5,7 +5,9 @@ source in SOURCES.md), edited only where a case needs another tool or command. T
 them through `hooks.handle` on a real store (the decision matrix, every reason), through a real
 `loopwarden hook HOST` subprocess per host (formats, exit codes, failing closed), and checks
 that update compares reports with what was observed, that every receipt is judged legal, and
-that the installer merges settings without clobbering them.
+that the installer merges settings without clobbering them. The tests marked `backends` run on
+SQLite and on PostgreSQL (the decision matrix, the report cross-check, Stop, and a real hook
+process given the store with `--store`).
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ CASES = [  # (event, the reason code it must be denied for, or None for allowed)
 @pytest.mark.parametrize(
     ("event", "code"), CASES, ids=[f"{i}-{c}" for i, (_, c) in enumerate(CASES)]
 )
+@pytest.mark.backends
 async def test_each_tool_call_is_decided_by_the_policy_before_it_runs(store, event, code):
     await opened(store)
     granted = await attached_claim(store)
@@ -262,6 +265,7 @@ def report(granted: ClaimResult, key: str, tools: dict[str, int], **kw: Any) -> 
     )
 
 
+@pytest.mark.backends
 async def test_enforce_refuses_an_underreported_turn_and_charges_what_was_observed(store):
     await opened(store)
     granted = await attached_claim(store)
@@ -291,6 +295,7 @@ async def test_record_mode_accepts_with_warnings_both_ways(store):
     await judged_clean(store)
 
 
+@pytest.mark.backends
 async def test_enforce_refuses_a_claim_until_the_agents_host_attached(store):
     await opened(store)
     refused = await claim(store, REVIEWER, ClaimRequest(loop_id=LOOP))
@@ -317,6 +322,7 @@ async def test_max_tool_calls_charges_the_listed_counts_without_any_host(store):
 # --- the Stop hook --------------------------------------------------------------------------
 
 
+@pytest.mark.backends
 async def test_stop_is_blocked_once_while_observed_work_is_unreported(store):
     await opened(store)
     granted = await attached_claim(store)
@@ -443,6 +449,25 @@ def test_install_speaks_each_hosts_settings_format():
     assert command.endswith("hook codex --loop L1 --agent builder --server http://127.0.0.1:8765")
 
 
+def test_install_names_the_store_in_the_hook_command_but_never_a_password(tmp_path):
+    from typer.testing import CliRunner
+
+    from loopwarden.clients.cli import app
+
+    settings = merged(None, target(store="postgresql://lw@db.internal/loopwarden"))
+    command = settings["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
+    assert command.endswith("--home /srv/lw --store postgresql://lw@db.internal/loopwarden")
+    for url in ("postgresql://lw:hunter2@db/lw", "postgresql://lw@db/lw?password=hunter2"):
+        result = CliRunner().invoke(
+            app,
+            ["hook", "install", "claude-code", "--loop", "L1", "--agent", "builder",
+             "--store", url, "--project", str(tmp_path), "--home", str(tmp_path / "home")],
+        )  # fmt: skip
+        assert result.exit_code == 2 and "LOOPWARDEN_STORE" in result.output
+        assert "hunter2" not in result.output
+    assert list(tmp_path.iterdir()) == [], "nothing written, no home made"
+
+
 def test_the_entry_point_knows_every_host():
     from loopwarden.clients.entry import HOSTS as ENTRY_HOSTS
     from loopwarden.policy.hosts import HOSTS
@@ -459,10 +484,11 @@ async def _home_with_turn(home: Path, store: Store) -> ClaimResult:
 
 
 def hook_process(
-    home: Path, host: str, event: bytes, *, agent: str = "builder"
+    home: Path, host: str, event: bytes, *, agent: str = "builder", store: str | None = None
 ) -> subprocess.CompletedProcess:
+    given = ("--store", store) if store else ()
     return subprocess.run(
-        [*loopwarden("hook", host, "--loop", LOOP, "--agent", agent, "--home", str(home))],
+        [*loopwarden("hook", host, "--loop", LOOP, "--agent", agent, "--home", str(home), *given)],
         input=event,
         capture_output=True,
         env=cli_env(),
@@ -517,14 +543,46 @@ async def test_codex_never_sees_a_bare_allow(home, store):
     assert hook_process(home, "codex", session).stdout == b""
 
 
-async def test_a_damaged_store_blocks_every_call(home, store):
+def store_arg(backend: str, store_url: str) -> str:
+    """The `--store` a host's hook command names: a SQLite URL, or the PostgreSQL one."""
+    return f"sqlite:///{store_url}" if backend == "sqlite" else store_url
+
+
+@pytest.mark.backends
+async def test_a_real_hook_process_decides_on_the_store_it_is_given(
+    home, store, backend, store_url
+):
     await _home_with_turn(home, store)
-    conn = sqlite3.connect(home / "loopwarden.db")
-    conn.execute("UPDATE loops SET turns = 0")
-    conn.commit()
-    conn.close()
+    given = store_arg(backend, store_url)
+    read = (FIXTURES / "claude-code" / "PreToolUse-read.json").read_bytes()
+    allowed = hook_process(home, "claude-code", read, store=given)
+    assert (allowed.returncode, allowed.stdout) == (0, b""), allowed.stderr
+    push = json.dumps(bash("git push origin main")).encode()
+    refused = hook_process(home, "claude-code", push, store=given)
+    assert refused.returncode == 0 and denied(json.loads(refused.stdout)), refused.stdout
+    assert (await kinds(store))[-2:] == ["tool.admitted", "tool.refused"]
+    await judged_clean(store)
+
+
+@pytest.mark.backends
+async def test_a_damaged_store_blocks_every_call(home, store, backend, store_url):
+    await _home_with_turn(home, store)
+    if backend == "sqlite":
+        conn = sqlite3.connect(home / "loopwarden.db")
+        conn.execute("UPDATE loops SET turns = 0")
+        conn.commit()
+        conn.close()
+    else:
+        from loopwarden.ledger.postgres import connect  # autocommit: the edit stands
+
+        edit = connect(store_url)
+        edit.execute("UPDATE loops SET turns = 0")
+        edit.close()
     done = hook_process(
-        home, "claude-code", (FIXTURES / "claude-code" / "PreToolUse-read.json").read_bytes()
+        home,
+        "claude-code",
+        (FIXTURES / "claude-code" / "PreToolUse-read.json").read_bytes(),
+        store=store_arg(backend, store_url),
     )
     assert done.returncode == 2 and b"changed outside loopwarden" in done.stderr
     assert done.stderr.count(b"\n") == 1, "one line: the reason the model and the user see"

@@ -258,6 +258,7 @@ EDITS = {
 
 
 @pytest.mark.anyio
+@pytest.mark.backends
 @pytest.mark.parametrize(("edit", "rule"), EDITS.values(), ids=list(EDITS))
 async def test_each_rule_is_named_when_a_journal_breaks_it(store, clock, edit, rule):
     journal = await _scripted(store, clock, make_policy(budgets={"max_turns": 2}))

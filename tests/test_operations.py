@@ -45,7 +45,7 @@ from loopwarden.operations.todos import TodoAddRequest, todo_add
 from loopwarden.operations.update import UpdateRequest, UpdateResult, update
 from loopwarden.principals import Principal
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
 CAROL = Principal(id="carol", role="agent")
 EVIDENCE = [Evidence(kind="test", summary="the tests pass")]

@@ -39,7 +39,7 @@ from loopwarden.server.settings import DB_NAME, Settings
 
 RELEASE_0_1_0 = Path(__file__).parent / "fixtures" / "release-0.1.0"
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
 
 def _server(home: Path, who: str = "builder", role: str = "agent") -> Any:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER
 
@@ -34,7 +35,7 @@ from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.operations.update import UpdateRequest, update
 from loopwarden.principals import Principal
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
 EVIDENCE = [Evidence(kind="test", summary="ok")]
 WIDE_POLICY = {**copy.deepcopy(BASIC_POLICY), "budgets": {"max_turns": 1000}}
@@ -521,6 +522,82 @@ async def test_a_version_1_database_is_migrated_in_place_and_keeps_working(home)
     )
 
 
+HOOK_FIXTURES = Path(__file__).parent / "fixtures" / "hooks" / "claude-code"
+
+
+def _raw_sql(backend: str, store_url: str, *statements: str) -> None:
+    """Run `statements` on the store's database outside loopwarden (each one stands)."""
+    if backend == "sqlite":
+        conn = sqlite3.connect(store_url, isolation_level=None)
+    else:
+        from loopwarden.ledger.postgres import connect
+
+        conn = connect(store_url)  # type: ignore[assignment]
+    try:
+        for statement in statements:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
+async def test_a_version_5_store_is_migrated_to_6_and_its_rows_proved_again(
+    home, backend, store_url
+):
+    from loopwarden.hooks.handle import handle
+    from loopwarden.ledger.audit import audit
+    from loopwarden.ledger.schema import SCHEMA_VERSION
+
+    keys = KeyStore(home)
+
+    async def opened() -> Store:
+        signer = keys.load_signer()
+        return await Store.open(store_url, signer, keyring=keys.keyring(), key_dir=home)
+
+    store = await opened()
+    try:
+        await open_test_loop(store, 3, {**WIDE_POLICY, "observe": {"mode": "record"}})
+        session = (HOOK_FIXTURES / "SessionStart-startup.json").read_bytes()
+        await handle(store, "claude-code", session, loop_id="L1", agent="builder", servers=[])
+        assert await work_one(store, BUILDER, "L1", "k0")
+        attached = (await store.read(lambda r: r.loop_row("L1"))).hosts
+        assert "builder" in attached
+    finally:
+        await store.close()
+    # Back to version 5, as a store written before the hooks left it: no hook columns.
+    version = (
+        "PRAGMA user_version = 5"
+        if backend == "sqlite"
+        else "UPDATE meta SET value = '5' WHERE key = 'schema_version'"
+    )
+    _raw_sql(
+        backend,
+        store_url,
+        "ALTER TABLE turns DROP COLUMN observed",
+        "ALTER TABLE turns DROP COLUMN reported",
+        "ALTER TABLE turns DROP COLUMN refusals",
+        "ALTER TABLE loops DROP COLUMN hosts",
+        version,
+    )
+    store = await opened()
+    try:
+        assert (await store.read(lambda r: r.loop_row("L1"))).hosts == attached  # from receipts
+        assert await work_one(store, BUILDER, "L1", "k1"), "the re-proved rows serve writes"
+        await assert_fold_equals_stored(store, "L1")
+        report = await store.read(lambda r: audit(r, store.keyring, workers=0))
+        assert report.findings == [], [f.as_dict() for f in report.findings]
+        if backend == "sqlite":
+            found = await store.read(lambda r: r.conn.execute("PRAGMA user_version").fetchone())
+        else:
+            found = await store.read(
+                lambda r: r.conn.execute(
+                    "SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'schema_version'"
+                ).fetchone()
+            )
+        assert found[0] == SCHEMA_VERSION
+    finally:
+        await store.close()
+
+
 async def test_a_database_from_a_newer_loopwarden_is_refused(home):
     from loopwarden.ledger.schema import SCHEMA_VERSION
 
@@ -538,9 +615,10 @@ async def test_a_write_cancelled_while_queued_never_commits(store):
     await open_test_loop(store, 2)
     before = await store.read(snapshot)
     started = anyio.Event()
+    token = anyio.lowlevel.current_token()  # the body runs on the store's writer thread
 
     def slow(tx):
-        anyio.from_thread.run_sync(started.set)
+        anyio.from_thread.run_sync(started.set, token=token)
         time.sleep(0.3)  # hold the writer while the second call queues behind it
 
     def doomed(tx):

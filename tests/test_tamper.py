@@ -7,6 +7,11 @@ with write access to the file would), and asserts that `audit()` reports the exp
 finding naming the damaged receipt (loop / seq / leaf index) or checkpoint. Offline bundles get
 the same treatment with `verify_bundle`. The untouched journal and bundle verify clean, so
 every finding below is caused by its damage.
+
+On PostgreSQL: the journal cases, the `verify` command's exits and the startup check run there
+too (`backend`): the pristine store is copied into a fresh PostgreSQL schema (`store copy`'s
+rows), damaged there through psycopg with the same statements, and audited there. The one case
+that only SQLite can hold (an envelope rewritten as TEXT in its BLOB column) stays SQLite's.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from loopwarden.ledger import bundles, merkle
 from loopwarden.ledger.audit import audit
 from loopwarden.ledger.bundles import export_bundle, verify_bundle
 from loopwarden.ledger.checkpoints import sign_checkpoint
+from loopwarden.ledger.copies import copy_rows
 from loopwarden.ledger.events import Evidence, ToolUse, Usage
 from loopwarden.ledger.findings import Finding, Report
 from loopwarden.ledger.keys import Keyring, KeyStore, Signer, public_key_b64
@@ -185,9 +191,10 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Pristine:
     return Pristine(home, bundle)
 
 
-def run_audit(home: Path, loop_id: str | None = None) -> Report:
-    with admin.open_reader(home) as reader:
-        return audit(reader, admin.keyring_of(home), loop_id=loop_id)
+def run_audit(home: Path | Copy, loop_id: str | None = None) -> Report:
+    where = home if isinstance(home, Copy) else Copy(home)
+    with admin.open_reader(where.home, store=where.store) as reader:
+        return audit(reader, admin.keyring_of(where.home), loop_id=loop_id)
 
 
 def test_pristine_journal_has_the_layout_the_cases_rely_on(pristine):
@@ -227,11 +234,12 @@ def repack(env: dict[str, Any], body: dict[str, Any]) -> bytes:
 
 
 class Db:
-    """A damaged copy's database, opened with plain sqlite3 (no loopwarden code in the way)."""
+    """A damaged copy's database, opened with plain sqlite3 (no loopwarden code in the way), or
+    with psycopg for a PostgreSQL copy (`store`): `?` placeholders either way."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, store: str | None = None) -> None:
         self.home = home
-        self.conn = sqlite3.connect(home / DB)
+        self.conn: Any = sqlite3.connect(home / DB) if store is None else pg_connection(store)
 
     def row(self, loop_id: str, seq: int) -> tuple[int, bytes, str]:
         """(leaf_index, envelope, digest) of one receipt."""
@@ -567,25 +575,72 @@ CASES: dict[str, Case] = {
 }
 
 
-def damaged_copy(pristine: Pristine, tmp_path: Path, damage: Callable[[Db], None]) -> Path:
+def pg_connection(url: str) -> Any:
+    """A psycopg connection in one transaction (committed by `damaged_copy`), `?` queries."""
+    from loopwarden.ledger.postgres import connect
+
+    conn = connect(url)
+    conn.execute("BEGIN")
+    conn.commit = lambda: conn.execute("COMMIT")  # type: ignore[attr-defined]
+    return conn
+
+
+def copy_to(home: Path, url: str) -> None:
+    """The pristine store, row for row, in the fresh PostgreSQL schema `url`."""
+
+    async def copy() -> None:
+        keys = KeyStore(home)
+        with admin.open_reader(home) as source:
+            store = await Store.open(url, keys.load_signer(), keyring=keys.keyring(), key_dir=home)
+            try:
+                await store.write(lambda tx: copy_rows(source, tx.conn))
+            finally:
+                await store.close()
+
+    anyio.run(copy)
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A damaged copy: its home (keys), and its store URL on PostgreSQL (None: the home's file)."""
+
+    home: Path
+    store: str | None = None
+
+    def args(self) -> list[str]:
+        return ["--store", self.store] if self.store else []
+
+
+def damaged_copy(
+    pristine: Pristine, tmp_path: Path, damage: Callable[[Db], None], pg: str | None = None
+) -> Copy:
     home = tmp_path / "home"
     shutil.copytree(pristine.home, home)
-    db = Db(home)
+    if pg is not None:
+        copy_to(home, pg)
+    db = Db(home, pg)
     try:
         damage(db)
         db.conn.commit()
     finally:
         db.conn.close()
-    return home
+    return Copy(home, pg)
+
+
+@pytest.fixture
+def pg(backend: str, request: pytest.FixtureRequest) -> str | None:
+    """None on SQLite; on PostgreSQL a fresh schema's URL for the damaged copy."""
+    return request.getfixturevalue("pg_url") if backend == "postgresql" else None
 
 
 def describe(report: Report) -> str:
     return "\n".join(str(f.as_dict()) for f in report.findings)
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
-def test_audit_detects_tampering(pristine, tmp_path, case):
-    home = damaged_copy(pristine, tmp_path, CASES[case].damage)
+def test_audit_detects_tampering(pristine, tmp_path, case, pg):
+    home = damaged_copy(pristine, tmp_path, CASES[case].damage, pg)
     report = run_audit(home)
     assert not report.clean
     for expected in CASES[case].expect:
@@ -626,30 +681,33 @@ def home_env(home: Path) -> dict[str, str]:
     return cli_env(synchronous=None, LOOPWARDEN_HOME=str(home))
 
 
+@pytest.mark.backends
 @pytest.mark.parametrize(
     ("case", "code"),
     [("edited-body-not-resigned", "signature_invalid"), ("receipt-deleted", "seq_gap")],
 )
-def test_verify_command_exits_3_and_lists_the_finding(pristine, tmp_path, case, code):
-    home = damaged_copy(pristine, tmp_path, CASES[case].damage)
-    proc = cli("verify", "--json", env=home_env(home))
+def test_verify_command_exits_3_and_lists_the_finding(pristine, tmp_path, case, code, pg):
+    damaged = damaged_copy(pristine, tmp_path, CASES[case].damage, pg)
+    proc = cli("verify", "--json", *damaged.args(), env=home_env(damaged.home))
     assert proc.returncode == 3, proc.stderr
     out = json.loads(proc.stdout)
     assert out["verdict"] == "tampered"
     assert any(f["code"] == code and f.get("loop_id") == "alpha" for f in out["findings"])
 
 
-def test_verify_command_on_the_untouched_copy_exits_0(pristine, tmp_path):
-    home = damaged_copy(pristine, tmp_path, lambda db: None)
-    result = CliRunner().invoke(app, ["verify", "--json", "--home", str(home)])
+@pytest.mark.backends
+def test_verify_command_on_the_untouched_copy_exits_0(pristine, tmp_path, pg):
+    copy = damaged_copy(pristine, tmp_path, lambda db: None, pg)
+    result = CliRunner().invoke(app, ["verify", "--json", "--home", str(copy.home), *copy.args()])
     assert result.exit_code == 0, result.stdout
     assert json.loads(result.stdout)["verdict"] == "clean"
 
 
-def test_a_store_missing_a_receipt_is_refused_with_exit_3(pristine, tmp_path):
+@pytest.mark.backends
+def test_a_store_missing_a_receipt_is_refused_with_exit_3(pristine, tmp_path, pg):
     """The cheap startup check catches a journal that disagrees with its projection heads."""
-    home = damaged_copy(pristine, tmp_path, receipt_deleted)
-    result = CliRunner().invoke(app, ["loop", "list", "--home", str(home)])
+    copy = damaged_copy(pristine, tmp_path, receipt_deleted, pg)
+    result = CliRunner().invoke(app, ["loop", "list", "--home", str(copy.home), *copy.args()])
     assert result.exit_code == 3
     assert "refusing to serve a damaged store" in " ".join(result.stderr.split())
 
@@ -928,7 +986,7 @@ def test_parallel_signature_checks_find_exactly_what_inline_checks_find(
 ):
     monkeypatch.setattr(audit_module, "PARALLEL_FROM", 0)  # force worker processes on a small log
     monkeypatch.setattr(audit_module, "BATCH", batch)  # small: the next batch checked meanwhile
-    home = damaged_copy(pristine, tmp_path, edited_body_not_resigned)
+    home = damaged_copy(pristine, tmp_path, edited_body_not_resigned).home
     with admin.open_reader(home) as reader:
         parallel = audit(reader, admin.keyring_of(home), workers=1)
         inline = audit(reader, admin.keyring_of(home), workers=0)

@@ -8,6 +8,10 @@ Two halves:
   client acting through a real `loopwarden serve` (HTTP, bearer tokens) must be refused with an
   integrity error and nothing sealed, and once the row is put back the journal verifies clean
   and the same client's next call goes through;
+- **on PostgreSQL**, three of the attacks (a policy document, a todo row and a loop row edited:
+  the policy's hash, the state tree and the loop's MAC) and the forged token row, each edited
+  through psycopg in the replica's database (`$LOOPWARDEN_STORE` for the in-process CLI,
+  `--store` for the server);
 - **against release 0.1.0**, the same attacks succeeded (`tests/fixtures/make_attacked_db.py`
   ran them, one loop each, and the server signed every decision): the audit now judges each of
   those signed decisions illegal, naming the receipt and the rule.
@@ -16,6 +20,7 @@ Two halves:
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -42,6 +47,7 @@ from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clients.cli import app
 from loopwarden.ledger.events import Evidence, ToolUse, Usage
 from loopwarden.ledger.keys import KeyStore, public_key_b64
+from loopwarden.ledger.location import STORE_ENV
 from loopwarden.ledger.store import Store
 from loopwarden.operations.approvals import ApprovalRequest, request_approval
 from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
@@ -75,22 +81,44 @@ def journal_size(home: Path) -> int:
 
 
 class Db:
-    """The home's database under plain sqlite3: what the attacker has."""
+    """The home's database under plain sqlite3, or the PostgreSQL store `$LOOPWARDEN_STORE`
+    names under plain psycopg: what the attacker has."""
 
     def __init__(self, home: Path) -> None:
         self.path = home / DB_NAME
+        self.store = os.environ.get(STORE_ENV)
+
+    def _connect(self) -> Any:
+        if self.store is None:
+            return sqlite3.connect(self.path)
+        from loopwarden.ledger.postgres import connect  # autocommit: each statement stands
+
+        conn = connect(self.store)
+        conn.commit = lambda: None  # type: ignore[attr-defined]
+        return conn
 
     def one(self, sql: str, params: tuple = ()) -> Any:
-        with sqlite3.connect(self.path) as conn:
+        conn = self._connect()
+        try:
             return conn.execute(sql, params).fetchone()
+        finally:
+            conn.close()
 
     def run(self, sql: str, params: tuple = ()) -> None:
-        conn = sqlite3.connect(self.path)
+        conn = self._connect()
         try:
             conn.execute(sql, params)
             conn.commit()
         finally:
             conn.close()
+
+
+@pytest.fixture
+def where(backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The backend under attack; on PostgreSQL `$LOOPWARDEN_STORE` names a fresh schema."""
+    if backend == "postgresql":
+        monkeypatch.setenv(STORE_ENV, request.getfixturevalue("pg_url"))
+    return backend
 
 
 # --- setting a home up, with the operations themselves ---------------------------------------
@@ -106,12 +134,8 @@ class Scene:
 
 
 async def _with_store(home: Path, work: Callable[[Store], Awaitable[Any]]) -> Any:
-    keys = KeyStore(home)
-    store = await Store.open(home / DB_NAME, keys.load_signer(), keyring=keys.keyring())
-    try:
+    async with admin.open_store(home) as store:  # the home's file, or $LOOPWARDEN_STORE
         return await work(store)
-    finally:
-        await store.close()
 
 
 def report_request(grant: ClaimResult, key: str, tools=(), approvals=()) -> UpdateRequest:
@@ -329,7 +353,10 @@ def live(tmp_path: Path) -> Callable[[Path], Served]:
     started: list[Served] = []
 
     def start(home: Path) -> Served:
-        started.append(start_server(home, tmp_path / "logs"))
+        store = os.environ.get(STORE_ENV)  # the server's environment is cleared of it
+        started.append(
+            start_server(home, tmp_path / "logs", *(("--store", store) if store else ()))
+        )
         return started[-1]
 
     yield start
@@ -353,8 +380,16 @@ def _try(served: Served, tokens: dict[str, Any], act: Act, scene: Scene) -> Any:
     return anyio.run(attempt)
 
 
-@pytest.mark.parametrize("name", list(ATTACKS), ids=list(ATTACKS))
-def test_a_row_attack_is_seen_by_verify_and_refused_by_the_server(tmp_path, live, name):
+PG_ATTACKS = ("policy-document-edited", "claimed-todo-marked-open", "stopped-loop-set-active")
+
+
+@pytest.mark.parametrize(
+    ("name", "backend"),
+    [*((name, "sqlite") for name in ATTACKS), *((name, "postgresql") for name in PG_ATTACKS)],
+    ids=[*ATTACKS, *(f"{name}-postgresql" for name in PG_ATTACKS)],
+    indirect=["backend"],
+)
+def test_a_row_attack_is_seen_by_verify_and_refused_by_the_server(tmp_path, live, name, where):
     attack = ATTACKS[name]
     home = tmp_path / "home"
     scene = attack.setup(home)
@@ -384,7 +419,8 @@ def test_a_row_attack_is_seen_by_verify_and_refused_by_the_server(tmp_path, live
     assert verify(home)["verdict"] == "clean"
 
 
-def test_a_forged_operator_token_row_opens_nothing(tmp_path, live):
+@pytest.mark.backends
+def test_a_forged_operator_token_row_opens_nothing(tmp_path, live, where):
     home = tmp_path / "home"
     set_up(home)
     forged = TOKEN_PREFIX + "chosen-by-the-attacker-0123456789abcdef"

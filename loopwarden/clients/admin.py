@@ -10,10 +10,17 @@ from pathlib import Path
 from loopwarden.errors import KeyFileError, NotFound
 from loopwarden.ledger.integrity import Integrity
 from loopwarden.ledger.keys import Keyring, KeyStore
+from loopwarden.ledger.location import Location
 from loopwarden.ledger.reader import Reader
 from loopwarden.ledger.store import Store, snapshot
 from loopwarden.principals import Principal
-from loopwarden.server.settings import DB_NAME, home_source, private_dir, resolve_home
+from loopwarden.server.settings import (
+    DB_NAME,
+    home_source,
+    private_dir,
+    resolve_home,
+    store_source,
+)
 
 DEFAULT_OPERATOR = "operator"
 
@@ -48,27 +55,66 @@ def existing_home(home: str | Path | None) -> Path:
     return path
 
 
+def existing_store(home: str | Path | None, store: str | None) -> tuple[Path, Location]:
+    """The home and the store of a command that acts on what exists: creates nothing.
+
+    The home's SQLite file must exist (`existing_home`); a SQLite file named by --store must
+    exist. For a PostgreSQL store the home must hold the keys (every replica's and the admin
+    CLI's signing key and integrity secret live there); the store itself must exist too, which
+    `Store.open(create=False)` and `snapshot` check. `NotFound` otherwise."""
+    path = home_source(home)[0]
+    location, source = store_source(store, path)
+    if source == "home":
+        return existing_home(home), location
+    if location.backend == "sqlite" and not location.path.is_file():
+        raise NotFound(f"there is no loopwarden database at {location} (given by {source})")
+    if location.backend == "postgresql" and not (path / "keys").is_dir():
+        raise NotFound(
+            f"there are no keys in {path}: a PostgreSQL store is used with the home that holds "
+            "its keys (--home, or $LOOPWARDEN_HOME)"
+        )
+    return path, location
+
+
 @asynccontextmanager
 async def open_store(
-    home: str | Path | None, *, check: bool = True, create: bool = True
+    home: str | Path | None,
+    *,
+    store: str | None = None,
+    check: bool = True,
+    create: bool = True,
 ) -> AsyncIterator[Store]:
-    """The store and keys of `home`, opened for writing (and closed after). With `create`
-    false the home must already hold a database (`existing_home`)."""
-    path = resolve_home(home) if create else existing_home(home)
+    """The store (`--store`, else $LOOPWARDEN_STORE, else `home`'s file) with `home`'s keys,
+    opened for writing (and closed after). With `create` false it must exist already
+    (`existing_store`), and nothing is created."""
+    if create:
+        path = resolve_home(home)
+        location = store_source(store, path)[0]
+    else:
+        path, location = existing_store(home, store)
     keys = KeyStore(path)
-    store = await Store.open(
-        path / DB_NAME, keys.load_signer(), keyring=keys.keyring(), check=check
+    opened = await Store.open(
+        location,
+        keys.load_signer(),
+        keyring=keys.keyring(),
+        key_dir=path,
+        check=check,
+        create=create,
     )
     try:
-        yield store
+        yield opened
     finally:
-        await store.close()
+        await opened.close()
 
 
 @contextmanager
-def open_reader(home: str | Path | None) -> Iterator[Reader]:
-    """A read-only snapshot of `home`'s database, for audits (works while servers run)."""
-    with snapshot(existing_home(home) / DB_NAME) as reader:
+def open_reader(home: str | Path | None, *, store: str | None = None) -> Iterator[Reader]:
+    """A read-only snapshot of the store, for audits (works while servers run)."""
+    path = home_source(home)[0]
+    location, source = store_source(store, path)
+    if source == "home":
+        existing_home(home)
+    with snapshot(location) as reader:
         yield reader
 
 

@@ -29,6 +29,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--agent", required=True, help="the agent the host runs (its principal)")
     p.add_argument("--home", default=None, help="the data home (else LOOPWARDEN_HOME)")
     p.add_argument(
+        "--store",
+        default=None,
+        metavar="URL",
+        help="the store: sqlite:///PATH or postgresql://… (else LOOPWARDEN_STORE, else the "
+        "home's file); keys come from the home",
+    )
+    p.add_argument(
         "--server",
         default=None,
         help="forward the event to this loopwarden serve --http (LOOPWARDEN_OBSERVER_TOKEN)",
@@ -47,18 +54,22 @@ def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
     from loopwarden.hooks.handle import handle_now, read_event
     from loopwarden.ledger.keys import KeyStore
     from loopwarden.ledger.store import Store
-    from loopwarden.server.settings import DB_NAME, synchronous_mode
+    from loopwarden.server.settings import synchronous_mode
 
     protocol = PROTOCOLS[host]
     try:
-        home = admin.existing_home(args.home)
+        home, location = admin.existing_store(args.home, args.store)
         keys = KeyStore(home)
+        # On the calling thread, with no event loop: on SQLite one connection to the file; on
+        # PostgreSQL the backend's write connection, used synchronously.
         store = Store.open_now(
-            home / DB_NAME,
+            location,
             keys.load_signer(),
             keyring=keys.keyring(),
+            key_dir=home,
             synchronous=synchronous_mode(),
             check=False,  # every row a write reads is proved anyway (ledger/guard.py)
+            create=False,
         )
     except Exception as exc:  # no store, no decision: fail closed, naming why
         message = getattr(exc, "message", None) or f"cannot open the store ({type(exc).__name__})"

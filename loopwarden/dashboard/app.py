@@ -30,6 +30,7 @@ from loopwarden.dashboard.audits import Auditor
 from loopwarden.dashboard.history import Histories
 from loopwarden.dashboard.sessions import COOKIE, Session, Sessions, same_secret
 from loopwarden.errors import Conflict, Forbidden, InvalidInput, LoopwardenError, NotFound
+from loopwarden.ledger.location import Location
 from loopwarden.ledger.reader import Reader, TokenRow
 from loopwarden.ledger.store import Store
 from loopwarden.principals import Principal
@@ -76,7 +77,7 @@ class Dashboard:
         self,
         store: Callable[[], Store | None],
         *,
-        db: Path,
+        db: Location,
         keys_home: Path,
         security: TransportSecuritySettings,
         clock: Clock = system_clock,

@@ -1,4 +1,5 @@
-"""`python -m loopwarden.dashboard.audit_worker DB KEYS_HOME`: the full audit, in its own process.
+"""`python -m loopwarden.dashboard.audit_worker KEYS_HOME`: the full audit, in its own process,
+of the store `LOOPWARDEN_STORE` names (the environment, so that a password never shows in `ps`).
 
 The dashboard runs the audit here rather than in the server process, so the audit's CPU work
 (signature checks, the fold) never holds the server's interpreter while agents are governed,
@@ -11,12 +12,14 @@ does), and writes JSON lines on stdout: `{"progress": [done, total]}` as it goes
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger.audit import audit
 from loopwarden.ledger.keys import KeyStore
+from loopwarden.ledger.location import STORE_ENV, parse_location
 from loopwarden.ledger.store import snapshot
 
 
@@ -26,13 +29,13 @@ def _say(message: dict[str, object]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        _say({"error": "usage: audit_worker DB KEYS_HOME"})
+    if len(argv) != 1 or not os.environ.get(STORE_ENV):
+        _say({"error": f"usage: {STORE_ENV}=STORE audit_worker KEYS_HOME"})
         return 2
-    db, home = Path(argv[0]), Path(argv[1])
+    home = Path(argv[0])
     try:
         keyring = KeyStore(home).keyring()
-        with snapshot(db) as reader:
+        with snapshot(parse_location(os.environ[STORE_ENV])) as reader:
             _say({"progress": [0, reader.journal_count()]})
             report = audit(
                 reader, keyring, progress=lambda done, total: _say({"progress": [done, total]})

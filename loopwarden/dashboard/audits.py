@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loopwarden.clock import Clock, format_time
+from loopwarden.ledger.location import STORE_ENV, Location
 
 log = logging.getLogger("loopwarden.dashboard")
 MAX_LINE = 64 * 1024 * 1024  # a report with many findings is one long JSON line
@@ -44,14 +46,9 @@ class AuditRun:
 
 
 class Auditor:
-    def __init__(self, db: Path, keys_home: Path, clock: Clock) -> None:
-        self._argv = [
-            sys.executable,
-            "-m",
-            "loopwarden.dashboard.audit_worker",
-            str(db),
-            str(keys_home),
-        ]
+    def __init__(self, db: Location, keys_home: Path, clock: Clock) -> None:
+        self._argv = [sys.executable, "-m", "loopwarden.dashboard.audit_worker", str(keys_home)]
+        self._env = {**os.environ, STORE_ENV: db.url}  # a URL's password stays off `ps`
         self._clock = clock
         self.current: AuditRun | None = None
         self._task: asyncio.Task[None] | None = None
@@ -69,6 +66,7 @@ class Auditor:
         try:
             process = await asyncio.create_subprocess_exec(
                 *self._argv,
+                env=self._env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,

@@ -35,7 +35,7 @@ def dashboard_mount(runtime: Runtime, security: TransportSecuritySettings) -> Mo
     settings = runtime.settings
     dashboard = Dashboard(
         lambda: runtime.store,
-        db=settings.db_path,
+        db=settings.location,
         keys_home=settings.home,
         security=security,
         clock=runtime.clock,

@@ -19,6 +19,7 @@ from starlette.routing import Mount
 from loopwarden.clock import Clock, system_clock
 from loopwarden.dashboard.app import Dashboard
 from loopwarden.dashboard.site import build_dashboard
+from loopwarden.ledger.location import Location
 from loopwarden.ledger.store import Store
 
 LOOPBACK = "127.0.0.1"
@@ -37,7 +38,7 @@ class LocalStore:
 def standalone_app(
     opened: Callable[[], AbstractAsyncContextManager[Store]],
     *,
-    db: Path,
+    db: Location,
     keys_home: Path,
     security: TransportSecuritySettings,
     clock: Clock = system_clock,

@@ -31,12 +31,15 @@ class Target:
     home: Path
     servers: tuple[str, ...] = ("loopwarden",)
     http: str | None = None  # a server's base URL, for Claude Code's http hooks
+    store: str | None = None  # a store URL for the hook command (`--store`), without a password
 
     def command(self) -> str:
         """The hook command; with `http` (hosts without http hooks), one that forwards each
         event to that server (`clients/hook_forward.py`)."""
         words = [*self.program, "hook", self.host, "--loop", self.loop_id, "--agent", self.agent]
         words += ["--server", self.http] if self.http else ["--home", str(self.home)]
+        if self.store and not self.http:
+            words += ["--store", self.store]
         for server in self.servers:
             if server != "loopwarden" or len(self.servers) > 1:
                 words += ["--server-name", server]

@@ -19,12 +19,12 @@ row" (the audit reports it), and which open todo comes first is the database's a
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from loopwarden.errors import IntegrityError
 from loopwarden.ledger import state
+from loopwarden.ledger.dialect import Connection
 from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, Integrity
 from loopwarden.ledger.reader import (
     LOOP_COLUMNS,
@@ -59,9 +59,7 @@ def row_leaf(table: str, row: TodoRow | TurnRow | ApprovalRow) -> bytes:
 class GuardedReader(Reader):
     """A `Reader` for the write path: rows come back proved (see the module docstring)."""
 
-    def __init__(
-        self, conn: sqlite3.Connection, policies: PolicyCache, integrity: Integrity
-    ) -> None:
+    def __init__(self, conn: Connection, policies: PolicyCache, integrity: Integrity) -> None:
         super().__init__(conn, policies)
         self.integrity = integrity
         # Rows this transaction has read or written; only it can change them (it holds the
@@ -83,10 +81,10 @@ class GuardedReader(Reader):
     def _proved_loop(self, loop_id: str) -> LoopRow | None:
         r = self._one(
             f"SELECT {LOOP_COLUMNS}, state_root, mac, "
-            "(SELECT max(seq) FROM journal WHERE loop_id = ?1), "
-            "(SELECT digest FROM journal WHERE loop_id = ?1 ORDER BY seq DESC LIMIT 1) "
-            "FROM loops WHERE loop_id = ?1",
-            (loop_id,),
+            "(SELECT max(seq) FROM journal WHERE loop_id = ?), "
+            "(SELECT digest FROM journal WHERE loop_id = ? ORDER BY seq DESC LIMIT 1) "
+            "FROM loops WHERE loop_id = ?",
+            (loop_id, loop_id, loop_id),  # `?` each (PostgreSQL's driver has no `?1`)
         )
         if r is None:
             return None

@@ -7,7 +7,6 @@ thread, or a read-only audit connection). Rows come back as the projection's dat
 from __future__ import annotations
 
 import json
-import sqlite3
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
@@ -15,6 +14,7 @@ from typing import Any
 
 from loopwarden.canonical import digest_of
 from loopwarden.errors import IntegrityError
+from loopwarden.ledger.dialect import Connection, dialect_of
 from loopwarden.ledger.rows import ApprovalRow, LoopRow, LoopView, TodoRow, Touched, TurnRow
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.loader import policy_from_data
@@ -303,9 +303,10 @@ class Reader:
     upgraded it): the proof fields read back as their defaults."""
 
     def __init__(
-        self, conn: sqlite3.Connection, policies: PolicyCache | None = None, *, legacy: bool = False
+        self, conn: Connection, policies: PolicyCache | None = None, *, legacy: bool = False
     ) -> None:
         self.conn = conn
+        self.dialect = dialect_of(conn)
         self.policies = policies or PolicyCache()
         self.legacy = legacy
         columns = _LEGACY_COLUMNS if legacy else {}
@@ -374,11 +375,10 @@ class Reader:
 
     def all_todos(self, loop_id: str, limit: int | None = None) -> list[TodoRow]:
         """The loop's todos in claim order (all of them, or the first `limit`)."""
-        rows = self.conn.execute(
-            f"SELECT {self._todo_columns} FROM todos WHERE loop_id = ? ORDER BY ord, todo_id LIMIT ?",
-            (loop_id, -1 if limit is None else limit),
-        )
-        return [todo_from_sql(r) for r in rows]
+        sql = f"SELECT {self._todo_columns} FROM todos WHERE loop_id = ? ORDER BY ord, todo_id"
+        if limit is None:
+            return [todo_from_sql(r) for r in self.conn.execute(sql, (loop_id,))]
+        return [todo_from_sql(r) for r in self.conn.execute(sql + " LIMIT ?", (loop_id, limit))]
 
     def max_todo_order(self, loop_id: str) -> int:
         r = self._one("SELECT max(ord) FROM todos WHERE loop_id = ?", (loop_id,))
@@ -457,9 +457,9 @@ class Reader:
         however many open todos wait on unfinished ones."""
         r = self._one(
             f"SELECT {self._todo_columns} FROM todos t WHERE t.loop_id = ? AND t.status = 'open' "
-            "AND NOT EXISTS (SELECT 1 FROM json_each(t.depends_on) d "
+            f"AND NOT EXISTS (SELECT 1 FROM {self.dialect.json_values('t.depends_on', 'd')} "
             "LEFT JOIN todos u ON u.loop_id = t.loop_id AND u.todo_id = d.value "
-            "WHERE u.status IS NOT 'done') "
+            "WHERE coalesce(u.status, '') <> 'done') "
             "ORDER BY t.ord, t.todo_id LIMIT 1",
             (loop_id,),
         )
@@ -580,7 +580,8 @@ class Reader:
     def outsider_refusals(self, loop_id: str) -> tuple[int, int]:
         """(refusals of outsiders sealed in the loop's journal, refusals answered but not sealed)."""
         r = self._one(
-            "SELECT count(*), coalesce(sum(suppressed), 0) FROM outsider_refusals WHERE loop_id = ?",
+            "SELECT count(*), CAST(coalesce(sum(suppressed), 0) AS BIGINT) FROM outsider_refusals "
+            "WHERE loop_id = ?",
             (loop_id,),
         )
         return (r[0], r[1]) if r else (0, 0)

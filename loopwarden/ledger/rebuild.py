@@ -11,9 +11,8 @@ the edit. `loopwarden verify` reads such a database as it is, and says what diff
 
 from __future__ import annotations
 
-import sqlite3
-
 from loopwarden.errors import IntegrityError
+from loopwarden.ledger.dialect import Connection
 from loopwarden.ledger.events import parse_body
 from loopwarden.ledger.fold import FoldError, apply
 from loopwarden.ledger.integrity import LOG_MAC, RECORD_MAC, TOKEN_MAC, Integrity
@@ -57,7 +56,7 @@ def _check_agrees(legacy: Reader, views: dict[str, LoopView]) -> None:
             )
 
 
-def rebuild_projection(conn: sqlite3.Connection, integrity: Integrity) -> None:
+def rebuild_projection(conn: Connection, integrity: Integrity) -> None:
     """Re-derive every projection row with its proof, and MAC the unsigned rows (inside the
     caller's transaction). `IntegrityError` if the stored projection disagrees with the journal."""
     views = _fold_journal(Reader(conn))

@@ -4,13 +4,12 @@
 frontier and folds it into the projection rows it touches. Reads go through the guard
 (`guard.py`), so the rows a receipt is folded into are proved first; after the fold, the rows it
 changed are written back with their new leaves in the loop's state tree, and the loop row with
-the new root under its MAC. Everything runs inside the store's one SQLite transaction: it
+the new root under its MAC. Everything runs inside the store's one write transaction: it
 commits whole or not at all.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import zlib
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -21,6 +20,7 @@ from loopwarden.clock import format_time
 from loopwarden.errors import Conflict, NotFound
 from loopwarden.ledger import merkle
 from loopwarden.ledger.checkpoints import sign_checkpoint
+from loopwarden.ledger.dialect import POSTGRESQL, SQLITE, Connection, Dialect, qmarks
 from loopwarden.ledger.events import LoopOpened, ReceiptBody, ReceiptData, ReceiptKind, make_body
 from loopwarden.ledger.fold import apply, touched
 from loopwarden.ledger.guard import GuardedReader, loop_mac_values, row_leaf
@@ -49,18 +49,25 @@ class Sealer(Protocol):
     checkpoint_every: int
 
 
-def _qmarks(columns: str) -> str:
-    return ",".join("?" for _ in columns.split(","))
+_ROW_KEYS = {"todos": "loop_id, todo_id", "turns": "turn_id", "approvals": "approval_id"}
+"""Each row table's key: the rows an upsert replaces (`Dialect.upsert`)."""
 
 
-_WRITE_ROWS = {
-    table: f"INSERT OR REPLACE INTO {table} ({columns}) VALUES ({_qmarks(columns)})"
-    for table, (columns, _) in ROW_SQL.items()
-}
-_WRITE_LOOP = (
-    f"INSERT OR REPLACE INTO loops ({LOOP_COLUMNS}, state_root, mac) "
-    f"VALUES ({_qmarks(LOOP_COLUMNS)}, ?, ?)"
-)
+class _Writes:
+    """The upserts a transaction writes rows with, spelled once per backend at import."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.rows = {
+            table: dialect.upsert(table, columns, _ROW_KEYS[table])
+            for table, (columns, _) in ROW_SQL.items()
+        }
+        self.loop = dialect.upsert("loops", f"{LOOP_COLUMNS}, state_root, mac", "loop_id")
+        self.state_nodes = dialect.upsert(
+            "state_nodes", "loop_id, level, idx, hashes", "loop_id, level, idx"
+        )
+
+
+_WRITES = {dialect.name: _Writes(dialect) for dialect in (SQLITE, POSTGRESQL)}
 
 
 @dataclass(frozen=True)
@@ -102,13 +109,14 @@ class ProjectionWriter(GuardedReader):
             )
         }
         tree.fill({row.slot: row_leaf(t, row) for t, rows in changed.items() for row in rows})
+        writes = _WRITES[self.dialect.name]
         for table, rows in changed.items():
             self.keep(table, rows)
             if rows:
                 to_sql = ROW_SQL[table][1]
-                self.conn.executemany(_WRITE_ROWS[table], [to_sql(row) for row in rows])
+                self.conn.executemany(writes.rows[table], [to_sql(row) for row in rows])
         self.conn.executemany(
-            "INSERT OR REPLACE INTO state_nodes (loop_id, level, idx, hashes) VALUES (?, ?, ?, ?)",
+            writes.state_nodes,
             [(loop_id, level, idx, blob) for level, idx, blob in tree.blobs()],
         )
         tree.dirty.clear()
@@ -117,7 +125,7 @@ class ProjectionWriter(GuardedReader):
     def _save_loop(self, loop: LoopRow, root: bytes) -> None:
         self._loops[loop.loop_id] = loop
         mac = self.integrity.mac(LOOP_MAC, loop_mac_values(loop, root))
-        self.conn.execute(_WRITE_LOOP, (*loop_to_sql(loop), root, mac))
+        self.conn.execute(_WRITES[self.dialect.name].loop, (*loop_to_sql(loop), root, mac))
 
 
 class Txn(ProjectionWriter):
@@ -126,7 +134,7 @@ class Txn(ProjectionWriter):
 
     def __init__(
         self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         policies: PolicyCache,
         integrity: Integrity,
         store: Sealer,
@@ -191,7 +199,7 @@ class Txn(ProjectionWriter):
         leaf_index = self._append_leaf(body, sealed)
         if isinstance(body.data, LoopOpened):
             self.conn.execute(
-                "INSERT OR IGNORE INTO policies (digest, document) VALUES (?, ?)",
+                self.dialect.insert_new("policies", "digest, document"),
                 (policy_digest, canonical_bytes(body.data.policy).decode()),
             )
         return Appended(sealed, body, leaf_index, self._fold(body, sealed.digest))
@@ -251,8 +259,7 @@ class Txn(ProjectionWriter):
         store = self._store
         note = sign_checkpoint(store.origin, size, root, store.signer)
         self.conn.execute(
-            "INSERT OR IGNORE INTO checkpoints (size, root, note, key_id, signed_at) "
-            "VALUES (?, ?, ?, ?, ?)",
+            self.dialect.insert_new("checkpoints", "size, root, note, key_id, signed_at"),
             (size, root, note, store.signer.key_id, self.now),
         )
         return note
@@ -298,7 +305,7 @@ class Txn(ProjectionWriter):
             token_hash, token_id, agent, role, self.now, None, expires_at
         ).mac_values()
         self.conn.execute(
-            f"INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES ({_qmarks(TOKEN_COLUMNS)})",
+            f"INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES ({qmarks(TOKEN_COLUMNS)})",
             (*values, self.integrity.mac(TOKEN_MAC, values)),
         )
 

@@ -38,9 +38,10 @@ class Runtime:
         """Open the store and keys for the server's lifetime; close them on shutdown."""
         keys = KeyStore(self.settings.home)
         store = await Store.open(
-            self.settings.db_path,
+            self.settings.location,
             keys.load_signer(),
             keyring=keys.keyring(),
+            key_dir=self.settings.home,
             clock=self.clock,
             checkpoint_every=self.settings.checkpoint_every,
             synchronous=self.settings.synchronous,

@@ -1,7 +1,12 @@
 """Where the data lives and who the server speaks for: resolved once, from flags and environment.
 
 Data directory, for every command: `--home DIR`, else `LOOPWARDEN_HOME`, else the platform's
-user data directory. It holds `loopwarden.db` and `keys/`, and is created 0700.
+user data directory. It holds `keys/` (signing keys, the integrity secret) and, by default, the
+store `loopwarden.db`, and is created 0700.
+
+Store, for every command that opens one: `--store URL`, else `LOOPWARDEN_STORE`, else the
+home's SQLite file (`location.py`: `sqlite:///PATH` or `postgresql://…`). The keys always come
+from the home, whichever store is used.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 import platformdirs
 
 from loopwarden.errors import InvalidInput
+from loopwarden.ledger.location import STORE_ENV, Location, parse_location
 from loopwarden.ledger.store import Synchronous
 from loopwarden.principals import Principal, principal
 
@@ -37,6 +43,17 @@ def home_source(home: str | Path | None = None) -> tuple[Path, str]:
     else:
         chosen, source = platformdirs.user_data_dir("loopwarden"), "default"
     return Path(chosen).expanduser().resolve(), source
+
+
+def store_source(store: str | None, home: Path) -> tuple[Location, str]:
+    """Which store a command opens, and why: (`store`, "--store"), else (`LOOPWARDEN_STORE`,
+    "LOOPWARDEN_STORE"), else (the SQLite file in `home`, "home"). `InvalidInput` for a URL of
+    an unknown kind. Touches nothing."""
+    if store:
+        return parse_location(store), "--store"
+    if os.environ.get(STORE_ENV):
+        return parse_location(os.environ[STORE_ENV]), STORE_ENV
+    return Location("sqlite", str(home / DB_NAME)), "home"
 
 
 def private_dir(path: Path) -> None:
@@ -142,10 +159,16 @@ class Settings:
     synchronous: Synchronous = "full"
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     limits: HttpLimits = HttpLimits()
+    store: Location | None = None  # None: the home's SQLite file
 
     @property
     def db_path(self) -> Path:
         return self.home / DB_NAME
+
+    @property
+    def location(self) -> Location:
+        """The store this server opens (`--store`, `LOOPWARDEN_STORE`, else the home's file)."""
+        return self.store or Location("sqlite", str(self.db_path))
 
     @staticmethod
     def create(
@@ -158,6 +181,7 @@ class Settings:
         allow_remote: bool = False,
         allowed_hosts: tuple[str, ...] = (),
         limits: HttpLimits | None = None,
+        store: str | None = None,
     ) -> Settings:
         """Validate a serve configuration. Identity comes from here (launch configuration),
         never from a tool argument: `--agent`/`LOOPWARDEN_AGENT`, `--role`/`LOOPWARDEN_ROLE`."""
@@ -187,8 +211,10 @@ class Settings:
                 )
             who = principal(agent, chosen, SERVE_ROLES)
         synchronous = synchronous_mode()
+        where = resolve_home(home)
         return Settings(
-            home=resolve_home(home),
+            home=where,
+            store=store_source(store, where)[0],
             principal=who,
             http=bind,
             auth=bind is not None and not no_auth,

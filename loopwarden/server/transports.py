@@ -122,5 +122,5 @@ async def serve_http(
 def live_tokens(settings: Settings, ids: set[str]) -> set[str]:
     """Of the token ids `ids`, those neither revoked nor expired now (a read-only snapshot)."""
     now = format_time(system_clock())
-    with snapshot(settings.db_path) as reader:
+    with snapshot(settings.location) as reader:
         return {t.token_id for t in reader.tokens() if t.token_id in ids and t.live_at(now)}

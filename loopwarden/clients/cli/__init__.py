@@ -22,9 +22,10 @@ from loopwarden.clients.cli import (
     loops,
     policies,
     server,
+    stores,
     tokens,
 )
-from loopwarden.clients.cli.common import Home, Json
+from loopwarden.clients.cli.common import Home, Json, Store
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -38,6 +39,7 @@ app.add_typer(loops.app, name="loop")
 app.add_typer(tokens.app, name="token")
 app.add_typer(keys.app, name="keys")
 app.add_typer(policies.app, name="policy")
+app.add_typer(stores.app, name="store")
 app.add_typer(hooks.app, name="hook")
 app.command()(server.serve)
 app.command()(server.demo)
@@ -58,9 +60,10 @@ def _main(
     ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
     home: Home = None,
+    store: Store = None,
     json_out: Json = False,
 ) -> None:
-    homes.pass_down(ctx, home=home, json_out=json_out)
+    homes.pass_down(ctx, home=home, store=store, json_out=json_out)
     if version:
         print(__version__)
         raise typer.Exit()

@@ -8,7 +8,16 @@ from typing import Annotated
 import typer
 
 from loopwarden.clients import render
-from loopwarden.clients.cli.common import As, Home, Json, Reason, fail, operate, parse_duration
+from loopwarden.clients.cli.common import (
+    As,
+    Home,
+    Json,
+    Reason,
+    Store,
+    fail,
+    operate,
+    parse_duration,
+)
 from loopwarden.errors import LoopwardenError
 from loopwarden.operations.approvals import decide_approval, list_approvals
 
@@ -19,11 +28,12 @@ def approvals(
     ] = False,
     loop: Annotated[str | None, typer.Option("--loop", help="Only this loop.")] = None,
     home: Home = None,
+    store: Store = None,
     json_out: Json = False,
 ) -> None:
     """List approval requests."""
     request = {"loop_id": loop, "status": "pending" if pending else None}
-    result = operate(list_approvals, request, home, as_json=json_out)
+    result = operate(list_approvals, request, home, store=store, as_json=json_out)
     rows = result.approvals
     if json_out:
         render.emit_json(result.model_dump(mode="json"))
@@ -52,6 +62,7 @@ def _decide(
     expires: str | None,
     reason: str,
     home: Path | None,
+    store: str | None,
     json_out: bool,
     who: str | None,
 ) -> None:
@@ -65,7 +76,7 @@ def _decide(
         "expires_in_seconds": seconds,
         "reason": reason,
     }
-    result = operate(decide_approval, request, home, who=who, as_json=json_out)
+    result = operate(decide_approval, request, home, store=store, who=who, as_json=json_out)
     if json_out:
         render.emit_json(result.model_dump(mode="json"))
     else:
@@ -82,19 +93,21 @@ def approve(
     ] = None,
     reason: Reason = "",
     home: Home = None,
+    store: Store = None,
     json_out: Json = False,
     who: As = None,
 ) -> None:
     """Approve a pending approval request."""
-    _decide(approval_id, True, expires, reason, home, json_out, who)
+    _decide(approval_id, True, expires, reason, home, store, json_out, who)
 
 
 def reject(
     approval_id: str,
     reason: Annotated[str, typer.Option("--reason", help="Why (required).")],
     home: Home = None,
+    store: Store = None,
     json_out: Json = False,
     who: As = None,
 ) -> None:
     """Reject a pending approval request."""
-    _decide(approval_id, False, None, reason, home, json_out, who)
+    _decide(approval_id, False, None, reason, home, store, json_out, who)

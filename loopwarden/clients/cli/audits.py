@@ -16,6 +16,7 @@ from loopwarden.clients.cli.common import (
     EXIT_VERIFY,
     Home,
     Json,
+    Store,
     fail,
     run,
 )
@@ -82,6 +83,7 @@ def verify(
         typer.Option("--loop", help="Audit one loop in depth (the log is always checked whole)."),
     ] = None,
     home: Home = None,
+    store: Store = None,
     json_out: Json = False,
     trusted_keys: TrustedKeys = None,
 ) -> None:
@@ -93,7 +95,7 @@ def verify(
     """
     keyring = load_trusted(trusted_keys) if trusted_keys else home_keyring(home, json_out)
     try:
-        with admin.open_reader(home) as reader:
+        with admin.open_reader(home, store=store) as reader:
             if loop is not None and reader.loop_row(loop) is None:
                 raise NotFound(f"no loop with id {loop!r}")
             interactive = not json_out and sys.stderr.isatty()
@@ -113,6 +115,7 @@ def export(
         Path, typer.Option("-o", "--output", help="Where to write the bundle (JSON).")
     ],
     home: Home = None,
+    store: Store = None,
     json_out: Json = False,
 ) -> None:
     """Export an offline proof bundle of one loop.
@@ -124,13 +127,13 @@ def export(
         fail(f"cannot write {output}: no such directory", EXIT_USAGE, as_json=json_out)
 
     async def action() -> dict[str, Any]:
-        async with admin.open_store(home, create=False) as store:
-            if await store.read(lambda r: r.loop_row(loop_id)) is None:
+        async with admin.open_store(home, store=store, create=False) as opened:
+            if await opened.read(lambda r: r.loop_row(loop_id)) is None:
                 raise NotFound(f"no loop with id {loop_id!r}")
-            await store.write(Txn.checkpoint)
-            now = format_time(store.clock())
-            return await store.read(
-                lambda reader: export_bundle(reader, loop_id, store.keyring, now, store.signer)
+            await opened.write(Txn.checkpoint)
+            now = format_time(opened.clock())
+            return await opened.read(
+                lambda reader: export_bundle(reader, loop_id, opened.keyring, now, opened.signer)
             )
 
     bundle = run(action, as_json=json_out)

@@ -25,6 +25,15 @@ Home = Annotated[
         "--home", help="Data directory (default: $LOOPWARDEN_HOME, else the user data dir)."
     ),
 ]
+Store = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        metavar="URL",
+        help="The store: sqlite:///PATH or postgresql://… (default: $LOOPWARDEN_STORE, else the "
+        "home's SQLite file). Keys always come from the home.",
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 As = Annotated[
     str | None,
@@ -66,11 +75,13 @@ def operate(
     request: dict[str, Any],
     home: Path | None,
     *,
+    store: str | None = None,
     who: str | None = None,
     as_json: bool = False,
     check: bool = True,
 ) -> Res:
-    """Run one operation as the operator, on `home`'s store (the same runner as every edge).
+    """Run one operation as the operator, on the store `store` names, else `home`'s (the same
+    runner as every edge).
 
     Only an operation that writes and names nothing stored (`loop open`) may create the store;
     one that reads, or acts on a loop or approval, needs an existing database and creates
@@ -80,8 +91,8 @@ def operate(
     create = op.access == "write" and op.scope is None
 
     async def action() -> Res:
-        async with admin.open_store(home, check=check, create=create) as store:
-            return await op(store, admin.operator(who), request)
+        async with admin.open_store(home, store=store, check=check, create=create) as opened:
+            return await op(opened, admin.operator(who), request)
 
     return run(action, as_json=as_json)
 

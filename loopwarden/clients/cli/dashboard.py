@@ -9,9 +9,9 @@ import anyio
 import typer
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import Home, Json, fail, run
+from loopwarden.clients.cli.common import Home, Json, Store, fail, run
 from loopwarden.errors import LoopwardenError
-from loopwarden.server.settings import DB_NAME
+from loopwarden.ledger.location import Location
 
 DEFAULT_PORT = 8766
 
@@ -21,6 +21,7 @@ def dashboard(
         int, typer.Option(min=0, max=65535, help="Loopback port (0: any free port).")
     ] = DEFAULT_PORT,
     home: Home = None,
+    store: Store = None,
     json_out: Json = False,
 ) -> None:
     """Serve the operator dashboard for a local store, on loopback.
@@ -33,10 +34,10 @@ def dashboard(
     from loopwarden.server.transports import configure_logging, listen, transport_security
 
     configure_logging()
-    path = existing(home, json_out)
+    path, location = existing(home, store, json_out)
 
     async def preflight() -> None:  # refuse a damaged store with a clear message before serving
-        async with admin.open_store(path, create=False):
+        async with admin.open_store(path, store=location.url, create=False):
             pass
 
     run(preflight, as_json=json_out)
@@ -45,8 +46,8 @@ def dashboard(
     except LoopwardenError as exc:
         fail(exc.message, as_json=json_out, error=exc.code)
     app = standalone_app(
-        lambda: admin.open_store(path, create=False),
-        db=path / DB_NAME,
+        lambda: admin.open_store(path, store=location.url, create=False),
+        db=location,
         keys_home=path,
         security=transport_security(LOOPBACK),
     )
@@ -61,8 +62,8 @@ def dashboard(
     anyio.run(serve, app, sock)
 
 
-def existing(home: Path | None, json_out: bool) -> Path:
+def existing(home: Path | None, store: str | None, json_out: bool) -> tuple[Path, Location]:
     try:
-        return admin.existing_home(home)
+        return admin.existing_store(home, store)
     except LoopwardenError as exc:
         fail(exc.message, as_json=json_out, error=exc.code)

@@ -12,9 +12,10 @@ from typing import Annotated, Any
 import typer
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, fail
+from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, Store, fail
 from loopwarden.errors import LoopwardenError
 from loopwarden.hooks.install import TOKEN_VARIABLE, Target, merged, settings_path
+from loopwarden.ledger.location import STORE_ENV, parse_location, redact
 from loopwarden.policy.hosts import HOSTS
 
 app = typer.Typer(
@@ -36,10 +37,10 @@ def program() -> tuple[str, ...]:
     return (sys.executable, "-m", "loopwarden")
 
 
-def _check_loop(home: Path | None, loop_id: str, agent: str) -> list[str]:
+def _check_loop(home: Path | None, store: str | None, loop_id: str, agent: str) -> list[str]:
     """Warnings about the loop the hooks will speak for (it may be opened later)."""
     try:
-        with admin.open_reader(home) as reader:
+        with admin.open_reader(home, store=store) as reader:
             loop = reader.loop_row(loop_id)
             if loop is None:
                 return [f"there is no loop {loop_id!r} yet: open it before the agent runs"]
@@ -80,6 +81,7 @@ def install(
         bool, typer.Option("--print", help="Print the merged settings instead of writing them.")
     ] = False,
     home: Home = None,
+    store: Store = None,
     json_out: Json = False,
 ) -> None:
     """Install loopwarden's hooks into a host's settings file.
@@ -92,6 +94,14 @@ def install(
         fail(f"unknown host {host!r}; use one of {', '.join(HOSTS)}", EXIT_USAGE, as_json=json_out)
     if scope not in ("project", "user"):
         fail("--scope is project or user", EXIT_USAGE, as_json=json_out)
+    if store is not None and _has_password(store, json_out):
+        fail(
+            "--store would write the URL's password into the host's settings: give a URL "
+            f"without one (a ~/.pgpass entry, or PGPASSWORD in the host's environment), or set "
+            f"{STORE_ENV} in the host's environment instead",
+            EXIT_USAGE,
+            as_json=json_out,
+        )
     path_home, _ = admin.home_source(home)
     target = Target(
         host=host,
@@ -101,6 +111,7 @@ def install(
         home=path_home,
         servers=tuple(server_name or ("loopwarden",)),
         http=http,
+        store=store,
     )
     where = settings_path(host, scope, (project or Path.cwd()).resolve(), Path.home())
     try:
@@ -115,7 +126,7 @@ def install(
         sys.stdout.write(text)
         return
     _write(where, text)
-    warnings = _check_loop(home, loop, agent)
+    warnings = _check_loop(home, store, loop, agent)
     if host in TRUST_NOTE:
         warnings.append(TRUST_NOTE[host])
     if http is not None:
@@ -129,6 +140,15 @@ def install(
     render.console.print(f"installed loopwarden's {host} hooks in {render.safe(str(where))}")
     for warning in warnings:
         render.err.print(f"[yellow]note:[/yellow] {render.safe(warning)}")
+
+
+def _has_password(store: str, as_json: bool) -> bool:
+    """Whether a store URL carries a password (a URL that is none is a usage error)."""
+    try:
+        location = parse_location(store)
+    except LoopwardenError as exc:
+        fail(exc.message, EXIT_USAGE, as_json=as_json, error=exc.code)
+    return location.backend == "postgresql" and redact(location.target) != location.target
 
 
 def _write(path: Path, text: str) -> None:
@@ -147,7 +167,7 @@ def _handler(host: str) -> Any:
 
     run.__doc__ = f"""Answer one {host} hook event.
 
-    The event on stdin, for --agent in --loop (and --home, --server-name); the answer on
+    The event on stdin, for --agent in --loop (and --home, --store, --server-name); the answer on
     stdout and in the exit code, as {host} expects. Hosts run this; see docs/hooks.md.
     """
     return run

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import Home, Json, exit_code, fail, operate
+from loopwarden.clients.cli.common import Home, Json, Store, exit_code, fail, operate
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger.events import ReceiptKind
 from loopwarden.operations.journal import MAX_LINES, JournalResult, ReceiptLine, journal
@@ -73,6 +73,7 @@ def receipts(
         typer.Option("--follow", "-f", help="Keep printing new receipts until the loop closes."),
     ] = False,
     home: Home = None,
+    store: Store = None,
     json_out: Json = False,
 ) -> None:
     """Print a loop's receipts, each signature checked.
@@ -83,7 +84,7 @@ def receipts(
     """
     if not follow:
         request = {"loop_id": loop_id, "kind": kind}
-        result = operate(journal, request, home, as_json=json_out, check=False)
+        result = operate(journal, request, home, store=store, as_json=json_out, check=False)
         if json_out:
             render.emit_json(result.model_dump(mode="json", include={"loop_id", "receipts"}))
             return
@@ -92,18 +93,20 @@ def receipts(
             render.console.print(_row(line), soft_wrap=True)
         return
     try:
-        anyio.run(_follow, loop_id, kind, home, json_out)
+        anyio.run(_follow, loop_id, kind, home, store, json_out)
     except LoopwardenError as exc:
         fail(exc.message, exit_code(exc), as_json=json_out, error=exc.code)
 
 
-async def _follow(loop_id: str, kind: str | None, home: Path | None, json_out: bool) -> None:
+async def _follow(
+    loop_id: str, kind: str | None, home: Path | None, store: str | None, json_out: bool
+) -> None:
     """Poll the journal; return once a poll saw the loop closed and everything up to it."""
     after, printed = 0, False
-    async with admin.open_store(home, check=False, create=False) as store:
+    async with admin.open_store(home, store=store, check=False, create=False) as opened:
         while True:
             request = {"loop_id": loop_id, "kind": kind, "after_seq": after}
-            result: JournalResult = await journal(store, admin.operator(), request)
+            result: JournalResult = await journal(opened, admin.operator(), request)
             if not (json_out or printed):
                 _header(loop_id)  # once, after the first poll found the loop
                 printed = True
@@ -123,12 +126,15 @@ async def _follow(loop_id: str, kind: str | None, home: Path | None, json_out: b
             await anyio.sleep(FOLLOW_SECONDS)
 
 
-def receipt(receipt_id: str, home: Home = None, json_out: Json = False) -> None:
+def receipt(
+    receipt_id: str, home: Home = None, store: Store = None, json_out: Json = False
+) -> None:
     """Show one receipt: envelope, body, verification.
 
     The DSSE envelope, its decoded body, whether its signature verifies and under which key.
     """
-    result = operate(receipt_op, {"receipt_id": receipt_id}, home, as_json=json_out, check=False)
+    request = {"receipt_id": receipt_id}
+    result = operate(receipt_op, request, home, store=store, as_json=json_out, check=False)
     key_id = (result.envelope.get("signatures") or [{}])[0].get("keyid")
     out = {
         "receipt_id": result.receipt_id,

@@ -8,7 +8,16 @@ from typing import Annotated, Any
 import typer
 
 from loopwarden.clients import render
-from loopwarden.clients.cli.common import As, Home, Json, Reason, fail, operate, read_policy_file
+from loopwarden.clients.cli.common import (
+    As,
+    Home,
+    Json,
+    Reason,
+    Store,
+    fail,
+    operate,
+    read_policy_file,
+)
 from loopwarden.errors import InvalidInput, LoopwardenError
 from loopwarden.operations.loops import cancel_loop, list_loops, open_loop, pause_loop, resume_loop
 from loopwarden.operations.operation import Operation
@@ -46,6 +55,7 @@ def loop_open(
         str | None, typer.Option("--id", help="Loop id (default: generated).")
     ] = None,
     home: Home = None,
+    store: Store = None,
     json_out: Json = False,
     who: As = None,
 ) -> None:
@@ -63,7 +73,7 @@ def loop_open(
         "todos": items,
         "loop_id": loop_id,
     }
-    result = operate(open_loop, request, home, who=who, as_json=json_out)
+    result = operate(open_loop, request, home, store=store, who=who, as_json=json_out)
     if json_out:
         render.emit_json({"loop_id": result.loop_id, **result.model_dump(mode="json")})
     else:
@@ -79,9 +89,9 @@ def loop_open(
 
 
 @app.command("list")
-def loop_list(home: Home = None, json_out: Json = False) -> None:
+def loop_list(home: Home = None, store: Store = None, json_out: Json = False) -> None:
     """List every loop."""
-    loops = operate(list_loops, {}, home, as_json=json_out).loops
+    loops = operate(list_loops, {}, home, store=store, as_json=json_out).loops
     if json_out:
         render.emit_json(
             {
@@ -121,13 +131,15 @@ def loop_list(home: Home = None, json_out: Json = False) -> None:
 
 
 @app.command("show")
-def loop_show(loop_id: str, home: Home = None, json_out: Json = False, who: As = None) -> None:
+def loop_show(
+    loop_id: str, home: Home = None, store: Store = None, json_out: Json = False, who: As = None
+) -> None:
     """Show a loop: status, budgets, todos, who acts next.
 
     The projection: status, budgets, todos, leases, approvals, attention, the next action and
     the recent receipts.
     """
-    result = operate(projection, {"loop_id": loop_id}, home, who=who, as_json=json_out)
+    result = operate(projection, {"loop_id": loop_id}, home, store=store, who=who, as_json=json_out)
     if json_out:
         render.emit_json(result.model_dump(mode="json"))
     else:
@@ -139,10 +151,12 @@ def _control(
     loop_id: str,
     reason: str,
     home: Path | None,
+    store: str | None,
     json_out: bool,
     who: str | None,
 ) -> None:
-    result = operate(op, {"loop_id": loop_id, "reason": reason}, home, who=who, as_json=json_out)
+    request = {"loop_id": loop_id, "reason": reason}
+    result = operate(op, request, home, store=store, who=who, as_json=json_out)
     if json_out:
         render.emit_json(result.model_dump(mode="json"))
     else:
@@ -153,26 +167,41 @@ def _control(
 
 @app.command("pause")
 def loop_pause(
-    loop_id: str, reason: Reason = "", home: Home = None, json_out: Json = False, who: As = None
+    loop_id: str,
+    reason: Reason = "",
+    home: Home = None,
+    store: Store = None,
+    json_out: Json = False,
+    who: As = None,
 ) -> None:
     """Pause a loop: no new claims; open turns may still report."""
-    _control(pause_loop, loop_id, reason, home, json_out, who)
+    _control(pause_loop, loop_id, reason, home, store, json_out, who)
 
 
 @app.command("resume")
 def loop_resume(
-    loop_id: str, reason: Reason = "", home: Home = None, json_out: Json = False, who: As = None
+    loop_id: str,
+    reason: Reason = "",
+    home: Home = None,
+    store: Store = None,
+    json_out: Json = False,
+    who: As = None,
 ) -> None:
     """Resume a paused loop."""
-    _control(resume_loop, loop_id, reason, home, json_out, who)
+    _control(resume_loop, loop_id, reason, home, store, json_out, who)
 
 
 @app.command("cancel")
 def loop_cancel(
-    loop_id: str, reason: Reason = "", home: Home = None, json_out: Json = False, who: As = None
+    loop_id: str,
+    reason: Reason = "",
+    home: Home = None,
+    store: Store = None,
+    json_out: Json = False,
+    who: As = None,
 ) -> None:
     """Cancel a loop for good.
 
     Every open turn is closed; nothing more can happen in it.
     """
-    _control(cancel_loop, loop_id, reason, home, json_out, who)
+    _control(cancel_loop, loop_id, reason, home, store, json_out, who)

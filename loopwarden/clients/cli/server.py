@@ -8,7 +8,16 @@ import anyio
 import typer
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import EXIT_OK, EXIT_USAGE, EXIT_VERIFY, Home, Json, fail, run
+from loopwarden.clients.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_VERIFY,
+    Home,
+    Json,
+    Store,
+    fail,
+    run,
+)
 from loopwarden.errors import LoopwardenError
 
 if TYPE_CHECKING:
@@ -42,6 +51,7 @@ def serve(
         str | None, typer.Option(help="Serve streamable HTTP on HOST:PORT (path /mcp).")
     ] = None,
     home: Home = None,
+    store: Store = None,
     no_auth: Annotated[
         bool, typer.Option("--no-auth", help="HTTP on loopback only: every request is --agent.")
     ] = False,
@@ -90,7 +100,7 @@ def _run(settings: Settings) -> None:
             fail(exc.message)
 
     async def preflight() -> None:  # refuse a damaged store with a clear message before serving
-        async with admin.open_store(settings.home):
+        async with admin.open_store(settings.home, store=settings.location.url):
             pass
 
     run(preflight)
@@ -100,7 +110,10 @@ def _run(settings: Settings) -> None:
     else:
         host, port = settings.http
         base = f"http://{url_host(host)}:{port}"
-        render.err.print(f"loopwarden serving streamable HTTP on {base}/mcp (home {settings.home})")
+        where = f"home {settings.home}"
+        if settings.location.backend == "postgresql":
+            where += f", store {settings.location}"  # without its password
+        render.err.print(f"loopwarden serving streamable HTTP on {base}/mcp ({where})")
         render.err.print(f"operator dashboard on {base}/ (sign in with an operator token)")
         render.err.print(f"host hooks on {base}/hooks/HOST?loop=ID (observer tokens)")
         dashboard = dashboard_mount(runtime, transport_security(host, settings.allowed_hosts))
@@ -121,6 +134,7 @@ def _settings(flags: dict[str, Any]) -> Settings:
         )
         return Settings.create(
             home=flags["home"],
+            store=flags["store"],
             agent=flags["agent"],
             role=flags["role"],
             http=flags["http"],

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import Home, Json, parse_duration, run
+from loopwarden.clients.cli.common import Home, Json, Store, parse_duration, run
 from loopwarden.errors import InvalidInput
 from loopwarden.ledger.reader import TokenRow
 from loopwarden.principals import principal
@@ -31,6 +31,7 @@ def token_create(
         typer.Option("--expires", help="Lifetime, e.g. 30m, 12h, 30d (default: never expires)."),
     ] = None,
     home: Home = None,
+    store: Store = None,
     json_out: Json = False,
 ) -> None:
     """Mint a bearer token, printed once (only its hash is stored).
@@ -41,8 +42,8 @@ def token_create(
     async def action() -> IssuedToken:
         who = principal(agent, role)
         lifetime = _lifetime(expires)
-        async with admin.open_store(home) as store:
-            return await store.write(lambda tx: issue_token(tx, who, lifetime))
+        async with admin.open_store(home, store=store) as opened:
+            return await opened.write(lambda tx: issue_token(tx, who, lifetime))
 
     issued = run(action, as_json=json_out)
     if json_out:
@@ -74,12 +75,12 @@ def _lifetime(text: str | None) -> timedelta | None:
 
 
 @app.command("list")
-def token_list(home: Home = None, json_out: Json = False) -> None:
+def token_list(home: Home = None, store: Store = None, json_out: Json = False) -> None:
     """List tokens (ids and principals; never the tokens)."""
 
     async def action() -> list[TokenRow]:
-        async with admin.open_store(home, create=False) as store:
-            return await store.read(lambda r: r.tokens())
+        async with admin.open_store(home, store=store, create=False) as opened:
+            return await opened.read(lambda r: r.tokens())
 
     items = [
         {
@@ -113,12 +114,14 @@ def token_list(home: Home = None, json_out: Json = False) -> None:
 
 
 @app.command("revoke")
-def token_revoke(token_id: str, home: Home = None, json_out: Json = False) -> None:
+def token_revoke(
+    token_id: str, home: Home = None, store: Store = None, json_out: Json = False
+) -> None:
     """Revoke a token by id; it stops working on the next request."""
 
     async def action() -> None:
-        async with admin.open_store(home, create=False) as store:
-            await store.write(lambda tx: revoke_token(tx, token_id))
+        async with admin.open_store(home, store=store, create=False) as opened:
+            await opened.write(lambda tx: revoke_token(tx, token_id))
 
     run(action, as_json=json_out)
     if json_out:
