@@ -56,7 +56,10 @@ def listen(host: str, port: int) -> socket.socket:
 
     A busy port is a `LoopwardenError` with code `address_in_use` (any other bind failure:
     `bind_failed`), raised here rather than after a "serving on" line."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on sockets that say they are
+    # TCP, and without it every response waits ~40 ms for a delayed ACK (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
     try:
         sock.bind((host.strip("[]"), port))
