@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import Field
@@ -35,8 +36,20 @@ class ReceiptLine(ReceiptSummary):
 def receipt_summary(row: JournalRow, opened: Opened | None = None) -> ReceiptSummary:
     """One line about a receipt, for display. Decoded here without verification (`receipt`
     verifies) unless the caller passes the envelope it already opened."""
-    opened = opened or open_envelope(row.envelope, None, canonical=False)
-    body = opened.body or {}
+    if opened is None:
+        return _stored_summary(row)
+    return _summary(row, opened.body or {})
+
+
+@functools.lru_cache(maxsize=1024)
+def _stored_summary(row: JournalRow) -> ReceiptSummary:
+    # Memoized by the whole row (envelope bytes included): a projection shows the same recent
+    # receipts call after call, and a loop's opening receipt can carry 10⁵ todos (~30 ms to
+    # decode). The summary is a pure function of the row.
+    return _summary(row, open_envelope(row.envelope, None, canonical=False).body or {})
+
+
+def _summary(row: JournalRow, body: dict[str, Any]) -> ReceiptSummary:
     decision = body.get("decision", {})
     return ReceiptSummary(
         seq=row.seq,
