@@ -57,34 +57,41 @@ class _Call:
     def reply(self, answer: HookAnswer) -> Reply:
         return PROTOCOLS[self.host].reply(self.event, answer)
 
+    def failed(self, exc: BaseException) -> Reply:
+        return _failed(self.host, self.event, exc, self.loop_id, self.agent)
+
+
+def _prepare(host: str, raw: bytes, loop_id: str, agent: str, servers: list[str]) -> _Call | Reply:
+    """The event read into a call, or the host's failure answer if it cannot be."""
+    event: Event | None = None
+    try:
+        event = read_event(host, raw)
+        return _Call(host, event, loop_id, agent, servers)
+    except Exception as exc:
+        return _failed(host, event, exc, loop_id, agent)
+
 
 async def handle(
     store: Store, host: str, raw: bytes, *, loop_id: str, agent: str, servers: list[str]
 ) -> Reply:
     """Answer one event of `host` for `agent`'s observer in `loop_id`, as that host expects."""
-    event: Event | None = None
-    try:
-        event = read_event(host, raw)
-        call = _Call(host, event, loop_id, agent, servers)
-    except Exception as exc:
-        return _failed(host, event, exc, loop_id, agent)
+    call = _prepare(host, raw, loop_id, agent, servers)
+    if not isinstance(call, _Call):
+        return call
     try:
         return call.reply(await hook(store, call.observer, call.request))
     except Exception as exc:
-        return _failed(host, call.event, exc, loop_id, agent)
+        return call.failed(exc)
 
 
 def handle_now(
     store: Store, host: str, raw: bytes, *, loop_id: str, agent: str, servers: list[str]
 ) -> Reply:
     """`handle` on the calling thread, for the one event a hook process answers."""
-    event: Event | None = None
-    try:
-        event = read_event(host, raw)
-        call = _Call(host, event, loop_id, agent, servers)
-    except Exception as exc:
-        return _failed(host, event, exc, loop_id, agent)
+    call = _prepare(host, raw, loop_id, agent, servers)
+    if not isinstance(call, _Call):
+        return call
     try:
         return call.reply(run_now(hook, store, call.observer, call.request))
     except Exception as exc:
-        return _failed(host, call.event, exc, loop_id, agent)
+        return call.failed(exc)
