@@ -1,4 +1,4 @@
-"""Family 8 — host hooks: what a hook adds to every tool call the model makes.
+"""Family 9 — host hooks: what a hook adds to every tool call the model makes.
 
 The command hook end to end (the host starts `loopwarden hook claude-code`, writes the event to
 its stdin and reads the answer: process start, store, decision, sealed receipt, exit), the same
@@ -141,7 +141,7 @@ async def run(quick: bool, budget: float) -> Section:
     deadline = h.Deadline(budget)
     section = Section(
         family=NAME,
-        number=8,
+        number=9,
         title="Host hooks",
         how=(
             "a Claude Code PreToolUse event for Bash that the policy admits (`tool.admitted` "

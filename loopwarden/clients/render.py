@@ -130,61 +130,64 @@ def projection(p: ProjectionResult) -> None:
     console.print(f"policy:    {p.policy_digest}", soft_wrap=True)  # a digest never wraps
     console.print(f"attention: [bold]{p.attention.who}[/bold] — {safe(p.attention.why)}")
     console.print(f"next:      {safe(p.next_action)}")
-    budgets = Table(title="budgets", title_justify="left", box=None, pad_edge=False)
-    for column in ("dimension", "used", "limit", "remaining", ""):
-        budgets.add_column(column)
-    for dim, b in p.budgets.items():
-        budgets.add_row(*map(cell, (dim, b.used, b.limit, b.remaining, bar(b.used, b.limit))))
-    console.print(budgets)
+    table(
+        "budgets",
+        ["dimension", "used", "limit", "remaining", ""],
+        [[d, b.used, b.limit, b.remaining, bar(b.used, b.limit)] for d, b in p.budgets.items()],
+    )
     counts = ", ".join(f"{k} {v}" for k, v in p.todo_counts.items())
-    todos = Table(title=f"todos ({counts})", title_justify="left", box=None, pad_edge=False)
-    for column in ("id", "status", "attempts", "depends on", "title"):
-        todos.add_column(column)
-    for t in p.todos:
-        todos.add_row(
-            *map(cell, (t.todo_id, t.status, t.attempts, ", ".join(t.depends_on), t.title))
-        )
-    console.print(todos)
+    table(
+        f"todos ({counts})",
+        ["id", "status", "attempts", "depends on", "title"],
+        [[t.todo_id, t.status, t.attempts, ", ".join(t.depends_on), t.title] for t in p.todos],
+    )
     if p.todos_truncated:
         console.print("[dim]… more todos (loopwarden loop show --json lists the first 200)[/dim]")
     if p.active_leases:
-        leases = Table(title="active leases", title_justify="left", box=None, pad_edge=False)
-        for column in ("turn", "todo", "agent", "fence", "expires"):
-            leases.add_column(column)
-        for lease in p.active_leases:
-            row = (lease.turn_id, lease.todo_id, lease.agent, lease.fence, lease.lease_expires_at)
-            leases.add_row(*map(cell, row))
-        console.print(leases)
-    watched = [t for t in p.turns if t.observed or t.tool_refusals]
-    if watched:  # the host's hooks saw these turns: what they saw beside what was reported
-        turns = Table(title="observed tool use", title_justify="left", box=None, pad_edge=False)
-        for column in ("turn", "agent", "status", "observed", "reported", "refused"):
-            turns.add_column(column)
-        for w in watched:
-            seen = ", ".join(f"{k} ×{v}" for k, v in w.observed.items())
-            said = ", ".join(f"{k} ×{v}" for k, v in w.reported.items())
-            turns.add_row(*map(cell, (w.turn_id, w.agent, w.status, seen, said, w.tool_refusals)))
-        console.print(turns)
-    if p.approvals:
-        approvals = Table(title="approvals", title_justify="left", box=None, pad_edge=False)
-        for column in ("id", "tool", "status", "requested by", "summary"):
-            approvals.add_column(column)
-        for a in p.approvals:
-            approvals.add_row(
-                *map(cell, (a.approval_id, a.tool, a.status, a.requested_by, a.summary))
-            )
-        console.print(approvals)
-    recent = Table(title="recent receipts", title_justify="left", box=None, pad_edge=False)
-    for column in ("seq", "kind", "principal", "effect", "reasons", "receipt"):
-        recent.add_column(column)
-    for r in p.recent_receipts:
-        recent.add_row(
-            *map(cell, (r.seq, r.kind, r.principal, r.effect, ", ".join(r.reasons), r.receipt_id))
+        table(
+            "active leases",
+            ["turn", "todo", "agent", "fence", "expires"],
+            [[x.turn_id, x.todo_id, x.agent, x.fence, x.lease_expires_at] for x in p.active_leases],
         )
-    console.print(recent)
+    _observed_tool_use(p)
+    if p.approvals:
+        table(
+            "approvals",
+            ["id", "tool", "status", "requested by", "summary"],
+            [[a.approval_id, a.tool, a.status, a.requested_by, a.summary] for a in p.approvals],
+        )
+    table(
+        "recent receipts",
+        ["seq", "kind", "principal", "effect", "reasons", "receipt"],
+        [
+            [r.seq, r.kind, r.principal, r.effect, ", ".join(r.reasons), r.receipt_id]
+            for r in p.recent_receipts
+        ],
+    )
     for warning in p.warnings:
         console.print(f"[yellow]warning:[/yellow] {safe(warning)}")
     console.print(f"[dim]head: seq {p.head.seq} {p.head.digest}[/dim]", soft_wrap=True)
+
+
+def _observed_tool_use(p: ProjectionResult) -> None:
+    """The turns a host's hooks saw: what they saw beside what was reported."""
+    watched = [t for t in p.turns if t.observed or t.tool_refusals]
+    if watched:
+        table(
+            "observed tool use",
+            ["turn", "agent", "status", "observed", "reported", "refused"],
+            [
+                [
+                    w.turn_id,
+                    w.agent,
+                    w.status,
+                    ", ".join(f"{k} ×{v}" for k, v in w.observed.items()),
+                    ", ".join(f"{k} ×{v}" for k, v in w.reported.items()),
+                    w.tool_refusals,
+                ]
+                for w in watched
+            ],
+        )
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:

@@ -144,8 +144,7 @@ def hook(call: Call[Txn], req: HookEvent) -> HookAnswer:
     not denied, approval-gated tools covered by an approved unexpired approval of the turn,
     shell commands by `[tools.commands]`, observed tool calls under `max_tool_calls`.
     """
-    tx, who = call.tx, call.who
-    loop = call.loop
+    tx, who, loop = call.tx, call.who, call.loop
     policy = tx.policy(loop.policy_digest)
     mode = policy.observe_mode
     if mode == "off":
@@ -167,6 +166,21 @@ def hook(call: Call[Txn], req: HookEvent) -> HookAnswer:
     turn = agent_turn(open_turns, who.id)
     if req.phase == "post":
         return _observed(call, req, tool, turn)
+    return _decided(call, req, policy, tool, (open_turns, turn), binding)
+
+
+def _decided(
+    call: Call[Txn],
+    req: HookEvent,
+    policy: LoopPolicy,
+    tool: str,
+    turns: tuple[list[TurnRow], TurnRow | None],
+    binding: bool,
+) -> HookAnswer:
+    """A tool about to run: decided by the pure evaluator, sealed admitted or refused."""
+    assert req.host_tool is not None
+    tx, who, loop = call.tx, call.who, call.loop
+    open_turns, turn = turns
     approved = tx.approved_for_turn(loop.loop_id, turn.turn_id) if turn else {}
     facts = tool_call_facts(
         loop, open_turns, approved.values(), who.id, (req.host_tool, tool, req.command), tx.now

@@ -90,6 +90,44 @@ def install(
     running it again replaces loopwarden's entries), with blocking on failure where the host
     allows it. --print shows the result instead of writing it.
     """
+    _check_options(host, scope, store, json_out)
+    target = Target(
+        host=host,
+        loop_id=loop,
+        agent=agent,
+        program=program(),
+        home=admin.home_source(home)[0],
+        servers=tuple(server_name or ("loopwarden",)),
+        http=http,
+        store=store,
+    )
+    where = settings_path(host, scope, (project or Path.cwd()).resolve(), Path.home())
+    text = json.dumps(_merged_settings(where, target, json_out), indent=2) + "\n"
+    if print_only:
+        sys.stdout.write(text)
+        return
+    _write(where, text)
+    warnings = _check_loop(home, store, loop, agent) + _notes(target)
+    if json_out:
+        render.emit_json({"settings": str(where), "host": host, "warnings": warnings})
+        return
+    render.console.print(f"installed loopwarden's {host} hooks in {render.safe(str(where))}")
+    for warning in warnings:
+        render.err.print(f"[yellow]note:[/yellow] {render.safe(warning)}")
+
+
+def _notes(target: Target) -> list[str]:
+    """What the operator must still do for the installed hooks to work as meant."""
+    notes = [TRUST_NOTE[target.host]] if target.host in TRUST_NOTE else []
+    if target.http is not None:
+        notes.append(
+            f"the hooks send ${TOKEN_VARIABLE}: export it in the host's environment "
+            f"(loopwarden token create --agent {target.agent} --role observer)"
+        )
+    return notes
+
+
+def _check_options(host: str, scope: str, store: str | None, json_out: bool) -> None:
     if host not in HOSTS:
         fail(f"unknown host {host!r}; use one of {', '.join(HOSTS)}", EXIT_USAGE, as_json=json_out)
     if scope not in ("project", "user"):
@@ -102,44 +140,17 @@ def install(
             EXIT_USAGE,
             as_json=json_out,
         )
-    path_home, _ = admin.home_source(home)
-    target = Target(
-        host=host,
-        loop_id=loop,
-        agent=agent,
-        program=program(),
-        home=path_home,
-        servers=tuple(server_name or ("loopwarden",)),
-        http=http,
-        store=store,
-    )
-    where = settings_path(host, scope, (project or Path.cwd()).resolve(), Path.home())
+
+
+def _merged_settings(where: Path, target: Target, json_out: bool) -> dict[str, Any]:
+    """The host's settings at `where` (if any) with loopwarden's entries for `target`."""
     try:
         existing = json.loads(where.read_text()) if where.exists() else None
-        settings = merged(existing, target)
+        return merged(existing, target)
     except json.JSONDecodeError as exc:
         fail(f"{where} is not JSON ({exc.msg}); fix it or move it aside", as_json=json_out)
     except LoopwardenError as exc:
         fail(f"{where}: {exc.message}", EXIT_USAGE, as_json=json_out, error=exc.code)
-    text = json.dumps(settings, indent=2) + "\n"
-    if print_only:
-        sys.stdout.write(text)
-        return
-    _write(where, text)
-    warnings = _check_loop(home, store, loop, agent)
-    if host in TRUST_NOTE:
-        warnings.append(TRUST_NOTE[host])
-    if http is not None:
-        warnings.append(
-            f"the hooks send ${TOKEN_VARIABLE}: export it in the host's environment "
-            f"(loopwarden token create --agent {agent} --role observer)"
-        )
-    if json_out:
-        render.emit_json({"settings": str(where), "host": host, "warnings": warnings})
-        return
-    render.console.print(f"installed loopwarden's {host} hooks in {render.safe(str(where))}")
-    for warning in warnings:
-        render.err.print(f"[yellow]note:[/yellow] {render.safe(warning)}")
 
 
 def _has_password(store: str, as_json: bool) -> bool:
