@@ -192,3 +192,23 @@ async def test_a_release_0_1_0_database_keeps_working_and_still_verifies(tmp_pat
         await store.close()
     done = cli("verify", "--home", str(home), "--json", env=cli_env())
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_receipt_summary_follows_the_envelope_it_is_given_not_a_remembered_one(tmp_path):
+    # Summaries are memoized (a projection shows the same recent receipts every call); the memo
+    # is keyed by the envelope's hash, so a row whose envelope changed is summarized anew.
+    from dataclasses import replace
+
+    from loopwarden.operations.journal import receipt_summary
+
+    home = _release_copy(tmp_path)
+    with snapshot(home / DB_NAME) as reader:
+        rows = list(reader.iter_journal())
+    opened = next(r for r in rows if r.kind == "loop.opened")
+    refused = next(r for r in rows if r.kind.endswith(".refused"))
+    first = receipt_summary(opened)
+    assert receipt_summary(opened) == first and first.effect == "allow"
+    swapped = receipt_summary(replace(opened, envelope=refused.envelope))
+    assert (swapped.seq, swapped.kind) == (opened.seq, "loop.opened")  # the row's own columns
+    assert swapped.effect == "deny" and swapped.reasons  # the body of the envelope it holds
+    assert (swapped.principal, swapped.reasons) != (first.principal, first.reasons)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import functools
+import hashlib
+import threading
 from typing import Any
 
 from pydantic import Field
@@ -36,17 +37,26 @@ class ReceiptLine(ReceiptSummary):
 def receipt_summary(row: JournalRow, opened: Opened | None = None) -> ReceiptSummary:
     """One line about a receipt, for display. Decoded here without verification (`receipt`
     verifies) unless the caller passes the envelope it already opened."""
-    if opened is None:
-        return _stored_summary(row)
-    return _summary(row, opened.body or {})
-
-
-@functools.lru_cache(maxsize=1024)
-def _stored_summary(row: JournalRow) -> ReceiptSummary:
-    # Memoized by the whole row (envelope bytes included): a projection shows the same recent
+    if opened is not None:
+        return _summary(row, opened.body or {})
+    # Memoized by the row's columns and its envelope's hash: a projection shows the same recent
     # receipts call after call, and a loop's opening receipt can carry 10⁵ todos (~30 ms to
-    # decode). The summary is a pure function of the row.
-    return _summary(row, open_envelope(row.envelope, None, canonical=False).body or {})
+    # decode). The cache holds summaries only (no envelope), at most _SUMMARIES_KEPT of them.
+    key = (row.seq, row.receipt_id, row.kind, row.at, hashlib.sha256(row.envelope).digest())
+    with _summaries_lock:
+        found = _summaries.get(key)
+    if found is None:
+        found = _summary(row, open_envelope(row.envelope, None, canonical=False).body or {})
+        with _summaries_lock:
+            if len(_summaries) >= _SUMMARIES_KEPT:
+                del _summaries[next(iter(_summaries))]  # the oldest
+            _summaries[key] = found
+    return found
+
+
+_SUMMARIES_KEPT = 1024
+_summaries: dict[tuple[int, str, str, str, bytes], ReceiptSummary] = {}
+_summaries_lock = threading.Lock()
 
 
 def _summary(row: JournalRow, body: dict[str, Any]) -> ReceiptSummary:
