@@ -98,9 +98,7 @@ def run_once(checkout: Path, families: str, quick: bool, out: Path) -> dict[str,
     args = [sys.executable, "-m", "bench", "--only", families, "--out", str(out)]
     if quick:
         args.append("--quick")
-    done = subprocess.run(
-        args, cwd=checkout, env=env, capture_output=True, text=True, timeout=1200
-    )
+    done = subprocess.run(args, cwd=checkout, env=env, capture_output=True, text=True, timeout=1200)
     if done.returncode != 0:
         print(done.stderr[-3000:], file=sys.stderr)
     return read_figures(out) if out.exists() else {}

@@ -299,7 +299,8 @@ def test_every_receipt_release_0_1_0_signed_is_its_body_s_canonical_bytes():
 @settings(max_examples=500, deadline=None)
 @given(
     when=st.datetimes(
-        min_value=datetime(1000, 1, 2), timezones=st.sampled_from([UTC, timezone(timedelta(hours=-7))])
+        min_value=datetime(1000, 1, 2),
+        timezones=st.sampled_from([UTC, timezone(timedelta(hours=-7))]),
     )
 )
 def test_receipt_timestamps_render_as_strftime_renders_them(when):

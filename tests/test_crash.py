@@ -233,7 +233,8 @@ SHORT_KILLS = 12
 
 
 @pytest.mark.parametrize(
-    "kills", [pytest.param(SHORT_KILLS, id="short"), pytest.param(KILLS, id="long", marks=pytest.mark.slow)]
+    "kills",
+    [pytest.param(SHORT_KILLS, id="short"), pytest.param(KILLS, id="long", marks=pytest.mark.slow)],
 )
 async def test_sigkill_at_random_moments_never_loses_an_acknowledged_receipt(
     crash_home, tmp_path, kills

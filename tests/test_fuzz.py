@@ -152,7 +152,9 @@ def check_call(world: World, who: AgentClient, tool: str, arguments: dict[str, A
         if tool in TOOL_NAMES:
             match = CLASSIFIED.match(text)
             error = (result.structured_content or {}).get("error", {})
-            assert match and match.group(1) == error.get("code"), f"unclassified error: {text[:500]!r}"
+            assert match and match.group(1) == error.get("code"), (
+                f"unclassified error: {text[:500]!r}"
+            )
         else:
             assert text.startswith("Unknown tool"), text[:500]
     else:

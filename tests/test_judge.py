@@ -139,14 +139,22 @@ async def _journal(data: st.DataObject) -> list[ReceiptBody]:
         keys = KeyStore(home)
         store = await Store.open(home / "loopwarden.db", keys.load_signer(), clock=clock)
         try:
-            todos = [TodoInput(id="a", title="a"), TodoInput(id="b", title="b"), TodoInput(id="c", title="c", depends_on=("a",))]
-            request = OpenLoopRequest(objective="judge me", policy=FUZZ_POLICY, todos=todos, loop_id="L")
+            todos = [
+                TodoInput(id="a", title="a"),
+                TodoInput(id="b", title="b"),
+                TodoInput(id="c", title="c", depends_on=("a",)),
+            ]
+            request = OpenLoopRequest(
+                objective="judge me", policy=FUZZ_POLICY, todos=todos, loop_id="L"
+            )
             await open_loop(store, OPERATOR, request)
             world = World(store, clock)
             for _ in range(data.draw(st.integers(3, 25), label="steps")):
                 # A refused call raises and leaves nothing behind (the fold test proves it).
                 with contextlib.suppress(LoopwardenError):
-                    await OPERATIONS[data.draw(st.sampled_from(WEIGHTED), label="operation")](world, data)
+                    await OPERATIONS[data.draw(st.sampled_from(WEIGHTED), label="operation")](
+                        world, data
+                    )
             rows = await store.read(lambda r: r.loop_journal("L"))
         finally:
             await store.close()
@@ -156,7 +164,11 @@ async def _journal(data: st.DataObject) -> list[ReceiptBody]:
 PROPERTY = settings(
     max_examples=scale(25),
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
 )
 
 
@@ -177,12 +189,42 @@ def test_flipping_any_one_decision_of_a_real_journal_draws_an_objection(data):
 
 
 async def _scripted(store: Store, clock: ManualClock, policy: dict[str, Any]) -> list[ReceiptBody]:
-    await open_loop(store, OPERATOR, OpenLoopRequest(objective="o", policy=policy, todos=[{"title": "a"}, {"title": "b"}, {"title": "c"}], loop_id="L"))
+    await open_loop(
+        store,
+        OPERATOR,
+        OpenLoopRequest(
+            objective="o",
+            policy=policy,
+            todos=[{"title": "a"}, {"title": "b"}, {"title": "c"}],
+            loop_id="L",
+        ),
+    )
     first = await claim(store, BUILDER, ClaimRequest(loop_id="L"))
-    await update(store, BUILDER, UpdateRequest(turn_id=first.turn_id, fence=first.fence, outcome="completed", summary="s", evidence=EVIDENCE, idempotency_key="u1"))
+    await update(
+        store,
+        BUILDER,
+        UpdateRequest(
+            turn_id=first.turn_id,
+            fence=first.fence,
+            outcome="completed",
+            summary="s",
+            evidence=EVIDENCE,
+            idempotency_key="u1",
+        ),
+    )
     clock.advance(5)
     second = await claim(store, REVIEWER, ClaimRequest(loop_id="L"))
-    await update(store, REVIEWER, UpdateRequest(turn_id=second.turn_id, fence=second.fence, outcome="progress", summary="s", idempotency_key="u2"))
+    await update(
+        store,
+        REVIEWER,
+        UpdateRequest(
+            turn_id=second.turn_id,
+            fence=second.fence,
+            outcome="progress",
+            summary="s",
+            idempotency_key="u2",
+        ),
+    )
     rows = await store.read(lambda r: r.loop_journal("L"))
     return [parse_body(open_envelope(r.envelope, None).body) for r in rows]
 
@@ -221,37 +263,64 @@ def _grant_with(body: ReceiptBody, **changes: Any) -> ReceiptBody:
 EDITS = {
     "the stop a rule owed, dropped": (lambda j: j[:5], "stop_missing"),
     "a third grant instead of the stop": (
-        lambda j: [*j[:5], _grant_with(j[3], turn_id="turn-" + "e" * 20).model_copy(update={"seq": 6, "turn_id": "turn-" + "e" * 20})],
+        lambda j: [
+            *j[:5],
+            _grant_with(j[3], turn_id="turn-" + "e" * 20).model_copy(
+                update={"seq": 6, "turn_id": "turn-" + "e" * 20}
+            ),
+        ],
         "stop_due",
     ),
     "a report on another agent's turn, accepted": (
-        lambda j: [*j[:2], _principal(j[2], id="reviewer"), *j[3:]], "not_turn_owner",
+        lambda j: [*j[:2], _principal(j[2], id="reviewer"), *j[3:]],
+        "not_turn_owner",
     ),
     "an operator's act by an agent": (lambda j: [_principal(j[0], role="agent"), *j[1:]], "role"),
     "a denied tool in an accepted report": (
-        lambda j: [*j[:2], _report_with(j[2], tools_used=[{"name": "git.push", "count": 1}]), *j[3:]],
+        lambda j: [
+            *j[:2],
+            _report_with(j[2], tools_used=[{"name": "git.push", "count": 1}]),
+            *j[3:],
+        ],
         "tool_denied",
     ),
     "a tool the policy does not allow, accepted": (
-        lambda j: [*j[:2], _report_with(j[2], tools_used=[{"name": "shell.exec", "count": 1}]), *j[3:]],
+        lambda j: [
+            *j[:2],
+            _report_with(j[2], tools_used=[{"name": "shell.exec", "count": 1}]),
+            *j[3:],
+        ],
         "tool_not_allowed",
     ),
     "an approval-gated tool with no approval, accepted": (
-        lambda j: [*j[:2], _report_with(j[2], tools_used=[{"name": "deploy.prod", "count": 1}]), *j[3:]],
+        lambda j: [
+            *j[:2],
+            _report_with(j[2], tools_used=[{"name": "deploy.prod", "count": 1}]),
+            *j[3:],
+        ],
         "approval_required",
     ),
     "completed without the evidence the policy requires": (
-        lambda j: [*j[:2], _report_with(j[2], evidence=[]), *j[3:]], "evidence_required",
+        lambda j: [*j[:2], _report_with(j[2], evidence=[]), *j[3:]],
+        "evidence_required",
     ),
     "a report with a stale fence, accepted": (
-        lambda j: [*j[:4], _report_with(j[4], fence=7), j[5]], "stale_fence",
+        lambda j: [*j[:4], _report_with(j[4], fence=7), j[5]],
+        "stale_fence",
     ),
     "a longer lease than the policy grants": (
-        lambda j: [*j[:3], _grant_with(j[3], lease_expires_at="2099-01-01T00:00:00.000000Z"), *j[4:]],
+        lambda j: [
+            *j[:3],
+            _grant_with(j[3], lease_expires_at="2099-01-01T00:00:00.000000Z"),
+            *j[4:],
+        ],
         "grant_terms",
     ),
     "a stop for a rule that did not fire": (
-        lambda j: [*j[:5], j[5].model_copy(update={"data": j[5].data.model_copy(update={"reason": "deadline"})})],
+        lambda j: [
+            *j[:5],
+            j[5].model_copy(update={"data": j[5].data.model_copy(update={"reason": "deadline"})}),
+        ],
         "stop_reason",
     ),
 }

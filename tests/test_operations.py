@@ -726,9 +726,7 @@ async def test_completion_without_evidence_is_refused_charged_and_correctable(st
     agent never reports again); the turn stays open and the correction carries only new usage."""
     await open_test_loop(store)
     first = granted(await claim_as(store, BUILDER))
-    refused = await report(
-        store, BUILDER, first, usage=Usage(cost_usd=0.4), evidence=[], key="e-1"
-    )
+    refused = await report(store, BUILDER, first, usage=Usage(cost_usd=0.4), evidence=[], key="e-1")
     assert not refused.accepted and codes(refused) == {"evidence_required"}
     assert refused.budgets["cost_usd"].used == 0.4
     body = await body_of(store, refused.receipt_id)

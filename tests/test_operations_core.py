@@ -77,7 +77,9 @@ async def test_the_limits_that_once_drifted_are_advertised_to_agents(home):
         schemas = {t.name: t.input_schema for t in (await client.list_tools()).tools}
     assert _prop(schemas["decide_approval"], "expires_in_seconds")["maximum"] == 30 * 86400
     approval_ids = _prop(schemas["update"], "approval_ids")
-    assert approval_ids["maxItems"] == 64 and _prop(schemas["update"], "approval_ids", "[]")["pattern"]
+    assert (
+        approval_ids["maxItems"] == 64 and _prop(schemas["update"], "approval_ids", "[]")["pattern"]
+    )
     assert _prop(schemas["update"], "failure_signature")["maxLength"] == 200
     assert _prop(schemas["todo_add"], "depends_on")["maxItems"] == 32
     assert _prop(schemas["todo_add"], "depends_on", "[]")["pattern"]
@@ -182,7 +184,9 @@ async def test_a_release_0_1_0_database_keeps_working_and_still_verifies(tmp_pat
     store = await Store.open(home / DB_NAME, keys.load_signer(), keyring=keys.keyring())
     try:
         opened = await open_loop(
-            store, OPERATOR, OpenLoopRequest(objective="after", policy=BASIC_POLICY, todos=[{"title": "a"}])
+            store,
+            OPERATOR,
+            OpenLoopRequest(objective="after", policy=BASIC_POLICY, todos=[{"title": "a"}]),
         )
         grant = await claim(store, BUILDER, ClaimRequest(loop_id=opened.loop_id))
         assert grant.granted

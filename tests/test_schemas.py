@@ -144,7 +144,11 @@ def test_a_slim_schema_accepts_exactly_the_values_its_pydantic_schema_accepts(da
     ("schema", "inside", "outside"),
     [
         ({"anyOf": [{"type": "integer"}, {"type": "number"}]}, [1, 1.5], ["1", None]),
-        ({"anyOf": [{"type": "string", "maxLength": 2}, {"type": "null"}]}, ["ab", None], ["abc", 1]),
+        (
+            {"anyOf": [{"type": "string", "maxLength": 2}, {"type": "null"}]},
+            ["ab", None],
+            ["abc", 1],
+        ),
         ({"anyOf": [{"enum": ["a"], "type": "string"}, {"type": "null"}]}, ["a", None], ["b", 0]),
         ({"anyOf": [{"type": "string"}, {"type": "integer", "minimum": 3}]}, ["x", 3], [2, None]),
         ({"anyOf": [{"const": 1}, {"type": "null"}]}, [1, None], [2]),

@@ -249,7 +249,9 @@ class GuardedReader(Reader):
                 "SELECT size, frontier, mac, (SELECT max(leaf_index) FROM journal) "
                 "FROM log_state WHERE id = 1"
             )
-            size, frontier, mac, last = (r[0], bytes(r[1]), r[2], r[3]) if r else (0, b"", None, None)
+            size, frontier, mac, last = (
+                (r[0], bytes(r[1]), r[2], r[3]) if r else (0, b"", None, None)
+            )
             self.integrity.check(LOG_MAC, [size, frontier.hex()], mac, "the stored Merkle log")
             if (last if last is not None else -1) != size - 1:
                 raise IntegrityError(
