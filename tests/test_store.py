@@ -379,6 +379,10 @@ WORKER = textwrap.dedent(
                 )
                 assert result.accepted, result.reasons
                 completed += outcome == "completed"
+                # An agent works between turns; without a pause, one process can re-take
+                # SQLite's write lock turn after turn while the others sleep in its busy
+                # handler, and the test would not exercise several writers at all.
+                await anyio.sleep(0.01)
         finally:
             await store.close()
         print(completed)

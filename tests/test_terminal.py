@@ -11,10 +11,12 @@ renderer now shows those characters as escapes (`\\x1b`, `\\u202e`); `--json` st
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
 import pty
+import select
 import signal
 import sqlite3
 import struct
@@ -71,9 +73,22 @@ def terminal(args: list[str], until: Callable[[str], bool] | None = None) -> pyt
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT if until else signal.SIGKILL)
-        process.wait(timeout=10)
+        _drain_until_exit(process, leader, time.monotonic() + RUN_FOR)
         os.close(leader)
     return screen
+
+
+def _drain_until_exit(process: subprocess.Popen[bytes], leader: int, deadline: float) -> None:
+    """Wait for the command to exit, reading (and dropping) what it still writes, so it is never
+    blocked on a full terminal while it shuts down; killed if it outlives `deadline`."""
+    while process.poll() is None and time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.1)
+        if ready:
+            with contextlib.suppress(OSError):  # EIO: the terminal closed with the command
+                os.read(leader, 65536)
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout=10)
 
 
 def shown(screen: pyte.Screen) -> str:
