@@ -17,7 +17,7 @@ unreported.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -186,32 +186,48 @@ def _decided(
         loop, open_turns, approved.values(), who.id, (req.host_tool, tool, req.command), tx.now
     )
     decision = evaluate_tool_call(policy, facts, digest=loop.policy_digest)
-    fields = {
-        "host": req.host,
-        "session_id": req.session_id,
-        "tool_use_id": req.tool_use_id,
-        "host_tool": req.host_tool,
-        "tool": tool,
-        "input_digest": req.input_digest,
-    }
+    fields = {**_tool_fields(req, tool), "input_digest": req.input_digest}
     if decision.allowed:
         data: ToolAdmitted | ToolRefused = ToolAdmitted(**fields)
         kind = ReceiptKind.TOOL_ADMITTED
     else:
         data, kind = ToolRefused(**fields, enforced=binding), ReceiptKind.TOOL_REFUSED
-    sealed = tx.append(
-        loop.loop_id,
+    receipt_id = _seal(call, kind, data, turn, decision)
+    block = binding and not decision.allowed
+    return _answer(
+        decision, block=block, binding=binding, tool=tool, turn=turn, receipt_id=receipt_id
+    )
+
+
+def _tool_fields(req: HookEvent, tool: str) -> dict[str, Any]:
+    """What every tool receipt of a hook names: the host's session and call, and the tool."""
+    return {
+        "host": req.host,
+        "session_id": req.session_id,
+        "tool_use_id": req.tool_use_id,
+        "host_tool": req.host_tool,
+        "tool": tool,
+    }
+
+
+def _seal(
+    call: Call[Txn],
+    kind: ReceiptKind,
+    data: ToolAdmitted | ToolRefused | ToolObserved,
+    turn: TurnRow | None,
+    decision: Decision | None = None,
+) -> str:
+    """Seal one tool receipt, on the agent's turn if it holds one; its receipt id."""
+    sealed = call.tx.append(
+        call.loop.loop_id,
         kind,
-        who,
+        call.who,
         data,
         decision=decision,
         turn_id=turn.turn_id if turn else None,
         todo_id=turn.todo_id if turn else None,
     )
-    block = binding and not decision.allowed
-    return _answer(
-        decision, block=block, binding=binding, tool=tool, turn=turn, receipt_id=sealed.receipt_id
-    )
+    return sealed.receipt_id
 
 
 def _attach(call: Call[Txn], req: HookEvent) -> None:
@@ -230,26 +246,13 @@ def _attach(call: Call[Txn], req: HookEvent) -> None:
 def _observed(call: Call[Txn], req: HookEvent, tool: str, turn: TurnRow | None) -> HookAnswer:
     assert req.host_tool is not None
     data = ToolObserved(
-        host=req.host,
-        session_id=req.session_id,
-        tool_use_id=req.tool_use_id,
-        host_tool=req.host_tool,
-        tool=tool,
+        **_tool_fields(req, tool),
         response_digest=req.response_digest,
         errored=req.errored,
         duration_ms=req.duration_ms,
     )
-    sealed = call.tx.append(
-        call.loop.loop_id,
-        ReceiptKind.TOOL_OBSERVED,
-        call.who,
-        data,
-        turn_id=turn.turn_id if turn else None,
-        todo_id=turn.todo_id if turn else None,
-    )
-    return _answer(
-        ALLOW, block=False, binding=False, tool=tool, turn=turn, receipt_id=sealed.receipt_id
-    )
+    receipt_id = _seal(call, ReceiptKind.TOOL_OBSERVED, data, turn)
+    return _answer(ALLOW, block=False, binding=False, tool=tool, turn=turn, receipt_id=receipt_id)
 
 
 def _stop(call: Call[Txn], req: HookEvent, policy: LoopPolicy) -> HookAnswer:
