@@ -20,15 +20,15 @@ from bench import harness as h
 from bench.report import Section, Table, Target
 from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.clock import format_time, system_clock
-from loopwarden.ledger import merkle
-from loopwarden.ledger.audit import audit
-from loopwarden.ledger.bundles import export_bundle, load_bundle, verify_bundle
-from loopwarden.ledger.events import parse_body
-from loopwarden.ledger.fold import apply
-from loopwarden.ledger.keys import Keyring, KeyStore
-from loopwarden.ledger.reader import JournalRow
-from loopwarden.ledger.receipts import open_envelope, pae
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.audit.bundles import export_bundle, load_bundle, verify_bundle
+from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.log.keys import Keyring, KeyStore
+from loopwarden.ledger.log.receipts import open_envelope, pae
+from loopwarden.ledger.state.events import parse_body
+from loopwarden.ledger.state.fold import apply
+from loopwarden.ledger.storage.reader import JournalRow
+from loopwarden.ledger.storage.store import Txn
 
 T = TypeVar("T")
 NAME = "audit"

@@ -26,10 +26,10 @@ import anyio.to_thread
 from bench import harness as h
 from bench import kernel
 from bench.report import Section, Table, Target
-from loopwarden.ledger.location import Location
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.store import Store, connect
-from loopwarden.ledger.worker import Worker
+from loopwarden.ledger.storage.location import Location
+from loopwarden.ledger.storage.reader import Reader
+from loopwarden.ledger.storage.store import Store, connect
+from loopwarden.ledger.storage.worker import Worker
 from loopwarden.operations.projection import ProjectionRequest, projection
 from loopwarden.operations.quota import QuotaRequest, quota
 from loopwarden.principals import Principal

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.location import Location
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.store import Store, Synchronous, connect
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.storage.location import Location
+from loopwarden.ledger.storage.reader import Reader
+from loopwarden.ledger.storage.store import Store, Synchronous, connect
 from loopwarden.operations import claim as claim_op
 from loopwarden.operations import loops as loops_op
 from loopwarden.operations import update as update_op

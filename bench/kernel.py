@@ -23,8 +23,8 @@ from pathlib import Path
 
 from bench import harness as h
 from bench.report import Section, Table, Target
-from loopwarden.ledger.integrity import Integrity
-from loopwarden.ledger.store import Synchronous, connect, migrate
+from loopwarden.ledger.log.integrity import Integrity
+from loopwarden.ledger.storage.store import Synchronous, connect, migrate
 from loopwarden.principals import Principal
 
 NAME = "kernel"

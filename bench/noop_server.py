@@ -18,7 +18,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, ToolAnnotations
 
 from loopwarden.clock import Clock, system_clock
-from loopwarden.ledger.events import LoopId
+from loopwarden.ledger.state.events import LoopId
 from loopwarden.operations.results import Model
 from loopwarden.server.app import build_server
 from loopwarden.server.settings import Settings

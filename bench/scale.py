@@ -14,8 +14,8 @@ from pathlib import Path
 
 from bench import harness as h
 from bench.report import Section, Table, Target
-from loopwarden.ledger import merkle
-from loopwarden.ledger.store import Store, Txn
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.storage.store import Store, Txn
 from loopwarden.operations import projection as projection_op
 from loopwarden.operations import quota as quota_op
 from loopwarden.operations import receipt as receipt_op

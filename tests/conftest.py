@@ -21,9 +21,9 @@ import pgserver
 import pytest
 
 from loopwarden.clock import ManualClock
-from loopwarden.ledger.integrity import Integrity
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.log.integrity import Integrity
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.storage.store import Store
 from loopwarden.principals import Principal
 
 OPERATOR = Principal(id="alice", role="operator")

@@ -94,8 +94,8 @@ class PgServer:
         if self._shape is None:
             import psycopg
 
-            from loopwarden.ledger.integrity import Integrity
-            from loopwarden.ledger.postgres import connect, migrate
+            from loopwarden.ledger.log.integrity import Integrity
+            from loopwarden.ledger.storage.postgres import connect, migrate
 
             url = self.fresh_url("shape")
             store = connect(url)
@@ -111,8 +111,8 @@ class PgServer:
     def _emptied(self, name: str, integrity: Any) -> bool:
         import psycopg
 
-        from loopwarden.ledger.dialect import PgConnection
-        from loopwarden.ledger.postgres import initialize
+        from loopwarden.ledger.storage.dialect import PgConnection
+        from loopwarden.ledger.storage.postgres import initialize
 
         shape = self._new_shape()
         try:

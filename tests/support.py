@@ -37,12 +37,12 @@ from mcp.client.streamable_http import streamable_http_client
 
 from loopwarden.clients.agent import AgentClient
 from loopwarden.clock import Clock
-from loopwarden.ledger import merkle
-from loopwarden.ledger.events import ReceiptBody, parse_body
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.reader import JournalRow, Reader
-from loopwarden.ledger.receipts import open_envelope
-from loopwarden.ledger.store import connect
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.log.receipts import open_envelope
+from loopwarden.ledger.state.events import ReceiptBody, parse_body
+from loopwarden.ledger.storage.reader import JournalRow, Reader
+from loopwarden.ledger.storage.store import connect
 from loopwarden.policy.budgets import Totals, to_micros
 from loopwarden.principals import Principal
 from loopwarden.server.app import build_server

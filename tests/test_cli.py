@@ -44,9 +44,9 @@ import loopwarden
 from loopwarden.clients import admin, demo, render
 from loopwarden.clients.cli import app
 from loopwarden.clock import parse_time
-from loopwarden.ledger.events import Evidence, ToolUse, Usage
-from loopwarden.ledger.keys import Signer, public_key_b64
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.log.keys import Signer, public_key_b64
+from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
+from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.approvals import ApprovalRequest, request_approval
 from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
 from loopwarden.operations.projection import ProjectionRequest, projection

@@ -66,7 +66,7 @@ from support import (
 
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clock import ManualClock
-from loopwarden.ledger.store import snapshot
+from loopwarden.ledger.storage.store import snapshot
 from loopwarden.operations.claim import ClaimResult
 from loopwarden.operations.update import UpdateResult
 from loopwarden.principals import Principal

@@ -53,10 +53,10 @@ from support import (
 
 from loopwarden.clients import admin
 from loopwarden.clients.agent import AgentClient
-from loopwarden.ledger.audit import audit
-from loopwarden.ledger.events import Evidence
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.store import startup_check
+from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.state.events import Evidence
+from loopwarden.ledger.storage.store import startup_check
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.update import UpdateRequest, update
 from loopwarden.principals import Principal

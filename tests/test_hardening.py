@@ -13,8 +13,8 @@ import pytest
 from conftest import BUILDER, OPERATOR
 from support import cli_env, db_bytes, loopwarden, make_policy, run_cli_app
 
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.operations.receipt import ReceiptRequest, receipt

@@ -26,8 +26,8 @@ from support import cli_env, control_loop, loopwarden, make_policy
 
 from loopwarden.hooks.handle import handle
 from loopwarden.hooks.install import Target, merged
-from loopwarden.ledger.audit import audit
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.approvals import (
     ApprovalRequest,
     DecideApprovalRequest,
@@ -573,7 +573,7 @@ async def test_a_damaged_store_blocks_every_call(home, store, backend, store_url
         conn.commit()
         conn.close()
     else:
-        from loopwarden.ledger.postgres import connect  # autocommit: the edit stands
+        from loopwarden.ledger.storage.postgres import connect  # autocommit: the edit stands
 
         edit = connect(store_url)
         edit.execute("UPDATE loops SET turns = 0")

@@ -26,7 +26,9 @@ from test_projection_fold import FUZZ_POLICY, OPERATIONS, WEIGHTED, World
 from loopwarden.canonical import canonical_bytes
 from loopwarden.clock import ManualClock
 from loopwarden.errors import LoopwardenError
-from loopwarden.ledger.events import (
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.log.receipts import open_envelope
+from loopwarden.ledger.state.events import (
     ClaimRefused,
     LeaseRenewed,
     ReceiptBody,
@@ -38,11 +40,9 @@ from loopwarden.ledger.events import (
     make_body,
     parse_body,
 )
-from loopwarden.ledger.fold import FoldError, apply
-from loopwarden.ledger.judge import Judge
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.receipts import open_envelope
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.state.fold import FoldError, apply
+from loopwarden.ledger.state.judge import Judge
+from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.operations.update import UpdateRequest, update

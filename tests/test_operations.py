@@ -17,12 +17,12 @@ from support import codes, control_loop, make_policy
 
 from loopwarden.canonical import canonical_bytes
 from loopwarden.errors import Conflict, Forbidden, InvalidInput, NotFound, PolicyError
-from loopwarden.ledger import merkle
-from loopwarden.ledger.checkpoints import open_checkpoint
-from loopwarden.ledger.events import Evidence, ToolUse, Usage
-from loopwarden.ledger.receipts import open_envelope
-from loopwarden.ledger.rows import LoopView
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.log.checkpoints import open_checkpoint
+from loopwarden.ledger.log.receipts import open_envelope
+from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
+from loopwarden.ledger.state.rows import LoopView
+from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.approvals import (
     ApprovalRequest,
     DecideApprovalRequest,

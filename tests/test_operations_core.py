@@ -24,9 +24,9 @@ from support import cli, cli_env
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clock import ManualClock
 from loopwarden.errors import Forbidden, InvalidInput, NotFound
-from loopwarden.ledger.audit import audit
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.store import Store, snapshot
+from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.storage.store import Store, snapshot
 from loopwarden.operations.catalog import OPERATIONS, TOOLS
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, open_loop

@@ -40,11 +40,11 @@ from support import (
 
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.errors import NotFound
-from loopwarden.ledger.audit import audit
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.reader import JournalRow
-from loopwarden.ledger.receipts import open_envelope
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.log.receipts import open_envelope
+from loopwarden.ledger.storage.reader import JournalRow
+from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.operations.outsiders import WINDOW

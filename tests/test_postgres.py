@@ -31,9 +31,9 @@ from conftest import BASIC_POLICY, BUILDER, OPERATOR
 from support import cli, cli_env, merkle_problems
 
 from loopwarden.errors import KeyFileError, StoreError
-from loopwarden.ledger import merkle
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.store import Store, snapshot
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.storage.store import Store, snapshot
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, open_loop
 from loopwarden.operations.todos import TodoAddRequest, todo_add

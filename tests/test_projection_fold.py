@@ -24,8 +24,10 @@ from support import control_loop, make_policy, scale
 
 from loopwarden.clock import ManualClock
 from loopwarden.errors import LoopwardenError, NotFound
-from loopwarden.ledger.audit import audit
-from loopwarden.ledger.events import (
+from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.log.receipts import open_envelope
+from loopwarden.ledger.state.events import (
     DATA_MODELS,
     Evidence,
     ReceiptBody,
@@ -36,11 +38,9 @@ from loopwarden.ledger.events import (
     Usage,
     parse_body,
 )
-from loopwarden.ledger.fold import rebuild
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.receipts import open_envelope
-from loopwarden.ledger.rows import LoopView
-from loopwarden.ledger.store import Store, snapshot
+from loopwarden.ledger.state.fold import rebuild
+from loopwarden.ledger.state.rows import LoopView
+from loopwarden.ledger.storage.store import Store, snapshot
 from loopwarden.operations.approvals import (
     ApprovalRequest,
     DecideApprovalRequest,

@@ -22,15 +22,15 @@ from hypothesis import strategies as st
 
 from loopwarden.canonical import DIGEST_PREFIX, canonical_bytes, digest_of, sha256_digest
 from loopwarden.errors import KeyFileError, SealError
-from loopwarden.ledger import keys as keys_module
-from loopwarden.ledger.checkpoints import (
+from loopwarden.ledger.log import keys as keys_module
+from loopwarden.ledger.log.checkpoints import (
     SIG_PREFIX,
     checkpoint_body,
     note_key_hash,
     open_checkpoint,
     sign_checkpoint,
 )
-from loopwarden.ledger.keys import (
+from loopwarden.ledger.log.keys import (
     Keyring,
     KeyStore,
     Signer,
@@ -38,7 +38,7 @@ from loopwarden.ledger.keys import (
     key_id_for,
     public_key_b64,
 )
-from loopwarden.ledger.receipts import PAYLOAD_TYPE, open_envelope, pae, receipt_id_for, seal
+from loopwarden.ledger.log.receipts import PAYLOAD_TYPE, open_envelope, pae, receipt_id_for, seal
 
 VECTOR_DIR = Path(__file__).parent / "vectors"
 DSSE = json.loads((VECTOR_DIR / "dsse.json").read_text())
@@ -794,7 +794,7 @@ _CONCURRENT_LOADER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from loopwarden.ledger.keys import KeyStore
+    from loopwarden.ledger.log.keys import KeyStore
     print("ready", flush=True)
     sys.stdin.readline()
     print(KeyStore(Path(sys.argv[1])).load_signer().key_id, flush=True)
@@ -876,7 +876,7 @@ def test_load_signer_loads_the_winner_when_another_process_publishes_first(tmp_p
     ),
 )
 def test_envelope_template_renders_exactly_the_rfc8785_bytes(payload, signature, key_id):
-    from loopwarden.ledger.receipts import envelope_bytes
+    from loopwarden.ledger.log.receipts import envelope_bytes
 
     expected = rfc8785.dumps(  # the reference itself, not our fast path
         {
@@ -894,7 +894,7 @@ def test_envelope_template_renders_exactly_the_rfc8785_bytes(payload, signature,
 def _release_payloads() -> list[bytes]:
     import sqlite3
 
-    from loopwarden.ledger.receipts import parse_envelope
+    from loopwarden.ledger.log.receipts import parse_envelope
 
     db = Path(__file__).parent / "fixtures" / "release-0.1.0" / "loopwarden.db"
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
@@ -913,8 +913,8 @@ def _two_steps(payload: bytes) -> Any:
     """What the audit did before: json.loads (no NaN), then the typed body; None on failure."""
     from pydantic import ValidationError
 
-    from loopwarden.ledger.events import parse_body
-    from loopwarden.ledger.receipts import _parse_body
+    from loopwarden.ledger.log.receipts import _parse_body
+    from loopwarden.ledger.state.events import parse_body
 
     raw = _parse_body(payload)
     try:
@@ -949,7 +949,7 @@ def _edit(body: Any, path: list[int], value: Any) -> Any:
 def test_the_one_pass_payload_parse_reads_what_json_then_the_schema_read(
     which, path, value, edit, spacing, ascii_only
 ):
-    from loopwarden.ledger.events import parse_payload
+    from loopwarden.ledger.state.events import parse_payload
 
     body = json.loads(RELEASE_PAYLOADS[which])
     if edit:
@@ -968,7 +968,7 @@ def test_the_one_pass_payload_parse_reads_what_json_then_the_schema_read(
 
 
 def test_every_release_payload_takes_the_one_pass_and_reads_the_same():
-    from loopwarden.ledger.events import parse_payload
+    from loopwarden.ledger.state.events import parse_payload
 
     for payload in RELEASE_PAYLOADS:
         one = parse_payload(payload)
@@ -980,7 +980,7 @@ def test_every_release_payload_takes_the_one_pass_and_reads_the_same():
 def test_a_payload_json_loads_would_refuse_is_not_read_in_one_pass(literal):
     # NaN and Infinity are not JSON: the audit's old parse refused them (payload_malformed),
     # so the one pass must not read them where the schema lets any value through (a policy).
-    from loopwarden.ledger.events import parse_payload
+    from loopwarden.ledger.state.events import parse_payload
 
     opened = next(p for p in RELEASE_PAYLOADS if b'"kind":"loop.opened"' in p)
     payload = opened.replace(b'"policy":{', b'"policy":{"x":' + literal.encode() + b",", 1)

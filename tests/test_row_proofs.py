@@ -1,4 +1,4 @@
-"""The write path proves every row it acts on (ledger/guard.py), beyond the attacks of
+"""The write path proves every row it acts on (ledger/storage/guard.py), beyond the attacks of
 `test_tamper_rows.py`: each row kind a write reads, edited with plain sqlite3 between two
 writes, makes the next write on that loop fail with `IntegrityError` having sealed nothing, and
 `verify` names it; loops the edit does not touch keep working; putting the row back heals both.
@@ -16,10 +16,10 @@ from conftest import BUILDER, OPERATOR, REVIEWER
 from support import make_policy
 
 from loopwarden.errors import IntegrityError
-from loopwarden.ledger.audit import audit
-from loopwarden.ledger.integrity import Integrity
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.store import Store, snapshot
+from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.log.integrity import Integrity
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.storage.store import Store, snapshot
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
 

@@ -49,7 +49,7 @@ from support import (
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clock import ManualClock
 from loopwarden.errors import InvalidInput
-from loopwarden.ledger.keys import KeyStore
+from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.server.settings import Settings
 from loopwarden.server.transports import transport_security
 

@@ -23,13 +23,13 @@ from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER
 
 import loopwarden
 from loopwarden.errors import IntegrityError, LoopwardenError
-from loopwarden.ledger import merkle
-from loopwarden.ledger.checkpoints import open_checkpoint
-from loopwarden.ledger.events import Evidence, ReceiptBody, TodoAdded, TodoSpec, parse_body
-from loopwarden.ledger.fold import rebuild
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.receipts import open_envelope
-from loopwarden.ledger.store import Store, startup_check
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.log.checkpoints import open_checkpoint
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.log.receipts import open_envelope
+from loopwarden.ledger.state.events import Evidence, ReceiptBody, TodoAdded, TodoSpec, parse_body
+from loopwarden.ledger.state.fold import rebuild
+from loopwarden.ledger.storage.store import Store, startup_check
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.operations.update import UpdateRequest, update
@@ -333,13 +333,13 @@ WORKER = textwrap.dedent(
 
     import anyio
 
-    from loopwarden.ledger.events import Evidence
-    from loopwarden.ledger.keys import KeyStore
-    from loopwarden.ledger.store import Store
+    from loopwarden.ledger.state.events import Evidence
+    from loopwarden.ledger.log.keys import KeyStore
+    from loopwarden.ledger.storage.store import Store
     from loopwarden.principals import Principal
     from loopwarden.operations.claim import ClaimRequest, claim
     from loopwarden.operations.update import UpdateRequest, update
-    from loopwarden.ledger.events import Usage
+    from loopwarden.ledger.state.events import Usage
 
 
     async def main(home: Path, loop_id: str, agent: str) -> None:
@@ -483,7 +483,7 @@ async def test_several_processes_share_one_store_without_breaking_invariants(hom
 
 
 async def test_a_version_1_database_is_migrated_in_place_and_keeps_working(home):
-    from loopwarden.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+    from loopwarden.ledger.storage.schema import MIGRATIONS, SCHEMA_VERSION
 
     home.mkdir(parents=True)
     path = home / "loopwarden.db"
@@ -534,7 +534,7 @@ def _raw_sql(backend: str, store_url: str, *statements: str) -> None:
     if backend == "sqlite":
         conn = sqlite3.connect(store_url, isolation_level=None)
     else:
-        from loopwarden.ledger.postgres import connect
+        from loopwarden.ledger.storage.postgres import connect
 
         conn = connect(store_url)  # type: ignore[assignment]
     try:
@@ -548,8 +548,8 @@ async def test_a_version_5_store_is_migrated_to_6_and_its_rows_proved_again(
     home, backend, store_url
 ):
     from loopwarden.hooks.handle import handle
-    from loopwarden.ledger.audit import audit
-    from loopwarden.ledger.schema import SCHEMA_VERSION
+    from loopwarden.ledger.audit.database import audit
+    from loopwarden.ledger.storage.schema import SCHEMA_VERSION
 
     keys = KeyStore(home)
 
@@ -603,7 +603,7 @@ async def test_a_version_5_store_is_migrated_to_6_and_its_rows_proved_again(
 
 
 async def test_a_database_from_a_newer_loopwarden_is_refused(home):
-    from loopwarden.ledger.schema import SCHEMA_VERSION
+    from loopwarden.ledger.storage.schema import SCHEMA_VERSION
 
     home.mkdir(parents=True)
     conn = sqlite3.connect(home / "loopwarden.db", isolation_level=None)

@@ -37,17 +37,18 @@ from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.clients import admin
 from loopwarden.clients.cli import app
 from loopwarden.clock import ManualClock
-from loopwarden.ledger import audit as audit_module
-from loopwarden.ledger import bundles, merkle
-from loopwarden.ledger.audit import audit
-from loopwarden.ledger.bundles import export_bundle, verify_bundle
-from loopwarden.ledger.checkpoints import sign_checkpoint
-from loopwarden.ledger.copies import copy_rows
-from loopwarden.ledger.events import Evidence, ToolUse, Usage
-from loopwarden.ledger.findings import Finding, Report
-from loopwarden.ledger.keys import Keyring, KeyStore, Signer, public_key_b64
-from loopwarden.ledger.receipts import receipt_id_for, seal
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.audit import bundles
+from loopwarden.ledger.audit import database as audit_module
+from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
+from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.audit.findings import Finding, Report
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.log.checkpoints import sign_checkpoint
+from loopwarden.ledger.log.keys import Keyring, KeyStore, Signer, public_key_b64
+from loopwarden.ledger.log.receipts import receipt_id_for, seal
+from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
+from loopwarden.ledger.storage.copies import copy_rows
+from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.approvals import (
     ApprovalRequest,
     DecideApprovalRequest,
@@ -577,7 +578,7 @@ CASES: dict[str, Case] = {
 
 def pg_connection(url: str) -> Any:
     """A psycopg connection in one transaction (committed by `damaged_copy`), `?` queries."""
-    from loopwarden.ledger.postgres import connect
+    from loopwarden.ledger.storage.postgres import connect
 
     conn = connect(url)
     conn.execute("BEGIN")

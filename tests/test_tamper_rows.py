@@ -45,10 +45,10 @@ from typer.testing import CliRunner
 from loopwarden.clients import admin
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clients.cli import app
-from loopwarden.ledger.events import Evidence, ToolUse, Usage
-from loopwarden.ledger.keys import KeyStore, public_key_b64
-from loopwarden.ledger.location import STORE_ENV
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.log.keys import KeyStore, public_key_b64
+from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
+from loopwarden.ledger.storage.location import STORE_ENV
+from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.approvals import ApprovalRequest, request_approval
 from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
@@ -91,7 +91,7 @@ class Db:
     def _connect(self) -> Any:
         if self.store is None:
             return sqlite3.connect(self.path)
-        from loopwarden.ledger.postgres import connect  # autocommit: each statement stands
+        from loopwarden.ledger.storage.postgres import connect  # autocommit: each statement stands
 
         conn = connect(self.store)
         conn.commit = lambda: None  # type: ignore[attr-defined]

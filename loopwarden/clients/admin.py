@@ -8,11 +8,11 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from loopwarden.errors import KeyFileError, NotFound
-from loopwarden.ledger.integrity import Integrity
-from loopwarden.ledger.keys import Keyring, KeyStore
-from loopwarden.ledger.location import Location
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.store import Store, snapshot
+from loopwarden.ledger.log.integrity import Integrity
+from loopwarden.ledger.log.keys import Keyring, KeyStore
+from loopwarden.ledger.storage.location import Location
+from loopwarden.ledger.storage.reader import Reader
+from loopwarden.ledger.storage.store import Store, snapshot
 from loopwarden.principals import Principal
 from loopwarden.server.settings import (
     DB_NAME,

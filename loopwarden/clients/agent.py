@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from mcp import Client, StdioServerParameters
 from pydantic import BaseModel
 
-from loopwarden.ledger.events import Evidence, ToolUse, Usage
+from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
 from loopwarden.operations import approvals as approvals_ops
 from loopwarden.operations import claim as claim_ops
 from loopwarden.operations import leases as lease_ops

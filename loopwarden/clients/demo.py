@@ -24,10 +24,10 @@ from rich.markup import escape
 from loopwarden.clients import admin, render
 from loopwarden.clients.agent import AgentClient
 from loopwarden.clock import format_time
-from loopwarden.ledger.audit import audit
-from loopwarden.ledger.bundles import export_bundle, verify_bundle
-from loopwarden.ledger.keys import Keyring
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
+from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.log.keys import Keyring
+from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.approvals import DecideApprovalRequest, decide_approval
 from loopwarden.operations.loops import OpenLoopRequest, open_loop
 from loopwarden.policy.digest import policy_document

@@ -52,8 +52,8 @@ def parser() -> argparse.ArgumentParser:
 def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
     from loopwarden.clients import admin
     from loopwarden.hooks.handle import handle_now, read_event
-    from loopwarden.ledger.keys import KeyStore
-    from loopwarden.ledger.store import Store
+    from loopwarden.ledger.log.keys import KeyStore
+    from loopwarden.ledger.storage.store import Store
     from loopwarden.server.settings import synchronous_mode
 
     protocol = PROTOCOLS[host]
@@ -68,7 +68,7 @@ def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
             keyring=keys.keyring(),
             key_dir=home,
             synchronous=synchronous_mode(),
-            check=False,  # every row a write reads is proved anyway (ledger/guard.py)
+            check=False,  # every row a write reads is proved anyway (ledger/storage/guard.py)
             create=False,
         )
     except Exception as exc:  # no store, no decision: fail closed, naming why

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from loopwarden.ledger.findings import Report
+from loopwarden.ledger.audit.findings import Report
 from loopwarden.operations.projection import ProjectionResult
 
 # Piped output (scripts, docs) gets a wide fixed width instead of rich's 80-column default.

@@ -30,9 +30,9 @@ from loopwarden.dashboard.audits import Auditor
 from loopwarden.dashboard.history import Histories
 from loopwarden.dashboard.sessions import COOKIE, Session, Sessions, same_secret
 from loopwarden.errors import Conflict, Forbidden, InvalidInput, LoopwardenError, NotFound
-from loopwarden.ledger.location import Location
-from loopwarden.ledger.reader import Reader, TokenRow
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.storage.location import Location
+from loopwarden.ledger.storage.reader import Reader, TokenRow
+from loopwarden.ledger.storage.store import Store
 from loopwarden.principals import Principal
 from loopwarden.server.tokens import token_problem
 

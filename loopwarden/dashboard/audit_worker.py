@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 from loopwarden.errors import LoopwardenError
-from loopwarden.ledger.audit import audit
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.location import STORE_ENV, parse_location
-from loopwarden.ledger.store import snapshot
+from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.storage.location import STORE_ENV, parse_location
+from loopwarden.ledger.storage.store import snapshot
 
 
 def _say(message: dict[str, object]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loopwarden.clock import Clock, format_time
-from loopwarden.ledger.location import STORE_ENV, Location
+from loopwarden.ledger.storage.location import STORE_ENV, Location
 
 log = logging.getLogger("loopwarden.dashboard")
 MAX_LINE = 64 * 1024 * 1024  # a report with many findings is one long JSON line

@@ -26,9 +26,9 @@ from typing import Any
 import anyio
 from pydantic import ValidationError
 
-from loopwarden.ledger.events import ReceiptKind, Usage
-from loopwarden.ledger.fold import usage_totals
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.state.events import ReceiptKind, Usage
+from loopwarden.ledger.state.fold import usage_totals
+from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.journal import JournalRequest, ReceiptLine, journal
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.model import BUDGET_DIMENSIONS

@@ -40,8 +40,8 @@ from loopwarden.dashboard.views import (
     totals_disagree,
 )
 from loopwarden.errors import InvalidInput
-from loopwarden.ledger.events import APPROVAL_ID_PATTERN, ID_PATTERN, RECEIPT_ID_PATTERN
-from loopwarden.ledger.reader import Reader
+from loopwarden.ledger.state.events import APPROVAL_ID_PATTERN, ID_PATTERN, RECEIPT_ID_PATTERN
+from loopwarden.ledger.storage.reader import Reader
 from loopwarden.operations.approvals import decide_approval, list_approvals
 from loopwarden.operations.loops import CONTROLS, list_loops
 from loopwarden.operations.projection import projection

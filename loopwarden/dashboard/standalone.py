@@ -19,8 +19,8 @@ from starlette.routing import Mount
 from loopwarden.clock import Clock, system_clock
 from loopwarden.dashboard.app import Dashboard
 from loopwarden.dashboard.site import build_dashboard
-from loopwarden.ledger.location import Location
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.storage.location import Location
+from loopwarden.ledger.storage.store import Store
 
 LOOPBACK = "127.0.0.1"
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from loopwarden.errors import LoopwardenError, describe_validation
 from loopwarden.hooks.protocols import MAX_EVENT, PROTOCOLS, Event, MalformedEvent, Reply
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.hooks import HookAnswer, HookEvent, hook
 from loopwarden.operations.runner import run_now
 from loopwarden.principals import Principal

@@ -6,9 +6,9 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from loopwarden.clock import format_time
-from loopwarden.ledger import rules
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.rows import LoopRow
+from loopwarden.ledger.state import rules
+from loopwarden.ledger.state.rows import LoopRow
+from loopwarden.ledger.storage.reader import Reader
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Reason
 from loopwarden.policy.evaluate import ClaimFacts, evaluate_claim

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from loopwarden.clock import format_time
 from loopwarden.errors import Conflict
-from loopwarden.ledger.events import (
+from loopwarden.ledger.state.events import (
     MAX_SUMMARY,
     ApprovalDecided,
     ApprovalId,
@@ -23,8 +23,8 @@ from loopwarden.ledger.events import (
     TurnId,
     new_id,
 )
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.storage.reader import Reader
+from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.leases import turn_problems
 from loopwarden.operations.operation import OPERATOR_CALLERS, Call
 from loopwarden.operations.projection import ApprovalOut

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from loopwarden.clock import format_time
 from loopwarden.errors import NotFound
-from loopwarden.ledger.events import (
+from loopwarden.ledger.state.events import (
     ClaimRefused,
     LoopId,
     OptionalKey,
@@ -17,8 +17,8 @@ from loopwarden.ledger.events import (
     TurnClaimed,
     new_id,
 )
-from loopwarden.ledger.rows import LoopRow, TodoRow
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.state.rows import LoopRow, TodoRow
+from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.admission import claim_facts, nothing_to_claim
 from loopwarden.operations.leases import expire_leases
 from loopwarden.operations.operation import Call

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from loopwarden.ledger.events import (
+from loopwarden.ledger.state.events import (
     Amount,
     Digest,
     Host,
@@ -34,9 +34,9 @@ from loopwarden.ledger.events import (
     ToolObserved,
     ToolRefused,
 )
-from loopwarden.ledger.rows import TurnRow
-from loopwarden.ledger.rules import agent_turn, tool_call_facts
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.state.rows import TurnRow
+from loopwarden.ledger.state.rules import agent_turn, tool_call_facts
+from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.operation import OBSERVER_CALLERS, Call
 from loopwarden.operations.refusals import refuse_request
 from loopwarden.operations.results import Model, ReasonOut, reasons_out

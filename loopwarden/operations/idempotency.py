@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from loopwarden.canonical import sha256_digest
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.storage.reader import Reader
+from loopwarden.ledger.storage.store import Txn
 
 
 def request_digest(operation: str, request: BaseModel) -> str:

@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import Field
 
-from loopwarden.ledger.events import LoopId, ReceiptKind
-from loopwarden.ledger.reader import JournalRow, Reader
-from loopwarden.ledger.receipts import Opened, open_envelope
+from loopwarden.ledger.log.receipts import Opened, open_envelope
+from loopwarden.ledger.state.events import LoopId, ReceiptKind
+from loopwarden.ledger.storage.reader import JournalRow, Reader
 from loopwarden.operations.operation import Call
 from loopwarden.operations.results import Model
 from loopwarden.operations.runner import operation

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from loopwarden.clock import format_time, parse_time
-from loopwarden.ledger.events import Fence, LeaseExpired, LeaseRenewed, ReceiptKind, TurnId
-from loopwarden.ledger.rows import TurnRow
-from loopwarden.ledger.store import Appended, Txn
+from loopwarden.ledger.state.events import Fence, LeaseExpired, LeaseRenewed, ReceiptKind, TurnId
+from loopwarden.ledger.state.rows import TurnRow
+from loopwarden.ledger.storage.store import Appended, Txn
 from loopwarden.operations.operation import Call
 from loopwarden.operations.refusals import refuse_on_turn
 from loopwarden.operations.results import Model, ReasonOut, reasons_out

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from loopwarden.clock import format_time
 from loopwarden.errors import Conflict, PolicyError
-from loopwarden.ledger.events import (
+from loopwarden.ledger.state.events import (
     MAX_DEPENDENCIES,
     MAX_OBJECTIVE,
     MAX_TITLE,
@@ -21,9 +21,9 @@ from loopwarden.ledger.events import (
     TodoId,
     TodoSpec,
 )
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.rows import LoopRow
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.state.rows import LoopRow
+from loopwarden.ledger.storage.reader import Reader
+from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.operation import OPERATOR_CALLERS, Call, Operation
 from loopwarden.operations.projection import Attention, attention_for
 from loopwarden.operations.results import BudgetOut, Model, budgets_out, from_row

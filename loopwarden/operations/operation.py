@@ -25,9 +25,9 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from loopwarden.ledger.reader import JournalRow, Reader
-from loopwarden.ledger.rows import ApprovalRow, LoopRow, TurnRow
-from loopwarden.ledger.store import Store, Txn
+from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TurnRow
+from loopwarden.ledger.storage.reader import JournalRow, Reader
+from loopwarden.ledger.storage.store import Store, Txn
 from loopwarden.policy.decision import Decision
 from loopwarden.principals import Principal, Role
 

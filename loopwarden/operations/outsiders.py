@@ -19,8 +19,8 @@ from datetime import timedelta
 from typing import Any
 
 from loopwarden.clock import format_time
-from loopwarden.ledger.reader import OutsiderRefusal
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.storage.reader import OutsiderRefusal
+from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.operation import Call, Refuse
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Decision, Reason

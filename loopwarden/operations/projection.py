@@ -9,10 +9,10 @@ from typing import Literal
 from pydantic import Field
 
 from loopwarden.clock import format_time
-from loopwarden.ledger.events import LoopId
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
-from loopwarden.ledger.rules import observed_counts
+from loopwarden.ledger.state.events import LoopId
+from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
+from loopwarden.ledger.state.rules import observed_counts
+from loopwarden.ledger.storage.reader import Reader
 from loopwarden.operations.admission import claims_in_window
 from loopwarden.operations.journal import ReceiptSummary, receipt_summary
 from loopwarden.operations.operation import Call

@@ -7,9 +7,9 @@ from datetime import datetime
 from pydantic import Field
 
 from loopwarden.clock import format_time
-from loopwarden.ledger.events import LoopId
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.state.events import LoopId
+from loopwarden.ledger.storage.reader import Reader
+from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.admission import claim_facts, nothing_to_claim
 from loopwarden.operations.leases import expire_leases
 from loopwarden.operations.operation import Call

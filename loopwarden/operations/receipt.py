@@ -8,12 +8,12 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from loopwarden.clock import format_time
-from loopwarden.ledger import merkle
-from loopwarden.ledger.checkpoints import open_checkpoint, sign_checkpoint
-from loopwarden.ledger.events import MAX_FENCE, RECEIPT_ID_PATTERN, LoopId
-from loopwarden.ledger.reader import CheckpointRow, Reader
-from loopwarden.ledger.receipts import open_envelope
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.log.checkpoints import open_checkpoint, sign_checkpoint
+from loopwarden.ledger.log.receipts import open_envelope
+from loopwarden.ledger.state.events import MAX_FENCE, RECEIPT_ID_PATTERN, LoopId
+from loopwarden.ledger.storage.reader import CheckpointRow, Reader
+from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.operation import Call
 from loopwarden.operations.results import Model
 from loopwarden.operations.runner import operation

@@ -3,8 +3,8 @@ sealed as a `request.refused` receipt (a refusal is recorded, never silent)."""
 
 from __future__ import annotations
 
-from loopwarden.ledger.events import ReceiptKind, RefusedOperation, RequestRefused
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.state.events import ReceiptKind, RefusedOperation, RequestRefused
+from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.operation import Call
 from loopwarden.policy.decision import Decision
 from loopwarden.principals import Principal

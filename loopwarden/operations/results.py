@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from loopwarden.ledger.rows import LoopRow
+from loopwarden.ledger.state.rows import LoopRow
 from loopwarden.policy.budgets import budget_lines
 from loopwarden.policy.decision import Reason
 from loopwarden.policy.model import LoopPolicy

@@ -23,8 +23,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from loopwarden.errors import Forbidden, InvalidInput, NotFound, describe_validation
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.store import Store, Txn
+from loopwarden.ledger.storage.reader import Reader
+from loopwarden.ledger.storage.store import Store, Txn
 from loopwarden.operations.idempotency import prior, remember, request_digest
 from loopwarden.operations.operation import (
     AGENT_CALLERS,

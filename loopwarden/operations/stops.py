@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from loopwarden.ledger.events import ClosedTurn, LoopStopped, ReceiptKind
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.rows import LoopRow
-from loopwarden.ledger.rules import stop_facts
-from loopwarden.ledger.store import Appended, Txn
+from loopwarden.ledger.state.events import ClosedTurn, LoopStopped, ReceiptKind
+from loopwarden.ledger.state.rows import LoopRow
+from loopwarden.ledger.state.rules import stop_facts
+from loopwarden.ledger.storage.reader import Reader
+from loopwarden.ledger.storage.store import Appended, Txn
 from loopwarden.policy.decision import Decision, Reason
 from loopwarden.policy.evaluate import ALL_TODOS_DONE, evaluate_stop
 from loopwarden.principals import Principal

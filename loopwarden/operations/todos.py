@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from loopwarden.errors import InvalidInput
-from loopwarden.ledger.events import (
+from loopwarden.ledger.state.events import (
     MAX_DEPENDENCIES,
     MAX_TITLE,
     LoopId,
@@ -15,8 +15,8 @@ from loopwarden.ledger.events import (
     TodoId,
     TodoSpec,
 )
-from loopwarden.ledger.rules import todo_graph_problem
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.state.rules import todo_graph_problem
+from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.operation import Call
 from loopwarden.operations.refusals import refuse_request
 from loopwarden.operations.results import Model, ReasonOut, reasons_out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from loopwarden.ledger.events import (
+from loopwarden.ledger.state.events import (
     MAX_EVIDENCE_ITEMS,
     MAX_SUMMARY,
     MAX_TOOLS_USED,
@@ -22,9 +22,9 @@ from loopwarden.ledger.events import (
     Usage,
     check_evidence_size,
 )
-from loopwarden.ledger.rows import TurnRow
-from loopwarden.ledger.rules import report_facts, tool_calls_charged
-from loopwarden.ledger.store import Appended, Txn
+from loopwarden.ledger.state.rows import TurnRow
+from loopwarden.ledger.state.rules import report_facts, tool_calls_charged
+from loopwarden.ledger.storage.store import Appended, Txn
 from loopwarden.operations.admission import Route, route_for
 from loopwarden.operations.leases import expire_leases
 from loopwarden.operations.operation import IDEMPOTENT_WRITE, Call

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.rows import LoopRow
+from loopwarden.ledger.state.rows import LoopRow
+from loopwarden.ledger.storage.reader import Reader
 from loopwarden.operations.operation import Located, Scope
 from loopwarden.principals import Principal
 

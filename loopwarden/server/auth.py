@@ -14,8 +14,8 @@ from mcp.server.auth.provider import AccessToken
 
 from loopwarden.clock import format_time, parse_time
 from loopwarden.errors import Forbidden
-from loopwarden.ledger.reader import TokenRow
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.storage.reader import TokenRow
+from loopwarden.ledger.storage.store import Store
 from loopwarden.principals import ROLES, Principal
 from loopwarden.server.tokens import TOKEN_PREFIX, token_hash, token_problem
 

@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from loopwarden.hooks.handle import handle, read_event
 from loopwarden.hooks.protocols import MAX_EVENT, PROTOCOLS, Reply
-from loopwarden.ledger.events import ID_PATTERN
+from loopwarden.ledger.state.events import ID_PATTERN
 from loopwarden.server.auth import StoreTokenVerifier
 from loopwarden.server.runtime import Runtime
 

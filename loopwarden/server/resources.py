@@ -13,7 +13,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
 from loopwarden.errors import LoopwardenError, NotFound
-from loopwarden.ledger.events import ID_PATTERN, RECEIPT_ID_PATTERN
+from loopwarden.ledger.state.events import ID_PATTERN, RECEIPT_ID_PATTERN
 from loopwarden.operations.loops import list_loops
 from loopwarden.operations.operation import Operation
 from loopwarden.operations.projection import loop_policy, policy_json, projection

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from loopwarden.clock import Clock, system_clock
 from loopwarden.errors import StoreError
-from loopwarden.ledger.keys import KeyStore
-from loopwarden.ledger.store import Store
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.storage.store import Store
 from loopwarden.principals import Principal
 from loopwarden.server.auth import principal_from_token
 from loopwarden.server.settings import Settings

@@ -21,8 +21,8 @@ from pathlib import Path
 import platformdirs
 
 from loopwarden.errors import InvalidInput
-from loopwarden.ledger.location import STORE_ENV, Location, parse_location
-from loopwarden.ledger.store import Synchronous
+from loopwarden.ledger.storage.location import STORE_ENV, Location, parse_location
+from loopwarden.ledger.storage.store import Synchronous
 from loopwarden.principals import Principal, principal
 
 DB_NAME = "loopwarden.db"

@@ -13,9 +13,9 @@ from datetime import timedelta
 
 from loopwarden.clock import format_time
 from loopwarden.errors import NotFound
-from loopwarden.ledger.integrity import TOKEN_MAC, Integrity
-from loopwarden.ledger.reader import TokenRow
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.log.integrity import TOKEN_MAC, Integrity
+from loopwarden.ledger.storage.reader import TokenRow
+from loopwarden.ledger.storage.store import Txn
 from loopwarden.principals import Principal
 
 TOKEN_PREFIX = "lw_"

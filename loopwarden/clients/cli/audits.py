@@ -23,13 +23,13 @@ from loopwarden.clients.cli.common import (
 from loopwarden.clients.keyfiles import read_key_argument, read_key_file
 from loopwarden.clock import format_time
 from loopwarden.errors import LoopwardenError, NotFound
-from loopwarden.ledger.audit import audit as run_audit
-from loopwarden.ledger.bundles import export_bundle, load_bundle, verify_bundle
-from loopwarden.ledger.findings import Report
-from loopwarden.ledger.integrity import Integrity
-from loopwarden.ledger.keys import Keyring
-from loopwarden.ledger.reader import Reader
-from loopwarden.ledger.store import Txn
+from loopwarden.ledger.audit.bundles import export_bundle, load_bundle, verify_bundle
+from loopwarden.ledger.audit.database import audit as run_audit
+from loopwarden.ledger.audit.findings import Report
+from loopwarden.ledger.log.integrity import Integrity
+from loopwarden.ledger.log.keys import Keyring
+from loopwarden.ledger.storage.reader import Reader
+from loopwarden.ledger.storage.store import Txn
 
 TrustedKeys = Annotated[
     Path | None,

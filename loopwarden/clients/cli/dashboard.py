@@ -11,7 +11,7 @@ import typer
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import Home, Json, Store, fail, run
 from loopwarden.errors import LoopwardenError
-from loopwarden.ledger.location import Location
+from loopwarden.ledger.storage.location import Location
 
 DEFAULT_PORT = 8766
 

@@ -15,7 +15,7 @@ from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, Store, fail
 from loopwarden.errors import LoopwardenError
 from loopwarden.hooks.install import TOKEN_VARIABLE, Target, merged, settings_path
-from loopwarden.ledger.location import STORE_ENV, parse_location, redact
+from loopwarden.ledger.storage.location import STORE_ENV, parse_location, redact
 from loopwarden.policy.hosts import HOSTS
 
 app = typer.Typer(

@@ -14,7 +14,7 @@ from rich.markup import escape
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import Home, Json, Store, exit_code, fail, operate
 from loopwarden.errors import LoopwardenError
-from loopwarden.ledger.events import ReceiptKind
+from loopwarden.ledger.state.events import ReceiptKind
 from loopwarden.operations.journal import MAX_LINES, JournalResult, ReceiptLine, journal
 from loopwarden.operations.receipt import receipt as receipt_op
 

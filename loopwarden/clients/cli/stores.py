@@ -9,9 +9,9 @@ import typer
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import EXIT_OK, EXIT_VERIFY, Home, Json, run
 from loopwarden.errors import InvalidInput, KeyFileError
-from loopwarden.ledger.copies import CopyReport, compare, copy_rows
-from loopwarden.ledger.location import parse_location
-from loopwarden.ledger.store import snapshot
+from loopwarden.ledger.storage.copies import CopyReport, compare, copy_rows
+from loopwarden.ledger.storage.location import parse_location
+from loopwarden.ledger.storage.store import snapshot
 
 app = typer.Typer(no_args_is_help=True, help="Move a store between backends.")
 

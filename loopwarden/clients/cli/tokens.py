@@ -10,7 +10,7 @@ import typer
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import Home, Json, Store, parse_duration, run
 from loopwarden.errors import InvalidInput
-from loopwarden.ledger.reader import TokenRow
+from loopwarden.ledger.storage.reader import TokenRow
 from loopwarden.principals import principal
 from loopwarden.server.tokens import IssuedToken, issue_token, revoke_token
 

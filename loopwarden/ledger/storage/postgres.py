@@ -41,12 +41,17 @@ import psycopg
 
 from loopwarden.clock import format_time
 from loopwarden.errors import NotFound, StoreError
-from loopwarden.ledger.dialect import POSTGRESQL, PgConnection
-from loopwarden.ledger.integrity import LOG_MAC, Integrity
-from loopwarden.ledger.location import redact
-from loopwarden.ledger.rebuild import rebuild_projection
-from loopwarden.ledger.schema import PG_FIRST_VERSION, PG_MIGRATIONS, REBUILT_AT, SCHEMA_VERSION
-from loopwarden.ledger.worker import Worker
+from loopwarden.ledger.log.integrity import LOG_MAC, Integrity
+from loopwarden.ledger.storage.dialect import POSTGRESQL, PgConnection
+from loopwarden.ledger.storage.location import redact
+from loopwarden.ledger.storage.rebuild import rebuild_projection
+from loopwarden.ledger.storage.schema import (
+    PG_FIRST_VERSION,
+    PG_MIGRATIONS,
+    REBUILT_AT,
+    SCHEMA_VERSION,
+)
+from loopwarden.ledger.storage.worker import Worker
 
 T = TypeVar("T")
 READERS = 2  # reader threads (connections) per store

@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from loopwarden.errors import IntegrityError
-from loopwarden.ledger.findings import Report
-from loopwarden.ledger.guard import loop_mac_values, row_leaf
-from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC, Integrity
-from loopwarden.ledger.reader import Reader, unpack_response
-from loopwarden.ledger.rows import LoopView
-from loopwarden.ledger.state import EMPTY, StateTree, node
+from loopwarden.ledger.audit.findings import Report
+from loopwarden.ledger.log.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC, Integrity
+from loopwarden.ledger.state.rows import LoopView
+from loopwarden.ledger.storage.guard import loop_mac_values, row_leaf
+from loopwarden.ledger.storage.reader import Reader, unpack_response
+from loopwarden.ledger.storage.statetree import EMPTY, StateTree, node
 
 Node = tuple[int, int, bytes]
 

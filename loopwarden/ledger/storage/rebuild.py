@@ -12,14 +12,14 @@ the edit. `loopwarden verify` reads such a database as it is, and says what diff
 from __future__ import annotations
 
 from loopwarden.errors import IntegrityError
-from loopwarden.ledger.dialect import Connection
-from loopwarden.ledger.events import parse_body
-from loopwarden.ledger.fold import FoldError, apply
-from loopwarden.ledger.integrity import LOG_MAC, RECORD_MAC, TOKEN_MAC, Integrity
-from loopwarden.ledger.reader import LEGACY_FIELDS, PolicyCache, Reader, unpack_response
-from loopwarden.ledger.receipts import open_envelope
-from loopwarden.ledger.rows import LoopView
-from loopwarden.ledger.txn import ProjectionWriter
+from loopwarden.ledger.log.integrity import LOG_MAC, RECORD_MAC, TOKEN_MAC, Integrity
+from loopwarden.ledger.log.receipts import open_envelope
+from loopwarden.ledger.state.events import parse_body
+from loopwarden.ledger.state.fold import FoldError, apply
+from loopwarden.ledger.state.rows import LoopView, diff_views
+from loopwarden.ledger.storage.dialect import Connection
+from loopwarden.ledger.storage.reader import LEGACY_FIELDS, PolicyCache, Reader, unpack_response
+from loopwarden.ledger.storage.txn import ProjectionWriter
 
 
 def _fold_journal(reader: Reader) -> dict[str, LoopView]:
@@ -37,8 +37,6 @@ def _fold_journal(reader: Reader) -> dict[str, LoopView]:
 
 
 def _check_agrees(legacy: Reader, views: dict[str, LoopView]) -> None:
-    from loopwarden.ledger.audit import diff_views  # the audit's comparison, field by field
-
     stored_ids = {loop.loop_id for loop in legacy.loops()}
     for loop_id in sorted(stored_ids | set(views)):
         stored = legacy.full_view(loop_id)

@@ -14,8 +14,8 @@ from typing import Any
 
 from loopwarden.canonical import digest_of
 from loopwarden.errors import IntegrityError
-from loopwarden.ledger.dialect import Connection, dialect_of
-from loopwarden.ledger.rows import ApprovalRow, LoopRow, LoopView, TodoRow, Touched, TurnRow
+from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, LoopView, TodoRow, Touched, TurnRow
+from loopwarden.ledger.storage.dialect import Connection, dialect_of
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.loader import policy_from_data
 from loopwarden.policy.model import LoopPolicy

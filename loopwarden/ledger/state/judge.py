@@ -24,8 +24,8 @@ from datetime import timedelta
 
 from loopwarden.canonical import digest_of
 from loopwarden.clock import format_time, parse_time
-from loopwarden.ledger import rules
-from loopwarden.ledger.events import (
+from loopwarden.ledger.state import rules
+from loopwarden.ledger.state.events import (
     ApprovalDecided,
     ApprovalRequested,
     ClaimRefused,
@@ -44,8 +44,8 @@ from loopwarden.ledger.events import (
     TurnRefused,
     TurnReported,
 )
-from loopwarden.ledger.fold import HOST_KINDS
-from loopwarden.ledger.rows import LoopView, TurnRow
+from loopwarden.ledger.state.fold import HOST_KINDS
+from loopwarden.ledger.state.rows import LoopView, TurnRow
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Reason
 from loopwarden.policy.evaluate import (

@@ -18,15 +18,23 @@ from typing import Any, Protocol
 from loopwarden.canonical import canonical_bytes
 from loopwarden.clock import format_time
 from loopwarden.errors import Conflict, NotFound
-from loopwarden.ledger import merkle
-from loopwarden.ledger.checkpoints import sign_checkpoint
-from loopwarden.ledger.dialect import POSTGRESQL, SQLITE, Connection, Dialect, qmarks
-from loopwarden.ledger.events import LoopOpened, ReceiptBody, ReceiptData, ReceiptKind, make_body
-from loopwarden.ledger.fold import apply, touched
-from loopwarden.ledger.guard import GuardedReader, loop_mac_values, row_leaf
-from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC, Integrity
-from loopwarden.ledger.keys import Signer
-from loopwarden.ledger.reader import (
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.log.checkpoints import sign_checkpoint
+from loopwarden.ledger.log.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC, Integrity
+from loopwarden.ledger.log.keys import Signer
+from loopwarden.ledger.log.receipts import Sealed, seal
+from loopwarden.ledger.state.events import (
+    LoopOpened,
+    ReceiptBody,
+    ReceiptData,
+    ReceiptKind,
+    make_body,
+)
+from loopwarden.ledger.state.fold import apply, touched
+from loopwarden.ledger.state.rows import LoopRow, LoopView
+from loopwarden.ledger.storage.dialect import POSTGRESQL, SQLITE, Connection, Dialect, qmarks
+from loopwarden.ledger.storage.guard import GuardedReader, loop_mac_values, row_leaf
+from loopwarden.ledger.storage.reader import (
     LOOP_COLUMNS,
     ROW_SQL,
     TOKEN_COLUMNS,
@@ -34,9 +42,7 @@ from loopwarden.ledger.reader import (
     TokenRow,
     loop_to_sql,
 )
-from loopwarden.ledger.receipts import Sealed, seal
-from loopwarden.ledger.rows import LoopRow, LoopView
-from loopwarden.ledger.state import EMPTY, StateTree, node
+from loopwarden.ledger.storage.statetree import EMPTY, StateTree, node
 from loopwarden.policy.decision import Decision
 from loopwarden.principals import Principal
 

@@ -7,8 +7,8 @@ the store persists exactly those values; the read side returns them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TypeVar
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.model import LoopPolicy
@@ -141,3 +141,35 @@ def replace(row: R, **changes: object) -> R:
     new = object.__new__(type(row))
     new.__dict__.update(row.__dict__, **changes)
     return new
+
+
+def _differing(a: Any, b: Any, ignore: frozenset[str]) -> list[str]:
+    """The fields of two rows of one dataclass that differ (leaving out `ignore`)."""
+    return [
+        f.name
+        for f in fields(a)
+        if f.name not in ignore and getattr(a, f.name) != getattr(b, f.name)
+    ]
+
+
+def diff_views(
+    stored: LoopView, rebuilt: LoopView, ignore: frozenset[str] = frozenset()
+) -> list[str]:
+    """Human-readable differences between two views of one loop (empty if equal), leaving out
+    the row fields named in `ignore` (those an older schema did not store)."""
+    out = []
+    for name in _differing(stored.loop, rebuilt.loop, ignore):
+        a, b = getattr(stored.loop, name), getattr(rebuilt.loop, name)
+        out.append(f"loop.{name}: stored {a!r}, receipts say {b!r}")
+    if stored.policy != rebuilt.policy:
+        out.append("the stored policy differs from the one the loop was opened with")
+    for table in ("todos", "turns", "approvals"):
+        mine, theirs = getattr(stored, table), getattr(rebuilt, table)
+        for key in sorted(set(mine) | set(theirs)):
+            if key not in theirs:
+                out.append(f"{table}[{key}] is stored but no receipt creates it")
+            elif key not in mine:
+                out.append(f"{table}[{key}] is missing from the stored projection")
+            elif changed := _differing(mine[key], theirs[key], ignore):
+                out.append(f"{table}[{key}] differs in {', '.join(changed)}")
+    return out

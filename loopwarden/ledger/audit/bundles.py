@@ -18,17 +18,17 @@ from pydantic import ValidationError
 
 from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.errors import IntegrityError, LoopwardenError
-from loopwarden.ledger import merkle
-from loopwarden.ledger.audit import judged
-from loopwarden.ledger.checkpoints import Checkpoint, open_checkpoint
-from loopwarden.ledger.events import parse_body
-from loopwarden.ledger.findings import ENVELOPE_PROBLEMS, Report
-from loopwarden.ledger.fold import FoldError, apply, chain_problem
-from loopwarden.ledger.judge import Judge, Verdict
-from loopwarden.ledger.keys import Keyring, Signer, decode_public_key, public_key_b64
-from loopwarden.ledger.reader import CheckpointRow, JournalRow, Reader
-from loopwarden.ledger.receipts import Opened, open_envelope, pae
-from loopwarden.ledger.rows import LoopView
+from loopwarden.ledger.audit.database import judged
+from loopwarden.ledger.audit.findings import ENVELOPE_PROBLEMS, Report
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.log.checkpoints import Checkpoint, open_checkpoint
+from loopwarden.ledger.log.keys import Keyring, Signer, decode_public_key, public_key_b64
+from loopwarden.ledger.log.receipts import Opened, open_envelope, pae
+from loopwarden.ledger.state.events import parse_body
+from loopwarden.ledger.state.fold import FoldError, apply, chain_problem
+from loopwarden.ledger.state.judge import Judge, Verdict
+from loopwarden.ledger.state.rows import LoopView
+from loopwarden.ledger.storage.reader import CheckpointRow, JournalRow, Reader
 
 BUNDLE_FORMAT = "loopwarden.bundle/v1"
 

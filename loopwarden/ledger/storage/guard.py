@@ -23,10 +23,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from loopwarden.errors import IntegrityError
-from loopwarden.ledger import state
-from loopwarden.ledger.dialect import Connection
-from loopwarden.ledger.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, Integrity
-from loopwarden.ledger.reader import (
+from loopwarden.ledger.log.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, Integrity
+from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
+from loopwarden.ledger.storage import statetree as state
+from loopwarden.ledger.storage.dialect import Connection
+from loopwarden.ledger.storage.reader import (
     LOOP_COLUMNS,
     ROW_SQL,
     PolicyCache,
@@ -34,7 +35,6 @@ from loopwarden.ledger.reader import (
     loop_from_sql,
     loop_to_sql,
 )
-from loopwarden.ledger.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.statuses import TodoStatus, TurnStatus
 
 

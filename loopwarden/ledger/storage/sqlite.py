@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from loopwarden.errors import NotFound, StoreError
-from loopwarden.ledger.dialect import SQLITE
-from loopwarden.ledger.integrity import LOG_MAC, Integrity
-from loopwarden.ledger.reader import LEGACY_SCHEMA
-from loopwarden.ledger.rebuild import rebuild_projection
-from loopwarden.ledger.schema import MIGRATIONS, REBUILT_AT, SCHEMA_VERSION
+from loopwarden.ledger.log.integrity import LOG_MAC, Integrity
+from loopwarden.ledger.storage.dialect import SQLITE
+from loopwarden.ledger.storage.reader import LEGACY_SCHEMA
+from loopwarden.ledger.storage.rebuild import rebuild_projection
+from loopwarden.ledger.storage.schema import MIGRATIONS, REBUILT_AT, SCHEMA_VERSION
 
 if TYPE_CHECKING:
     import aiosqlite

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loopwarden.errors import Conflict, StoreError
-from loopwarden.ledger import merkle
-from loopwarden.ledger.dialect import qmarks
-from loopwarden.ledger.reader import (
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.storage.dialect import qmarks
+from loopwarden.ledger.storage.reader import (
     APPROVAL_COLUMNS,
     JOURNAL_COLUMNS,
     LOOP_COLUMNS,

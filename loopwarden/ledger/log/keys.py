@@ -23,7 +23,7 @@ import nacl.exceptions
 import nacl.signing
 
 from loopwarden.errors import KeyFileError
-from loopwarden.ledger.integrity import SECRET_BYTES
+from loopwarden.ledger.log.integrity import SECRET_BYTES
 
 KEY_DIR_MODE = 0o700
 PRIVATE_MODE = 0o600

@@ -201,11 +201,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # table was written on every open and never read.
     ("DROP TABLE keys",),
     # version 4: what lets the write path prove the rows it acts on instead of trusting them
-    # (ledger/guard.py). Each loop row gains the ids of its open turns, its slot count, the
+    # (ledger/storage/guard.py). Each loop row gains the ids of its open turns, its slot count, the
     # root of its state tree and a MAC; every todo, turn and approval row its slot (turns also
     # their claim number); the state tree's blobs get a table; tokens, idempotency records and
     # the Merkle log state a MAC. Upgrading from an older version re-derives the projection
-    # from the journal (ledger/rebuild.py), once.
+    # from the journal (ledger/storage/rebuild.py), once.
     (
         "ALTER TABLE loops ADD COLUMN open_turns TEXT NOT NULL DEFAULT '[]'",
         "ALTER TABLE loops ADD COLUMN slots INTEGER NOT NULL DEFAULT 0",

@@ -31,16 +31,17 @@ import anyio.to_thread
 
 from loopwarden.clock import Clock, system_clock
 from loopwarden.errors import IntegrityError, NotFound, StoreError
-from loopwarden.ledger import merkle, sqlite
-from loopwarden.ledger.dialect import Dialect
-from loopwarden.ledger.integrity import Integrity
-from loopwarden.ledger.keys import Keyring, KeyStore, Signer
-from loopwarden.ledger.location import Location, parse_location
-from loopwarden.ledger.reader import PolicyCache, Reader
-from loopwarden.ledger.schema import SCHEMA_VERSION
-from loopwarden.ledger.sqlite import Synchronous, connect, make_private, migrate
-from loopwarden.ledger.txn import Appended, Txn
-from loopwarden.ledger.worker import Job, Worker
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.log.integrity import Integrity
+from loopwarden.ledger.log.keys import Keyring, KeyStore, Signer
+from loopwarden.ledger.storage import sqlite
+from loopwarden.ledger.storage.dialect import Dialect
+from loopwarden.ledger.storage.location import Location, parse_location
+from loopwarden.ledger.storage.reader import PolicyCache, Reader
+from loopwarden.ledger.storage.schema import SCHEMA_VERSION
+from loopwarden.ledger.storage.sqlite import Synchronous, connect, make_private, migrate
+from loopwarden.ledger.storage.txn import Appended, Txn
+from loopwarden.ledger.storage.worker import Job, Worker
 
 __all__ = [
     "Appended",
@@ -83,7 +84,9 @@ class Backend(Protocol):
 
 def _open_backend(location: Location, synchronous: Synchronous) -> Backend:
     if location.backend == "postgresql":
-        from loopwarden.ledger.postgres import PostgresBackend  # psycopg loads only for PostgreSQL
+        from loopwarden.ledger.storage.postgres import (
+            PostgresBackend,  # psycopg loads only for PostgreSQL
+        )
 
         return PostgresBackend(location.target)
     return sqlite.SqliteBackend(location.path, synchronous)
@@ -360,7 +363,7 @@ def snapshot(location: Path | str | Location) -> Iterator[Reader]:
     """
     where = parse_location(location)
     if where.backend == "postgresql":
-        from loopwarden.ledger import postgres
+        from loopwarden.ledger.storage import postgres
 
         with postgres.snapshot(where.target) as conn:
             yield Reader(conn)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from loopwarden.errors import LoopwardenError
-from loopwarden.ledger.events import (
+from loopwarden.ledger.state.events import (
     ApprovalDecided,
     ApprovalRequested,
     ClosedTurn,
@@ -42,7 +42,7 @@ from loopwarden.ledger.events import (
     TurnReported,
     Usage,
 )
-from loopwarden.ledger.rows import (
+from loopwarden.ledger.state.rows import (
     ApprovalRow,
     LoopRow,
     LoopView,
@@ -51,7 +51,7 @@ from loopwarden.ledger.rows import (
     TurnRow,
     replace,
 )
-from loopwarden.ledger.rules import todo_graph_problem
+from loopwarden.ledger.state.rules import todo_graph_problem
 from loopwarden.policy.budgets import Totals, to_micros
 from loopwarden.policy.loader import policy_from_data
 from loopwarden.statuses import (

@@ -15,7 +15,7 @@ import binascii
 import hashlib
 from dataclasses import dataclass
 
-from loopwarden.ledger.keys import Keyring, Signer
+from loopwarden.ledger.log.keys import Keyring, Signer
 
 SIG_PREFIX = "\u2014 "  # em dash + space
 

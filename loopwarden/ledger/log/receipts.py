@@ -17,7 +17,7 @@ from typing import Any
 
 from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.errors import SealError
-from loopwarden.ledger.keys import Keyring, Signer
+from loopwarden.ledger.log.keys import Keyring, Signer
 
 PAYLOAD_TYPE = "application/vnd.loopwarden.receipt+json; version=1"
 

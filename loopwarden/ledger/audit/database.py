@@ -18,31 +18,31 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from loopwarden.canonical import sha256_digest
 from loopwarden.errors import LoopwardenError
-from loopwarden.ledger import merkle
-from loopwarden.ledger.checkpoints import open_checkpoint
-from loopwarden.ledger.events import ReceiptBody, parse_body, parse_payload
-from loopwarden.ledger.findings import ENVELOPE_PROBLEMS, Report
-from loopwarden.ledger.fold import FoldError, apply, chain_problem
-from loopwarden.ledger.integrity import Integrity
-from loopwarden.ledger.judge import Judge, Verdict
-from loopwarden.ledger.keys import Keyring
-from loopwarden.ledger.proofs import Node, NodeCheck, check_loop, check_records
-from loopwarden.ledger.reader import LEGACY_FIELDS, CheckpointRow, JournalRow, Reader
-from loopwarden.ledger.receipts import (
+from loopwarden.ledger.audit.findings import ENVELOPE_PROBLEMS, Report
+from loopwarden.ledger.audit.proofs import Node, NodeCheck, check_loop, check_records
+from loopwarden.ledger.log import merkle
+from loopwarden.ledger.log.checkpoints import open_checkpoint
+from loopwarden.ledger.log.integrity import Integrity
+from loopwarden.ledger.log.keys import Keyring
+from loopwarden.ledger.log.receipts import (
     PAYLOAD_TYPE,
     open_envelope,
     parse_envelope,
     receipt_id_for,
     signature_problem,
 )
-from loopwarden.ledger.rows import LoopView
+from loopwarden.ledger.state.events import ReceiptBody, parse_body, parse_payload
+from loopwarden.ledger.state.fold import FoldError, apply, chain_problem
+from loopwarden.ledger.state.judge import Judge, Verdict
+from loopwarden.ledger.state.rows import LoopView, diff_views
+from loopwarden.ledger.storage.reader import LEGACY_FIELDS, CheckpointRow, JournalRow, Reader
 
 
 @dataclass
@@ -51,38 +51,6 @@ class _LoopChain:
     digest: str | None = None
     view: LoopView | None = None
     broken: bool = False
-
-
-def _differing(a: Any, b: Any, ignore: frozenset[str]) -> list[str]:
-    """The fields of two rows of one dataclass that differ (leaving out `ignore`)."""
-    return [
-        f.name
-        for f in fields(a)
-        if f.name not in ignore and getattr(a, f.name) != getattr(b, f.name)
-    ]
-
-
-def diff_views(
-    stored: LoopView, rebuilt: LoopView, ignore: frozenset[str] = frozenset()
-) -> list[str]:
-    """Human-readable differences between two views of one loop (empty if equal), leaving out
-    the row fields named in `ignore` (those an older schema did not store)."""
-    out = []
-    for name in _differing(stored.loop, rebuilt.loop, ignore):
-        a, b = getattr(stored.loop, name), getattr(rebuilt.loop, name)
-        out.append(f"loop.{name}: stored {a!r}, receipts say {b!r}")
-    if stored.policy != rebuilt.policy:
-        out.append("the stored policy differs from the one the loop was opened with")
-    for table in ("todos", "turns", "approvals"):
-        mine, theirs = getattr(stored, table), getattr(rebuilt, table)
-        for key in sorted(set(mine) | set(theirs)):
-            if key not in theirs:
-                out.append(f"{table}[{key}] is stored but no receipt creates it")
-            elif key not in mine:
-                out.append(f"{table}[{key}] is missing from the stored projection")
-            elif changed := _differing(mine[key], theirs[key], ignore):
-                out.append(f"{table}[{key}] differs in {', '.join(changed)}")
-    return out
 
 
 BATCH = 1024

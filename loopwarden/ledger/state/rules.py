@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from loopwarden.clock import parse_time
-from loopwarden.ledger.events import Evidence, ToolUse
-from loopwarden.ledger.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
+from loopwarden.ledger.state.events import Evidence, ToolUse
+from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.policy import decision as codes
 from loopwarden.policy.decision import Reason
 from loopwarden.policy.evaluate import ClaimFacts, ReportFacts, StopFacts, ToolCallFacts
