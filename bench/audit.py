@@ -25,8 +25,8 @@ from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.keys import Keyring, KeyStore
 from loopwarden.ledger.log.receipts import open_envelope, pae
-from loopwarden.ledger.state.events import parse_body
 from loopwarden.ledger.state.fold import apply
+from loopwarden.ledger.state.registry import parse_body
 from loopwarden.ledger.storage.reader import JournalRow
 from loopwarden.ledger.storage.store import Txn
 

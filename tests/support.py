@@ -40,7 +40,8 @@ from loopwarden.clock import Clock
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import ReceiptBody, parse_body
+from loopwarden.ledger.state.events import ReceiptBody
+from loopwarden.ledger.state.registry import parse_body
 from loopwarden.ledger.storage.reader import JournalRow, Reader
 from loopwarden.ledger.storage.store import connect
 from loopwarden.policy.budgets import Totals, to_micros

@@ -37,11 +37,10 @@ from loopwarden.ledger.state.events import (
     TurnClaimed,
     TurnRefused,
     TurnReported,
-    make_body,
-    parse_body,
 )
 from loopwarden.ledger.state.fold import FoldError, apply
 from loopwarden.ledger.state.judge import Judge
+from loopwarden.ledger.state.registry import make_body, parse_body
 from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop

@@ -28,7 +28,6 @@ from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.log.receipts import open_envelope
 from loopwarden.ledger.state.events import (
-    DATA_MODELS,
     Evidence,
     ReceiptBody,
     ToolUse,
@@ -36,9 +35,9 @@ from loopwarden.ledger.state.events import (
     TurnReport,
     TurnReported,
     Usage,
-    parse_body,
 )
 from loopwarden.ledger.state.fold import rebuild
+from loopwarden.ledger.state.registry import DATA_MODELS, parse_body
 from loopwarden.ledger.state.rows import LoopView
 from loopwarden.ledger.storage.store import Store, snapshot
 from loopwarden.operations.approvals import (

@@ -914,7 +914,7 @@ def _two_steps(payload: bytes) -> Any:
     from pydantic import ValidationError
 
     from loopwarden.ledger.log.receipts import _parse_body
-    from loopwarden.ledger.state.events import parse_body
+    from loopwarden.ledger.state.registry import parse_body
 
     raw = _parse_body(payload)
     try:
@@ -949,7 +949,7 @@ def _edit(body: Any, path: list[int], value: Any) -> Any:
 def test_the_one_pass_payload_parse_reads_what_json_then_the_schema_read(
     which, path, value, edit, spacing, ascii_only
 ):
-    from loopwarden.ledger.state.events import parse_payload
+    from loopwarden.ledger.state.registry import parse_payload
 
     body = json.loads(RELEASE_PAYLOADS[which])
     if edit:
@@ -968,7 +968,7 @@ def test_the_one_pass_payload_parse_reads_what_json_then_the_schema_read(
 
 
 def test_every_release_payload_takes_the_one_pass_and_reads_the_same():
-    from loopwarden.ledger.state.events import parse_payload
+    from loopwarden.ledger.state.registry import parse_payload
 
     for payload in RELEASE_PAYLOADS:
         one = parse_payload(payload)
@@ -980,7 +980,7 @@ def test_every_release_payload_takes_the_one_pass_and_reads_the_same():
 def test_a_payload_json_loads_would_refuse_is_not_read_in_one_pass(literal):
     # NaN and Infinity are not JSON: the audit's old parse refused them (payload_malformed),
     # so the one pass must not read them where the schema lets any value through (a policy).
-    from loopwarden.ledger.state.events import parse_payload
+    from loopwarden.ledger.state.registry import parse_payload
 
     opened = next(p for p in RELEASE_PAYLOADS if b'"kind":"loop.opened"' in p)
     payload = opened.replace(b'"policy":{', b'"policy":{"x":' + literal.encode() + b",", 1)

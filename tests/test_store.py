@@ -27,8 +27,9 @@ from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.checkpoints import open_checkpoint
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import Evidence, ReceiptBody, TodoAdded, TodoSpec, parse_body
+from loopwarden.ledger.state.events import Evidence, ReceiptBody, TodoAdded, TodoSpec
 from loopwarden.ledger.state.fold import rebuild
+from loopwarden.ledger.state.registry import parse_body
 from loopwarden.ledger.storage.store import Store, startup_check
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop

@@ -27,7 +27,7 @@ import anyio
 from pydantic import ValidationError
 
 from loopwarden.ledger.state.events import ReceiptKind, Usage
-from loopwarden.ledger.state.fold import usage_totals
+from loopwarden.ledger.state.folding import usage_totals
 from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.journal import JournalRequest, ReceiptLine, journal
 from loopwarden.policy.budgets import Totals

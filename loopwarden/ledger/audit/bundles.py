@@ -24,9 +24,9 @@ from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.checkpoints import Checkpoint, open_checkpoint
 from loopwarden.ledger.log.keys import Keyring, Signer, decode_public_key, public_key_b64
 from loopwarden.ledger.log.receipts import Opened, open_envelope, pae
-from loopwarden.ledger.state.events import parse_body
 from loopwarden.ledger.state.fold import FoldError, apply, chain_problem
 from loopwarden.ledger.state.judge import Judge, Verdict
+from loopwarden.ledger.state.registry import parse_body
 from loopwarden.ledger.state.rows import LoopView
 from loopwarden.ledger.storage.reader import CheckpointRow, JournalRow, Reader
 

@@ -38,9 +38,10 @@ from loopwarden.ledger.log.receipts import (
     receipt_id_for,
     signature_problem,
 )
-from loopwarden.ledger.state.events import ReceiptBody, parse_body, parse_payload
+from loopwarden.ledger.state.events import ReceiptBody
 from loopwarden.ledger.state.fold import FoldError, apply, chain_problem
 from loopwarden.ledger.state.judge import Judge, Verdict
+from loopwarden.ledger.state.registry import parse_body, parse_payload
 from loopwarden.ledger.state.rows import LoopView, diff_views
 from loopwarden.ledger.storage.reader import LEGACY_FIELDS, CheckpointRow, JournalRow, Reader
 

@@ -1,21 +1,20 @@
-"""Receipt bodies: the facts the journal records, one typed `data` model per kind.
+"""Receipt facts: the vocabulary the journal records, one typed `data` model per kind.
 
-These models are the receipt schema an audit checks (`extra="forbid"` everywhere) and the
-vocabulary the fold applies. `ReceiptBody` is a discriminated union keyed by `kind`: each kind
-has its own body class whose `data` is that kind's fact model, so consumers get typed facts,
-never a dict to index. The small value types (usage, tool use, evidence, todo specs) double as
-the operations' input types, so one set of limits guards both.
+These models are the receipt schema an audit checks (`extra="forbid"` everywhere). Each kind's
+data model is named by its spec in the kind registry (`registry.py`), which also generates the
+body class of each kind (its `kind` literal and its `data` model) and the discriminated union
+that parses a body: consumers get typed facts, never a dict to index. The small value types
+(usage, tool use, evidence, todo specs) double as the operations' input types, so one set of
+limits guards both.
 """
 
 from __future__ import annotations
 
-import functools
-import re
 import secrets
 from enum import StrEnum
-from typing import Annotated, Any, Final, Literal, cast, get_args
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loopwarden.policy.patterns import TOOL_NAME_RE
 
@@ -141,11 +140,6 @@ class ReceiptKind(StrEnum):
     TOOL_OBSERVED = "tool.observed"
 
 
-CLOSING_KINDS = frozenset(
-    {ReceiptKind.LOOP_CANCELLED, ReceiptKind.LOOP_STOPPED, ReceiptKind.LOOP_COMPLETED}
-)
-
-
 class LoopOpened(Fact):
     objective: str = Field(min_length=1, max_length=MAX_OBJECTIVE)
     policy: dict[str, Any]
@@ -165,12 +159,14 @@ class ClaimRefused(Fact):
     todo_id: TodoId | None = None
 
 
-RefusedOperation = Literal["heartbeat", "todo_add", "request_approval", "decide_approval", "hook"]
+RefusedOperation = Annotated[str, Field(pattern=r"^[a-z][a-z_]{0,39}$")]
+"""The operation a `request.refused` names (each one the judge knows has a rule in
+`kinds/requests.py`; one it does not know is judged `unjudged`)."""
 
 
 class RequestRefused(Fact):
-    """A refused heartbeat, todo_add, request_approval or decide_approval (reasons in the
-    decision). For a request about a turn, the fence it sent and the tool it named, so that the
+    """A refused request of an operation that seals no kind of its own (heartbeat, todo_add,
+    request_approval, decide_approval, a hook's outsider; reasons in the decision). For a request about a turn, the fence it sent and the tool it named, so that the
     refusal can be judged (receipts before these fields have neither)."""
 
     operation: RefusedOperation
@@ -316,27 +312,6 @@ class LoopStopped(Fact):
     closed_turns: tuple[ClosedTurn, ...] = ()
 
 
-ReceiptData = (
-    LoopOpened
-    | TurnClaimed
-    | ClaimRefused
-    | RequestRefused
-    | LeaseRenewed
-    | LeaseExpired
-    | TurnReported
-    | TurnRefused
-    | ApprovalRequested
-    | ApprovalDecided
-    | TodoAdded
-    | LoopStatusChanged
-    | LoopStopped
-    | HostAttached
-    | ToolAdmitted
-    | ToolRefused
-    | ToolObserved
-)
-
-
 # --- bodies ----------------------------------------------------------------------------------
 
 
@@ -355,12 +330,15 @@ class DecisionRef(Fact):
     reasons: tuple[ReasonRef, ...] = ()
 
 
-class _Body(Fact):
-    """The signed payload every receipt shares; each kind's subclass adds `kind` and `data`."""
+class ReceiptBody(Fact):
+    """The signed payload every receipt shares. The registry makes one subclass per kind, whose
+    `kind` is that kind's literal and whose `data` is its fact model; parse a body with
+    `registry.parse_body`, build one with `registry.make_body`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
     schema_: Literal["loopwarden.receipt/v1"] = Field(default=RECEIPT_SCHEMA, alias="schema")
+    kind: ReceiptKind
     loop_id: LoopId
     seq: int = Field(ge=1)
     at: Timestamp
@@ -370,171 +348,17 @@ class _Body(Fact):
     approval_id: ApprovalId | None = None
     decision: DecisionRef
     policy_digest: Digest
+    data: Fact
     prev: Digest | None = None
     idempotency_key: str | None = None
 
     @model_validator(mode="after")
-    def _chain_starts_once(self) -> _Body:
-        kind = getattr(self, "kind", None)
+    def _chain_starts_once(self) -> ReceiptBody:
         if (self.seq == 1) != (self.prev is None):
             raise ValueError("prev is null exactly for seq 1")
-        if (kind == ReceiptKind.LOOP_OPENED) != (self.seq == 1):
+        if (self.kind == ReceiptKind.LOOP_OPENED) != (self.seq == 1):
             raise ValueError("loop.opened is exactly the first receipt of a loop")
         return self
 
     def as_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-class LoopOpenedBody(_Body):
-    kind: Literal["loop.opened"]
-    data: LoopOpened
-
-
-class TurnClaimedBody(_Body):
-    kind: Literal["turn.claimed"]
-    data: TurnClaimed
-
-
-class ClaimRefusedBody(_Body):
-    kind: Literal["claim.refused"]
-    data: ClaimRefused
-
-
-class RequestRefusedBody(_Body):
-    kind: Literal["request.refused"]
-    data: RequestRefused
-
-
-class LeaseRenewedBody(_Body):
-    kind: Literal["lease.renewed"]
-    data: LeaseRenewed
-
-
-class LeaseExpiredBody(_Body):
-    kind: Literal["lease.expired"]
-    data: LeaseExpired
-
-
-class TurnReportedBody(_Body):
-    kind: Literal["turn.reported"]
-    data: TurnReported
-
-
-class TurnRefusedBody(_Body):
-    kind: Literal["turn.refused"]
-    data: TurnRefused
-
-
-class ApprovalRequestedBody(_Body):
-    kind: Literal["approval.requested"]
-    data: ApprovalRequested
-
-
-class ApprovalDecidedBody(_Body):
-    kind: Literal["approval.decided"]
-    data: ApprovalDecided
-
-
-class TodoAddedBody(_Body):
-    kind: Literal["todo.added"]
-    data: TodoAdded
-
-
-class LoopStatusChangedBody(_Body):
-    kind: Literal["loop.paused", "loop.resumed"]
-    data: LoopStatusChanged
-
-
-class LoopStoppedBody(_Body):
-    kind: Literal["loop.cancelled", "loop.stopped", "loop.completed"]
-    data: LoopStopped
-
-
-class HostAttachedBody(_Body):
-    kind: Literal["host.attached"]
-    data: HostAttached
-
-
-class ToolAdmittedBody(_Body):
-    kind: Literal["tool.admitted"]
-    data: ToolAdmitted
-
-
-class ToolRefusedBody(_Body):
-    kind: Literal["tool.refused"]
-    data: ToolRefused
-
-
-class ToolObservedBody(_Body):
-    kind: Literal["tool.observed"]
-    data: ToolObserved
-
-
-ReceiptBody = Annotated[
-    LoopOpenedBody
-    | TurnClaimedBody
-    | ClaimRefusedBody
-    | RequestRefusedBody
-    | LeaseRenewedBody
-    | LeaseExpiredBody
-    | TurnReportedBody
-    | TurnRefusedBody
-    | ApprovalRequestedBody
-    | ApprovalDecidedBody
-    | TodoAddedBody
-    | LoopStatusChangedBody
-    | LoopStoppedBody
-    | HostAttachedBody
-    | ToolAdmittedBody
-    | ToolRefusedBody
-    | ToolObservedBody,
-    Field(discriminator="kind"),
-]
-"""The signed payload of every receipt: one body class per kind, chosen by `kind`."""
-
-BODY_TYPES: dict[str, type[_Body]] = {
-    kind: cls
-    for cls in _Body.__subclasses__()
-    for kind in get_args(cls.model_fields["kind"].annotation)
-}
-"""Each kind's body class (a kind's data model is its body's `data` annotation)."""
-DATA_MODELS: dict[str, type[Fact]] = {
-    kind: cast(type[Fact], cls.model_fields["data"].annotation) for kind, cls in BODY_TYPES.items()
-}
-
-
-@functools.cache
-def _body_adapter() -> TypeAdapter[ReceiptBody]:
-    """The union's validator, built once on first use (see `Fact`)."""
-    return TypeAdapter[ReceiptBody](ReceiptBody)
-
-
-def parse_body(value: Any) -> ReceiptBody:
-    """Validate a decoded receipt payload (raises pydantic `ValidationError`)."""
-    return _body_adapter().validate_python(value)
-
-
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def parse_payload(payload: bytes) -> ReceiptBody | None:
-    """The typed body of a payload in one pass (pydantic parses and validates the JSON bytes),
-    or None where that pass fails, or might read it differently from `json.loads` then
-    `parse_body`: the caller then takes those two steps, which say what is wrong. Those are
-    NaN and Infinity (which `json.loads` reads and a payload may not hold) and escaped
-    surrogates; every payload this returns a body for, the two steps read as the same body (a
-    property test holds it)."""
-    if b"NaN" in payload or b"Infinity" in payload:
-        return None
-    if b"\\u" in payload and _SURROGATE.search(payload):
-        return None
-    try:
-        return _body_adapter().validate_json(payload)
-    except ValidationError:
-        return None
-
-
-def make_body(kind: ReceiptKind | str, **fields: Any) -> ReceiptBody:
-    """Build the body of one kind from already-typed parts (validated like any parsed body)."""
-    return cast(ReceiptBody, BODY_TYPES[kind].model_validate({"kind": str(kind), **fields}))

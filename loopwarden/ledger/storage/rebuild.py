@@ -14,8 +14,8 @@ from __future__ import annotations
 from loopwarden.errors import IntegrityError
 from loopwarden.ledger.log.integrity import LOG_MAC, RECORD_MAC, TOKEN_MAC, Integrity
 from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import parse_body
 from loopwarden.ledger.state.fold import FoldError, apply
+from loopwarden.ledger.state.registry import parse_body
 from loopwarden.ledger.state.rows import LoopView, diff_views
 from loopwarden.ledger.storage.dialect import Connection
 from loopwarden.ledger.storage.reader import LEGACY_FIELDS, PolicyCache, Reader, unpack_response

@@ -23,14 +23,9 @@ from loopwarden.ledger.log.checkpoints import sign_checkpoint
 from loopwarden.ledger.log.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC, Integrity
 from loopwarden.ledger.log.keys import Signer
 from loopwarden.ledger.log.receipts import Sealed, seal
-from loopwarden.ledger.state.events import (
-    LoopOpened,
-    ReceiptBody,
-    ReceiptData,
-    ReceiptKind,
-    make_body,
-)
+from loopwarden.ledger.state.events import Fact, LoopOpened, ReceiptBody, ReceiptKind
 from loopwarden.ledger.state.fold import apply, touched
+from loopwarden.ledger.state.registry import make_body
 from loopwarden.ledger.state.rows import LoopRow, LoopView
 from loopwarden.ledger.storage.dialect import POSTGRESQL, SQLITE, Connection, Dialect, qmarks
 from loopwarden.ledger.storage.guard import GuardedReader, loop_mac_values, row_leaf
@@ -158,7 +153,7 @@ class Txn(ProjectionWriter):
         loop_id: str,
         kind: ReceiptKind,
         principal: Principal,
-        data: ReceiptData,
+        data: Fact,
         *,
         decision: Decision | None = None,
         policy_digest: str | None = None,

@@ -1,0 +1,226 @@
+"""The judge's shared ground: verdicts, what it keeps of each loop, and the checks several kinds
+make (a refusal's special cases, the same reasons as the policy's, a turn's liveness).
+
+Each kind's judge rule (`kinds/`) is written with these; the driver that walks a journal and
+asks each kind's rule is `judge.py`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from loopwarden.clock import format_time, parse_time
+from loopwarden.ledger.state import rules
+from loopwarden.ledger.state.events import ReceiptBody, TurnRefused, TurnReport
+from loopwarden.ledger.state.rows import LoopView, TurnRow
+from loopwarden.policy import decision as codes
+from loopwarden.policy.decision import Reason
+from loopwarden.policy.evaluate import (
+    ClaimFacts,
+    TodoAddFacts,
+    evaluate_report,
+    evaluate_stop,
+    turn_reasons,
+)
+from loopwarden.policy.model import LoopPolicy
+
+SPECIAL = ({codes.NOT_TURN_OWNER}, {codes.AGENT_NOT_ALLOWED}, {codes.IDEMPOTENCY_CONFLICT})
+"""Refusals decided before the policy is read: another agent's turn, an outsider, a reused key."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rule: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Owed:
+    """A stop an update owes: for a violation (`on_violation = "stop_loop"`) or for whatever
+    stop rule fires after its report, judged at the update's time."""
+
+    why: str  # "violation" | "stop_rules"
+    at: str
+
+
+@dataclass
+class LoopRecord:
+    """What the judge keeps of one loop beside its replayed view."""
+
+    claims: list[str] = field(default_factory=list)  # every claim time, sorted
+    owed: Owed | None = None
+    swept: dict[str, TurnRow] = field(default_factory=dict)  # turns as they were before a sweep
+
+
+@dataclass
+class Judging:
+    """One receipt being judged: the loop's record, the keys used so far in the journal, and
+    whether the stop for a violation was owed when the receipt came."""
+
+    record: LoopRecord
+    keys: set[tuple[str, str]]
+    keys_known: bool
+    violation_owed: bool = False
+
+    def remember_claim(self, at: str) -> None:
+        bisect.insort(self.record.claims, at)
+
+
+# --- facts -----------------------------------------------------------------------------------
+
+
+def codes_of(body: ReceiptBody) -> set[str]:
+    return {r.code for r in body.decision.reasons}
+
+
+def outsider(found: set[str]) -> bool:
+    """An outsider's refusal: not admitted, perhaps with the count of those left unsealed."""
+    return found - {codes.REFUSALS_SUPPRESSED} == {codes.AGENT_NOT_ALLOWED}
+
+
+def _window(record: LoopRecord, policy: LoopPolicy, at: str) -> int:
+    if policy.rate.window_seconds is None:
+        return 0
+    since = format_time(parse_time(at) - timedelta(seconds=policy.rate.window_seconds))
+    return len(record.claims) - bisect.bisect_right(record.claims, since)
+
+
+def claim_facts(record: LoopRecord, view: LoopView, body: ReceiptBody) -> ClaimFacts:
+    open_turns = [view.turns[t] for t in view.loop.open_turns]
+    window = _window(record, view.policy, body.at)
+    return rules.claim_facts(
+        view.loop,
+        open_turns,
+        window,
+        body.principal.id,
+        parse_time(body.at),
+        body.at,
+        view.policy.claims.lease_seconds,
+    )
+
+
+def todo_facts(view: LoopView, body: ReceiptBody) -> TodoAddFacts:
+    is_operator = body.principal.role == "operator"
+    return TodoAddFacts(body.principal.id, is_operator, view.loop.status, view.loop.todo_total)
+
+
+def report_codes(
+    view: LoopView, body: ReceiptBody, data: TurnReport, turn: TurnRow
+) -> tuple[str, ...]:
+    """The reasons the policy gives against a report on `turn` (none if it admits it)."""
+    facts = rules.report_facts(
+        body.principal.id, view.loop, turn, view.todos.get(turn.todo_id), view.approvals,
+        data, parse_time(body.at), body.at,
+    )  # fmt: skip
+    decision = evaluate_report(view.policy, facts, digest="")
+    return () if decision.allowed else decision.codes  # an allow's reasons are warnings
+
+
+def charged(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict]:
+    """A report that records its tool-call charge must charge what the rules say (receipts of
+    0.1.0 record none and charged usage.tool_calls, which the fold repeats)."""
+    turn = view.turns.get(data.turn_id)
+    if data.tool_calls_charged is None or turn is None or body.principal.id != turn.agent:
+        return []
+    expected = rules.tool_calls_charged(data, data.usage.tool_calls, turn)
+    if data.tool_calls_charged == expected:
+        return []
+    return [
+        Verdict(
+            "charge", f"charged {data.tool_calls_charged} tool calls where the rules say {expected}"
+        )
+    ]
+
+
+def turn_problems(
+    view: LoopView, turn: TurnRow, body: ReceiptBody, fence: int | None = None
+) -> list[Reason]:
+    """Why the caller could not act on `turn` at the receipt's time, with the fence it sent
+    (the turn's own, when the receipt does not record one)."""
+    return turn_reasons(
+        agent=body.principal.id, loop_status=view.loop.status, turn_agent=turn.agent,
+        turn_status=turn.status, turn_fence=turn.fence, todo_fence=view.todos[turn.todo_id].fence,
+        given_fence=turn.fence if fence is None else fence,
+        lease_expires_at=parse_time(turn.lease_expires_at), now=parse_time(body.at),
+    )  # fmt: skip
+
+
+def verdicts(found: tuple[str, ...], what: str) -> list[Verdict]:
+    return [Verdict(code, f"{what} against {code}") for code in found]
+
+
+def same(body: ReceiptBody, expected: tuple[str, ...], what: str) -> list[Verdict]:
+    """A refusal must be the one the policy gives, for the same reasons."""
+    if not expected:
+        return [Verdict(f"{what}_refused", f"the policy admitted this {what}, but it was refused")]
+    if set(expected) != codes_of(body):
+        found, due = ", ".join(sorted(codes_of(body))), ", ".join(sorted(expected))
+        return [Verdict(f"{what}_reasons", f"refused for {found}; the policy says {due}")]
+    return []
+
+
+def missing_stop(owed: Owed | None, view: LoopView) -> Verdict | None:
+    """The stop an update owed and the journal lacks, judged on the state right before the
+    receipt that should have been it (or at the end of the journal)."""
+    if owed is None or view.loop.status.closed:
+        return None
+    if owed.why == "violation":
+        return Verdict(
+            "stop_missing", "a policy violation was refused without the stop it requires"
+        )
+    due = evaluate_stop(view.policy, rules.stop_facts(view.loop, parse_time(owed.at)))
+    if due is None:
+        return None
+    return Verdict("stop_missing", f"{due.code} fired after the report and no stop was sealed")
+
+
+# --- refusals --------------------------------------------------------------------------------
+
+
+def refused_turn(ctx: Judging, view: LoopView, body: ReceiptBody) -> TurnRow | None:
+    """The turn a refusal is about, as it was when the refusal was decided: a refusal for an
+    expired lease was decided before the sweep that released it (and comes right after it)."""
+    turn_id = body.turn_id or ""
+    if codes.LEASE_EXPIRED in codes_of(body) and turn_id in ctx.record.swept:
+        return ctx.record.swept[turn_id]
+    return view.turns.get(turn_id)
+
+
+def refusal_first(
+    ctx: Judging, view: LoopView, body: ReceiptBody, turn: TurnRow | None
+) -> list[Verdict] | None:
+    """What every refusal is judged on before its own rule: it records a deny, and if it was
+    decided before the policy was read (an outsider, another agent's turn, a reused key), that
+    it is one of those. None when the refusal's own rule decides."""
+    if body.decision.effect != "deny":
+        return [Verdict("effect", f"{body.kind} records an allow")]
+    found = codes_of(body)
+    owner = turn is None or body.principal.id == turn.agent
+    was_charged = isinstance(body.data, TurnRefused) and body.data.charged
+    if not owner and found not in SPECIAL and not outsider(found):
+        return [Verdict("not_turn_owner", "another agent's turn was refused for other reasons")]
+    if outsider(found) and body.principal.role != "operator":
+        admitted = view.policy.admits_agent(body.principal.id)
+        return (
+            [Verdict("outsider", "an admitted agent was refused as an outsider")]
+            if admitted
+            else []
+        )
+    if found == {codes.IDEMPOTENCY_CONFLICT}:
+        used = (body.principal.id, body.idempotency_key or "") in ctx.keys
+        return (
+            [Verdict("idempotency", "refused for a key never used")]
+            if ctx.keys_known and not used
+            else []
+        )
+    if found == {codes.NOT_TURN_OWNER} or not owner:
+        if owner:
+            return [Verdict("not_turn_owner", "the turn's owner was refused as another agent")]
+        return (
+            [Verdict("charged", "another agent's refused report was charged")]
+            if was_charged
+            else []
+        )
+    return None

@@ -1,0 +1,109 @@
+"""Approvals: requested by an agent for an approval-gated tool, decided by an operator."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from loopwarden.clock import parse_time
+from loopwarden.ledger.state.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    ReceiptBody,
+    ReceiptKind,
+)
+from loopwarden.ledger.state.folding import FoldError, next_slot, open_turn, row_of
+from loopwarden.ledger.state.judging import Judging, Verdict, turn_problems, verdicts
+from loopwarden.ledger.state.rows import ApprovalRow, LoopView, Touched, replace
+from loopwarden.ledger.state.spec import AGENTS, OPERATORS, KindSpec
+from loopwarden.policy import decision as codes
+from loopwarden.policy.evaluate import explain, tool_reasons
+from loopwarden.statuses import ApprovalStatus
+
+MAX_APPROVAL = timedelta(days=30)
+
+
+def _touches_requested(body: ReceiptBody, data: ApprovalRequested) -> Touched:
+    return Touched(turns=frozenset([data.turn_id]))
+
+
+def _requested(view: LoopView, body: ReceiptBody, f: ApprovalRequested) -> None:
+    open_turn(view, f.turn_id)
+    view.approvals[f.approval_id] = ApprovalRow(
+        approval_id=f.approval_id,
+        loop_id=view.loop.loop_id,
+        turn_id=f.turn_id,
+        todo_id=f.todo_id,
+        tool=f.tool,
+        summary=f.summary,
+        artifact_digest=f.artifact_digest,
+        status=ApprovalStatus.PENDING,
+        requested_by=body.principal.id,
+        requested_at=body.at,
+        decided_by=None,
+        decided_at=None,
+        expires_at=None,
+        reason=None,
+        consumed_by=None,
+        slot=next_slot(view),
+    )
+
+
+def _judge_requested(
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: ApprovalRequested
+) -> list[Verdict]:
+    reasons = [r.code for r in turn_problems(view, view.turns[data.turn_id], body)]
+    verdict = explain(view.policy, data.tool)
+    if verdict.rule != "approval":
+        tool = [r.code for r in tool_reasons(view.policy, [data.tool], frozenset())]
+        reasons += tool or [codes.APPROVAL_NOT_NEEDED]
+    return verdicts(tuple(reasons), "approval requested")
+
+
+def _touches_decided(body: ReceiptBody, data: ApprovalDecided) -> Touched:
+    return Touched(approvals=frozenset([data.approval_id]))
+
+
+def _decided(view: LoopView, body: ReceiptBody, f: ApprovalDecided) -> None:
+    approval: ApprovalRow = row_of(view.approvals, f.approval_id, "approval")
+    if approval.status != ApprovalStatus.PENDING:
+        raise FoldError(f"approval {f.approval_id!r} is already {approval.status}")
+    view.approvals[f.approval_id] = replace(
+        approval,
+        status=ApprovalStatus.APPROVED if f.approved else ApprovalStatus.REJECTED,
+        decided_by=body.principal.id,
+        decided_at=body.at,
+        expires_at=f.expires_at,
+        reason=f.reason,
+    )
+
+
+def _judge_decided(
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: ApprovalDecided
+) -> list[Verdict]:
+    """An operator's decision; an approval lasts from a second to 30 days."""
+    if data.expires_at is None:
+        return []
+    at, expires = parse_time(body.at), parse_time(data.expires_at)
+    if not at < expires <= at + MAX_APPROVAL:
+        return [Verdict("approval_expiry", "approved for less than a second or more than 30 days")]
+    return []
+
+
+SPECS = (
+    KindSpec(
+        ReceiptKind.APPROVAL_REQUESTED,
+        ApprovalRequested,
+        callers=AGENTS,
+        touches=_touches_requested,
+        fold=_requested,
+        judge=_judge_requested,
+    ),
+    KindSpec(
+        ReceiptKind.APPROVAL_DECIDED,
+        ApprovalDecided,
+        callers=OPERATORS,
+        touches=_touches_decided,
+        fold=_decided,
+        judge=_judge_decided,
+    ),
+)

@@ -1,0 +1,192 @@
+"""What an agent's host saw through its hooks: a session attached, a tool call admitted or
+refused before it ran, and the call observed after it ran (docs/hooks.md)."""
+
+from __future__ import annotations
+
+from loopwarden.ledger.state import rules
+from loopwarden.ledger.state.events import (
+    HostAttached,
+    ReceiptBody,
+    ReceiptKind,
+    ToolAdmitted,
+    ToolCall,
+    ToolObserved,
+    ToolRefused,
+)
+from loopwarden.ledger.state.folding import FoldError, open_turn
+from loopwarden.ledger.state.judging import Judging, Verdict, codes_of, verdicts
+from loopwarden.ledger.state.rows import LoopView, Touched, TurnRow, replace
+from loopwarden.ledger.state.spec import OBSERVERS, KindSpec
+from loopwarden.policy import decision as codes
+from loopwarden.policy.evaluate import evaluate_tool_call
+from loopwarden.policy.hosts import SHELL, policy_tool
+
+COMMAND_CODES = frozenset(
+    {codes.COMMAND_DENIED, codes.COMMAND_NOT_ALLOWED, codes.COMMAND_UNREADABLE}
+)
+"""Reasons decided on a command line, which receipts do not carry (only the input's digest)."""
+
+
+def _touches(body: ReceiptBody, data: object) -> Touched:
+    return Touched(turns=frozenset([body.turn_id])) if body.turn_id is not None else Touched()
+
+
+# --- the fold ----------------------------------------------------------------------------------
+
+
+def _host_seen(
+    view: LoopView, body: ReceiptBody, f: HostAttached | ToolCall | ToolObserved
+) -> None:
+    """Every hook receipt records the host session the agent's hooks speak from."""
+    hosts = {**view.loop.hosts, body.principal.id: (f.host, f.session_id, body.at)}
+    view.loop = replace(view.loop, hosts=hosts)
+
+
+def _hook_turn(view: LoopView, body: ReceiptBody) -> TurnRow | None:
+    """The turn a hook receipt names: open, and the receipt's agent's."""
+    if body.turn_id is None:
+        return None
+    turn: TurnRow = open_turn(view, body.turn_id)
+    if turn.agent != body.principal.id:
+        raise FoldError(f"turn {body.turn_id!r} is not {body.principal.id}'s")
+    return turn
+
+
+def _tool_seen(view: LoopView, body: ReceiptBody, f: ToolCall | ToolObserved) -> None:
+    """A hook's pre-tool admission, refusal, or post-tool observation: counted on the turn."""
+    _host_seen(view, body, f)
+    turn = _hook_turn(view, body)
+    if turn is None:
+        return
+    if isinstance(f, ToolRefused):
+        view.turns[turn.turn_id] = replace(turn, refusals=turn.refusals + 1)
+        return
+    admitted, ran = turn.observed.get(f.tool, (0, 0))
+    seen = (admitted + 1, ran) if isinstance(f, ToolAdmitted) else (admitted, ran + 1)
+    view.turns[turn.turn_id] = replace(turn, observed={**turn.observed, f.tool: seen})
+
+
+# --- the judge ---------------------------------------------------------------------------------
+
+
+def _observing(view: LoopView, body: ReceiptBody) -> list[Verdict]:
+    """Every hook receipt: in a loop that observes, naming the agent's open turn (or none if
+    it held none)."""
+    if view.policy.observe_mode == "off":
+        return [Verdict("observe_off", f"{body.kind} in a loop that observes no host")]
+    open_turns = [view.turns[t] for t in view.loop.open_turns]
+    turn = rules.agent_turn(open_turns, body.principal.id)
+    if body.turn_id != (turn.turn_id if turn is not None else None):
+        return [Verdict("hook_turn", "it does not name the agent's open turn")]
+    return []
+
+
+def _named(view: LoopView, data: ToolCall | ToolObserved) -> list[Verdict]:
+    """The tool is named by the host's mapping (the policy's overrides first)."""
+    overrides = view.policy.observe.names.get(data.host) if view.policy.observe else None
+    if data.tool != policy_tool(data.host, data.host_tool, overrides):
+        return [Verdict("tool_name", f"{data.host_tool} is not {data.tool} on {data.host}")]
+    return []
+
+
+def _expected(view: LoopView, body: ReceiptBody, data: ToolCall) -> set[str]:
+    """The reasons the rules give against the call now (command rules aside: the line is not
+    kept, only its digest)."""
+    open_turns = [view.turns[t] for t in view.loop.open_turns]
+    facts = rules.tool_call_facts(
+        view.loop, open_turns, view.approvals.values(), body.principal.id,
+        (data.host_tool, data.tool, None), body.at,
+    )  # fmt: skip
+    return set(evaluate_tool_call(view.policy, facts, digest="").codes) - COMMAND_CODES
+
+
+def _judge_attached(
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: HostAttached
+) -> list[Verdict]:
+    return _observing(view, body)
+
+
+def _judge_observed(
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: ToolCall | ToolObserved
+) -> list[Verdict]:
+    found = _observing(view, body)
+    if found and found[0].rule == "observe_off":
+        return found
+    return found + _named(view, data)
+
+
+def _judge_admitted(
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: ToolAdmitted
+) -> list[Verdict]:
+    found = _judge_observed(ctx, view, body, data)
+    if found and found[0].rule == "observe_off":
+        return found
+    if body.decision.effect != "allow":
+        found.append(Verdict("effect", "an admission records a deny"))
+    return found + verdicts(tuple(sorted(_expected(view, body, data))), "tool admitted")
+
+
+def _judge_refused(
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: ToolRefused
+) -> list[Verdict]:
+    found = _judge_observed(ctx, view, body, data)
+    if found and found[0].rule == "observe_off":
+        return found
+    mode = view.policy.observe_mode
+    if body.decision.effect != "deny":
+        found.append(Verdict("effect", "a tool refusal records an allow"))
+    if data.enforced != (mode == "enforce"):
+        found.append(Verdict("enforced", f"enforced={data.enforced} under mode {mode}"))
+    recorded, expected = codes_of(body), _expected(view, body, data)
+    commands = recorded & COMMAND_CODES
+    rules_commands = data.tool == SHELL and view.policy.tools.commands is not None
+    if (recorded - COMMAND_CODES) != expected or (commands and not rules_commands):
+        found.append(
+            Verdict(
+                "tool_refused", f"refused for {sorted(recorded)}; the rules give {sorted(expected)}"
+            )
+        )
+    return found
+
+
+SPECS = (
+    KindSpec(
+        ReceiptKind.HOST_ATTACHED,
+        HostAttached,
+        callers=OBSERVERS,
+        touches=_touches,
+        fold=_host_seen,
+        judge=_judge_attached,
+        host=True,
+    ),
+    KindSpec(
+        ReceiptKind.TOOL_ADMITTED,
+        ToolAdmitted,
+        callers=OBSERVERS,
+        touches=_touches,
+        fold=_tool_seen,
+        judge=_judge_admitted,
+        host=True,
+    ),
+    KindSpec(
+        ReceiptKind.TOOL_REFUSED,
+        ToolRefused,
+        callers=OBSERVERS,
+        touches=_touches,
+        fold=_tool_seen,
+        judge=_judge_refused,
+        host=True,
+        refusal=True,
+        after_close=True,
+    ),
+    KindSpec(
+        ReceiptKind.TOOL_OBSERVED,
+        ToolObserved,
+        callers=OBSERVERS,
+        touches=_touches,
+        fold=_tool_seen,
+        judge=_judge_observed,
+        host=True,
+        after_close=True,
+    ),
+)

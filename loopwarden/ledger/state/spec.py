@@ -1,0 +1,70 @@
+"""A receipt kind's spec: everything that says what one kind is and how it applies.
+
+One `KindSpec` per `ReceiptKind`, declared beside its fold step and judge rule (`kinds/`), and
+collected in one registry (`registry.py`) from which every set of kinds and the body union are
+derived. A spec names: the kind's data model, the rows it touches, how the fold applies it, how
+the judge rules on its decision, the roles that may cause it, and whether it records a refusal,
+is sealed by a host's hooks, or is still taken by a closed loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from loopwarden.ledger.state.events import Fact, ReceiptBody, ReceiptKind
+from loopwarden.ledger.state.rows import LoopView, Touched
+from loopwarden.principals import ROLES, Role
+
+if TYPE_CHECKING:
+    from loopwarden.ledger.state.judging import Judging, Verdict
+
+Touches = Callable[[ReceiptBody, Any], Touched]
+"""The existing rows a receipt (its body and data) reads or changes."""
+Fold = Callable[[LoopView, ReceiptBody, Any], None]
+"""Apply one receipt to a loop's view (mutating it); raises `FoldError` if it is impossible."""
+Open = Callable[[ReceiptBody, Any], LoopView]
+"""Make a loop's first view from its opening receipt."""
+Rule = Callable[["Judging", LoopView, ReceiptBody, Any], "list[Verdict]"]
+"""Judge a receipt's recorded decision against the replayed view before it is folded."""
+OpenRule = Callable[[ReceiptBody, Any], "list[Verdict]"]
+"""Judge an opening receipt (there is no view yet)."""
+Remember = Callable[["Judging", LoopView, ReceiptBody, Any], None]
+"""After the fold: what later receipts of the loop are judged against."""
+
+ANYONE: frozenset[Role] = frozenset(ROLES)
+AGENTS: frozenset[Role] = frozenset({"agent", "operator"})  # an agent, or an operator acting
+OPERATORS: frozenset[Role] = frozenset({"operator"})
+OBSERVERS: frozenset[Role] = frozenset({"observer"})  # a host's hooks, for one agent
+
+
+def no_rows(body: ReceiptBody, data: Any) -> Touched:
+    return Touched()
+
+
+@dataclass(frozen=True)
+class Opening:
+    """How an opening kind (`loop.opened`) makes a view, and how its decision is judged."""
+
+    view: Open
+    judge: OpenRule
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """One receipt kind: see the module docstring. Exactly one of `fold` and `opens` is set;
+    a spec without a `judge` rule (or an `opens.judge`) is judged `unjudged`, never legal."""
+
+    kind: ReceiptKind
+    data: type[Fact]
+    callers: frozenset[Role]
+    touches: Touches = no_rows
+    fold: Fold | None = None
+    judge: Rule | None = None
+    opens: Opening | None = None
+    remember: Remember | None = None
+    refusal: bool = False
+    host: bool = False
+    after_close: bool = False
+    sweeps: bool = False  # releases a stale turn (a refusal right after may be about it)
