@@ -17,6 +17,7 @@ import copy
 import json
 import sqlite3
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import pytest
 from conftest import BUILDER, OPERATOR, REVIEWER
 from support import cli_env, control_loop, loopwarden, make_policy
 
+from loopwarden.clock import ManualClock
 from loopwarden.hooks.handle import handle
 from loopwarden.hooks.install import Target, merged
 from loopwarden.ledger.audit.database import audit
@@ -478,7 +480,11 @@ def test_the_entry_point_knows_every_host():
 # --- a real `loopwarden hook HOST` process per host -----------------------------------------
 
 
-async def _home_with_turn(home: Path, store: Store) -> ClaimResult:
+async def _home_with_turn(store: Store, clock: ManualClock) -> ClaimResult:
+    """A loop with the builder's turn claimed now: a real hook process reads the system clock,
+    so the store's clock is set to it (a turn claimed at the test clock's epoch would have an
+    expired lease, on which no tool runs)."""
+    clock.set(datetime.now(UTC))
     await opened(store)
     return await attached_claim(store)
 
@@ -534,8 +540,8 @@ async def test_a_real_hook_process_fails_closed(home, store, tmp_path, host):
     assert not (tmp_path / "no-such-home").exists(), "a hook never creates a home"
 
 
-async def test_codex_never_sees_a_bare_allow(home, store):
-    await _home_with_turn(home, store)
+async def test_codex_never_sees_a_bare_allow(home, store, clock):
+    await _home_with_turn(store, clock)
     raw = (FIXTURES / "codex" / "PreToolUse-bash.json").read_bytes()
     done = hook_process(home, "codex", raw)
     assert (done.returncode, done.stdout) == (0, b""), "an allow is silence, never 'allow'"
@@ -550,9 +556,9 @@ def store_arg(backend: str, store_url: str) -> str:
 
 @pytest.mark.backends
 async def test_a_real_hook_process_decides_on_the_store_it_is_given(
-    home, store, backend, store_url
+    home, store, clock, backend, store_url
 ):
-    await _home_with_turn(home, store)
+    await _home_with_turn(store, clock)
     given = store_arg(backend, store_url)
     read = (FIXTURES / "claude-code" / "PreToolUse-read.json").read_bytes()
     allowed = hook_process(home, "claude-code", read, store=given)
@@ -565,8 +571,8 @@ async def test_a_real_hook_process_decides_on_the_store_it_is_given(
 
 
 @pytest.mark.backends
-async def test_a_damaged_store_blocks_every_call(home, store, backend, store_url):
-    await _home_with_turn(home, store)
+async def test_a_damaged_store_blocks_every_call(home, store, clock, backend, store_url):
+    await _home_with_turn(store, clock)
     if backend == "sqlite":
         conn = sqlite3.connect(home / "loopwarden.db")
         conn.execute("UPDATE loops SET turns = 0")

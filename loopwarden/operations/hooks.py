@@ -250,6 +250,7 @@ def _observed(call: Call[Txn], req: HookEvent, tool: str, turn: TurnRow | None) 
         response_digest=req.response_digest,
         errored=req.errored,
         duration_ms=req.duration_ms,
+        charged=turn is None,
     )
     receipt_id = _seal(call, ReceiptKind.TOOL_OBSERVED, data, turn)
     return _answer(ALLOW, block=False, binding=False, tool=tool, turn=turn, receipt_id=receipt_id)

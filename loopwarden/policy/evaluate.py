@@ -346,6 +346,7 @@ class ToolCallFacts:
     command: str | None  # the command line, for shell.run
     approved: frozenset[str]  # tools covered by the turn's approved, unexpired approvals
     tool_calls: int  # tool calls charged in the loop plus those observed in its open turns
+    lease_expired: bool = False  # the turn's lease has run out (not yet swept by a claim)
 
 
 def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
@@ -363,6 +364,14 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
                 codes.NO_OPEN_TURN,
                 f"claim a turn first: call loopwarden's claim tool for loop {facts.loop_id}, "
                 f"then retry {facts.host_tool}",
+            )
+        ]
+    if facts.lease_expired:
+        return [
+            Reason(
+                codes.LEASE_EXPIRED,
+                f"your lease on turn {facts.turn_id} has run out: no tool may run on it; call "
+                f"loopwarden's claim tool for loop {facts.loop_id} to start a new turn",
             )
         ]
     reasons = []

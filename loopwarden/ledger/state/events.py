@@ -296,6 +296,10 @@ class ToolObserved(Fact):
     response_digest: Digest
     errored: bool = False
     duration_ms: Amount | None = None
+    # A call the host ran outside any turn of the agent (`record` mode lets it run) is charged
+    # against max_tool_calls when it is observed; in a turn, the report charges it. Absent in
+    # receipts before this field, which charged nothing outside turns.
+    charged: bool | None = None
 
 
 class LoopStatusChanged(Fact):

@@ -195,6 +195,7 @@ def tool_call_facts(
         command=command,
         approved=approved,
         tool_calls=loop.totals.tool_calls + sum(t.observed_total for t in open_turns),
+        lease_expired=turn is not None and turn.lease_expires_at < now_text,
     )
 
 

@@ -18,6 +18,7 @@ from loopwarden.ledger.state.judging import Judging, Verdict, codes_of, verdicts
 from loopwarden.ledger.state.rows import LoopView, Touched, TurnRow, replace
 from loopwarden.ledger.state.spec import OBSERVERS, KindSpec
 from loopwarden.policy import decision as codes
+from loopwarden.policy.budgets import Totals
 from loopwarden.policy.evaluate import evaluate_tool_call
 from loopwarden.policy.hosts import SHELL, policy_tool
 
@@ -53,10 +54,13 @@ def _hook_turn(view: LoopView, body: ReceiptBody) -> TurnRow | None:
 
 
 def _tool_seen(view: LoopView, body: ReceiptBody, f: ToolCall | ToolObserved) -> None:
-    """A hook's pre-tool admission, refusal, or post-tool observation: counted on the turn."""
+    """A hook's pre-tool admission, refusal, or post-tool observation: counted on the turn, or
+    for a call that ran outside any turn, charged to the loop when it is observed."""
     _host_seen(view, body, f)
     turn = _hook_turn(view, body)
     if turn is None:
+        if isinstance(f, ToolObserved) and f.charged:
+            view.loop = replace(view.loop, totals=view.loop.totals.plus(Totals(tool_calls=1)))
         return
     if isinstance(f, ToolRefused):
         view.turns[turn.turn_id] = replace(turn, refusals=turn.refusals + 1)
@@ -70,13 +74,17 @@ def _tool_seen(view: LoopView, body: ReceiptBody, f: ToolCall | ToolObserved) ->
 
 
 def _observing(view: LoopView, body: ReceiptBody) -> list[Verdict]:
-    """Every hook receipt: in a loop that observes, naming the agent's open turn (or none if
-    it held none)."""
+    """Every hook receipt: in a loop that observes; a tool receipt naming the agent's open turn
+    (or none if it held none), an attachment naming none (a session is not a turn's)."""
     if view.policy.observe_mode == "off":
         return [Verdict("observe_off", f"{body.kind} in a loop that observes no host")]
-    open_turns = [view.turns[t] for t in view.loop.open_turns]
-    turn = rules.agent_turn(open_turns, body.principal.id)
-    if body.turn_id != (turn.turn_id if turn is not None else None):
+    if body.kind == ReceiptKind.HOST_ATTACHED:
+        due = None
+    else:
+        open_turns = [view.turns[t] for t in view.loop.open_turns]
+        turn = rules.agent_turn(open_turns, body.principal.id)
+        due = turn.turn_id if turn is not None else None
+    if body.turn_id != due:
         return [Verdict("hook_turn", "it does not name the agent's open turn")]
     return []
 
@@ -112,7 +120,11 @@ def _judge_observed(
     found = _observing(view, body)
     if found and found[0].rule == "observe_off":
         return found
-    return found + _named(view, data)
+    found += _named(view, data)
+    charged = data.charged if isinstance(data, ToolObserved) else None
+    if charged is not None and charged != (body.turn_id is None):
+        found.append(Verdict("charge", "a call observed outside a turn is charged, in one not"))
+    return found
 
 
 def _judge_admitted(
