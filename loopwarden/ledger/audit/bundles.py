@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.errors import IntegrityError, LoopwardenError
 from loopwarden.ledger.audit.database import judged
-from loopwarden.ledger.audit.findings import ENVELOPE_PROBLEMS, Report
+from loopwarden.ledger.audit.findings import ENVELOPE_PROBLEMS, FindingCode, Report
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.checkpoints import Checkpoint, open_checkpoint
 from loopwarden.ledger.log.keys import Keyring, Signer, decode_public_key, public_key_b64
@@ -153,7 +153,7 @@ def _parts(bundle: Any, trusted: Keyring | None, report: Report) -> _Parts | Non
         binascii.Error,
         LoopwardenError,
     ) as exc:
-        report.add("bundle_malformed", f"the bundle cannot be read: {exc}")
+        report.add(FindingCode.BUNDLE_MALFORMED, f"the bundle cannot be read: {exc}")
         return None
 
 
@@ -166,17 +166,23 @@ def _check_signed(parts: _Parts, origin: object, report: Report) -> Checkpoint:
     except LoopwardenError:
         manifest_ok = False
     if parts.manifest_key not in parts.keyring:
-        report.add("manifest_unknown_key", "the manifest is signed by an untrusted key")
+        report.add(FindingCode.MANIFEST_UNKNOWN_KEY, "the manifest is signed by an untrusted key")
     elif not manifest_ok:
-        report.add("manifest_signature_invalid", "the manifest signature does not verify")
+        report.add(FindingCode.MANIFEST_SIGNATURE_INVALID, "the manifest signature does not verify")
     signed = open_checkpoint(parts.note, parts.keyring)
     report.tree_size = signed.size
     if signed.problem == "unknown_key":
-        report.add("checkpoint_unknown_key", "the checkpoint is signed by an untrusted key")
+        report.add(
+            FindingCode.CHECKPOINT_UNKNOWN_KEY, "the checkpoint is signed by an untrusted key"
+        )
     elif not signed.verified:
-        report.add("checkpoint_signature_invalid", "the checkpoint signature does not verify")
+        report.add(
+            FindingCode.CHECKPOINT_SIGNATURE_INVALID, "the checkpoint signature does not verify"
+        )
     if signed.origin != origin:
-        report.add("checkpoint_malformed", "the checkpoint's origin is not the bundle's origin")
+        report.add(
+            FindingCode.CHECKPOINT_MALFORMED, "the checkpoint's origin is not the bundle's origin"
+        )
     return signed
 
 
@@ -202,7 +208,9 @@ def _read_item(
         leaf_index = int(item["leaf_index"])
         proof = [base64.b64decode(h, validate=True) for h in item["inclusion_proof"]]
     except (KeyError, TypeError, ValueError, binascii.Error):
-        report.add("bundle_malformed", f"receipt #{position} is malformed", position=position)
+        report.add(
+            FindingCode.BUNDLE_MALFORMED, f"receipt #{position} is malformed", position=position
+        )
         return None
     where = {"position": position, "leaf_index": leaf_index}
     opened = open_envelope(envelope, parts.keyring)
@@ -216,7 +224,9 @@ def _read_item(
         logged = True  # an edited checkpoint proves nothing either way; its one finding says so
     if not logged and not opened.problems:
         report.add(
-            "inclusion_invalid", f"receipt #{position} is not in the checkpointed log", **where
+            FindingCode.INCLUSION_INVALID,
+            f"receipt #{position} is not in the checkpointed log",
+            **where,
         )
     return _Item(envelope, opened, where, altered=bool(opened.problems) or not logged)
 
@@ -250,12 +260,16 @@ def _replay(parts: _Parts, signed: Checkpoint, report: Report) -> _Replayed:
             body = parse_body(item.opened.body)
         except ValidationError:
             report.add(
-                "schema_invalid", f"receipt #{position} does not match the receipt schema", **where
+                FindingCode.SCHEMA_INVALID,
+                f"receipt #{position} does not match the receipt schema",
+                **where,
             )
             break
         if body.loop_id != report.loop_id:
             report.add(
-                "index_mismatch", f"receipt #{position} belongs to loop {body.loop_id}", **where
+                FindingCode.INDEX_MISMATCH,
+                f"receipt #{position} belongs to loop {body.loop_id}",
+                **where,
             )
         broken = chain_problem(position - 1, previous, body)
         if broken == "prev_mismatch" and follows_altered and view and body.prev:
@@ -277,7 +291,11 @@ def _replay(parts: _Parts, signed: Checkpoint, report: Report) -> _Replayed:
         try:
             view = apply(view, body, digest)
         except FoldError as exc:
-            report.add("projection_mismatch", f"receipt #{position} does not fold: {exc}", **where)
+            report.add(
+                FindingCode.PROJECTION_MISMATCH,
+                f"receipt #{position} does not fold: {exc}",
+                **where,
+            )
             break
         judge.after(view, body)
         report.receipts += 1
@@ -321,17 +339,17 @@ def verify_bundle(bundle: Any, trusted: Keyring | None = None) -> Report:
     replayed = _replay(parts, signed, report)
     view = replayed.view
     if not parts.items:
-        report.add("bundle_malformed", "the bundle holds no receipts")
+        report.add(FindingCode.BUNDLE_MALFORMED, "the bundle holds no receipts")
     elif _ends_early(parts, report, replayed.head, replayed.last_altered):
         manifest = parts.manifest
         report.add(
-            "bundle_incomplete",
+            FindingCode.BUNDLE_INCOMPLETE,
             f"the manifest names head seq {manifest.get('head_seq')} of loop "
             f"{manifest.get('loop_id')}, but the bundle's receipts end at seq {report.receipts}",
         )
     else:  # a stop owed at the end is judged only on receipts that are all there
         for verdict in replayed.ending:
-            report.add("decision_illegal", verdict.message, rule=verdict.rule)
+            report.add(FindingCode.DECISION_ILLEGAL, verdict.message, rule=verdict.rule)
     if view is not None:
         report.status = str(view.loop.status)
         report.stop_reason = view.loop.stop_reason

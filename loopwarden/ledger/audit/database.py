@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from loopwarden.canonical import sha256_digest
 from loopwarden.errors import LoopwardenError
-from loopwarden.ledger.audit.findings import ENVELOPE_PROBLEMS, Report
+from loopwarden.ledger.audit.findings import ENVELOPE_PROBLEMS, FindingCode, Report
 from loopwarden.ledger.audit.proofs import Node, NodeCheck, check_loop, check_records
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.checkpoints import open_checkpoint
@@ -178,7 +178,7 @@ class _Audit:
     def _leaf(self, row: JournalRow, leaf: bytes) -> None:
         if row.leaf_index != self.expected:
             self.report.add(
-                "leaf_gap",
+                FindingCode.LEAF_GAP,
                 f"leaf {self.expected} is missing; the journal jumps to {row.leaf_index}",
                 **_where(row),
             )
@@ -192,7 +192,7 @@ class _Audit:
     def _root(self, cp: CheckpointRow) -> None:
         if merkle.root_from_frontier(self.frontier) != cp.root:
             self.report.add(
-                "root_mismatch",
+                FindingCode.ROOT_MISMATCH,
                 f"the Merkle root recomputed at size {cp.size} differs from the checkpoint's",
             )
 
@@ -207,7 +207,7 @@ class _Audit:
             add(problem, ENVELOPE_PROBLEMS[problem], **_where(row))
         if digest != row.digest or receipt_id_for(digest) != row.receipt_id:
             add(
-                "digest_mismatch",
+                FindingCode.DIGEST_MISMATCH,
                 "the stored digest or receipt id does not match the envelope",
                 **_where(row),
             )
@@ -220,7 +220,7 @@ class _Audit:
             first = exc.errors(include_url=False)[0]
             where = ".".join(str(p) for p in first["loc"])
             add(
-                "schema_invalid",
+                FindingCode.SCHEMA_INVALID,
                 f"the body does not match the receipt schema ({where}: {first['msg']})",
                 **_where(row),
             )
@@ -228,16 +228,16 @@ class _Audit:
             return
         if (body.loop_id, body.seq, body.kind, body.at) != (row.loop_id, row.seq, row.kind, row.at):
             add(
-                "index_mismatch",
+                FindingCode.INDEX_MISMATCH,
                 "the journal's index columns disagree with the signed body",
                 **_where(row),
             )
         broken = chain_problem(chain.seq, chain.digest, body)
         if broken == "seq_gap":
-            add("seq_gap", f"seq {body.seq} follows seq {chain.seq}", **_where(row))
+            add(FindingCode.SEQ_GAP, f"seq {body.seq} follows seq {chain.seq}", **_where(row))
         elif broken == "prev_mismatch":
             add(
-                "prev_mismatch",
+                FindingCode.PREV_MISMATCH,
                 "prev does not name the previous receipt of this loop",
                 **_where(row),
             )
@@ -249,7 +249,7 @@ class _Audit:
         try:
             chain.view = apply(chain.view, body, digest)
         except FoldError as exc:
-            add("projection_mismatch", f"the receipt does not fold: {exc}", **_where(row))
+            add(FindingCode.PROJECTION_MISMATCH, f"the receipt does not fold: {exc}", **_where(row))
             chain.broken = True
             return
         self.judge.after(chain.view, body)
@@ -258,17 +258,17 @@ class _Audit:
         stored_size, stored_frontier = self.reader.log_state()
         if stored_size != self.size:
             self.report.add(
-                "frontier_mismatch",
+                FindingCode.FRONTIER_MISMATCH,
                 f"the stored Merkle log has size {stored_size}; the journal holds {self.size} receipts",
             )
         elif stored_frontier != self.frontier:
             self.report.add(
-                "frontier_mismatch",
+                FindingCode.FRONTIER_MISMATCH,
                 "the stored Merkle frontier does not hash the journal's receipts",
             )
         for cp in self.pending:
             self.report.add(
-                "checkpoint_beyond_journal",
+                FindingCode.CHECKPOINT_BEYOND_JOURNAL,
                 f"checkpoint for size {cp.size} is larger than the journal ({self.size} receipts): receipts were removed",
             )
         views = {
@@ -276,7 +276,9 @@ class _Audit:
         }
         for lid, verdicts in self.judge.end(views).items():
             for verdict in verdicts:
-                self.report.add("decision_illegal", verdict.message, loop_id=lid, rule=verdict.rule)
+                self.report.add(
+                    FindingCode.DECISION_ILLEGAL, verdict.message, loop_id=lid, rule=verdict.rule
+                )
         _check_checkpoints(self.checkpoints, self.reader, self.keyring, self.report)
         _check_projection(self.reader, self.chains, self.loop_id, self.report, self.integrity)
         self.nodes.finish()
@@ -307,7 +309,9 @@ def judged(
         verdicts = [Verdict("unjudgeable", f"its facts cannot be rebuilt ({type(exc).__name__})")]
     for verdict in verdicts:
         message = f"{body.kind} #{body.seq}: {verdict.message}"
-        report.add("decision_illegal", message, kind=str(body.kind), rule=verdict.rule, **where)
+        report.add(
+            FindingCode.DECISION_ILLEGAL, message, kind=str(body.kind), rule=verdict.rule, **where
+        )
 
 
 def audit(
@@ -361,23 +365,28 @@ def _check_checkpoints(
     for cp in checkpoints:
         signed = open_checkpoint(cp.note, keyring)
         if signed.problem == "checkpoint_malformed":
-            report.add("checkpoint_malformed", f"checkpoint {cp.size} is not a signed note")
+            report.add(
+                FindingCode.CHECKPOINT_MALFORMED, f"checkpoint {cp.size} is not a signed note"
+            )
             continue
         if signed.problem == "unknown_key":
             report.add(
-                "checkpoint_unknown_key", f"checkpoint {cp.size} is signed by an untrusted key"
+                FindingCode.CHECKPOINT_UNKNOWN_KEY,
+                f"checkpoint {cp.size} is signed by an untrusted key",
             )
         elif not signed.verified:
             report.add(
-                "checkpoint_signature_invalid", f"checkpoint {cp.size}'s signature does not verify"
+                FindingCode.CHECKPOINT_SIGNATURE_INVALID,
+                f"checkpoint {cp.size}'s signature does not verify",
             )
         if (signed.origin, signed.size, signed.root) != (origin, cp.size, cp.root):
             report.add(
-                "checkpoint_malformed", f"checkpoint {cp.size}'s note disagrees with its row"
+                FindingCode.CHECKPOINT_MALFORMED,
+                f"checkpoint {cp.size}'s note disagrees with its row",
             )
         if previous is not None and not _consistent(previous, cp, reader):
             report.add(
-                "checkpoint_inconsistent",
+                FindingCode.CHECKPOINT_INCONSISTENT,
                 f"checkpoint {cp.size} is not an append-only extension of checkpoint {previous.size}",
             )
         previous = cp
@@ -407,7 +416,7 @@ def _check_projection(
             stored = reader.full_view(lid)
         except (LookupError, LoopwardenError, ValueError) as exc:
             report.add(
-                "projection_mismatch",
+                FindingCode.PROJECTION_MISMATCH,
                 f"loop {lid}'s stored projection is unreadable: {exc}",
                 loop_id=lid,
             )
@@ -415,20 +424,22 @@ def _check_projection(
         if chain is None or chain.view is None:
             if chain is None or not chain.broken:
                 report.add(
-                    "projection_mismatch", f"loop {lid} is stored but has no receipts", loop_id=lid
+                    FindingCode.PROJECTION_MISMATCH,
+                    f"loop {lid} is stored but has no receipts",
+                    loop_id=lid,
                 )
             continue
         if chain.broken:
             continue
         if stored is None:
             report.add(
-                "projection_mismatch",
+                FindingCode.PROJECTION_MISMATCH,
                 f"loop {lid} has receipts but no stored projection",
                 loop_id=lid,
             )
             continue
         ignore = LEGACY_FIELDS if reader.legacy else frozenset()
         for difference in diff_views(stored, chain.view, ignore)[:10]:
-            report.add("projection_mismatch", difference, loop_id=lid)
+            report.add(FindingCode.PROJECTION_MISMATCH, difference, loop_id=lid)
         if not reader.legacy:
             check_loop(reader, integrity, stored, report)

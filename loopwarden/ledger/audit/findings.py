@@ -3,40 +3,43 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
-FINDING_CODES = (
-    "signature_invalid",
-    "unknown_key",
-    "envelope_malformed",
-    "payload_type_mismatch",
-    "payload_malformed",
-    "not_canonical",
-    "schema_invalid",
-    "digest_mismatch",
-    "index_mismatch",
-    "leaf_gap",
-    "seq_gap",
-    "prev_mismatch",
-    "root_mismatch",
-    "checkpoint_malformed",
-    "checkpoint_signature_invalid",
-    "checkpoint_unknown_key",
-    "checkpoint_inconsistent",
-    "checkpoint_beyond_journal",
-    "frontier_mismatch",
-    "projection_mismatch",
-    "decision_illegal",
-    "state_mismatch",
-    "mac_invalid",
-    "node_mismatch",
-    "bundle_malformed",
-    "bundle_incomplete",
-    "inclusion_invalid",
-    "manifest_unknown_key",
-    "manifest_signature_invalid",
-)
-"""Every code a finding can carry (the README documents them)."""
+
+class FindingCode(StrEnum):
+    """Every code a finding can carry (the README documents them)."""
+
+    SIGNATURE_INVALID = "signature_invalid"
+    UNKNOWN_KEY = "unknown_key"
+    ENVELOPE_MALFORMED = "envelope_malformed"
+    PAYLOAD_TYPE_MISMATCH = "payload_type_mismatch"
+    PAYLOAD_MALFORMED = "payload_malformed"
+    NOT_CANONICAL = "not_canonical"
+    SCHEMA_INVALID = "schema_invalid"
+    DIGEST_MISMATCH = "digest_mismatch"
+    INDEX_MISMATCH = "index_mismatch"
+    LEAF_GAP = "leaf_gap"
+    SEQ_GAP = "seq_gap"
+    PREV_MISMATCH = "prev_mismatch"
+    ROOT_MISMATCH = "root_mismatch"
+    CHECKPOINT_MALFORMED = "checkpoint_malformed"
+    CHECKPOINT_SIGNATURE_INVALID = "checkpoint_signature_invalid"
+    CHECKPOINT_UNKNOWN_KEY = "checkpoint_unknown_key"
+    CHECKPOINT_INCONSISTENT = "checkpoint_inconsistent"
+    CHECKPOINT_BEYOND_JOURNAL = "checkpoint_beyond_journal"
+    FRONTIER_MISMATCH = "frontier_mismatch"
+    PROJECTION_MISMATCH = "projection_mismatch"
+    DECISION_ILLEGAL = "decision_illegal"
+    STATE_MISMATCH = "state_mismatch"
+    MAC_INVALID = "mac_invalid"
+    NODE_MISMATCH = "node_mismatch"
+    BUNDLE_MALFORMED = "bundle_malformed"
+    BUNDLE_INCOMPLETE = "bundle_incomplete"
+    INCLUSION_INVALID = "inclusion_invalid"
+    MANIFEST_UNKNOWN_KEY = "manifest_unknown_key"
+    MANIFEST_SIGNATURE_INVALID = "manifest_signature_invalid"
+
 
 ENVELOPE_PROBLEMS = {
     "signature_invalid": "the signature does not verify",
@@ -52,7 +55,7 @@ ENVELOPE_PROBLEMS = {
 class Finding:
     """One defect, and where: a loop and receipt in a database, a position in a bundle."""
 
-    code: str
+    code: FindingCode
     message: str
     loop_id: str | None = None
     seq: int | None = None
@@ -94,8 +97,9 @@ class Report:
     def clean(self) -> bool:
         return not self.findings
 
-    def add(self, code: str, message: str, **where: Any) -> None:
-        self.findings.append(Finding(code, message, **where))
+    def add(self, code: FindingCode | str, message: str, **where: Any) -> None:
+        """Record a finding; `code` a `FindingCode` (or its value: an unknown one raises)."""
+        self.findings.append(Finding(FindingCode(code), message, **where))
 
     def as_dict(self) -> dict[str, object]:
         """The JSON `verify` and `verify-bundle` print (their documented fields)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from loopwarden.errors import IntegrityError
-from loopwarden.ledger.audit.findings import Report
+from loopwarden.ledger.audit.findings import FindingCode, Report
 from loopwarden.ledger.log.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC, Integrity
 from loopwarden.ledger.state.rows import LoopView
 from loopwarden.ledger.storage.guard import loop_mac_values, row_leaf
@@ -52,12 +52,14 @@ def check_loop(
         LOOP_MAC, loop_mac_values(stored.loop, root), mac
     ):
         report.add(
-            "mac_invalid", f"loop {loop_id}'s row does not carry a valid MAC", loop_id=loop_id
+            FindingCode.MAC_INVALID,
+            f"loop {loop_id}'s row does not carry a valid MAC",
+            loop_id=loop_id,
         )
     tree = state_tree(stored)
     if tree.root != root:
         report.add(
-            "state_mismatch",
+            FindingCode.STATE_MISMATCH,
             f"loop {loop_id}'s state root is not the root of its rows",
             loop_id=loop_id,
         )
@@ -71,7 +73,7 @@ def check_loop(
     }
     if kept != built:
         report.add(
-            "state_mismatch",
+            FindingCode.STATE_MISMATCH,
             f"loop {loop_id}'s stored state blobs are not its rows'",
             loop_id=loop_id,
         )
@@ -83,11 +85,11 @@ def check_records(reader: Reader, integrity: Integrity, report: Report) -> None:
         "SELECT size, frontier, mac FROM log_state WHERE id = 1"
     ).fetchone()
     if not integrity.valid(LOG_MAC, [size, bytes(frontier).hex()], mac):
-        report.add("mac_invalid", "the Merkle log state does not carry a valid MAC")
+        report.add(FindingCode.MAC_INVALID, "the Merkle log state does not carry a valid MAC")
     for token in reader.tokens():
         if not integrity.valid(TOKEN_MAC, token.mac_values(), token.mac):
             report.add(
-                "mac_invalid",
+                FindingCode.MAC_INVALID,
                 f"token {token.token_id} was not written by loopwarden (its MAC fails)",
             )
     rows = reader.conn.execute(
@@ -100,7 +102,7 @@ def check_records(reader: Reader, integrity: Integrity, report: Report) -> None:
             values = []  # no MAC matches: reported below
         if not values or not integrity.valid(RECORD_MAC, values, record_mac):
             report.add(
-                "mac_invalid",
+                FindingCode.MAC_INVALID,
                 f"the idempotency record {principal}/{key} was changed outside loopwarden",
             )
 
@@ -127,7 +129,7 @@ class NodeCheck:
             for idx, value in built.items():
                 if bytes(kept.get(idx, b"")) != value:
                     self.report.add(
-                        "node_mismatch",
+                        FindingCode.NODE_MISMATCH,
                         f"Merkle node ({level}, {idx}) is not the one the receipts hash to",
                     )
         self.counted += len(nodes)
@@ -136,6 +138,6 @@ class NodeCheck:
         (stored,) = self.reader.conn.execute("SELECT count(*) FROM merkle_nodes").fetchone()
         if stored != self.counted:
             self.report.add(
-                "node_mismatch",
+                FindingCode.NODE_MISMATCH,
                 f"{stored} Merkle nodes are stored; the receipts make {self.counted}",
             )
