@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loopwarden.ledger.homes import DB_NAME
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.storage.location import Location
 from loopwarden.ledger.storage.reader import Reader
@@ -27,7 +28,6 @@ from loopwarden.operations import claim as claim_op
 from loopwarden.operations import loops as loops_op
 from loopwarden.operations import update as update_op
 from loopwarden.principals import Principal
-from loopwarden.server.settings import DB_NAME
 
 REPO = Path(__file__).resolve().parent.parent
 OPERATOR = Principal(id="bench-operator", role="operator")

@@ -37,6 +37,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from loopwarden.clients.agent import AgentClient
 from loopwarden.clock import Clock
+from loopwarden.ledger.homes import DB_NAME
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.log.receipts import open_envelope
@@ -47,7 +48,7 @@ from loopwarden.ledger.storage.store import connect
 from loopwarden.policy.budgets import Totals, to_micros
 from loopwarden.principals import Principal
 from loopwarden.server.app import build_server
-from loopwarden.server.settings import DB_NAME, Settings
+from loopwarden.server.settings import Settings
 
 STARTUP_TIMEOUT = 20.0  # seconds for a server to accept connections
 CLI_TIMEOUT = 60.0  # seconds for any one CLI subprocess

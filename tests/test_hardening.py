@@ -13,6 +13,7 @@ import pytest
 from conftest import BUILDER, OPERATOR
 from support import cli_env, db_bytes, loopwarden, make_policy, run_cli_app
 
+from loopwarden.ledger.homes import DB_NAME
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.claim import ClaimRequest, claim
@@ -21,7 +22,6 @@ from loopwarden.operations.receipt import ReceiptRequest, receipt
 from loopwarden.policy.evaluate import explain
 from loopwarden.policy.lint import case_near_misses
 from loopwarden.policy.loader import parse_policy
-from loopwarden.server.settings import DB_NAME
 
 SERVE_AND_WRITE = """
 import sys, anyio

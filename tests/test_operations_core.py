@@ -25,6 +25,7 @@ from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clock import ManualClock
 from loopwarden.errors import Forbidden, InvalidInput, NotFound
 from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.homes import DB_NAME
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.storage.store import Store, snapshot
 from loopwarden.operations.catalog import OPERATIONS, TOOLS
@@ -35,7 +36,7 @@ from loopwarden.policy.evaluate import evaluate_claim
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.server.app import build_server
 from loopwarden.server.schemas import slim
-from loopwarden.server.settings import DB_NAME, Settings
+from loopwarden.server.settings import Settings
 
 RELEASE_0_1_0 = Path(__file__).parent / "fixtures" / "release-0.1.0"
 

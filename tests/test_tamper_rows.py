@@ -45,6 +45,7 @@ from typer.testing import CliRunner
 from loopwarden.clients import admin
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clients.cli import app
+from loopwarden.ledger.homes import DB_NAME
 from loopwarden.ledger.log.keys import KeyStore, public_key_b64
 from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
 from loopwarden.ledger.storage.location import STORE_ENV
@@ -54,7 +55,6 @@ from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.operations.update import UpdateRequest, update
 from loopwarden.principals import Principal
-from loopwarden.server.settings import DB_NAME
 from loopwarden.server.tokens import TOKEN_PREFIX, token_hash, token_id_for
 
 ATTACKED = Path(__file__).parent / "fixtures" / "attacked-0.1.0"

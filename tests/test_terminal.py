@@ -33,10 +33,10 @@ from conftest import BASIC_POLICY, BUILDER, OPERATOR
 from support import cli_env, loopwarden
 
 from loopwarden.clients.admin import open_store
+from loopwarden.ledger.homes import DB_NAME
 from loopwarden.operations.approvals import ApprovalRequest, request_approval
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
-from loopwarden.server.settings import DB_NAME
 
 COLUMNS, LINES = 200, 60
 RUN_FOR = 30.0  # seconds any one command may take under the pseudo-terminal

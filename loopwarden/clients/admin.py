@@ -8,19 +8,13 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from loopwarden.errors import KeyFileError, NotFound
+from loopwarden.ledger.homes import DB_NAME, home_source, private_dir, resolve_home, store_source
 from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import Keyring, KeyStore
 from loopwarden.ledger.storage.location import Location
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Store, snapshot
 from loopwarden.principals import Principal
-from loopwarden.server.settings import (
-    DB_NAME,
-    home_source,
-    private_dir,
-    resolve_home,
-    store_source,
-)
 
 DEFAULT_OPERATOR = "operator"
 

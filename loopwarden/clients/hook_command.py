@@ -52,9 +52,9 @@ def parser() -> argparse.ArgumentParser:
 def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
     from loopwarden.clients import admin
     from loopwarden.hooks.handle import handle_now, read_event
+    from loopwarden.ledger.homes import synchronous_mode
     from loopwarden.ledger.log.keys import KeyStore
     from loopwarden.ledger.storage.store import Store
-    from loopwarden.server.settings import synchronous_mode
 
     protocol = PROTOCOLS[host]
     try:

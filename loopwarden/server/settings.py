@@ -1,12 +1,6 @@
-"""Where the data lives and who the server speaks for: resolved once, from flags and environment.
+"""Who the server speaks for and how it listens: resolved once, from flags and environment.
 
-Data directory, for every command: `--home DIR`, else `LOOPWARDEN_HOME`, else the platform's
-user data directory. It holds `keys/` (signing keys, the integrity secret) and, by default, the
-store `loopwarden.db`, and is created 0700.
-
-Store, for every command that opens one: `--store URL`, else `LOOPWARDEN_STORE`, else the
-home's SQLite file (`location.py`: `sqlite:///PATH` or `postgresql://…`). The keys always come
-from the home, whichever store is used.
+The data directory and the store are resolved by `ledger/homes.py`, below every edge.
 """
 
 from __future__ import annotations
@@ -18,65 +12,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
-
 from loopwarden.errors import InvalidInput
-from loopwarden.ledger.storage.location import STORE_ENV, Location, parse_location
-from loopwarden.ledger.storage.store import Synchronous
+from loopwarden.ledger.homes import DB_NAME, resolve_home, store_source, synchronous_mode
+from loopwarden.ledger.storage.location import Location
+from loopwarden.ledger.storage.sqlite import Synchronous
 from loopwarden.principals import Principal, principal
 
-DB_NAME = "loopwarden.db"
-SYNCHRONOUS_MODES: dict[str, Synchronous] = {"full": "full", "normal": "normal"}
 SERVE_ROLES = ("agent", "operator")  # an observer speaks through hooks, not tools
 DEFAULT_CHECKPOINT_EVERY = 256
 LOOPBACK_NAMES = {"localhost"}
-
-
-def home_source(home: str | Path | None = None) -> tuple[Path, str]:
-    """Which data directory a command uses, and why: (`home`, "--home"), else
-    (`LOOPWARDEN_HOME`, "LOOPWARDEN_HOME"), else (the platform user data dir, "default").
-    `~` is expanded and the path made absolute. Touches nothing on disk."""
-    if home:
-        chosen, source = str(home), "--home"
-    elif os.environ.get("LOOPWARDEN_HOME"):
-        chosen, source = os.environ["LOOPWARDEN_HOME"], "LOOPWARDEN_HOME"
-    else:
-        chosen, source = platformdirs.user_data_dir("loopwarden"), "default"
-    return Path(chosen).expanduser().resolve(), source
-
-
-def store_source(store: str | None, home: Path) -> tuple[Location, str]:
-    """Which store a command opens, and why: (`store`, "--store"), else (`LOOPWARDEN_STORE`,
-    "LOOPWARDEN_STORE"), else (the SQLite file in `home`, "home"). `InvalidInput` for a URL of
-    an unknown kind. Touches nothing."""
-    if store:
-        return parse_location(store), "--store"
-    if os.environ.get(STORE_ENV):
-        return parse_location(os.environ[STORE_ENV]), STORE_ENV
-    return Location("sqlite", str(home / DB_NAME)), "home"
-
-
-def private_dir(path: Path) -> None:
-    """Make an existing data directory 0700 again if its mode was loosened."""
-    if path.stat().st_mode & 0o077:
-        os.chmod(path, 0o700)
-
-
-def resolve_home(home: str | Path | None = None) -> Path:
-    """The data directory (`home_source`), created 0700 if missing: for commands that write."""
-    path = home_source(home)[0]
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    private_dir(path)
-    return path
-
-
-def synchronous_mode() -> Synchronous:
-    """SQLite's durability for this process: `LOOPWARDEN_SYNCHRONOUS` (full, the default, or
-    normal); anything else is a usage error."""
-    synchronous = SYNCHRONOUS_MODES.get(os.environ.get("LOOPWARDEN_SYNCHRONOUS", "full").lower())
-    if synchronous is None:
-        raise InvalidInput("LOOPWARDEN_SYNCHRONOUS must be full or normal")
-    return synchronous
 
 
 def is_loopback(host: str) -> bool:

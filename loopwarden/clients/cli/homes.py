@@ -17,7 +17,7 @@ from typer.core import TyperGroup
 from loopwarden.clients import render
 from loopwarden.clients.admin import SOURCES
 from loopwarden.clients.cli.common import Home, Json
-from loopwarden.server.settings import DB_NAME, home_source
+from loopwarden.ledger.homes import DB_NAME, home_source
 
 
 def pass_down(ctx: typer.Context, **values: Any) -> None:

@@ -12,8 +12,8 @@ from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, fail
 from loopwarden.clients.keyfiles import key_line
 from loopwarden.errors import LoopwardenError
+from loopwarden.ledger.homes import resolve_home
 from loopwarden.ledger.log.keys import Keyring, KeyStore, Signer, public_key_b64
-from loopwarden.server.settings import resolve_home
 
 app = typer.Typer(no_args_is_help=True, help="Signing keys.")
 
