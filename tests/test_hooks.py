@@ -470,13 +470,6 @@ def test_install_names_the_store_in_the_hook_command_but_never_a_password(tmp_pa
     assert list(tmp_path.iterdir()) == [], "nothing written, no home made"
 
 
-def test_the_entry_point_knows_every_host():
-    from loopwarden.clients.entry import HOSTS as ENTRY_HOSTS
-    from loopwarden.policy.hosts import HOSTS
-
-    assert ENTRY_HOSTS == HOSTS
-
-
 # --- a real `loopwarden hook HOST` process per host -----------------------------------------
 
 

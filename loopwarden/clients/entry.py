@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-HOSTS = ("claude-code", "codex", "gemini", "cursor")  # policy/hosts.py; kept here, import-free
+from loopwarden.hosts import NAMES as HOSTS  # the registry alone: no host module is imported
 
 
 def main() -> None:

@@ -14,7 +14,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from loopwarden.hooks.protocols import PROTOCOLS, Reply
+from loopwarden import hosts
+from loopwarden.hosts.host import Reply
 
 DESCRIPTION = (
     "Answer one agent-host hook event (stdin) for AGENT in loop LOOP, in HOST's format. "
@@ -24,7 +25,7 @@ DESCRIPTION = (
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loopwarden hook", description=DESCRIPTION)
-    p.add_argument("host", choices=sorted(PROTOCOLS), help="the agent host sending the event")
+    p.add_argument("host", choices=hosts.NAMES, help="the agent host sending the event")
     p.add_argument("--loop", required=True, help="the loop this host session works on")
     p.add_argument("--agent", required=True, help="the agent the host runs (its principal)")
     p.add_argument("--home", default=None, help="the data home (else LOOPWARDEN_HOME)")
@@ -51,12 +52,11 @@ def parser() -> argparse.ArgumentParser:
 
 def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
     from loopwarden.clients import admin
-    from loopwarden.hooks.handle import handle_now, read_event
+    from loopwarden.hooks.handle import failure, handle_now
     from loopwarden.ledger.homes import synchronous_mode
     from loopwarden.ledger.log.keys import KeyStore
     from loopwarden.ledger.storage.store import Store
 
-    protocol = PROTOCOLS[host]
     try:
         home, location = admin.existing_store(args.home, args.store)
         keys = KeyStore(home)
@@ -73,11 +73,7 @@ def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
         )
     except Exception as exc:  # no store, no decision: fail closed, naming why
         message = getattr(exc, "message", None) or f"cannot open the store ({type(exc).__name__})"
-        try:
-            phase = read_event(host, raw).phase
-        except Exception:
-            phase = None
-        return protocol.failure(phase, message)
+        return failure(host, raw, message)
     try:
         servers = args.server_name or ["loopwarden"]
         return handle_now(store, host, raw, loop_id=args.loop, agent=args.agent, servers=servers)

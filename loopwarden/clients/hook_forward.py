@@ -1,12 +1,13 @@
 """`loopwarden hook HOST --loop ID --agent NAME --server URL`: a command hook that forwards its
 event to a running `serve --http` (`POST /hooks/HOST`) and prints the server's answer.
 
-For hosts whose hooks can only be commands (Codex, Gemini CLI, Cursor): the process imports the
-standard library only, so a tool call waits for an interpreter start and one local request,
-and the decision is the server's, with the same receipts. The observer token comes from
-`LOOPWARDEN_OBSERVER_TOKEN` (never from the event; it is the agent's host's secret). Fails
-closed: if the server cannot be reached or refuses, a pre-tool event is blocked (exit 2, the
-reason on stdout and stderr, which every host reads as a block).
+For hosts whose hooks can only be commands (Codex, Gemini CLI, Cursor): a decision costs an
+interpreter start, the standard library and one local request, and it is the server's, with
+the same receipts. The observer token comes from `LOOPWARDEN_OBSERVER_TOKEN` (never from the
+event; it is the agent's host's secret). Fails closed: only a 200 answer the server marks as
+its own (`ANSWER_HEADER`) is a decision; anything else (no token, a server that cannot be
+reached, a refusal, an HTTP 500, a proxy's page) is answered as the host's own hook answers a
+failure (`loopwarden/hosts`): a pre-tool event is blocked in that host's blocking form.
 """
 
 from __future__ import annotations
@@ -18,12 +19,10 @@ import sys
 from collections.abc import Sequence
 from urllib.parse import quote, urlsplit
 
+from loopwarden.hosts import ANSWER_HEADER  # the registry alone: no host module is imported
+
 TOKEN_VARIABLE = "LOOPWARDEN_OBSERVER_TOKEN"
 TIMEOUT = 25.0  # seconds; under the 30 s the installer gives a hook
-PRE_EVENTS = frozenset(  # the events that guard a tool call, by host
-    {"PreToolUse", "BeforeTool", "preToolUse", "beforeShellExecution", "beforeMCPExecution",
-     "beforeReadFile"}
-)  # fmt: skip
 
 
 def _options(argv: Sequence[str]) -> dict[str, object]:
@@ -40,37 +39,39 @@ def _options(argv: Sequence[str]) -> dict[str, object]:
     return found
 
 
-def _block(raw: bytes, message: str) -> int:
-    """Fail closed: block a pre-tool event, report any other."""
+def _block(host: str, raw: bytes, message: str) -> int:
+    """No decision: answer as `host`'s hook answers a failure (a block before a tool runs, or
+    when the event cannot be read; a report otherwise)."""
+    from loopwarden import hosts  # only here: a decision imports nothing of loopwarden's
+
     try:
-        name = json.loads(raw).get("hook_event_name")
-    except (ValueError, AttributeError):
-        name = None
-    text = f"loopwarden: {message}"
-    if name is None or name in PRE_EVENTS:
-        sys.stdout.write(text + "\n")
-        sys.stderr.write(text + "\n")
-        return 2
-    sys.stderr.write(text + "\n")
-    return 1
+        event = json.loads(raw)
+    except ValueError:
+        event = None
+    known = hosts.get(host)
+    reply = known.failure(known.phase_of(event), message)
+    if reply.stdout:
+        sys.stdout.write(reply.stdout + "\n")
+    sys.stderr.write(reply.stderr)
+    return reply.exit_code
 
 
 def main(argv: Sequence[str]) -> int:
     options = _options(argv)
+    host = str(options["host"])
     raw = sys.stdin.buffer.read()
     token = os.environ.get(TOKEN_VARIABLE, "")
     if not token:
-        return _block(
-            raw, f"${TOKEN_VARIABLE} is not set (loopwarden token create --role observer)"
-        )
+        why = f"${TOKEN_VARIABLE} is not set (loopwarden token create --role observer)"
+        return _block(host, raw, why)
     url = urlsplit(str(options.get("server", "")))
     if url.scheme not in ("http", "https") or not url.hostname:
-        return _block(raw, f"--server {options.get('server')!r} is not an http(s) URL")
+        return _block(host, raw, f"--server {options.get('server')!r} is not an http(s) URL")
     query = f"loop={quote(str(options.get('loop', '')))}" + "".join(
         f"&server={quote(str(s))}"
         for s in options["server_name"]  # type: ignore[attr-defined]
     )
-    path = f"{url.path.rstrip('/')}/hooks/{quote(str(options['host']))}?{query}"
+    path = f"{url.path.rstrip('/')}/hooks/{quote(host)}?{query}"
     connection_type = (
         http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
     )
@@ -85,12 +86,11 @@ def main(argv: Sequence[str]) -> int:
         response = connection.getresponse()
         body = response.read().decode("utf-8", "replace")
     except (OSError, http.client.HTTPException) as exc:
-        return _block(raw, f"the loopwarden server at {url.netloc} cannot be reached ({exc})")
-    if response.status == 200:
+        return _block(host, raw, f"the loopwarden server at {url.netloc} cannot be reached ({exc})")
+    if response.status == 200 and response.getheader(ANSWER_HEADER) is not None:
         if body:
             sys.stdout.write(body + "\n")
         return 0
-    if response.status == 500:  # a failure after the tool ran, at a session start or a stop
-        sys.stderr.write(body if body.endswith("\n") else body + "\n")
-        return 1
-    return _block(raw, f"the loopwarden server answered HTTP {response.status}: {body[:200]}")
+    if response.getheader(ANSWER_HEADER) is not None:  # the server's own failure answer
+        return _block(host, raw, body.strip().removeprefix("loopwarden: ")[:500])
+    return _block(host, raw, f"the loopwarden server answered HTTP {response.status}: {body[:200]}")

@@ -9,8 +9,9 @@ import logging
 
 from pydantic import ValidationError
 
+from loopwarden import hosts
 from loopwarden.errors import LoopwardenError, describe_validation
-from loopwarden.hooks.protocols import MAX_EVENT, PROTOCOLS, Event, MalformedEvent, Reply
+from loopwarden.hosts.host import MAX_EVENT, Event, MalformedEvent, Reply
 from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.hooks import HookAnswer, HookEvent, hook
 from loopwarden.operations.runner import run_now
@@ -29,11 +30,21 @@ def read_event(host: str, raw: bytes) -> Event:
         raise MalformedEvent("the event is not JSON") from None
     if not isinstance(data, dict):
         raise MalformedEvent("the event is not a JSON object")
-    return PROTOCOLS[host].read(data)
+    return hosts.get(host).read(data)
+
+
+def failure(host: str, raw: bytes, message: str) -> Reply:
+    """`host`'s answer when no decision could be made for the event `raw`: a block if it is
+    about to run a tool (or cannot be read), a report otherwise."""
+    try:
+        phase = hosts.get(host).phase_of(json.loads(raw))
+    except (ValueError, UnicodeDecodeError):
+        phase = None
+    return hosts.get(host).failure(phase, message)
 
 
 def _failed(host: str, event: Event | None, exc: BaseException, loop_id: str, agent: str) -> Reply:
-    protocol, phase = PROTOCOLS[host], (event.phase if event else None)
+    protocol, phase = hosts.get(host), (event.phase if event else None)
     if isinstance(exc, ValidationError):
         return protocol.failure(phase, describe_validation(exc))
     if isinstance(exc, LoopwardenError):
@@ -55,7 +66,7 @@ class _Call:
         self.observer = Principal(id=agent, role="observer")
 
     def reply(self, answer: HookAnswer) -> Reply:
-        return PROTOCOLS[self.host].reply(self.event, answer)
+        return hosts.get(self.host).reply(self.event.phase, answer.block, answer.message)
 
     def failed(self, exc: BaseException) -> Reply:
         return _failed(self.host, self.event, exc, self.loop_id, self.agent)

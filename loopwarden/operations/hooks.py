@@ -9,10 +9,12 @@ token over HTTP), never anything the event says. By the loop's `[observe] mode`:
 - `enforce`: the same, and a refusal binds: the host is told to block the call.
 
 A host session announces itself with `host.attached` (its SessionStart, or the first event of a
-session loopwarden has not seen). loopwarden's own MCP tools are always let through unrecorded
-(the agent must be able to claim and report; those calls seal their own receipts). The Stop
-event seals nothing: it asks the agent, once, to report a turn whose observed work is
-unreported.
+session loopwarden has not seen). loopwarden's own MCP tools (`OWN_TOOLS`, under the server
+names the hook was installed with) are always let through unrecorded: the agent must be able to
+claim and report, and those calls seal their own receipts. So are the host's internal tools the
+policy does not deny or gate (`policy/evaluate.admits_internal`): they act on nothing outside
+the host. The Stop event seals nothing: it asks the agent, once, to report a turn whose observed
+work is unreported. Events from a subagent name it (`agent_id`, `agent_type`) in the receipts.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from loopwarden.hosts.host import Phase
 from loopwarden.ledger.state.events import (
     Amount,
     Digest,
     Host,
+    HostAgent,
     HostAttached,
     HostSession,
     HostToolName,
@@ -44,11 +48,16 @@ from loopwarden.operations.runner import operation
 from loopwarden.operations.visibility import by_loop
 from loopwarden.policy.commands import MAX_COMMAND
 from loopwarden.policy.decision import Decision
-from loopwarden.policy.evaluate import evaluate_tool_call
-from loopwarden.policy.hosts import is_own_tool, policy_tool
+from loopwarden.policy.evaluate import admits_internal, evaluate_tool_call
+from loopwarden.policy.hosts import is_internal, is_own_tool, policy_tool
 from loopwarden.policy.model import LoopPolicy
 
-Phase = Literal["session", "pre", "post", "stop"]
+OWN_TOOLS = frozenset(
+    {"quota", "claim", "update", "receipt", "projection", "heartbeat", "todo_add",
+     "request_approval", "open_loop", "decide_approval"}
+)  # fmt: skip
+"""loopwarden's MCP tools (`operations/catalog.TOOLS`, which a test holds equal to this): a copy,
+because the hook process must not import every operation to answer a tool call."""
 
 
 class HookEvent(Model):
@@ -74,6 +83,10 @@ class HookEvent(Model):
     stop_active: bool = Field(
         default=False, description="The host already blocked this stop once (Stop hooks)."
     )
+    agent_id: HostAgent | None = Field(
+        default=None, description="The subagent that made the tool call, as the host names it."
+    )
+    agent_type: HostAgent | None = None
     servers: list[str] = Field(
         default_factory=lambda: ["loopwarden"],
         max_length=16,
@@ -152,7 +165,7 @@ def hook(call: Call[Txn], req: HookEvent) -> HookAnswer:
         return _answer(ALLOW, block=False, binding=False, message=why)
     if req.phase == "stop":
         return _stop(call, req, policy)
-    own = req.host_tool is not None and is_own_tool(req.host_tool, frozenset(req.servers))
+    own = req.host_tool is not None and is_own_tool(req.host_tool, req.servers, OWN_TOOLS)
     binding = mode == "enforce"
     if loop.status.closed and req.phase != "pre":
         return _answer(ALLOW, block=False, binding=binding)  # nothing left to record
@@ -162,9 +175,12 @@ def hook(call: Call[Txn], req: HookEvent) -> HookAnswer:
         return _answer(ALLOW, block=False, binding=binding)
     overrides = policy.observe.names.get(req.host, {}) if policy.observe else {}
     tool = policy_tool(req.host, req.host_tool, overrides)
+    internal = is_internal(req.host, req.host_tool)
     open_turns = tx.open_turns(loop.loop_id)
     turn = agent_turn(open_turns, who.id)
     if req.phase == "post":
+        if internal and admits_internal(policy, tool):
+            return _answer(ALLOW, block=False, binding=binding, tool=tool, turn=turn)
         return _observed(call, req, tool, turn)
     return _decided(call, req, policy, tool, (open_turns, turn), binding)
 
@@ -183,9 +199,12 @@ def _decided(
     open_turns, turn = turns
     approved = tx.approved_for_turn(loop.loop_id, turn.turn_id) if turn else {}
     facts = tool_call_facts(
-        loop, open_turns, approved.values(), who.id, (req.host_tool, tool, req.command), tx.now
-    )
+        loop, open_turns, approved.values(), who.id, (req.host_tool, tool, req.command), tx.now,
+        internal=is_internal(req.host, req.host_tool),
+    )  # fmt: skip
     decision = evaluate_tool_call(policy, facts, digest=loop.policy_digest)
+    if facts.internal and decision.allowed:  # the host's own bookkeeping: not recorded
+        return _answer(decision, block=False, binding=binding, tool=tool, turn=turn)
     fields = {**_tool_fields(req, tool), "input_digest": req.input_digest}
     if decision.allowed:
         data: ToolAdmitted | ToolRefused = ToolAdmitted(**fields)
@@ -207,6 +226,8 @@ def _tool_fields(req: HookEvent, tool: str) -> dict[str, Any]:
         "tool_use_id": req.tool_use_id,
         "host_tool": req.host_tool,
         "tool": tool,
+        "agent_id": req.agent_id,
+        "agent_type": req.agent_type,
     }
 
 

@@ -347,10 +347,28 @@ class ToolCallFacts:
     approved: frozenset[str]  # tools covered by the turn's approved, unexpired approvals
     tool_calls: int  # tool calls charged in the loop plus those observed in its open turns
     lease_expired: bool = False  # the turn's lease has run out (not yet swept by a claim)
+    internal: bool = False  # a host-internal tool (`policy/hosts.is_internal`)
+
+
+def admits_internal(policy: LoopPolicy, tool: str) -> bool:
+    """Whether the class of host-internal tools admits `tool` (its policy name) as it is: at
+    any time, with or without a turn, unrecorded and uncharged, unless a `[tools] deny` or
+    `approval` pattern names it (then it is decided like any tool, deny winning)."""
+    return explain(policy, tool).rule in ("allow", "default")
 
 
 def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
-    """Why a tool call may not run now, each worded for the model: what to do instead."""
+    """Why a tool call may not run now, each worded for the model: what to do instead.
+
+    A host-internal tool acts on nothing outside the host (its todo list, plan mode, loading
+    deferred tools): admitted as it is (`admits_internal`), refused by a deny pattern whatever
+    the loop's state or the agent's turn."""
+    if facts.internal:
+        verdict = explain(policy, facts.tool)
+        if verdict.rule == "deny":
+            return [Reason(codes.TOOL_DENIED, verdict.explain())]
+        if admits_internal(policy, facts.tool):
+            return []
     if facts.loop_status != LoopStatus.ACTIVE:
         return [
             Reason(

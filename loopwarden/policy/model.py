@@ -17,9 +17,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from loopwarden import hosts
 from loopwarden.errors import clip
 from loopwarden.policy.commands import check_command_pattern
-from loopwarden.policy.hosts import HOSTS
 from loopwarden.policy.patterns import check_pattern, is_tool_name
 
 AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$")
@@ -207,8 +207,9 @@ class StopRules(_Section):
 
 def _check_names(value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
     for host, names in value.items():
-        if host not in HOSTS:
-            raise ValueError(f"observe.names: unknown host {host!r} (known: {', '.join(HOSTS)})")
+        if host not in hosts.NAMES:
+            known = ", ".join(hosts.NAMES)
+            raise ValueError(f"observe.names: unknown host {host!r} (known: {known})")
         for host_tool, tool in names.items():
             if not host_tool or len(host_tool) > MAX_HOST_TOOL:
                 raise ValueError(

@@ -15,6 +15,7 @@ from loopwarden.clients.cli import (
     approvals,
     audits,
     dashboard,
+    doctor,
     homes,
     hooks,
     journal,
@@ -40,6 +41,7 @@ app.add_typer(tokens.app, name="token")
 app.add_typer(keys.app, name="keys")
 app.add_typer(policies.app, name="policy")
 app.add_typer(stores.app, name="store")
+hooks.app.command("doctor")(doctor.doctor)
 app.add_typer(hooks.app, name="hook")
 app.command()(server.serve)
 app.command()(server.demo)

@@ -3,6 +3,7 @@ which `entry.py` runs without loading this CLI)."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
@@ -11,22 +12,26 @@ from typing import Annotated, Any
 
 import typer
 
+from loopwarden import hosts
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, Store, fail
 from loopwarden.errors import LoopwardenError
 from loopwarden.hooks.install import TOKEN_VARIABLE, Target, merged, settings_path
+from loopwarden.hosts.host import Place, Trust
 from loopwarden.ledger.storage.location import STORE_ENV, parse_location, redact
-from loopwarden.policy.hosts import HOSTS
 
 app = typer.Typer(
     no_args_is_help=True,
     help="Agent-host hooks: decide tool calls before they run.",
 )
-TRUST_NOTE = {
-    "codex": "Codex runs new or changed hooks only once trusted: open /hooks in Codex and trust "
-    "them (or start it with --dangerously-bypass-hook-trust).",
-    "cursor": "Cursor support is built from the @cursor/sdk hook code; check it in your editor.",
+NOTES = {
+    "cursor": "Cursor support is built from the @cursor/sdk hook code; check it in your editor."
 }
+HTTP_HELP = (
+    "Send each event to this loopwarden serve --http (http://HOST:PORT) with an observer token "
+    "(LOOPWARDEN_OBSERVER_TOKEN): Claude Code posts it itself (an http hook), every other host "
+    "runs a command that forwards it."
+)
 
 
 def program() -> tuple[str, ...]:
@@ -37,39 +42,56 @@ def program() -> tuple[str, ...]:
     return (sys.executable, "-m", "loopwarden")
 
 
-def _check_loop(home: Path | None, store: str | None, loop_id: str, agent: str) -> list[str]:
-    """Warnings about the loop the hooks will speak for (it may be opened later)."""
+def read_file(path: Path) -> str | None:
+    """A file's text for a host's trust check, or None if it cannot be read."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def close_to(name: str, known: list[str]) -> str:
+    """' (did you mean X?)' for the nearest of `known`, or nothing."""
+    near = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def loop_problems(
+    home: Path | None, store: str | None, loop_id: str, agent: str
+) -> tuple[list[str], list[str]]:
+    """(what makes the hooks speak for nothing, what weakens them) about `agent` in `loop_id`,
+    read from the store: a missing store or loop, an agent the policy does not admit; a policy
+    that does not observe hosts."""
     try:
         with admin.open_reader(home, store=store) as reader:
             loop = reader.loop_row(loop_id)
             if loop is None:
-                return [f"there is no loop {loop_id!r} yet: open it before the agent runs"]
+                near = close_to(loop_id, [row.loop_id for row in reader.loops()])
+                return [f"there is no loop {loop_id!r} in the store{near}"], []
             policy = reader.policy(loop.policy_digest)
     except LoopwardenError as exc:
-        return [exc.message]
-    warnings = []
+        return [exc.message], []
+    problems, warnings = [], []
+    if not policy.admits_agent(agent):
+        near = close_to(agent, list(policy.agents))
+        problems.append(f"loop {loop_id}'s policy does not admit agent {agent!r}{near}")
     if policy.observe_mode == "off":
         warnings.append(
             f"loop {loop_id}'s policy has no [observe] mode: its hooks will let every call "
             'through unrecorded (set mode = "record" or "enforce")'
         )
-    if not policy.admits_agent(agent):
-        warnings.append(f"loop {loop_id}'s policy does not admit agent {agent!r}")
-    return warnings
+    return problems, warnings
 
 
 @app.command("install")
 def install(
-    host: Annotated[str, typer.Argument(help=f"One of: {', '.join(HOSTS)}.")],
+    host: Annotated[str, typer.Argument(help=f"One of: {', '.join(hosts.NAMES)}.")],
     loop: Annotated[str, typer.Option("--loop", help="The loop the agent works on.")],
     agent: Annotated[str, typer.Option("--agent", help="The agent the host runs.")],
     scope: Annotated[
         str, typer.Option("--scope", help="project (the current directory) or user.")
     ] = "project",
-    http: Annotated[
-        str | None,
-        typer.Option("--http", help="Claude Code: post to this server (http://HOST:PORT) instead."),
-    ] = None,
+    http: Annotated[str | None, typer.Option("--http", help=HTTP_HELP)] = None,
     server_name: Annotated[
         list[str] | None,
         typer.Option("--server-name", help="loopwarden's MCP server name in the host config."),
@@ -88,9 +110,17 @@ def install(
 
     Merges the entries into the project's or the user's settings (other hooks are kept;
     running it again replaces loopwarden's entries), with blocking on failure where the host
-    allows it. --print shows the result instead of writing it.
+    allows it. The loop and the agent must exist in the store (exit 2 otherwise). Says whether
+    the host trusts the hooks where they are installed (Codex: project and hook trust; Gemini
+    CLI: trusted folders), and what to do if not; `loopwarden hook doctor` checks it all
+    again later. --print shows the result instead of writing it.
     """
     _check_options(host, scope, store, json_out)
+    problems, warnings = loop_problems(home, store, loop, agent)
+    if problems and http is None:
+        fail("; ".join(problems), EXIT_USAGE, as_json=json_out, error="not_found")
+    if problems:  # the server's store decides; this machine's may be another, or none
+        warnings = [f"not checked against the server's store: {problems[0]}"]
     target = Target(
         host=host,
         loop_id=loop,
@@ -101,24 +131,49 @@ def install(
         http=http,
         store=store,
     )
-    where = settings_path(host, scope, (project or Path.cwd()).resolve(), Path.home())
+    place = Place(
+        "project" if scope == "project" else "user",
+        (project or Path.cwd()).resolve(),
+        Path.home(),
+        dict(os.environ),
+    )
+    where = settings_path(host, scope, place.project, place.user_home)
     text = json.dumps(_merged_settings(where, target, json_out), indent=2) + "\n"
     if print_only:
         sys.stdout.write(text)
         return
     _write(where, text)
-    warnings = _check_loop(home, store, loop, agent) + _notes(target)
+    trust = hosts.get(host).trust(place, read_file)
+    _report(target, where, trust, warnings + _notes(target), json_out)
+
+
+def _report(target: Target, where: Path, trust: Trust, warnings: list[str], json_out: bool) -> None:
+    """What was installed, whether the host will run it (loudly, when it will not), and what
+    the operator must still do."""
     if json_out:
-        render.emit_json({"settings": str(where), "host": host, "warnings": warnings})
+        render.emit_json(
+            {"settings": str(where), "host": target.host, "trusted": trust.trusted,
+             "trust": trust.detail, "fix": trust.fix, "warnings": warnings}
+        )  # fmt: skip
         return
-    render.console.print(f"installed loopwarden's {host} hooks in {render.safe(str(where))}")
+    title = hosts.get(target.host).title
+    render.console.print(f"installed loopwarden's {target.host} hooks in {render.safe(str(where))}")
+    if trust.trusted is False:
+        render.err.print(
+            f"[bold red]WARNING: {title} will NOT run these hooks:[/bold red] "
+            f"{render.safe(trust.detail)}\n[bold]to fix:[/bold] {render.safe(trust.fix)}"
+        )
+    elif trust.trusted is None:
+        render.err.print(
+            f"[yellow]note:[/yellow] {render.safe(trust.detail)}; {render.safe(trust.fix)}"
+        )
     for warning in warnings:
         render.err.print(f"[yellow]note:[/yellow] {render.safe(warning)}")
 
 
 def _notes(target: Target) -> list[str]:
     """What the operator must still do for the installed hooks to work as meant."""
-    notes = [TRUST_NOTE[target.host]] if target.host in TRUST_NOTE else []
+    notes = [NOTES[target.host]] if target.host in NOTES else []
     if target.http is not None:
         notes.append(
             f"the hooks send ${TOKEN_VARIABLE}: export it in the host's environment "
@@ -128,8 +183,10 @@ def _notes(target: Target) -> list[str]:
 
 
 def _check_options(host: str, scope: str, store: str | None, json_out: bool) -> None:
-    if host not in HOSTS:
-        fail(f"unknown host {host!r}; use one of {', '.join(HOSTS)}", EXIT_USAGE, as_json=json_out)
+    if host not in hosts.NAMES:
+        known = ", ".join(hosts.NAMES)
+        message = f"unknown host {host!r}{close_to(host, list(hosts.NAMES))}; use one of {known}"
+        fail(message, EXIT_USAGE, as_json=json_out)
     if scope not in ("project", "user"):
         fail("--scope is project or user", EXIT_USAGE, as_json=json_out)
     if store is not None and _has_password(store, json_out):
@@ -184,7 +241,7 @@ def _handler(host: str) -> Any:
     return run
 
 
-for _host in HOSTS:
+for _host in hosts.NAMES:
     app.command(
         _host,
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

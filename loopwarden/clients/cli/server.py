@@ -116,8 +116,9 @@ def _run(settings: Settings) -> None:
         render.err.print(f"loopwarden serving streamable HTTP on {base}/mcp ({where})")
         render.err.print(f"operator dashboard on {base}/ (sign in with an operator token)")
         render.err.print(f"host hooks on {base}/hooks/HOST?loop=ID (observer tokens)")
-        dashboard = dashboard_mount(runtime, transport_security(host, settings.allowed_hosts))
-        anyio.run(serve_http, server, settings, sock, [hook_route(runtime), dashboard])
+        security = transport_security(host, settings.allowed_hosts)  # /mcp's, on every route
+        mounts = [hook_route(runtime, security), dashboard_mount(runtime, security)]
+        anyio.run(serve_http, server, settings, sock, mounts)
 
 
 def _settings(flags: dict[str, Any]) -> Settings:

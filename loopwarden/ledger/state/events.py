@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import secrets
 from enum import StrEnum
-from typing import Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from loopwarden import hosts
 from loopwarden.policy.patterns import TOOL_NAME_RE
 
 RECEIPT_SCHEMA: Final = "loopwarden.receipt/v1"
@@ -250,9 +251,14 @@ class TodoAdded(Fact):
     todo: TodoSpec
 
 
-Host = Literal["claude-code", "codex", "gemini", "cursor"]
+if TYPE_CHECKING:
+    Host = str
+else:
+    Host = Literal[hosts.NAMES]  # one per host module (loopwarden/hosts)
 HostSession = Annotated[str, Field(min_length=1, max_length=200)]
 HostToolName = Annotated[str, Field(min_length=1, max_length=200)]
+HostAgent = Annotated[str, Field(min_length=1, max_length=200)]
+"""A subagent's id or type, as the host names it (Claude Code, Codex: `agent_id`, `agent_type`)."""
 
 
 class HostAttached(Fact):
@@ -272,6 +278,8 @@ class ToolCall(Fact):
     host_tool: HostToolName
     tool: ToolName
     input_digest: Digest
+    agent_id: HostAgent | None = None  # the subagent that made the call, if one did
+    agent_type: HostAgent | None = None
 
 
 class ToolAdmitted(ToolCall):
@@ -300,6 +308,8 @@ class ToolObserved(Fact):
     # against max_tool_calls when it is observed; in a turn, the report charges it. Absent in
     # receipts before this field, which charged nothing outside turns.
     charged: bool | None = None
+    agent_id: HostAgent | None = None
+    agent_type: HostAgent | None = None
 
 
 class LoopStatusChanged(Fact):

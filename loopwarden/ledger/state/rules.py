@@ -171,10 +171,13 @@ def tool_call_facts(
     agent: str,
     call: tuple[str, str, str | None],
     now_text: str,
+    *,
+    internal: bool = False,
 ) -> ToolCallFacts:
     """What a pre-tool decision for `agent` is made on: its open turn, the approvals that
     cover tools in it, and the loop's tool calls so far (charged, plus those observed in open
-    turns and not yet charged). `call` is (host tool, policy tool, command line)."""
+    turns and not yet charged). `call` is (host tool, policy tool, command line); `internal`
+    says the host tool is host-internal (`policy/hosts.is_internal`)."""
     host_tool, tool, command = call
     turn = agent_turn(open_turns, agent)
     approved = frozenset(
@@ -196,6 +199,7 @@ def tool_call_facts(
         approved=approved,
         tool_calls=loop.totals.tool_calls + sum(t.observed_total for t in open_turns),
         lease_expired=turn is not None and turn.lease_expires_at < now_text,
+        internal=internal,
     )
 
 

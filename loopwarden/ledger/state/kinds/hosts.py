@@ -20,7 +20,7 @@ from loopwarden.ledger.state.spec import OBSERVERS, KindSpec
 from loopwarden.policy import decision as codes
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.evaluate import evaluate_tool_call
-from loopwarden.policy.hosts import SHELL, policy_tool
+from loopwarden.policy.hosts import SHELL, is_internal, policy_tool
 
 COMMAND_CODES = frozenset(
     {codes.COMMAND_DENIED, codes.COMMAND_NOT_ALLOWED, codes.COMMAND_UNREADABLE}
@@ -97,15 +97,22 @@ def _named(view: LoopView, data: ToolCall | ToolObserved) -> list[Verdict]:
     return []
 
 
-def _expected(view: LoopView, body: ReceiptBody, data: ToolCall) -> set[str]:
+def _rulings(view: LoopView, body: ReceiptBody, data: ToolCall) -> list[frozenset[str]]:
     """The reasons the rules give against the call now (command rules aside: the line is not
-    kept, only its digest)."""
+    kept, only its digest), the rule in force first. A host-internal tool has a second: the
+    rule for any tool, which decided it before the class existed (receipts of release 0.1.0
+    refused `ToolSearch` without a turn)."""
     open_turns = [view.turns[t] for t in view.loop.open_turns]
-    facts = rules.tool_call_facts(
-        view.loop, open_turns, view.approvals.values(), body.principal.id,
-        (data.host_tool, data.tool, None), body.at,
-    )  # fmt: skip
-    return set(evaluate_tool_call(view.policy, facts, digest="").codes) - COMMAND_CODES
+    internal = is_internal(data.host, data.host_tool)
+    rulings = []
+    for as_internal in (True, False) if internal else (False,):
+        facts = rules.tool_call_facts(
+            view.loop, open_turns, view.approvals.values(), body.principal.id,
+            (data.host_tool, data.tool, None), body.at, internal=as_internal,
+        )  # fmt: skip
+        given = evaluate_tool_call(view.policy, facts, digest="").codes
+        rulings.append(frozenset(given) - COMMAND_CODES)
+    return rulings
 
 
 def _judge_attached(
@@ -135,7 +142,9 @@ def _judge_admitted(
         return found
     if body.decision.effect != "allow":
         found.append(Verdict("effect", "an admission records a deny"))
-    return found + verdicts(tuple(sorted(_expected(view, body, data))), "tool admitted")
+    rulings = _rulings(view, body, data)
+    legal = frozenset() if frozenset() in rulings else rulings[0]
+    return found + verdicts(tuple(sorted(legal)), "tool admitted")
 
 
 def _judge_refused(
@@ -149,14 +158,13 @@ def _judge_refused(
         found.append(Verdict("effect", "a tool refusal records an allow"))
     if data.enforced != (mode == "enforce"):
         found.append(Verdict("enforced", f"enforced={data.enforced} under mode {mode}"))
-    recorded, expected = codes_of(body), _expected(view, body, data)
+    recorded, rulings = codes_of(body), _rulings(view, body, data)
     commands = recorded & COMMAND_CODES
     rules_commands = data.tool == SHELL and view.policy.tools.commands is not None
-    if (recorded - COMMAND_CODES) != expected or (commands and not rules_commands):
+    if (recorded - COMMAND_CODES) not in rulings or (commands and not rules_commands):
+        expected = sorted(rulings[0])
         found.append(
-            Verdict(
-                "tool_refused", f"refused for {sorted(recorded)}; the rules give {sorted(expected)}"
-            )
+            Verdict("tool_refused", f"refused for {sorted(recorded)}; the rules give {expected}")
         )
     return found
 
