@@ -10,8 +10,10 @@ hook's authentication fails closed.
 
 from __future__ import annotations
 
+import http.server
 import json
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -254,3 +256,126 @@ def test_the_forwarder_fails_closed_without_a_token_or_a_server(live, tmp_path):
         timeout=60,
     )
     assert down.returncode == 2 and b"cannot be reached" in down.stderr
+
+
+def test_the_http_hook_takes_no_cross_site_post_even_without_auth(tmp_path):
+    """`--no-auth`: the Host/Origin rules of /mcp and JSON-only bodies hold on /hooks too; a
+    refused post is answered as a block and seals nothing."""
+    home = tmp_path / "home"
+
+    async def setup() -> None:
+        async with open_store(home) as store:
+            await open_loop(store, OPERATOR, OpenLoopRequest(objective="x", policy=POLICY,
+                                                             loop_id=LOOP))  # fmt: skip
+
+    anyio.run(setup)
+    served = start_server(home, tmp_path / "logs", "--no-auth", "--agent", "builder")
+    try:
+        url = served.url.removesuffix("/mcp") + f"/hooks/claude-code?loop={LOOP}"
+        body = json.dumps(event("PreToolUse-read")).encode()
+        evil = {"Origin": "http://evil.example"}
+        mcp = httpx2.post(served.url, content=b"{}", headers={**evil,
+                          "Content-Type": "application/json"}, timeout=30)  # fmt: skip
+        assert mcp.status_code == 403
+        for headers in (
+            {**evil, "Content-Type": "text/plain"},
+            {**evil, "Content-Type": "application/json"},
+            {"Content-Type": "text/plain"},
+            {"Content-Type": "application/json", "Host": "evil.example"},
+        ):
+            refused = httpx2.post(url, content=body, headers=headers, timeout=30)
+            assert denied(refused), (headers, refused.text)
+        allowed = httpx2.post(url, content=body, headers={"Content-Type": "application/json"},
+                              timeout=30)  # fmt: skip
+        assert "claim a turn first" in denied(allowed), "the same post, from the host itself"
+    finally:
+        stop_server(served)
+    receipts = json.loads(cli("receipts", LOOP, "--json", "--home", str(home)).stdout)
+    assert [r["kind"] for r in receipts["receipts"]] == [
+        "loop.opened", "host.attached", "tool.refused",
+    ], "only the host's own post was sealed"  # fmt: skip
+
+
+class _Answering(http.server.BaseHTTPRequestHandler):
+    """A server that answers every post with the class's status and headers: not a decision."""
+
+    status, headers = 500, {}
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(self.status)
+        for name, value in self.headers_out.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(b"Internal Server Error")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("status", "headers"), [(500, {}), (500, {"Loopwarden-Hook-Answer": "x"}),
+                                                 (200, {}), (404, {})])  # fmt: skip
+def test_the_forwarder_blocks_a_tool_on_any_answer_that_is_not_a_decision(status, headers):
+    handler = type("Handler", (_Answering,), {"status": status, "headers_out": headers})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for host, name, blocked in [
+            ("codex", "PreToolUse-read", lambda d: d.returncode == 2 and d.stderr),
+            ("gemini", "BeforeTool-read_file",
+             lambda d: d.returncode == 2 and json.loads(d.stdout)["decision"] == "deny"),
+            ("cursor", "preToolUse-Read", lambda d: json.loads(d.stdout)["permission"] == "deny"),
+        ]:  # fmt: skip
+            done = subprocess.run(
+                loopwarden("hook", host, "--loop", LOOP, "--agent", "builder", "--server", base),
+                input=(FIXTURES.parent / host / f"{name}.json").read_bytes(),
+                capture_output=True,
+                env=cli_env(LOOPWARDEN_OBSERVER_TOKEN="lw_x"),
+                timeout=60,
+            )
+            assert blocked(done), (host, done.returncode, done.stdout, done.stderr)
+        after = subprocess.run(
+            loopwarden("hook", "codex", "--loop", LOOP, "--agent", "builder", "--server", base),
+            input=(FIXTURES.parent / "codex" / "PostToolUse-bash.json").read_bytes(),
+            capture_output=True,
+            env=cli_env(LOOPWARDEN_OBSERVER_TOKEN="lw_x"),
+            timeout=60,
+        )
+        assert after.returncode == 1, "after a tool ran, a failure is reported, not a block"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_doctor_checks_that_the_server_takes_the_observer_token(live, tmp_path):
+    from typer.testing import CliRunner
+
+    from loopwarden.clients.cli import app
+
+    base = live["served"].url.removesuffix("/mcp")
+    user, project = tmp_path / "user", tmp_path / "project"
+    project.mkdir(parents=True)
+    env = {"HOME": str(user)}
+    installed = CliRunner().invoke(
+        app,
+        ["hook", "install", "claude-code", "--loop", LOOP, "--agent", "builder", "--http", base,
+         "--project", str(project), "--home", str(live["home"])],
+        env=env,
+    )  # fmt: skip
+    assert installed.exit_code == 0, installed.output
+    before = cli("receipts", LOOP, "--json", "--home", str(live["home"])).stdout
+
+    def doctor(token: str) -> dict[str, Any]:
+        done = CliRunner().invoke(
+            app, ["hook", "doctor", "claude-code", "--project", str(project), "--json"],
+            env={**env, "LOOPWARDEN_OBSERVER_TOKEN": token},
+        )  # fmt: skip
+        report = json.loads(done.output)
+        assert (done.exit_code == 0) == report["ok"]
+        return {c["name"]: c["ok"] for c in report["checks"]}
+
+    assert doctor(live["observer"].token)["token"] is True
+    assert doctor(live["agent"].token)["token"] is False, "an agent token is no observer token"
+    assert cli("receipts", LOOP, "--json", "--home", str(live["home"])).stdout == before

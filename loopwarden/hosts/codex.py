@@ -49,8 +49,7 @@ class Codex(ClaudeCode):
         "view_image": "fs.read",
         "update_plan": "host.plan",
     }
-    shell: ClassVar[Mapping[str, str]] = {"Bash": "command", "shell": "command", "local_shell": "command",
-             "exec_command": "command"}  # fmt: skip
+    shell: ClassVar[Mapping[str, str]] = {"Bash": "command"}  # every shell tool, as Codex names it
     internal = frozenset({"update_plan", "request_user_input"})
     settings_file = ".codex/hooks.json"
     http_hooks = False
