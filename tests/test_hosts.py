@@ -138,7 +138,7 @@ INTERNAL = [  # (host, a pre-tool fixture of that host, an internal tool of it)
 async def test_host_internal_tools_run_without_a_turn_unrecorded(store, host, name, tool):
     assert is_internal(host, tool)
     await opened(store)
-    reply, out = await say(store, fixture(host, name, tool_name=tool), host=host)
+    reply, _ = await say(store, fixture(host, name, tool_name=tool), host=host)
     assert (reply.exit_code, reply.stdout) == (0, ""), "admitted: the host is told nothing"
     assert "tool.refused" not in await kinds(store) and "tool.admitted" not in await kinds(store)
     await judged_clean(store)
