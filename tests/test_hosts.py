@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
-from conftest import BUILDER
+from conftest import BUILDER, OPERATOR
 from support import cli_env, loopwarden
 from test_hooks import (
     FIXTURES,
@@ -46,6 +46,7 @@ from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.catalog import TOOLS
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.hooks import OWN_TOOLS
+from loopwarden.operations.journal import journal
 from loopwarden.operations.update import update
 from loopwarden.policy.hosts import is_internal, policy_tool
 from loopwarden.policy.model import LoopPolicy
@@ -183,6 +184,9 @@ async def test_a_subagents_tool_call_names_it_in_the_receipt(store, host):
         event["agent_id"],
         event["agent_type"],
     )
+    listed = await journal(store, OPERATOR, {"loop_id": LOOP})
+    assert listed.receipts[-1].subagent == f"{event['agent_type']} {event['agent_id']}"
+    assert listed.receipts[0].subagent is None
     await judged_clean(store)
 
 

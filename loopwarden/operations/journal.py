@@ -27,6 +27,11 @@ class ReceiptSummary(Model):
     principal: str
     effect: str
     reasons: list[str]
+    subagent: str | None = Field(
+        default=None,
+        description="A host receipt's subagent, as the host names it: 'TYPE ID' (agent_type, "
+        "agent_id), for calls a subagent made.",
+    )
 
 
 class ReceiptLine(ReceiptSummary):
@@ -61,6 +66,8 @@ _summaries_lock = threading.Lock()
 
 def _summary(row: JournalRow, body: dict[str, Any]) -> ReceiptSummary:
     decision = body.get("decision", {})
+    data = body.get("data") if isinstance(body.get("data"), dict) else {}
+    agent = " ".join(str(data[k]) for k in ("agent_type", "agent_id") if data.get(k)) or None
     return ReceiptSummary(
         seq=row.seq,
         receipt_id=row.receipt_id,
@@ -69,6 +76,7 @@ def _summary(row: JournalRow, body: dict[str, Any]) -> ReceiptSummary:
         principal=body.get("principal", {}).get("id", "?"),
         effect=decision.get("effect", "?"),
         reasons=[r.get("code", "?") for r in decision.get("reasons", [])],
+        subagent=agent,
     )
 
 

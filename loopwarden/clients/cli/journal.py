@@ -54,7 +54,8 @@ def _line(cells: list[str], styles: dict[int, str] | None = None) -> str:
 def _row(line: ReceiptLine) -> str:
     at = line.at[:19] + "Z" if len(line.at) >= 19 else line.at
     cells = [str(line.seq), at, line.kind, line.principal, line.effect, line.receipt_id]
-    cells += ["ok" if line.verified else "BAD", ", ".join(line.reasons)]
+    last = ", ".join(line.reasons) + (f" (subagent {line.subagent})" if line.subagent else "")
+    cells += ["ok" if line.verified else "BAD", last.strip()]
     return _line(cells, None if line.verified else {6: "red"})
 
 
