@@ -473,6 +473,7 @@ def test_receipts_json_shape_and_kind_filter(home, loop):
             "principal",
             "effect",
             "reasons",
+            "subagent",
             "turn_id",
             "verified",
         }

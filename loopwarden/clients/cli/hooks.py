@@ -110,10 +110,11 @@ def install(
 
     Merges the entries into the project's or the user's settings (other hooks are kept;
     running it again replaces loopwarden's entries), with blocking on failure where the host
-    allows it. The loop and the agent must exist in the store (exit 2 otherwise). Says whether
-    the host trusts the hooks where they are installed (Codex: project and hook trust; Gemini
-    CLI: trusted folders), and what to do if not; `loopwarden hook doctor` checks it all
-    again later. --print shows the result instead of writing it.
+    allows it. --print shows the result instead of writing it.
+
+    The loop and the agent must exist in the store (exit 2 otherwise). Then it says whether
+    the host trusts the hooks there (Codex: project and hook trust; Gemini CLI: trusted
+    folders) and what to do if not; `loopwarden hook doctor` checks it all again later.
     """
     _check_options(host, scope, store, json_out)
     problems, warnings = loop_problems(home, store, loop, agent)
