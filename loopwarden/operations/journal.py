@@ -66,8 +66,9 @@ _summaries_lock = threading.Lock()
 
 def _summary(row: JournalRow, body: dict[str, Any]) -> ReceiptSummary:
     decision = body.get("decision", {})
-    data = body.get("data") if isinstance(body.get("data"), dict) else {}
-    agent = " ".join(str(data[k]) for k in ("agent_type", "agent_id") if data.get(k)) or None
+    data = body.get("data")
+    found = data if isinstance(data, dict) else {}
+    agent = " ".join(str(found[k]) for k in ("agent_type", "agent_id") if found.get(k)) or None
     return ReceiptSummary(
         seq=row.seq,
         receipt_id=row.receipt_id,
