@@ -22,7 +22,6 @@ from loopwarden.hosts.host import (
     Files,
     Hook,
     Host,
-    MalformedEvent,
     Phase,
     Place,
     Reply,
@@ -31,7 +30,6 @@ from loopwarden.hosts.host import (
     field_of,
     json_text,
     optional_id,
-    session_of,
 )
 
 
@@ -87,20 +85,14 @@ class ClaudeCode(Host):
     subagents = True
 
     def read(self, event: dict[str, Any]) -> Event:
-        name = field_of(event, "hook_event_name", str)
-        session = session_of(event)
-        phase = self.events.get(name)
-        if phase == "session":
-            return Event("session", session)
-        if phase == "stop":
-            return Event("stop", session, stop_active=bool(event.get("stop_hook_active")))
-        if phase is None:
-            raise MalformedEvent(f"loopwarden does not handle {name!r} events")
+        phase, session, whole = self.opening(event)
+        if whole is not None:
+            return whole
         common = self.tool_call(event, session)
         if phase == "pre":
             return Event("pre", **common)
         response = event.get("tool_response", event.get("error"))
-        errored = name == "PostToolUseFailure" or (
+        errored = event.get("hook_event_name") == "PostToolUseFailure" or (
             isinstance(response, dict)
             and (response.get("is_error") is True or response.get("success") is False)
         )

@@ -27,7 +27,6 @@ from loopwarden.hosts.host import (
     Files,
     Hook,
     Host,
-    MalformedEvent,
     Phase,
     Place,
     Reply,
@@ -35,7 +34,6 @@ from loopwarden.hosts.host import (
     digest,
     field_of,
     json_text,
-    session_of,
 )
 
 TRUST_VARIABLE = "GEMINI_CLI_TRUST_WORKSPACE"
@@ -90,15 +88,9 @@ class Gemini(Host):
     settings_file = ".gemini/settings.json"
 
     def read(self, event: dict[str, Any]) -> Event:
-        name = field_of(event, "hook_event_name", str)
-        session = session_of(event)
-        phase = self.events.get(name)
-        if phase == "session":
-            return Event("session", session)
-        if phase == "stop":
-            return Event("stop", session, stop_active=bool(event.get("stop_hook_active")))
-        if phase is None:
-            raise MalformedEvent(f"loopwarden does not handle {name!r} events")
+        phase, session, whole = self.opening(event)
+        if whole is not None:
+            return whole
         tool = field_of(event, "tool_name", str)
         context = event.get("mcp_context")
         if isinstance(context, dict) and isinstance(context.get("server_name"), str):

@@ -187,6 +187,22 @@ class Host:
         """The host's event (a JSON object) as an `Event`; `MalformedEvent` if it is not one."""
         raise NotImplementedError
 
+    def opening(self, event: dict[str, Any]) -> tuple[Phase, str, Event | None]:
+        """The event's phase and session, and the whole `Event` for a session start or a stop
+        (`stop_hook_active` says the host blocked this stop once), which hosts read alike;
+        `MalformedEvent` for an event this host does not send."""
+        name = field_of(event, "hook_event_name", str)
+        session = session_of(event)
+        phase = self.events.get(name)
+        if phase is None:
+            raise MalformedEvent(f"loopwarden does not handle {name!r} events")
+        if phase == "session":
+            return phase, session, Event("session", session)
+        if phase == "stop":
+            active = bool(event.get("stop_hook_active"))
+            return phase, session, Event("stop", session, stop_active=active)
+        return phase, session, None
+
     def shell_line(self, tool: str, tool_input: Any) -> str | None:
         """The command line a shell tool's input carries (a string, or an argv list as one
         line), or None for a tool that is no shell tool or an input without one."""
