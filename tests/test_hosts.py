@@ -363,3 +363,23 @@ def test_a_forwarder_failure_blocks_in_each_hosts_own_form(tmp_path):
             assert done.returncode == 2 and json.loads(done.stdout)["decision"] == "deny"
         else:
             assert done.returncode == 2 and b"LOOPWARDEN_OBSERVER_TOKEN" in done.stderr
+
+
+async def test_refusals_of_internal_tools_sealed_before_the_class_stay_legal(store):
+    """Release 0.1.0 refused `ToolSearch` without a turn, as any tool: `verify` judges such a
+    receipt by the rule it was sealed under, and still objects to reasons no rule gives."""
+    from test_judge import _recast, objections
+
+    from loopwarden.ledger.state.registry import parse_body
+
+    await opened(store)
+    assert "claim a turn first" in denied((await say(store, fixture("claude-code",
+                                                                    "PreToolUse-read")))[1])  # fmt: skip
+    rows = await store.read(lambda r: r.loop_journal(LOOP))
+    bodies = [parse_body(open_envelope(r.envelope, None).body) for r in rows]
+    refused = bodies[-1]
+    assert refused.kind == "tool.refused"
+    old = refused.data.model_copy(update={"host_tool": "ToolSearch", "tool": "host.ToolSearch"})
+    assert objections([*bodies[:-1], refused.model_copy(update={"data": old})]) == []
+    wrong = _recast(refused, refused.kind, old, "deny", "tool_denied")
+    assert any("tool_refused" in o for o in objections([*bodies[:-1], wrong]))
