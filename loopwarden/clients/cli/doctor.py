@@ -28,7 +28,7 @@ import typer
 from loopwarden import hosts
 from loopwarden.clients import render
 from loopwarden.clients.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Json, fail
-from loopwarden.clients.cli.hooks import close_to, loop_problems, read_file
+from loopwarden.clients.cli.hooks import close_to, loop_problems, place_of, read_file
 from loopwarden.hooks.install import TOKEN_VARIABLE, settings_path
 from loopwarden.hosts.host import Hook, Host, Place, hook_entry_is_ours
 
@@ -242,12 +242,7 @@ def doctor(
     if scope not in ("project", "user"):
         fail("--scope is project or user", EXIT_USAGE, as_json=json_out)
     known = hosts.get(host)
-    place = Place(
-        "project" if scope == "project" else "user",
-        (project or Path.cwd()).resolve(),
-        Path.home(),
-        dict(os.environ),
-    )
+    place = place_of(scope, project)
     where = Where(place, settings_path(host, scope, place.project, place.user_home))
     found = checks(known, where, home)
     failed = any(c.ok is False for c in found)

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -48,6 +48,13 @@ def read_file(path: Path) -> str | None:
         return path.read_text()
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def place_of(scope: str, project: Path | None) -> Place:
+    """Where hooks go: the scope, the project (default: the current directory), the user's home
+    directory and this environment."""
+    kind: Literal["project", "user"] = "project" if scope == "project" else "user"
+    return Place(kind, (project or Path.cwd()).resolve(), Path.home(), dict(os.environ))
 
 
 def close_to(name: str, known: list[str]) -> str:
@@ -132,12 +139,7 @@ def install(
         http=http,
         store=store,
     )
-    place = Place(
-        "project" if scope == "project" else "user",
-        (project or Path.cwd()).resolve(),
-        Path.home(),
-        dict(os.environ),
-    )
+    place = place_of(scope, project)
     where = settings_path(host, scope, place.project, place.user_home)
     text = json.dumps(_merged_settings(where, target, json_out), indent=2) + "\n"
     if print_only:
