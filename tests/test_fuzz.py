@@ -40,6 +40,7 @@ from support import TOOL_NAMES, assert_no_leak, serving, text_of
 from loopwarden.clients.agent import AgentClient
 from loopwarden.clock import ManualClock
 from loopwarden.ledger.homes import DB_NAME
+from loopwarden.server.tools import error_of
 
 EXAMPLES = int(os.environ.get("LOOPWARDEN_FUZZ_EXAMPLES", "100"))  # per tool family
 FUZZ = settings(
@@ -151,8 +152,8 @@ def check_call(world: World, who: AgentClient, tool: str, arguments: dict[str, A
         assert after == before or outsider, f"a rejected {tool} call changed the store: {text}"
         if tool in TOOL_NAMES:
             match = CLASSIFIED.match(text)
-            error = (result.structured_content or {}).get("error", {})
-            assert match and match.group(1) == error.get("code"), (
+            error = error_of(result)
+            assert match and error and match.group(1) == error[0], (
                 f"unclassified error: {text[:500]!r}"
             )
         else:

@@ -39,6 +39,7 @@ from loopwarden.operations.update import UpdateResult
 from loopwarden.principals import Principal
 from loopwarden.server.app import build_server
 from loopwarden.server.settings import Settings
+from loopwarden.server.tools import error_of
 
 pytestmark = pytest.mark.anyio
 
@@ -82,8 +83,9 @@ class Caller:
         assert result.is_error, f"{tool} should have failed: {result.structured_content}"
         text = text_of(result)
         if tool in TOOL_NAMES:  # our errors carry their code for machines too
-            error = (result.structured_content or {}).get("error", {})
-            assert text == f"{error.get('code')}: {error.get('message')}", (text, error)
+            assert result.structured_content is None, "an error has no structured content"
+            code, message = error_of(result) or ("", "")
+            assert text == f"{code}: {message}", (text, code, message)
         assert text.strip(), "an error needs a message"
         assert_no_leak(text, self.home)
         return text

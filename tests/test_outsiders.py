@@ -52,6 +52,7 @@ from loopwarden.operations.projection import ProjectionRequest, projection
 from loopwarden.operations.todos import TodoAddRequest, todo_add
 from loopwarden.operations.update import UpdateRequest, update
 from loopwarden.principals import Principal
+from loopwarden.server.tools import error_of
 
 pytestmark = pytest.mark.anyio
 
@@ -230,8 +231,9 @@ def _as_hidden(text: str, missing: dict[str, Any], hidden: dict[str, Any]) -> st
 async def _tool_error(client: AgentClient, tool: str, arguments: dict[str, Any]) -> str:
     result = await client.client.call_tool(tool, arguments)
     assert result.is_error, f"{tool}({arguments}) answered {result.structured_content}"
-    error = (result.structured_content or {})["error"]
-    return f"{error['code']}: {error['message']}"
+    error = error_of(result)
+    assert error is not None, result
+    return f"{error[0]}: {error[1]}"
 
 
 async def _resource_error(client: AgentClient, uri: str) -> str:

@@ -20,6 +20,7 @@ from support import cli, cli_env, initialize_request, loopwarden
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.operations.claim import ClaimResult
 from loopwarden.operations.update import UpdateResult
+from loopwarden.server.tools import error_of
 
 pytestmark = pytest.mark.anyio
 
@@ -145,6 +146,24 @@ async def test_stdio_errors_are_clean_and_identity_comes_from_the_launch_config(
             assert state.budgets["cost_usd"].used == 0
             claimed = await agent.receipt(turn.receipt_id)
             assert claimed.body["principal"] == {"id": "builder", "role": "agent"}
+
+
+async def test_a_tool_error_is_readable_by_a_client_that_validates_every_result(home, tmp_path):
+    """MCP: structured content MUST conform to the tool's output schema, and strict clients
+    check it on error results too, so an error carries its code in the text and `_meta` only."""
+    open_loop_with_cli(home, write_policy(tmp_path), "web-3", ["a"])
+    with anyio.fail_after(SESSION_TIMEOUT):
+        async with AgentClient.stdio("builder", home) as agent:
+            calls = {
+                "quota": ({"loop_id": "nope"}, "not_found: no loop with id 'nope'"),
+                "open_loop": ({"objective": "x", "policy": BASIC_POLICY}, "forbidden: "),
+            }
+            for tool, (arguments, expected) in calls.items():
+                result = await agent.client.call_tool(tool, arguments)
+                assert result.is_error and result.structured_content is None, result
+                text = " ".join(getattr(c, "text", "") for c in result.content)
+                assert text.startswith(expected), text
+                assert error_of(result) == tuple(text.split(": ", 1)), result.meta
 
 
 async def test_serve_writes_only_json_rpc_to_stdout(home):

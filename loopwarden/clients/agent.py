@@ -32,6 +32,7 @@ from loopwarden.operations import todos as todo_ops
 from loopwarden.operations import update as update_ops
 from loopwarden.operations.operation import Operation, Req, Res
 from loopwarden.principals import Role
+from loopwarden.server.tools import error_of
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -54,9 +55,9 @@ def serve_command(agent: str, home: str | Path, role: Role = "agent") -> StdioSe
 
 
 def _error(result: Any, name: str) -> ToolCallError:
-    error = (result.structured_content or {}).get("error")
-    if isinstance(error, dict) and "code" in error:
-        return ToolCallError(str(error["code"]), str(error.get("message", "")))
+    error = error_of(result)
+    if error is not None:
+        return ToolCallError(*error)
     text = " ".join(getattr(c, "text", "") for c in result.content)
     code, _, message = text.removeprefix(f"Error executing tool {name}: ").partition(": ")
     return ToolCallError(code if message else "error", message or code)

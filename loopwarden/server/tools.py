@@ -2,9 +2,14 @@
 
 Each tool's input schema is its request model's JSON Schema (flat arguments, the model's
 constraints field for field, unknown arguments refused); its output schema is the result
-model's, flattened for clients to check cheaply (`schemas.py`). A call runs through the operation runner as the server's principal. Errors carry a
-code end to end: the text reads `code: message` and the structured content is
-`{"error": {"code", "message"}}`.
+model's, flattened for clients to check cheaply (`schemas.py`). A call runs through the
+operation runner as the server's principal.
+
+Errors carry a code end to end: the text reads `code: message`, and the result's `_meta` holds
+`{"loopwarden/error": {"code", "message"}}` for machines. An error result carries no
+`structuredContent`: MCP (2025-11-25 and 2026-07-28) says structured content MUST conform to
+the tool's output schema, and strict clients (the MCP Inspector) validate it on every result, so
+an `{"error": ...}` object there read as a schema failure instead of the error.
 """
 
 from __future__ import annotations
@@ -24,15 +29,25 @@ from loopwarden.server.runtime import Runtime
 from loopwarden.server.schemas import slim
 
 log = logging.getLogger("loopwarden.server")
+ERROR_META = "loopwarden/error"  # the `_meta` key of a tool error's code and message
 
 
 def error_result(code: str, message: str) -> CallToolResult:
-    """A tool error the model can read and a client can match on."""
+    """A tool error the model can read (`code: message`) and a client can match on (`_meta`),
+    with no structured content for a strict client to hold against the output schema."""
     return CallToolResult(
+        meta={ERROR_META: {"code": code, "message": message}},
         content=[TextContent(type="text", text=f"{code}: {message}")],
-        structured_content={"error": {"code": code, "message": message}},
         is_error=True,
     )
+
+
+def error_of(result: CallToolResult) -> tuple[str, str] | None:
+    """The code and message of a loopwarden tool error, None if `result` carries none."""
+    error = (result.meta or {}).get(ERROR_META)
+    if isinstance(error, dict) and "code" in error:
+        return str(error["code"]), str(error.get("message", ""))
+    return None
 
 
 def success_result(result: BaseModel) -> CallToolResult:
