@@ -56,6 +56,7 @@ from loopwarden.operations.update import UpdateRequest, UpdateResult, update
 from loopwarden.policy.digest import policy_digest
 from loopwarden.policy.loader import parse_policy
 from loopwarden.principals import Principal
+from loopwarden.server.settings import DB_NAME
 
 T = TypeVar("T")
 
@@ -1507,6 +1508,25 @@ def test_the_demo_cleans_up_its_temporary_home_and_prints_a_working_hint(tmp_pat
     assert list(scratch.iterdir()) == []  # the loopwarden-demo-* directory is gone
     hint = proc.stdout.strip().splitlines()[-1]
     assert f"{sys.executable} -m loopwarden demo --home DIR" in hint
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "--json"])
+def test_the_demo_refuses_a_home_that_holds_a_database_up_front_with_exit_1(tmp_path, as_json):
+    """A second `demo --home DIR` on one DIR: refused before it runs a scenario (an earlier demo's
+    loop ids are taken, so every scenario failed and the run exited 3, the tamper code)."""
+    home = tmp_path / "demo"
+    policy = tmp_path / "p.json"
+    policy.write_text(json.dumps(BASIC_POLICY))
+    opened = cli(f"loop open --policy {policy} --objective x --todo t --id build-review --home {home}")
+    assert opened.exit_code == 0, opened.output
+    before = (home / DB_NAME).read_bytes()
+    done = cli(f"demo --home {home}" + (" --json" if as_json else ""))
+    assert done.exit_code == 1, done.output
+    assert str(home) in done.stderr and "already holds a loopwarden database" in done.stderr
+    assert "new directory" in done.stderr and "━━" not in done.stdout  # no scenario ran
+    if as_json:
+        assert json.loads(done.stdout)["error"] == "conflict"
+    assert (home / DB_NAME).read_bytes() == before and not (home / "guarded-bundle.json").exists()
 
 
 @pytest.mark.parametrize("given", [False, True], ids=["temporary", "--home"])

@@ -24,6 +24,7 @@ from rich.markup import escape
 from loopwarden.clients import admin, render
 from loopwarden.clients.agent import AgentClient
 from loopwarden.clock import format_time
+from loopwarden.errors import Conflict
 from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
 from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.log.keys import Keyring
@@ -32,6 +33,7 @@ from loopwarden.operations.approvals import DecideApprovalRequest, decide_approv
 from loopwarden.operations.loops import OpenLoopRequest, open_loop
 from loopwarden.policy.digest import policy_document
 from loopwarden.policy.loader import parse_policy
+from loopwarden.server.settings import DB_NAME
 
 OPERATOR = admin.operator("operator")
 
@@ -531,11 +533,26 @@ def _leaf(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def fresh_home(home: Path) -> None:
+    """Refuse, before anything runs, a home that already holds a database: the demo opens its
+    loops under fixed ids (`build-review`, ...), so on an earlier demo's store every scenario
+    would fail, and on anyone else's it would mix its loops into theirs. `Conflict`."""
+    if (home / DB_NAME).is_file():
+        raise Conflict(
+            f"{home} already holds a loopwarden database (an earlier demo's?); the demo needs a "
+            "home of its own: give --home a new directory, or leave --home out to use a "
+            "temporary one"
+        )
+
+
 async def run_demo(home: str | Path | None = None, as_json: bool = False) -> bool:
     """Run every scenario; True if each showed what it should and the audit is clean.
 
-    With `home`, the demo's store and bundle stay there; without, it works in a fresh temporary
-    directory and removes it at the end."""
+    With `home`, the demo's store and bundle stay there (a home that already holds a database
+    is refused first: `fresh_home`); without, it works in a fresh temporary directory and
+    removes it at the end."""
+    if home:
+        fresh_home(Path(home))
     work = Path(home) if home else Path(tempfile.mkdtemp(prefix="loopwarden-demo-"))
     work.mkdir(parents=True, exist_ok=True, mode=0o700)
     home_path = work if home else work / "home"

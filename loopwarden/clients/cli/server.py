@@ -152,9 +152,10 @@ def demo(home: Home = None, json_out: Json = False) -> None:
     """Run the end-to-end demonstration, then audit it.
 
     Each agent talks to its own server over a real MCP stdio connection. Without --home the
-    demo works in a temporary directory and removes it at the end.
+    demo works in a temporary directory and removes it at the end; a --home that already holds
+    a database is refused (exit 1), since the demo opens its loops under fixed ids.
     """
     from loopwarden.clients.demo import run_demo
 
-    ok = anyio.run(run_demo, home, json_out)
+    ok = run(run_demo, home, json_out, as_json=json_out)
     raise typer.Exit(EXIT_OK if ok else EXIT_VERIFY)
