@@ -44,6 +44,7 @@ import loopwarden
 from loopwarden.clients import admin, demo, render
 from loopwarden.clients.cli import app
 from loopwarden.clock import parse_time
+from loopwarden.ledger.homes import DB_NAME
 from loopwarden.ledger.log.keys import Signer, public_key_b64
 from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
 from loopwarden.ledger.storage.store import Store
@@ -56,7 +57,6 @@ from loopwarden.operations.update import UpdateRequest, UpdateResult, update
 from loopwarden.policy.digest import policy_digest
 from loopwarden.policy.loader import parse_policy
 from loopwarden.principals import Principal
-from loopwarden.server.settings import DB_NAME
 
 T = TypeVar("T")
 
@@ -1117,8 +1117,6 @@ NEEDS_A_STORE = [
     f"reject {NO_SUCH_APPROVAL} --reason no",
     "token list",
     "token revoke tok-ghost",
-    "keys show",
-    "keys export",
     "export L1 -o {tmp}/bundle.json",
 ]
 
@@ -1140,6 +1138,29 @@ def test_a_command_needing_a_store_on_a_home_without_one_exits_1_and_creates_not
     assert_error_document(out, "not_found")
     assert home.exists() == exists and (not exists or list(home.iterdir()) == [])
     assert not (tmp_path / "bundle.json").exists()
+
+
+@pytest.mark.parametrize("command", ["keys show", "keys export", "keys export --all"])
+def test_keys_commands_work_on_a_keys_only_home_and_refuse_one_without_keys(tmp_path, command):
+    """`keys rotate` makes a home with keys and no database (a replica's, a verifier's): the
+    key commands read it (they said "no loopwarden database"); a home without keys is exit 1,
+    and nothing is created."""
+    home = tmp_path / "replica"
+    active = ok_json(f"keys rotate --home {home}")["active"]
+    assert not (home / DB_NAME).exists()
+    shown = cli(f"{command} --home {home}")
+    assert shown.exit_code == 0, shown.output
+    assert active in shown.stdout
+    assert not (home / DB_NAME).exists()
+    missing = tmp_path / "mistyped"
+    human = cli(f"{command} --home {missing}")
+    assert human.exit_code == 1 and f"there are no signing keys in {missing}" in one_line(
+        human.stderr
+    )
+    code, out = cli_json(f"{command} --home {missing}")
+    assert code == 1
+    assert_error_document(out, "not_found")
+    assert not missing.exists()
 
 
 def test_a_mistyped_home_creates_nothing_in_a_real_process(tmp_path):
@@ -1517,7 +1538,9 @@ def test_the_demo_refuses_a_home_that_holds_a_database_up_front_with_exit_1(tmp_
     home = tmp_path / "demo"
     policy = tmp_path / "p.json"
     policy.write_text(json.dumps(BASIC_POLICY))
-    opened = cli(f"loop open --policy {policy} --objective x --todo t --id build-review --home {home}")
+    opened = cli(
+        f"loop open --policy {policy} --objective x --todo t --id build-review --home {home}"
+    )
     assert opened.exit_code == 0, opened.output
     before = (home / DB_NAME).read_bytes()
     done = cli(f"demo --home {home}" + (" --json" if as_json else ""))

@@ -27,13 +27,13 @@ from loopwarden.clock import format_time
 from loopwarden.errors import Conflict
 from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
 from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.homes import DB_NAME
 from loopwarden.ledger.log.keys import Keyring
 from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.approvals import DecideApprovalRequest, decide_approval
 from loopwarden.operations.loops import OpenLoopRequest, open_loop
 from loopwarden.policy.digest import policy_document
 from loopwarden.policy.loader import parse_policy
-from loopwarden.server.settings import DB_NAME
 
 OPERATOR = admin.operator("operator")
 

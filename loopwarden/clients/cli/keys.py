@@ -11,8 +11,8 @@ import typer
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, fail
 from loopwarden.clients.keyfiles import key_line
-from loopwarden.errors import LoopwardenError
-from loopwarden.ledger.homes import resolve_home
+from loopwarden.errors import LoopwardenError, NotFound
+from loopwarden.ledger.homes import home_source, private_dir, resolve_home
 from loopwarden.ledger.log.keys import Keyring, KeyStore, Signer, public_key_b64
 
 app = typer.Typer(no_args_is_help=True, help="Signing keys.")
@@ -60,10 +60,18 @@ def keys_rotate(home: Home = None, json_out: Json = False) -> None:
 
 
 def _existing_keys(home: Path | None, json_out: bool) -> tuple[Signer, Keyring]:
-    """The active signer and every public key of an existing home (a home with no database
-    is an error, and nothing is created)."""
+    """The active signer and every public key of a home that has keys: a database is not
+    needed (a replica's home may hold keys only, made by `keys rotate`). A home without keys is
+    an error (exit 1), and nothing is created."""
+    path, source = home_source(home)
     try:
-        keys = KeyStore(admin.existing_home(home))
+        keys = KeyStore(path)
+        if keys.active_id() is None:
+            raise NotFound(
+                f"there are no signing keys in {path} ({admin.SOURCES[source]}); check --home or "
+                "LOOPWARDEN_HOME ('loopwarden home' shows which home is used)"
+            )
+        private_dir(path)
         return keys.load_signer(), keys.keyring()
     except LoopwardenError as exc:
         fail(exc.message, as_json=json_out, error=exc.code)
