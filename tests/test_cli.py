@@ -694,6 +694,25 @@ def test_verify_bundle_usage_errors_exit_2(bundle, tmp_path):
     assert cli(f"verify-bundle {bundle} --trusted-keys {trusted}").exit_code == 2
 
 
+def test_verify_piped_prints_each_finding_on_one_line_however_long(tmp_path):
+    """A finding naming a 64-character loop id is over 160 characters: piped, it was cut into
+    two lines mid-message (rich's fixed width), so `grep unknown_key` lost its end."""
+    home = tmp_path / "home"
+    policy = tmp_path / "p.json"
+    policy.write_text(json.dumps(BASIC_POLICY))
+    loop_id = "L" * 64
+    opened = cli(f"loop open --policy {policy} --objective x --todo t --id {loop_id} --home {home}")
+    assert opened.exit_code == 0, opened.output
+    stranger = Signer.generate()
+    keys = tmp_path / "stranger.keys"
+    keys.write_text(json.dumps({"keys": {stranger.key_id: public_key_b64(stranger.public_key)}}))
+    proc = subprocess_cli(f"verify --trusted-keys {keys} --home {home}")
+    assert proc.returncode == 3, proc.stderr
+    findings = [line for line in proc.stdout.splitlines() if "unknown_key" in line]
+    assert findings and all(len(line) > 160 for line in findings), proc.stdout
+    assert all(line.endswith("signed by a key that is not trusted") for line in findings)
+
+
 def test_verify_bundle_of_garbage_exits_3_bundle_malformed(tmp_path):
     path = tmp_path / "garbage.json"
     path.write_text("{not json")

@@ -18,8 +18,11 @@ from rich.text import Text
 from loopwarden.ledger.audit.findings import Report
 from loopwarden.operations.projection import ProjectionResult
 
-# Piped output (scripts, docs) gets a wide fixed width instead of rich's 80-column default.
-console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 160)
+# Piped output (scripts, docs, grep) is never wrapped: a line of ours (a finding, a step) stays
+# one line whatever its length, and tables get a wide fixed width instead of rich's 80 columns.
+# On a terminal, lines wrap at words to its width.
+PIPED = not sys.stdout.isatty()
+console = Console(highlight=False, emoji=False, width=160 if PIPED else None, soft_wrap=PIPED)
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)  # one error, one line
 
 
@@ -196,7 +199,7 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
         out.add_column(column)
     for row in rows:
         out.add_row(*map(cell, row))
-    console.print(out)
+    console.print(out, soft_wrap=False)  # a table lays its cells out in the console's width
 
 
 def audit(report: Report) -> None:
