@@ -694,6 +694,20 @@ def test_verify_bundle_usage_errors_exit_2(bundle, tmp_path):
     assert cli(f"verify-bundle {bundle} --trusted-keys {trusted}").exit_code == 2
 
 
+def test_a_mistyped_loop_id_names_the_loop_it_likely_meant(tmp_path):
+    home = tmp_path / "home"
+    policy = tmp_path / "p.json"
+    policy.write_text(json.dumps(BASIC_POLICY))
+    opened = cli(f"loop open --policy {policy} --objective x --todo t --id release --home {home}")
+    assert opened.exit_code == 0, opened.output
+    for command in ("loop show relase", "verify --loop relase", f"export relase -o {tmp_path}/b"):
+        done = cli(f"{command} --home {home}")
+        assert done.exit_code == 1, done.output
+        assert "no loop with id 'relase'; did you mean 'release'?" in one_line(done.stderr)
+    far = cli(f"loop show zzz --home {home}")
+    assert far.exit_code == 1 and one_line(far.stderr).endswith("no loop with id 'zzz'")
+
+
 def test_verify_piped_prints_each_finding_on_one_line_however_long(tmp_path):
     """A finding naming a 64-character loop id is over 160 characters: piped, it was cut into
     two lines mid-message (rich's fixed width), so `grep unknown_key` lost its end."""

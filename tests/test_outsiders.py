@@ -49,6 +49,7 @@ from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.operations.outsiders import WINDOW
 from loopwarden.operations.projection import ProjectionRequest, projection
+from loopwarden.operations.quota import QuotaRequest, quota
 from loopwarden.operations.todos import TodoAddRequest, todo_add
 from loopwarden.operations.update import UpdateRequest, update
 from loopwarden.principals import Principal
@@ -117,6 +118,35 @@ async def test_an_outsider_adds_one_receipt_per_loop_per_window_and_the_next_car
     assert set(_reasons(store, first)) == {"agent_not_allowed"}  # nothing suppressed before it
     report = await store.read(lambda r: audit(r, KeyStore(store.path.parent).keyring(), workers=0))
     assert report.clean, report.findings
+
+
+async def test_a_mistyped_loop_id_suggests_only_loops_the_caller_may_see(store):
+    """`no loop with id 'relase'; did you mean 'release'?` for whoever may see 'release'; an
+    outsider gets the same answer for 'release' (hidden) as for 'relase' (missing), and never
+    a hidden id, read or write."""
+    await _open(store, "release")
+    hidden = make_policy(agents=["someone-else"])
+    request = OpenLoopRequest(objective="theirs", policy=hidden, loop_id="released", todos=[])
+    await open_loop(store, OPERATOR, request)
+    for op, req in (
+        (quota, QuotaRequest(loop_id="relase")),
+        (claim, ClaimRequest(loop_id="relase")),
+    ):
+        with pytest.raises(NotFound) as seen:
+            await op(store, BUILDER, req)
+        assert str(seen.value) == "no loop with id 'relase'; did you mean 'release'?"
+        with pytest.raises(NotFound) as operator:
+            await op(store, OPERATOR, req)
+        assert str(operator.value) == (
+            "no loop with id 'relase'; did you mean 'release' or 'released'?"
+        )
+        for loop_id in ("released", "releasd"):  # hidden, and missing: alike, naming none
+            with pytest.raises(NotFound) as outside:
+                await op(store, BUILDER, type(req)(loop_id=loop_id))
+            assert str(outside.value) == (f"no loop with id {loop_id!r}; did you mean 'release'?")
+        with pytest.raises(NotFound) as stranger:
+            await op(store, STRANGER, req)
+        assert str(stranger.value) == "no loop with id 'relase'"
 
 
 async def test_outsiders_cannot_push_the_loops_own_activity_out_of_its_recent_view(store):

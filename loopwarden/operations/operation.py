@@ -68,10 +68,13 @@ class Located:
 @dataclass(frozen=True)
 class Scope:
     """How a request names its loop. `locate` returns None when what it names does not exist;
-    `missing` is the one message for "does not exist" and "not yours" alike."""
+    `missing` is the one message for "does not exist" and "not yours" alike, and `hint` (if
+    any) what to add to it, from what the caller may see (so that it is alike in both cases
+    too): "; did you mean 'release'?"."""
 
     locate: Callable[[Reader, Any], Located | None]
     missing: Callable[[Any], str]
+    hint: Callable[[Reader, Principal, Any], str] | None = None
 
 
 @dataclass

@@ -61,7 +61,8 @@ class NeedsPrediction(Exception):
 
 @dataclass(frozen=True)
 class _Hidden:
-    """A caller outside the loop: answered `NotFound` once the transaction has committed."""
+    """What the request names does not exist, or the caller is outside its loop: answered
+    `NotFound` (alike for both) once the transaction has committed."""
 
     message: str
 
@@ -95,8 +96,17 @@ async def run(
     else:
         outcome = await _read(op, store, who, req)
     if isinstance(outcome, _Hidden):
-        raise NotFound(outcome.message)
+        raise NotFound(outcome.message + await _hint(op, store, who, req))
     return outcome
+
+
+async def _hint(op: Operation[Req, Res], store: Store, who: Principal, req: Req) -> str:
+    """The scope's hint for a request naming what the caller cannot find, read after the
+    transaction (a scan of the loops never holds the write lock)."""
+    hint = op.scope.hint if op.scope is not None else None
+    if hint is None:
+        return ""
+    return await store.read(lambda reader: hint(reader, who, req))
 
 
 def run_now(
@@ -120,8 +130,8 @@ def _write(
     call: Call[Txn] = Call(tx, store, who, tx.now_dt)
     if op.scope is not None:
         call.found = op.scope.locate(tx, req)
-        if call.found is None:
-            raise NotFound(op.scope.missing(req))
+        if call.found is None:  # nothing was written: answered like a hidden loop, after
+            return _Hidden(op.scope.missing(req))
         if not visible(tx, who, call.found.loop):
             if op.refuse is not None:  # recorded for operators, bounded; the caller learns nothing
                 refuse_outsider(call, op.refuse, req)
@@ -154,9 +164,7 @@ async def _read(op: Operation[Req, Res], store: Store, who: Principal, req: Req)
 def _read_body(op: Operation[Req, Res], call: Call[Reader], req: Req) -> Res | _Hidden:
     if op.scope is not None:
         call.found = op.scope.locate(call.tx, req)
-        if call.found is None:
-            raise NotFound(op.scope.missing(req))
-        if not visible(call.tx, call.who, call.found.loop):
+        if call.found is None or not visible(call.tx, call.who, call.found.loop):
             return _Hidden(op.scope.missing(req))
     result: Res = op.body(call, req)
     return result

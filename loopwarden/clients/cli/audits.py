@@ -30,6 +30,7 @@ from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import Keyring
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Txn
+from loopwarden.operations.visibility import missing_loop
 
 TrustedKeys = Annotated[
     Path | None,
@@ -97,7 +98,7 @@ def verify(
     try:
         with admin.open_reader(home, store=store) as reader:
             if loop is not None and reader.loop_row(loop) is None:
-                raise NotFound(f"no loop with id {loop!r}")
+                raise NotFound(missing_loop(reader, admin.operator(), loop))
             interactive = not json_out and sys.stderr.isatty()
             report = _audit(reader, keyring, loop, interactive, admin.integrity_of(home))
     except LoopwardenError as exc:
@@ -129,7 +130,9 @@ def export(
     async def action() -> dict[str, Any]:
         async with admin.open_store(home, store=store, create=False) as opened:
             if await opened.read(lambda r: r.loop_row(loop_id)) is None:
-                raise NotFound(f"no loop with id {loop_id!r}")
+                raise NotFound(
+                    await opened.read(lambda r: missing_loop(r, admin.operator(), loop_id))
+                )
             await opened.write(Txn.checkpoint)
             now = format_time(opened.clock())
             return await opened.read(
