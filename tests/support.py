@@ -267,11 +267,11 @@ class Token:
 
 
 def mint_tokens(
-    home: Path, specs: list[tuple[str, str]], store: str | None = None
+    home: Path, specs: list[tuple[str, str]], store: str | None = None, expires: str | None = None
 ) -> dict[str, Token]:
     """`loopwarden token create --agent NAME --role ROLE --json` for each (name, role), run
     in-process through the CLI app (the same command, without an interpreter start each), in
-    the store `store` names (default: the home's)."""
+    the store `store` names (default: the home's), each living `expires` (default: for ever)."""
     from typer.testing import CliRunner
 
     from loopwarden.clients.cli import app
@@ -285,6 +285,7 @@ def mint_tokens(
                 *("token", "create", "--agent", agent, "--role", role, "--json"),
                 *("--home", str(home)),
                 *(("--store", store) if store else ()),
+                *(("--expires", expires) if expires else ()),
             ],
         )
         assert result.exit_code == 0, result.output

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -620,11 +621,14 @@ async def test_a_write_cancelled_while_queued_never_commits(store):
     await open_test_loop(store, 2)
     before = await store.read(snapshot)
     started = anyio.Event()
+    released = threading.Event()
     token = anyio.lowlevel.current_token()  # the body runs on the store's writer thread
 
     def slow(tx):
         anyio.from_thread.run_sync(started.set, token=token)
-        time.sleep(0.3)  # hold the writer while the second call queues behind it
+        # Hold the writer until the second call has given up (a sleep here was sometimes over
+        # before a loaded machine had even queued it).
+        assert released.wait(timeout=30), "the queued call was never cancelled"
 
     def doomed(tx):
         tx.append(
@@ -636,6 +640,7 @@ async def test_a_write_cancelled_while_queued_never_commits(store):
         await started.wait()
         with anyio.move_on_after(0.05):
             await store.write(doomed)  # cancelled while queued
+        released.set()
     await store.write(lambda tx: None)  # a later group must not pick it up
     after = await store.read(snapshot)
     assert after == before
