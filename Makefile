@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all check-clients bench bench-quick lint clean
+.PHONY: demo test test-all check-clients check-wheel bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,9 @@ test-all: $(STAMP)  # the long reliability variants too (see docs/reliability.md
 
 check-clients: $(STAMP)  # the README's client set-ups, run against real client CLIs from npm
 	$(BIN)/python .ci/check_clients.py
+
+check-wheel: $(STAMP)  # a wheel built from a clean clone installs in a fresh venv and runs the demo
+	$(BIN)/python .ci/check_wheel.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
