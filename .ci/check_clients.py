@@ -2,20 +2,28 @@
 
 The README marks every client set-up with `<!-- client-check: NAME -->` just above its
 ```sh block (`NAME background` for a command a user runs in a terminal of its own); this
-script runs those blocks verbatim, so the README shows exactly what is tested. It installs
-the clients from npm into a scratch directory (with Node 22 from `node-<os>-<arch>@22`: the
-MCP Inspector's CLI needs Node >= 22), then runs each scenario in bash, in a scratch HOME,
-with this checkout's `loopwarden` on the PATH:
+script runs those blocks verbatim and **in the README's order, in one bash session, one
+project folder and one scratch HOME**, as one reader following it top to bottom would (so a
+block that only works in a fresh folder, or a step the README leaves out, fails here). It
+installs the clients from npm into a scratch directory (with Node 22 from
+`node-<os>-<arch>@22`: the MCP Inspector's CLI needs Node >= 22), with this checkout's
+`loopwarden` on the PATH, and then checks what each block showed:
 
 - stdio: Claude Code and Gemini CLI `mcp list` show loopwarden Connected; Codex CLI accepts
   `mcp add` (its `mcp list` only lists, it does not connect, so the check reads back the
   server Codex would launch); the MCP Inspector's `tools/list --strict` passes and its
   `quota` call finds the loop the README opened (the agents share the CLI's home);
-- HTTP: the README's `serve --http` on loopback, a bearer token, Claude Code Connected, and
-  the Inspector's `--strict` and `projection` calls through the bearer header.
+- HTTP: the README's `serve --http` on loopback, a bearer token, Claude Code Connected (in
+  the folder where the stdio set-up was made), and the Inspector's `--strict` and
+  `projection` calls through the bearer header;
+- hooks: each host still starts, with loopwarden's hooks in its settings;
+- tool errors: the Inspector (which validates every result against the tool's output schema)
+  shows loopwarden's own error text for a missing loop and an operator-only tool.
 
-Every wait is bounded; servers listen on loopback only and are stopped at the end. Exit 0 if
-every check passed, 1 otherwise: one line says what failed (an unreachable registry too).
+Then every runner in `EXTRA_SCENARIOS` runs with the same clients (the seam for scenarios of
+other modules under .ci/). Every wait is bounded; servers listen on loopback only and are
+stopped at the end. Exit 0 if every check passed, 1 otherwise: one line says what failed (an
+unreachable registry too).
 Usage: python .ci/check_clients.py [--clients-dir DIR] [--keep]
 """
 
@@ -36,7 +44,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,10 +55,16 @@ PACKAGES = {  # pinned: a client upgrade is a deliberate change to this list
     "@modelcontextprotocol/inspector": "2.12.0",
 }
 NODE_MAJOR = "22"
+# The README's Inspector command: pinned, or npx resolves whatever it likes (0.15.0 on Node 20).
+INSPECTOR = (
+    "npx",
+    f"@modelcontextprotocol/inspector@{PACKAGES['@modelcontextprotocol/inspector']}",
+    "--cli",
+)
 QUIET = ("--loglevel=error", "--prefer-offline")
 INSTALL_SECONDS = 900
 REGISTRY_SECONDS = 60
-SCENARIO_SECONDS = 420
+SCENARIO_SECONDS = 900  # the whole README, every client
 STARTUP_SECONDS = 30
 LOCK_SECONDS = 900
 MARKER = re.compile(
@@ -88,15 +102,6 @@ def readme_blocks(text: str) -> dict[str, Block]:
             raise CheckFailed(f"README: client-check block {name!r} appears twice")
         blocks[name] = Block(name, match.group(3), background=bool(match.group(2)))
     return blocks
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """README blocks run in order in one bash session and one scratch HOME, then checks."""
-
-    name: str
-    steps: tuple[str, ...]
-    checks: tuple[Callable[[Run], str], ...] = field(default=())
 
 
 @dataclass(frozen=True)
@@ -186,45 +191,74 @@ def hooks_accepted(step: str, settings: str, client: str) -> Callable[[Run], str
     return check
 
 
-SCENARIOS = (
-    Scenario(
-        "stdio",
-        (
-            "home",
-            "claude-stdio",
-            "gemini",
-            "codex",
-            "inspector-stdio",
-            "hooks-claude",
-            "hooks-gemini",
-            "hooks-codex",
-        ),
-        (
-            contains("home", "opened loop csv-export", "loopwarden loop open"),
-            connected("claude-stdio", "Claude Code (stdio)"),
-            connected("gemini", "Gemini CLI (stdio)"),
-            codex_config,
-            contains(
-                "inspector-stdio", '"allowed": true', "MCP Inspector (stdio, --strict, quota)"
-            ),
-            hooks_accepted("hooks-claude", ".claude/settings.json", "Claude Code"),
-            hooks_accepted("hooks-gemini", ".gemini/settings.json", "Gemini CLI"),
-            hooks_accepted("hooks-codex", ".codex/hooks.json", "Codex CLI"),
+def tool_error(tool: str, args: tuple[str, ...], expected: str) -> Callable[[Run], str]:
+    """The Inspector's CLI calls `tool` as the README's stdio agent and shows loopwarden's own
+    error: the text `expected`, the code in `_meta`, no structured content for it to hold
+    against the output schema (it used to print `data must have required property ...`)."""
+
+    def check(run: Run) -> str:
+        what = f"MCP Inspector (stdio, {tool} error)"
+        home = f"LOOPWARDEN_HOME={run.env['EXPECT_HOME']}"
+        argv = [*INSPECTOR, "-e", home, "loopwarden", "serve", "--agent", "builder"]
+        argv += ["--method", "tools/call", "--tool-name", tool]
+        for arg in args:
+            argv += ["--tool-arg", arg]
+        done = subprocess.run(
+            argv, cwd=run.project, env=run.env, capture_output=True, text=True, timeout=120
+        )
+        try:
+            shown = json.loads(done.stdout)
+        except json.JSONDecodeError:
+            raise CheckFailed(f"{what}: no result ({last(done.stderr + done.stdout)})") from None
+        text = " ".join(c.get("text", "") for c in shown.get("content", []))
+        code = shown.get("_meta", {}).get("loopwarden/error", {}).get("code")
+        if not (shown.get("isError") and text.startswith(expected)) or "structuredContent" in shown:
+            raise CheckFailed(f"{what}: showed {last(done.stdout)}")
+        return f"{what}: {text} (code {code})"
+
+    return check
+
+
+# What each README block must have shown, by block name; blocks not named here (the token, the
+# background server) are checked by the blocks that use them.
+CHECKS: dict[str, tuple[Callable[[Run], str], ...]] = {
+    "home": (contains("home", "opened loop csv-export", "loopwarden loop open"),),
+    "claude-stdio": (connected("claude-stdio", "Claude Code (stdio)"),),
+    "gemini": (connected("gemini", "Gemini CLI (stdio)"),),
+    "codex": (codex_config,),
+    "inspector-stdio": (
+        contains("inspector-stdio", '"allowed": true', "MCP Inspector (stdio, --strict, quota)"),
+        tool_error("quota", ("loop_id=nope",), "not_found: no loop with id 'nope'"),
+        tool_error("open_loop", ("objective=x", "policy={}"), "forbidden: open_loop is an"),
+    ),
+    "claude-http": (connected("claude-http", "Claude Code (HTTP, bearer header)"),),
+    "inspector-http": (
+        contains(
+            "inspector-http",
+            '"loop_id": "csv-export"',
+            "MCP Inspector (HTTP, bearer header, --strict, projection)",
         ),
     ),
-    Scenario(
-        "http",
-        ("home", "http-token", "http-serve", "claude-http", "inspector-http"),
-        (
-            connected("claude-http", "Claude Code (HTTP, bearer header)"),
-            contains(
-                "inspector-http",
-                '"loop_id": "csv-export"',
-                "MCP Inspector (HTTP, bearer header, --strict, projection)",
-            ),
-        ),
-    ),
-)
+    "hooks-claude": (hooks_accepted("hooks-claude", ".claude/settings.json", "Claude Code"),),
+    "hooks-gemini": (hooks_accepted("hooks-gemini", ".gemini/settings.json", "Gemini CLI"),),
+    "hooks-codex": (hooks_accepted("hooks-codex", ".codex/hooks.json", "Codex CLI"),),
+}
+
+
+@dataclass(frozen=True)
+class Context:
+    """What an extra scenario gets: the installed clients (their `node_modules`), a scratch
+    root of its own, and the finished README run (its HOME, folder and environment)."""
+
+    clients: Path
+    root: Path
+    readme: Run
+
+
+Runner = Callable[[Context], list[str]]
+# Scenarios beyond the README's, run after it in this order: each returns its `ok` lines or
+# raises CheckFailed. Another module under .ci/ adds its runners here, one line each.
+EXTRA_SCENARIOS: list[Runner] = []
 
 
 def node_package() -> str:
@@ -310,23 +344,15 @@ def bash_script(blocks: dict[str, Block], steps: tuple[str, ...], logs: Path) ->
     return "\n".join(lines) + "\n"
 
 
-def run_scenario(
-    scenario: Scenario, blocks: dict[str, Block], clients: Path, root: Path
-) -> list[str]:
-    """Run one scenario in its own scratch HOME; the lines its checks report."""
-    home, project, logs = (
-        root / scenario.name / "home",
-        root / scenario.name / "project",
-        root / scenario.name / "logs",
-    )
+def run_readme(blocks: dict[str, Block], clients: Path, root: Path) -> Run:
+    """Run every README block in the README's order in one bash session, one project folder
+    and one scratch HOME, as one reader would; the finished run (its servers stopped)."""
+    home, project, logs = root / "home", root / "project", root / "logs"
     for path in (home / "tmp", project, logs):
         path.mkdir(parents=True)
     (project / "node_modules").symlink_to(clients / "node_modules")  # npx finds the Inspector
-    trust = {str(project): "TRUST_FOLDER"}  # what answering Gemini's "trust this folder?" writes
-    (home / ".gemini").mkdir()
-    (home / ".gemini" / "trustedFolders.json").write_text(json.dumps(trust))
     run = Run(home, project, logs, environment(clients, home))
-    script = bash_script(blocks, scenario.steps, logs)
+    script = bash_script(blocks, tuple(blocks), logs)
     with (logs / "steps.log").open("w") as steps:
         process = subprocess.Popen(
             ["bash", "-c", script],
@@ -344,11 +370,16 @@ def run_scenario(
             stop_group(process)
     step = last((logs / "steps.log").read_text()).removeprefix("== ")
     if code is None:
-        raise CheckFailed(f"{scenario.name}: still running after {SCENARIO_SECONDS} s, at {step}")
+        raise CheckFailed(f"README: still running after {SCENARIO_SECONDS} s, at {step}")
     if code != 0:
         detail = last((logs / f"{step}.log").read_text()) if (logs / f"{step}.log").exists() else ""
-        raise CheckFailed(f"{scenario.name}: README block {step!r} failed (exit {code}): {detail}")
-    return [check(run) for check in scenario.checks]
+        raise CheckFailed(f"README block {step!r} failed (exit {code}): {detail}")
+    return run
+
+
+def check_readme(run: Run) -> list[str]:
+    """Every block's checks, in the README's order (after the whole README has run)."""
+    return [check(run) for checks in CHECKS.values() for check in checks]
 
 
 def stop_group(process: subprocess.Popen[bytes]) -> None:
@@ -401,7 +432,7 @@ def main() -> int:
     parser.add_argument(
         "--clients-dir", type=Path, default=Path(tempfile.gettempdir()) / "loopwarden-clients"
     )
-    parser.add_argument("--keep", action="store_true", help="Keep the scratch HOMEs and logs.")
+    parser.add_argument("--keep", action="store_true", help="Keep the scratch HOME and logs.")
     parser.add_argument("--readme", type=Path, default=REPO / "README.md", help=argparse.SUPPRESS)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="loopwarden-client-check-"))
@@ -412,8 +443,13 @@ def main() -> int:
         try:
             install(args.clients_dir)
             check_ports(blocks)
-            for scenario in SCENARIOS:
-                for line in run_scenario(scenario, blocks, args.clients_dir, root):
+            readme = run_readme(blocks, args.clients_dir, root / "readme")
+            for line in check_readme(readme):
+                print(f"ok  {line}", flush=True)
+            for runner in EXTRA_SCENARIOS:
+                extra = root / runner.__name__
+                extra.mkdir()
+                for line in runner(Context(args.clients_dir, extra, readme)):
                     print(f"ok  {line}", flush=True)
         finally:
             os.close(fd)
@@ -424,7 +460,7 @@ def main() -> int:
         if (ok and not args.keep) or not any(root.iterdir()):
             shutil.rmtree(root, ignore_errors=True)
         else:
-            print(f"client check: scratch HOMEs and logs kept in {root}", file=sys.stderr)
+            print(f"client check: scratch HOME and logs kept in {root}", file=sys.stderr)
     if ok:
         versions = ", ".join(f"{name} {version}" for name, version in PACKAGES.items())
         print(f"client check passed ({versions}; Node {NODE_MAJOR})")

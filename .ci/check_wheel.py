@@ -98,7 +98,9 @@ def install_and_run(wheel: Path, scratch: Path, version: str) -> str:
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)}
     shown = step("run", [str(venv / "bin" / "loopwarden"), "--version"], work, env).strip()
     if shown != version:
-        raise CheckFailed(f"run: loopwarden --version printed {shown!r}, the package says {version}")
+        raise CheckFailed(
+            f"run: loopwarden --version printed {shown!r}, the package says {version}"
+        )
     out = step("run", [str(venv / "bin" / "loopwarden"), "demo"], work, env)
     if "all scenarios behaved as governed" not in out:
         raise CheckFailed(f"run: the demo did not pass: {out.strip().splitlines()[-1:]}")

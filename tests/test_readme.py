@@ -1,6 +1,6 @@
-"""The README's client set-ups, checked offline: the blocks `make check-clients` runs exist and
-agree on one data home, and the operator's block runs as written. (The clients themselves
-run in `make check-clients`, which needs npm.)"""
+"""The README checked offline: the client set-ups `make check-clients` runs exist and agree on one
+data home, the operator's block runs as written, and the demo excerpt is what a real `loopwarden
+demo` prints. (The clients themselves run in `make check-clients`, which needs npm.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from support import CLI_TIMEOUT, cli_env
+from support import CLI_TIMEOUT, cli_env, loopwarden
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -33,11 +33,44 @@ CHECK = check_module()
 BLOCKS = CHECK.readme_blocks(README)
 
 
-def test_every_step_the_client_check_runs_is_a_readme_block():
-    steps = {step for scenario in CHECK.SCENARIOS for step in scenario.steps}
-    assert steps == set(BLOCKS)
+def test_the_client_check_runs_every_readme_block_in_order_and_checks_only_blocks_it_runs():
+    """One reader, top to bottom: the script is every block in the README's order (no list of
+    steps of its own to drift), the home first, and each check names a block."""
+    script = CHECK.bash_script(BLOCKS, tuple(BLOCKS), Path("/logs"))
+    ran = re.findall(r"^echo '== ([a-z0-9-]+)'", script, re.MULTILINE)
+    assert ran == re.findall(r"<!-- client-check: ([a-z0-9-]+)", README) and ran[0] == "home"
+    assert set(CHECK.CHECKS) <= set(BLOCKS)
     assert [name for name, block in BLOCKS.items() if block.background] == ["http-serve"]
     assert CHECK.BIND.search(BLOCKS["http-serve"].text)  # a background server binds loopback
+    assert "trustedFolders" not in (REPO / ".ci" / "check_clients.py").read_text()
+
+
+def test_every_inspector_command_names_the_pinned_version():
+    """Unpinned, `npx @modelcontextprotocol/inspector` on Node 20 resolves 0.15.0, which fails
+    `--strict` with no useful message."""
+    pinned = CHECK.PACKAGES["@modelcontextprotocol/inspector"]
+    calls = re.findall(r"npx (@modelcontextprotocol/inspector\S*)", README)
+    assert calls and set(calls) == {f"@modelcontextprotocol/inspector@{pinned}"}, calls
+    assert CHECK.INSPECTOR[1] == calls[0]
+
+
+def test_claude_code_http_set_up_follows_the_stdio_one_in_the_same_folder():
+    """`claude mcp add` refuses a name the folder has ("already exists in local config")."""
+    stdio, http = BLOCKS["claude-stdio"].text, BLOCKS["claude-http"].text
+    assert "claude mcp add --transport stdio loopwarden" in stdio
+    assert http.index("claude mcp remove loopwarden") < http.index("claude mcp add")
+
+
+def test_every_gemini_mcp_list_runs_in_a_trusted_folder():
+    """Gemini CLI connects no server in an untrusted folder (`Disabled`); its documented way
+    for a non-interactive run is GEMINI_CLI_TRUST_WORKSPACE=true."""
+    lines = [
+        line for block in BLOCKS.values() for line in block.text.splitlines()
+        if re.match(r"(\S+=\S+ )*gemini mcp list", line)
+    ]  # fmt: skip
+    assert len(lines) == 2 and all(
+        line.startswith("GEMINI_CLI_TRUST_WORKSPACE=true gemini mcp list") for line in lines
+    ), lines
 
 
 def test_a_block_named_twice_is_refused():
@@ -82,3 +115,64 @@ def test_the_operators_block_runs_as_written(tmp_path):
     assert "opened loop csv-export with 2 todos" in done.stdout
     assert done.stdout.strip().splitlines()[-1] == str(home / ".loopwarden")
     assert (home / ".loopwarden" / "loopwarden.db").is_file()
+
+
+# What differs from run to run (ids, the time, the root over them, how the CLI was started);
+# digests of the demo's policies and every count stay as they are, so a change to the demo shows.
+VOLATILE = (
+    (re.compile(r"\b(rcpt|turn|appr)-[0-9a-f]{16,32}\b"), r"\1-…"),
+    (re.compile(r"\b[0-9a-f]{64}\b"), "ROOT"),
+    (re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d+Z"), "TIME"),
+    (re.compile(r"(?:\S+ -m )?\S*loopwarden demo --home DIR"), "loopwarden demo --home DIR"),
+)
+
+
+def steady(line: str) -> str:
+    for pattern, replacement in VOLATILE:
+        line = pattern.sub(replacement, line)
+    return line.rstrip()
+
+
+def excerpt_chunks(readme: str) -> list[list[str]]:
+    """The README's demo excerpt as runs of consecutive lines (`…` separates them)."""
+    found = re.search(r"<!-- demo-excerpt -->\n```\n(.*?)\n```", readme, re.DOTALL)
+    assert found is not None, "the README has no demo excerpt"
+    chunks: list[list[str]] = [[]]
+    for line in found.group(1).splitlines():
+        if line == "…":
+            chunks.append([])
+        else:
+            chunks[-1].append(steady(line))
+    return [chunk for chunk in chunks if chunk]
+
+
+def test_the_readmes_demo_excerpt_is_what_a_real_demo_run_prints(tmp_path):
+    """Each run of lines in the excerpt appears, in order and consecutively, in a real run's
+    output (ids, times and the Merkle root aside), and the excerpt shows every section's
+    heading; it used to describe three scenarios and show a tree size of 18."""
+    done = subprocess.run(
+        loopwarden("demo"),
+        env=cli_env(TMPDIR=str(tmp_path)),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=4 * CLI_TIMEOUT,  # a whole demo: four scenarios, each with its own servers
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = [steady(line) for line in done.stdout.splitlines()]
+    at = 0
+    for chunk in excerpt_chunks(README):
+        starts = [
+            i for i in range(at, len(printed) - len(chunk) + 1)
+            if printed[i : i + len(chunk)] == chunk
+        ]  # fmt: skip
+        assert starts, (
+            "the README's demo excerpt is not what the demo prints:\n"
+            + "\n".join(chunk)
+            + "\n--- a real run printed ---\n"
+            + "\n".join(printed)
+        )
+        at = starts[0] + len(chunk)
+    headings = [line for line in printed if line.startswith("━━ ")]
+    shown = [line for chunk in excerpt_chunks(README) for line in chunk if line.startswith("━━ ")]
+    assert shown == headings and len(headings) >= 5
