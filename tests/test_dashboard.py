@@ -38,10 +38,11 @@ from loopwarden.clock import ManualClock, format_time
 from loopwarden.dashboard.charts import MAX_POINTS, budget_chart
 from loopwarden.dashboard.history import Histories, LoopHistory
 from loopwarden.dashboard.sessions import IDLE, Sessions
+from loopwarden.dashboard.views import FRESH, RECENT_RECEIPTS, by_attention, fresh_refusals
 from loopwarden.operations.approvals import request_approval
 from loopwarden.operations.claim import claim
 from loopwarden.operations.journal import ReceiptLine
-from loopwarden.operations.loops import list_loops, open_loop
+from loopwarden.operations.loops import list_loops, open_loop, pause_loop
 from loopwarden.operations.projection import projection
 from loopwarden.operations.update import update
 
@@ -330,27 +331,64 @@ async def test_a_history_reads_only_the_receipts_after_its_cached_head(store):
     assert again.turns[grant.turn_id].agent == "builder"
 
 
-def test_receipts_of_kinds_the_dashboard_does_not_model_are_counted_for_their_turn():
-    """The hook point for host hooks: a `tool.observed` (or any unmodelled kind) naming a turn
-    is listed for that turn by kind, whatever its data."""
+def test_host_receipts_are_counted_per_tool_and_unmodelled_kinds_by_kind_for_their_turn():
+    """What a host's hooks recorded is shown by tool (policy name and the host's own), how often
+    let through, blocked (and why) and run; a kind this version does not model (or a hook
+    receipt whose data names no tool) is still counted for its turn."""
     turn = "turn-" + "a" * 20
     history = LoopHistory("x")
 
-    def line(seq: int, kind: str, turn_id: str | None) -> ReceiptLine:
+    def line(seq: int, kind: str, turn_id: str | None, *reasons: str) -> ReceiptLine:
         return ReceiptLine(seq=seq, receipt_id=f"rcpt-{seq:024d}", kind=kind,
                            at=format_time(ManualClock()()), principal="builder",
-                           effect="allow", reasons=[], turn_id=turn_id, verified=True)  # fmt: skip
+                           effect="deny" if reasons else "allow", reasons=list(reasons),
+                           turn_id=turn_id, verified=True)  # fmt: skip
 
+    bash = {"tool": "shell.run", "host_tool": "Bash"}
     history.extend(
         [line(1, "loop.opened", None), line(2, "turn.claimed", turn),
-         line(3, "tool.observed", turn), line(4, "tool.observed", turn),
-         line(5, "tool.refused", turn), line(6, "host.attached", None)],
-        [{}, {"todo_id": "t1"}, {"anything": 1}, {}, {"shape": ["unknown"]}, {}],
+         line(3, "tool.admitted", turn), line(4, "tool.observed", turn),
+         line(5, "tool.refused", turn, "command_denied"), line(6, "x.future", turn),
+         line(7, "tool.observed", turn), line(8, "host.attached", None)],
+        [{}, {"todo_id": "t1"}, bash, {**bash, "errored": True}, bash, {"shape": ["?"]},
+         {"anything": 1}, {}],
     )  # fmt: skip
-    assert history.turns[turn].host_events == {"tool.observed": 2, "tool.refused": 1}
-    assert history.turns[turn].todo_id == "t1" and history.head == 6
+    tools = history.turns[turn]
+    use = tools.host[("shell.run", "Bash")]
+    assert (use.admitted, use.ran, use.errored, use.refused) == (1, 1, 1, 1)
+    assert use.refusals == {"command_denied": 1} and tools.host[("?", "?")].ran == 1
+    assert tools.other == {"x.future": 1} and tools.todo_id == "t1" and history.head == 8
+    assert history.lines[4].subject == "shell.run (Bash)"
     with pytest.raises(ValueError):
-        history.extend([line(8, "tool.observed", turn)], [{}])  # a gap is refused, not skipped
+        history.extend([line(10, "tool.observed", turn)], [{}])  # a gap is refused, not skipped
+
+
+def test_every_report_of_a_turn_is_kept_with_its_verdict_in_order():
+    """A turn refused for a denied tool, then reported again and refused as turn_closed, shows
+    both reports (the later one used to replace the one that caused the refusal)."""
+    turn = "turn-" + "b" * 20
+    history = LoopHistory("x")
+
+    def line(seq: int, kind: str, *reasons: str) -> ReceiptLine:
+        return ReceiptLine(seq=seq, receipt_id=f"rcpt-{seq:024d}", kind=kind,
+                           at=format_time(ManualClock()()), principal="builder",
+                           effect="deny" if reasons else "allow", reasons=list(reasons),
+                           messages=[f"why {r}" for r in reasons], turn_id=turn, verified=True)  # fmt: skip
+
+    history.extend(
+        [line(1, "turn.claimed"), line(2, "turn.refused", "tool_denied"),
+         line(3, "turn.refused", "turn_closed")],
+        [{"todo_id": "t1"},
+         {"outcome": "completed", "tools_used": [{"name": "fs.write"}, {"name": "git.push"}]},
+         {"outcome": "failed", "tools_used": [{"name": "tests.run", "count": 1}]}],
+    )  # fmt: skip
+    reports = history.turns[turn].reports
+    assert [(r.seq, r.outcome, r.tools, r.reasons) for r in reports] == [
+        (2, "completed", (("fs.write", 1), ("git.push", 1)), ("tool_denied",)),
+        (3, "failed", (("tests.run", 1),), ("turn_closed",)),
+    ]
+    assert history.lines[1].subject == "fs.write×1, git.push×1"
+    assert history.lines[1].explained == [("tool_denied", "why tool_denied")]
 
 
 def test_a_long_budget_history_is_thinned_for_the_chart_and_keeps_its_last_point():
@@ -381,3 +419,45 @@ async def test_the_loop_list_says_who_must_act_and_counts_pending_approvals(stor
     (line,) = (await list_loops(store, OPERATOR, {})).loops
     assert (line.attention.who, line.pending_approvals, line.open_turns) == ("human", 1, 1)
     assert line.budgets["turns"].used == 1 and line.updated_at >= line.opened_at
+
+
+async def test_the_loops_page_order_puts_a_humans_loops_first_and_fresh_refusals_flagged(
+    store, clock
+):
+    """Sorted by who must act (an operator, then an agent, then no one), fresh refusals first
+    within each; a refusal older than the fresh window is not flagged."""
+    for loop_id in ("quiet", "refusing", "asking", "stale"):
+        await opened(store, loop_id)
+    asked = await claim(store, BUILDER, {"loop_id": "asking"})
+    request = {"turn_id": asked.turn_id, "fence": asked.fence, "tool": "deploy.x", "summary": "s"}
+    assert (await request_approval(store, BUILDER, request)).requested
+    old = await claim(store, BUILDER, {"loop_id": "stale"})
+    assert not (await report(store, old, "s-1", evidence=[])).accepted
+    clock.advance(FRESH.total_seconds() + 1)
+    turn = await claim(store, BUILDER, {"loop_id": "refusing"})
+    assert not (await report(store, turn, "r-1", evidence=[])).accepted
+    listed = (await list_loops(store, OPERATOR, {})).loops
+    fresh = await store.read(
+        lambda r: {
+            lp.loop_id: seen
+            for lp in listed
+            if (seen := fresh_refusals(r.recent_receipts(lp.loop_id, RECENT_RECEIPTS), clock()))
+        }
+    )
+    assert set(fresh) == {"refusing"} and fresh["refusing"].count == 1
+    ordered = [lp.loop_id for lp in by_attention(listed, fresh)]
+    assert ordered[0] == "asking" and ordered[1] == "refusing", ordered
+
+
+async def test_a_paused_loop_asks_the_operator_to_resume_it_before_any_approval(store):
+    await opened(store, "held")
+    grant = await claim(store, BUILDER, {"loop_id": "held"})
+    request = {"turn_id": grant.turn_id, "fence": grant.fence, "tool": "deploy.x", "summary": "s"}
+    assert (await request_approval(store, BUILDER, request)).requested
+    await pause_loop(store, OPERATOR, {"loop_id": "held", "reason": "freeze"})
+    state = await projection(store, OPERATOR, {"loop_id": "held"})
+    assert (state.attention.who, state.attention.why) == ("human", "the loop is paused")
+    assert state.next_action == "operator: resume the loop (1 approval(s) also await a decision)"
+    history = await Histories().get(store, OPERATOR, "held", state.head.seq)
+    assert history.control is not None
+    assert (history.control.kind, history.control.reason) == ("loop.paused", "freeze")

@@ -12,14 +12,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from support import (
+    CLI_TIMEOUT,
     EVIDENCE,
     Served,
     Token,
@@ -27,6 +31,7 @@ from support import (
     cli,
     connect_http,
     dashboard_url,
+    loopwarden,
     make_policy,
     mint_tokens,
     running,
@@ -402,3 +407,220 @@ async def play_release(agent: AgentClient) -> None:
         tools_used=[{"name": "git.push"}], usage=usage, evidence=EVIDENCE,
     )  # fmt: skip
     assert not stopped.accepted and stopped.status == "stopped"
+
+
+# --- pages that tell the truth: each fixed page checked and photographed ---------------------
+
+
+def host_hook(server: Served, loop_id: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Run the real command hook (`loopwarden hook claude-code`) on one event; its answer."""
+    base = {"session_id": "s-1", "transcript_path": "", "cwd": ".", **event}
+    done = subprocess.run(
+        loopwarden("hook", "claude-code", "--loop", loop_id, "--agent", "builder",
+                   "--home", str(server.home)),
+        input=json.dumps(base), capture_output=True, text=True, timeout=CLI_TIMEOUT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout) if done.stdout.strip() else {}
+
+
+def bash(command: str, phase: str = "PreToolUse", n: int = 1, **more: Any) -> dict[str, Any]:
+    return {"hook_event_name": phase, "tool_name": "Bash", "tool_use_id": f"toolu_{n}",
+            "tool_input": {"command": command}, **more}  # fmt: skip
+
+
+@bounded(180)
+async def test_a_refused_turn_shows_every_report_with_its_verdict_and_the_hosts_tools(
+    server, tokens, root
+):
+    """Issue: a turn refused for `tool_denied` (git.push) showed only a later report, itself
+    refused as closed, and the host column listed receipt kinds; the refusals list had no tool
+    and no message."""
+    policy = root / "pushed.json"
+    policy.write_text(json.dumps(make_policy(
+        tools={"allow": ["fs.write", "tests.run", "shell.run"], "deny": ["git.push"]},
+        observe={"mode": "record"},
+    )))  # fmt: skip
+    opened = cli("loop", "open", "--policy", str(policy), "--objective", "fix the test",
+                 "--todo", "fix it", "--id", "pushed", "--home", str(server.home))  # fmt: skip
+    assert opened.returncode == 0, opened.stderr
+    async with (
+        signed_in(server, tokens["alice"]) as page,
+        connect_http(server.url, tokens["builder"].token) as agent,
+    ):
+        host_hook(server, "pushed", {"hook_event_name": "SessionStart", "source": "startup"})
+        grant = await claim(agent, "pushed")
+        host_hook(server, "pushed", bash("pytest -q", n=1))
+        host_hook(server, "pushed", bash("pytest -q", "PostToolUse", 1, tool_response={"x": 1}))
+        denied = await agent.update(
+            grant.turn_id, grant.fence, "completed", "fixed and pushed", "p-1",
+            tools_used=[{"name": "fs.write"}, {"name": "git.push"}], evidence=EVIDENCE,
+        )  # fmt: skip
+        assert not denied.accepted and "tool_denied" in [r.code for r in denied.reasons]
+        late = await agent.update(
+            grant.turn_id, grant.fence, "failed", "tests again", "p-2",
+            tools_used=[{"name": "tests.run"}],
+        )  # fmt: skip
+        assert not late.accepted
+        await page.goto(dashboard_url(server) + "/loops/pushed")
+        row = page.locator(f"table.tools tr[data-turn='{grant.turn_id}']")
+        reports = await row.locator(".report").all_inner_texts()
+        assert len(reports) == 2, reports
+        assert "git.push" in reports[0] and "tool_denied" in reports[0], reports
+        assert "tests.run" in reports[1] and "refused" in reports[1], reports
+        host = await row.locator(".host-use").all_inner_texts()
+        assert host and "shell.run" in host[0] and "Bash" in host[0] and "ran 1" in host[0], host
+        assert "tool.admitted" not in await row.inner_text()
+        refusal = page.locator(".refusal-list tr", has_text="tool_denied").first
+        assert "git.push" in await refusal.locator("td.subject").inner_text()
+        why = await refusal.locator("td.why").inner_text()
+        assert "git.push" in why and len(why) > len("tool_denied") + 10, why  # the message
+        await shoot(page, "loop-refused-turn")
+
+
+@bounded(180)
+async def test_a_loop_page_says_how_it_ended_who_paused_it_and_draws_only_used_budgets(
+    server, tokens, root
+):
+    open_loop_by_cli(server, root, "finished", ["only todo"])
+    open_loop_by_cli(server, root, "held", ["deploy"])
+    async with (
+        signed_in(server, tokens["alice"]) as page,
+        connect_http(server.url, tokens["builder"].token) as agent,
+    ):
+        grant = await claim(agent, "finished")
+        done = await agent.update(
+            grant.turn_id, grant.fence, "completed", "done", "f-1",
+            usage={"cost_usd": 0.25}, evidence=EVIDENCE,
+        )  # fmt: skip
+        assert done.status == "completed"
+        url = dashboard_url(server)
+        await page.goto(f"{url}/loops/finished")
+        assert (await page.locator("#end-reason").inner_text()).startswith("Completed")
+        assert await page.locator(".stop-reason").count() == 0  # not red "stopped"
+        assert "No one needs to act" in await page.locator("#attention").inner_text()
+        assert "no rate limit" in await page.locator("#loop-facts").inner_text()
+        drawn = await page.locator("figure.chart").evaluate_all(
+            "els => els.map(e => e.dataset.dimension)"
+        )
+        assert sorted(drawn) == ["cost_usd", "turns"], drawn  # the used ones only
+        assert "max_" not in await page.locator("#unused-budgets").inner_text()
+        await shoot(page, "loop-completed")
+
+        held = await claim(agent, "held")
+        asked = await agent.request_approval(held.turn_id, held.fence, "deploy.staging", "go")
+        assert asked.requested
+        await page.goto(f"{url}/loops/held")
+        controls = page.locator("form.controls")
+        await controls.locator("input[name=reason]").fill("waiting for the freeze to end")
+        await controls.locator("button[value=pause]").click()
+        await page.wait_for_load_state()
+        paused = await page.locator("#paused-by").inner_text()
+        assert "alice" in paused and "waiting for the freeze to end" in paused, paused
+        attention = await page.locator("#attention").inner_text()
+        assert "paused" in attention and "approval(s) await" not in attention, attention
+        await shoot(page, "loop-paused")
+
+
+@bounded(150)
+async def test_a_consumed_approval_says_it_was_used_not_when_it_expires(server, tokens, root):
+    open_loop_by_cli(server, root, "spent", ["deploy"])
+    async with (
+        signed_in(server, tokens["alice"]) as page,
+        connect_http(server.url, tokens["builder"].token) as agent,
+    ):
+        grant = await claim(agent, "spent")
+        asked = await agent.request_approval(grant.turn_id, grant.fence, "deploy.staging", "go")
+        async with connect_http(server.url, tokens["alice"].token) as ops:
+            await ops.decide_approval(asked.approval_id, approve=True, expires_in_seconds=3600)
+        used = await agent.update(
+            grant.turn_id, grant.fence, "completed", "deployed", "s-1",
+            tools_used=[{"name": "deploy.staging"}], evidence=EVIDENCE,
+            approval_ids=[asked.approval_id],
+        )  # fmt: skip
+        assert used.accepted, used.reasons
+        await page.goto(dashboard_url(server) + "/approvals")
+        row = page.locator("table.approvals tr", has_text=asked.approval_id)
+        validity = await row.locator("td.validity").inner_text()
+        assert "used" in validity and grant.turn_id in validity and "expires" not in validity
+        await shoot(page, "approvals-consumed")
+
+
+@bounded(150)
+async def test_the_loops_page_puts_loops_needing_a_human_first_and_flags_fresh_refusals(
+    server, tokens, root
+):
+    open_loop_by_cli(server, root, "zz-refused", ["a"])
+    open_loop_by_cli(server, root, "zz-waiting", ["b"])
+    async with (
+        signed_in(server, tokens["alice"]) as page,
+        connect_http(server.url, tokens["builder"].token) as agent,
+    ):
+        waiting = await claim(agent, "zz-waiting")
+        await agent.request_approval(waiting.turn_id, waiting.fence, "deploy.x", "ok?")
+        refused = await claim(agent, "zz-refused")
+        answer = await agent.update(
+            refused.turn_id, refused.fence, "completed", "no evidence", "z-1"
+        )
+        assert not answer.accepted
+        await page.goto(dashboard_url(server) + "/")
+        rows = page.locator("tr.loop-row")
+        who = await rows.evaluate_all("rs => rs.map(r => r.className.match(/attention-(\\w+)/)[1])")
+        order = {"human": 0, "agent": 1, "none": 2}
+        assert who == sorted(who, key=order.__getitem__), who  # the humans' loops first
+        flagged = page.locator("tr.loop-row[data-loop='zz-refused'] .fresh-refusal")
+        assert "refused 1× in the last hour" in await flagged.inner_text()
+        assert await page.locator("tr.loop-row[data-loop='zz-waiting'] .fresh-refusal").count() == 0
+        await shoot(page, "loops-sorted")
+
+
+@bounded(90)
+async def test_an_error_page_keeps_the_navigation(server, tokens):
+    async with signed_in(server, tokens["alice"]) as page:
+        for path, words in (("/no/such/page", "there is no page at /no/such/page"),
+                            ("/loops/relase", "no loop with id 'relase'")):  # fmt: skip
+            response = await page.goto(dashboard_url(server) + path)
+            assert response is not None and response.status == 404
+            assert words in await page.locator("#error-message").inner_text()
+            links = await page.locator(".top nav a").all_inner_texts()
+            assert links == ["Loops", "Approvals", "Audit"], links
+            assert await page.locator(".top .who strong").inner_text() == "alice"
+        await shoot(page, "error-404")
+        await page.locator(".top nav a", has_text="Loops").click()
+        await page.wait_for_load_state()
+        assert page.url.rstrip("/") == dashboard_url(server)
+
+
+@bounded(180)
+async def test_a_tampered_audit_says_what_to_do_next(tmp_path):
+    """A receipt's signature altered on disk under a running server: the audit page names the
+    finding and the next steps."""
+    with running(tmp_path) as served:
+        minted = await anyio.to_thread.run_sync(mint_tokens, served.home, [("alice", "operator")])
+        operator = minted["alice"]
+        policy = tmp_path / "p.json"
+        policy.write_text(json.dumps(make_policy()))
+        opened = cli("loop", "open", "--policy", str(policy), "--objective", "x",
+                     "--todo", "t", "--id", "forged", "--home", str(served.home))  # fmt: skip
+        assert opened.returncode == 0, opened.stderr
+        with sqlite3.connect(served.home / "loopwarden.db") as db:
+            (envelope,) = db.execute(
+                "SELECT envelope FROM journal WHERE loop_id = 'forged' AND seq = 1"
+            ).fetchone()
+            document = json.loads(envelope)
+            signature = document["signatures"][0]["sig"]
+            document["signatures"][0]["sig"] = ("A" if signature[0] != "A" else "B") + signature[1:]
+            db.execute(
+                "UPDATE journal SET envelope = ? WHERE loop_id = 'forged' AND seq = 1",
+                (json.dumps(document).encode(),),
+            )
+        async with signed_in(served, operator) as page:
+            await page.goto(dashboard_url(served) + "/audit")
+            await page.click("form[action='/audit'] button")
+            verdict = page.locator("#audit-verdict")
+            await verdict.wait_for(timeout=60_000)
+            assert not (await verdict.inner_text()).startswith("clean")
+            steps = await page.locator("#audit-next li").all_inner_texts()
+            assert len(steps) >= 3 and any("backup" in step for step in steps), steps
+            assert "signature" in await page.locator("table.findings").inner_text()
+            await shoot(page, "audit-tampered")

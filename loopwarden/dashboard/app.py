@@ -126,8 +126,10 @@ class Dashboard:
             return self.render(name.replace(".html", "_live.html"), **values)
         return self.render(name, flash=ctx.session.take_flash(), **values)
 
-    def error_page(self, status: int, message: str) -> HTMLResponse:
-        return self.render("error.html", status, message=message, code=status)
+    def error_page(self, status: int, message: str, session: Session | None = None) -> HTMLResponse:
+        """An error as a page with the site's navigation (and its sign-out, if signed in)."""
+        who, csrf = (session.principal, session.csrf) if session else (None, "")
+        return self.render("error.html", status, message=message, code=status, who=who, csrf=csrf)
 
     # --- who is signed in ---------------------------------------------------------------------
 
@@ -146,7 +148,8 @@ class Dashboard:
                 try:
                     return await handler(signed)
                 except LoopwardenError as exc:
-                    return self.error_page(STATUS_OF.get(type(exc), 400), exc.message)
+                    status = STATUS_OF.get(type(exc), 400)
+                    return self.error_page(status, exc.message, signed.session)
 
             return endpoint
 

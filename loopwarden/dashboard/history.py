@@ -12,9 +12,13 @@ Budgets are charged as the fold charges them: a claim counts one turn; a report,
 report marked `charged`, add their usage. A page compares the result with the stored totals
 and says so if they differ.
 
-Host hooks (`host.attached`, `tool.admitted`, `tool.refused`, `tool.observed`) are not read by
-field here: any receipt that names a turn and is not one of the turn's own lifecycle kinds
-(claim, report, lease, approval) is counted for that turn by kind (`TurnTools.host_events`), and its body is shown as signed on the receipt page.
+Each turn keeps every report the agent sent, in order, with its verdict: a refused report does
+not replace the one before it (a turn stopped for `tool_denied` and then reported again, refused
+as `turn_closed`, shows both). What the host's hooks recorded for a turn (`tool.admitted`,
+`tool.refused`, `tool.observed`) is kept per tool: the policy name, the host's own name, how
+often it was let through, refused (and why) and ran. Receipts of kinds this module does not
+model are still counted for their turn, by kind (`TurnTools.other`); the receipt page shows any
+body as signed.
 """
 
 from __future__ import annotations
@@ -54,9 +58,16 @@ TURN_KINDS = frozenset(
 )
 
 
+HOST_KINDS = frozenset(
+    str(kind)
+    for kind in (ReceiptKind.TOOL_ADMITTED, ReceiptKind.TOOL_REFUSED, ReceiptKind.TOOL_OBSERVED)
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Line:
-    """One receipt as listed: no body, so thousands fit in little memory."""
+    """One receipt as listed: no body, so thousands fit in little memory. `subject` names the
+    tools it is about (a report's, a host's call), if any; `messages` go with `reasons`."""
 
     seq: int
     receipt_id: str
@@ -67,23 +78,84 @@ class Line:
     reasons: tuple[str, ...]
     turn_id: str | None
     verified: bool
+    messages: tuple[str, ...] = ()
+    subject: str = ""
 
     @property
     def refused(self) -> bool:
         return self.effect == "deny"
 
+    @property
+    def explained(self) -> list[tuple[str, str]]:
+        """Each reason code with its message (empty where the receipt had none)."""
+        messages = list(self.messages) + [""] * (len(self.reasons) - len(self.messages))
+        return list(zip(self.reasons, messages, strict=False))
+
+
+@dataclass(frozen=True)
+class Report:
+    """One `update` of a turn as sealed: what the agent said it used, and the verdict."""
+
+    seq: int
+    outcome: str
+    tools: tuple[tuple[str, int], ...]
+    refused: bool
+    reasons: tuple[str, ...]
+
+
+@dataclass
+class HostUse:
+    """What a host's hooks recorded for one tool in one turn."""
+
+    tool: str  # the policy name (`shell.run`)
+    host_tool: str  # the host's own (`Bash`)
+    admitted: int = 0
+    refused: int = 0
+    ran: int = 0
+    errored: int = 0
+    refusals: Counter[str] = field(default_factory=Counter)  # reason code → count
+
 
 @dataclass
 class TurnTools:
-    """What one turn's receipts say about tools: the agent's report, and what hosts recorded."""
+    """What one turn's receipts say about tools: every report, and what hosts recorded."""
 
     turn_id: str
     todo_id: str = ""
     agent: str = ""
-    outcome: str = ""
-    refused: bool = False
-    reported: Counter[str] = field(default_factory=Counter)
-    host_events: Counter[str] = field(default_factory=Counter)  # receipt kind → count
+    reports: list[Report] = field(default_factory=list)
+    host: dict[tuple[str, str], HostUse] = field(default_factory=dict)
+    other: Counter[str] = field(default_factory=Counter)  # receipts of unmodelled kinds, by kind
+
+    @property
+    def refused(self) -> bool:
+        """The turn's latest report was refused (a refusal corrected since is not)."""
+        return bool(self.reports) and self.reports[-1].refused
+
+    @property
+    def reported(self) -> Counter[str]:
+        """Every tool the accepted reports listed (refused ones changed nothing)."""
+        total: Counter[str] = Counter()
+        for report in self.reports:
+            if not report.refused:
+                total.update(dict(report.tools))
+        return total
+
+
+CONTROL_KINDS = frozenset(
+    str(kind)
+    for kind in (ReceiptKind.LOOP_PAUSED, ReceiptKind.LOOP_RESUMED, ReceiptKind.LOOP_CANCELLED)
+)
+
+
+@dataclass(frozen=True)
+class Control:
+    """An operator's pause, resume or cancel: who, when, and the reason they gave ("" if none)."""
+
+    kind: str
+    principal: str
+    at: str
+    reason: str
 
 
 @dataclass
@@ -91,6 +163,7 @@ class LoopHistory:
     loop_id: str
     head: int = 0
     lines: list[Line] = field(default_factory=list)
+    control: Control | None = None  # the latest pause, resume or cancel
     totals: Totals = field(default_factory=Totals)
     # dimension → [(at, seq, used so far)], one point each time that dimension moved
     series: dict[str, list[tuple[str, int, float]]] = field(default_factory=dict)
@@ -117,6 +190,8 @@ class LoopHistory:
                 tuple(r.reasons),
                 r.turn_id,
                 r.verified,
+                tuple(r.messages),
+                subject(r.kind, data),
             )
         )
         charge = self._charge(r.kind, data)
@@ -128,6 +203,9 @@ class LoopHistory:
                     self.series.setdefault(dim, []).append((r.at, r.seq, self.totals.used(dim)))
         if r.turn_id is not None:
             self._note_turn(r, data)
+        if r.kind in CONTROL_KINDS:  # a cancel's reason is its stop's detail
+            given = data.get("detail" if r.kind == ReceiptKind.LOOP_CANCELLED else "reason")
+            self.control = Control(r.kind, r.principal, r.at, str(given or ""))
 
     def _charge(self, kind: str, data: dict[str, Any]) -> Totals | None:
         if kind == "turn.claimed":
@@ -147,13 +225,52 @@ class LoopHistory:
         if r.kind == "turn.claimed":
             turn.todo_id, turn.agent = str(data.get("todo_id", "")), r.principal
         elif r.kind in REPORT_KINDS:
-            turn.outcome, turn.refused = str(data.get("outcome", "")), r.kind == "turn.refused"
-            turn.reported = Counter()
-            for use in data.get("tools_used", ()):
-                if isinstance(use, dict) and isinstance(use.get("name"), str):
-                    turn.reported[use["name"]] += int(use.get("count", 1))
+            tools = tuple(tools_used(data).items())
+            turn.reports.append(
+                Report(
+                    r.seq, str(data.get("outcome", "")), tools, r.effect == "deny", tuple(r.reasons)
+                )
+            )
+        elif r.kind in HOST_KINDS:
+            _note_host(turn, r, data)
         elif r.kind not in TURN_KINDS:
-            turn.host_events[r.kind] += 1
+            turn.other[r.kind] += 1
+
+
+def _note_host(turn: TurnTools, r: ReceiptLine, data: dict[str, Any]) -> None:
+    """Count one hook receipt for its tool (what the receipt names; `?` if it names none)."""
+    tool, host_tool = str(data.get("tool", "?")), str(data.get("host_tool", "?"))
+    use = turn.host.setdefault((tool, host_tool), HostUse(tool, host_tool))
+    if r.kind == ReceiptKind.TOOL_ADMITTED:
+        use.admitted += 1
+    elif r.kind == ReceiptKind.TOOL_REFUSED:
+        use.refused += 1
+        use.refusals.update(r.reasons)
+    else:
+        use.ran += 1
+        use.errored += bool(data.get("errored"))
+
+
+def tools_used(data: dict[str, Any]) -> Counter[str]:
+    """A report's `tools_used` as name → count (entries that are not a named tool skipped)."""
+    tools: Counter[str] = Counter()
+    for use in data.get("tools_used", ()):
+        if isinstance(use, dict) and isinstance(use.get("name"), str):
+            count = use.get("count", 1)
+            tools[use["name"]] += count if isinstance(count, int) else 1
+    return tools
+
+
+def subject(kind: str, data: dict[str, Any]) -> str:
+    """The tools a receipt is about, for a list line: a report's, or a host's call."""
+    if kind in REPORT_KINDS:
+        return ", ".join(f"{name}×{n}" for name, n in tools_used(data).items())
+    if kind in HOST_KINDS and isinstance(data.get("tool"), str):
+        host_tool = data.get("host_tool")
+        return f"{data['tool']} ({host_tool})" if isinstance(host_tool, str) else data["tool"]
+    if isinstance(data.get("tool"), str):  # an approval's
+        return str(data["tool"])
+    return ""
 
 
 class Histories:

@@ -31,13 +31,18 @@ from loopwarden.dashboard.app import Ctx, Dashboard, Probe, operator_problem
 from loopwarden.dashboard.sessions import COOKIE, LOGIN_COOKIE, new_secret, same_secret
 from loopwarden.dashboard.views import (
     RECENT_LINES,
+    RECENT_RECEIPTS,
+    Fresh,
     board,
+    by_attention,
     charts,
+    fresh_refusals,
     is_violation,
     journal_page,
     meters,
     recent_turns,
     totals_disagree,
+    unused,
 )
 from loopwarden.errors import InvalidInput
 from loopwarden.ledger.state.events import APPROVAL_ID_PATTERN, ID_PATTERN, RECEIPT_ID_PATTERN
@@ -155,9 +160,24 @@ class Pages:
         if status and status not in set(LoopStatus):
             raise InvalidInput(f"unknown status {status[:40]!r}")
         listed = (await list_loops(ctx.store, ctx.who, {"status": status or None})).loops
-        rows = [(lp, meters(lp.budgets, limited_only=True)) for lp in listed]
+        now = self.d.clock()
+
+        def refusals(reader: Reader) -> dict[str, Fresh]:
+            found = {
+                lp.loop_id: fresh_refusals(reader.recent_receipts(lp.loop_id, RECENT_RECEIPTS), now)
+                for lp in listed
+            }
+            return {loop_id: seen for loop_id, seen in found.items() if seen is not None}
+
+        fresh = await ctx.store.read(refusals)
+        rows = [(lp, meters(lp.budgets, limited_only=True)) for lp in by_attention(listed, fresh)]
         return self.d.render_page(
-            ctx, "loops.html", rows=rows, status=status, statuses=[str(s) for s in LoopStatus]
+            ctx,
+            "loops.html",
+            rows=rows,
+            fresh=fresh,
+            status=status,
+            statuses=[str(s) for s in LoopStatus],
         )
 
     async def loop(self, ctx: Ctx) -> Response:
@@ -166,13 +186,16 @@ class Pages:
         history = await self.d.histories.get(ctx.store, ctx.who, loop_id, state.head.seq)
         recent = list(reversed(history.lines[-RECENT_LINES:]))
         refusals = [line for line in reversed(history.lines) if line.refused]
+        drawn = charts(history, state.budgets, self.d.clock())
         return self.d.render_page(
             ctx,
             "loop.html",
             p=state,
             meters=meters(state.budgets),
             board=board(state.todos),
-            charts=charts(history, state.budgets, self.d.clock()),
+            charts=drawn,
+            unused=unused(state.budgets, drawn),
+            control=history.control,
             disagree=totals_disagree(history, state.budgets),
             recent=recent,
             refusals=refusals[:RECENT_LINES],

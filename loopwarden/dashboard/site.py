@@ -7,12 +7,15 @@ from pathlib import Path
 
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from loopwarden.dashboard import pages
 from loopwarden.dashboard.app import Dashboard, fault
 from loopwarden.dashboard.security import Guard
+from loopwarden.dashboard.sessions import COOKIE
 from loopwarden.server.runtime import Runtime
 
 
@@ -24,9 +27,16 @@ def build_dashboard(dashboard: Dashboard) -> Guard:
         Mount("/static", static, name="static"),
     ]
     app = Starlette(routes=routes)
-    app.add_exception_handler(404, lambda request, exc: dashboard.error_page(404, "no such page"))
+    app.add_exception_handler(404, lambda request, exc: not_found(dashboard, request))
     app.add_exception_handler(Exception, lambda request, exc: fault(dashboard, exc))
     return Guard(app, dashboard.security)
+
+
+def not_found(dashboard: Dashboard, request: Request) -> Response:
+    """A path with no page: said so, with the navigation (and who is signed in, if anyone)."""
+    session = dashboard.sessions.get(request.cookies.get(COOKIE))
+    path = request.url.path[:200]
+    return dashboard.error_page(404, f"there is no page at {path}", session)
 
 
 def dashboard_mount(runtime: Runtime, security: TransportSecuritySettings) -> Mount:

@@ -6,10 +6,14 @@ Nothing here reads the store or renders HTML: the templates escape every value t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from loopwarden.clock import format_time
 from loopwarden.dashboard.charts import Chart, budget_chart
 from loopwarden.dashboard.history import Line, LoopHistory, TurnTools
+from loopwarden.ledger.state.events import ReceiptKind
+from loopwarden.ledger.storage.reader import JournalRow
+from loopwarden.operations.loops import LoopSummary
 from loopwarden.operations.projection import TodoOut
 from loopwarden.operations.results import BudgetOut
 from loopwarden.policy import decision as codes
@@ -80,17 +84,24 @@ def board(todos: list[TodoOut]) -> dict[str, list[Card]]:
 
 
 def charts(history: LoopHistory, budgets: dict[str, BudgetOut], now: datetime) -> list[Chart]:
-    """A chart for every budget that has a limit or has been used."""
+    """A chart for every budget that has been used: an unused one would be a flat line at 0
+    (its meter above already says `0 / limit`), and seven of them filled the page."""
     out = []
     for dim, line in budgets.items():
         limit = None if line.limit is None else float(line.limit)
         points = history.series.get(dim, [])
-        if limit is None and not any(value for _, _, value in points):
+        if not any(value for _, _, value in points):
             continue
         chart = budget_chart(dim, points, limit, now)
         if chart is not None:
             out.append(chart)
     return out
+
+
+def unused(budgets: dict[str, BudgetOut], shown: list[Chart]) -> list[str]:
+    """The budgets no chart is drawn for (nothing used yet)."""
+    drawn = {chart.dimension for chart in shown}
+    return [dim for dim in budgets if dim not in drawn]
 
 
 def totals_disagree(history: LoopHistory, budgets: dict[str, BudgetOut]) -> list[str]:
@@ -143,4 +154,41 @@ def journal_page(
         pages=pages,
         kinds=sorted({line.kind for line in history.lines}),
         principals=sorted({line.principal for line in history.lines}),
+    )
+
+
+# --- the loops page: who must act first, fresh refusals flagged ------------------------------
+
+ATTENTION_ORDER = {"human": 0, "agent": 1, "none": 2}
+FRESH = timedelta(hours=1)  # a refusal this recent is flagged on the loops page
+RECENT_RECEIPTS = 50  # receipts per loop looked at for fresh refusals (the newest)
+REFUSAL_KINDS = frozenset(str(k) for k in ReceiptKind if str(k).endswith(".refused"))
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """A loop's refusals within `FRESH` of now (at most `RECENT_RECEIPTS` looked at)."""
+
+    count: int
+    latest: str  # when the newest was sealed
+
+    @property
+    def more(self) -> bool:
+        return self.count >= RECENT_RECEIPTS
+
+
+def fresh_refusals(rows: list[JournalRow], now: datetime) -> Fresh | None:
+    """The refusals among a loop's newest receipts sealed since `now - FRESH`, or None."""
+    since = format_time(now - FRESH)
+    recent = [row for row in rows if row.kind in REFUSAL_KINDS and row.at >= since]
+    return Fresh(len(recent), max(row.at for row in recent)) if recent else None
+
+
+def by_attention(loops: list[LoopSummary], fresh: dict[str, Fresh]) -> list[LoopSummary]:
+    """Who must act first (a human, then an agent, then no one); within each, loops with fresh
+    refusals first, then the most recently active."""
+    newest_first = sorted(loops, key=lambda lp: lp.updated_at, reverse=True)
+    return sorted(
+        newest_first,
+        key=lambda lp: (ATTENTION_ORDER.get(lp.attention.who, 3), lp.loop_id not in fresh),
     )

@@ -37,6 +37,9 @@ class ReceiptSummary(Model):
 class ReceiptLine(ReceiptSummary):
     turn_id: str | None
     verified: bool = Field(description="The signature holds under a trusted key.")
+    messages: list[str] = Field(
+        default_factory=list, description="Each reason's message, in the order of `reasons`."
+    )
 
 
 def receipt_summary(row: JournalRow, opened: Opened | None = None) -> ReceiptSummary:
@@ -119,11 +122,13 @@ def journal(call: Call[Reader], req: JournalRequest) -> JournalResult:
         # RFC 8785 re-serialization (a third of the cost per line) is left to `receipt`.
         opened = open_envelope(row.envelope, call.store.keyring, canonical=False)
         summary = receipt_summary(row, opened)
+        reasons = opened.body.get("decision", {}).get("reasons", [])
         lines.append(
             ReceiptLine(
                 **dict(summary),
                 turn_id=opened.body.get("turn_id"),
                 verified=opened.verified,
+                messages=[str(r.get("message", "")) for r in reasons],
             )
         )
         data.append(opened.body.get("data") or {})

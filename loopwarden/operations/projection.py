@@ -151,14 +151,17 @@ def attention_for(
     closed = _closed_attention(loop)
     if closed is not None:
         return closed
+    if loop.status == LoopStatus.PAUSED:  # before approvals: nothing runs until it resumes
+        waiting = f" ({len(pending)} approval(s) also await a decision)" if pending else ""
+        return Attention(
+            who="human", why="the loop is paused"
+        ), f"operator: resume the loop{waiting}"
     if pending:
         ids = ", ".join(a.approval_id for a in pending[:3])
         return (
             Attention(who="human", why=f"{len(pending)} approval(s) await a decision"),
             f"operator: approve or reject {ids}",
         )
-    if loop.status == LoopStatus.PAUSED:
-        return Attention(who="human", why="the loop is paused"), "operator: resume the loop"
     if eligible is not None:
         return (
             Attention(who="agent", why=f"todo {eligible.todo_id} is ready"),
