@@ -58,7 +58,7 @@ TURN_KINDS = frozenset(
 )
 
 
-HOST_KINDS = frozenset(
+TOOL_CALL_KINDS = frozenset(
     str(kind)
     for kind in (ReceiptKind.TOOL_ADMITTED, ReceiptKind.TOOL_REFUSED, ReceiptKind.TOOL_OBSERVED)
 )
@@ -231,7 +231,7 @@ class LoopHistory:
                     r.seq, str(data.get("outcome", "")), tools, r.effect == "deny", tuple(r.reasons)
                 )
             )
-        elif r.kind in HOST_KINDS:
+        elif r.kind in TOOL_CALL_KINDS:
             _note_host(turn, r, data)
         elif r.kind not in TURN_KINDS:
             turn.other[r.kind] += 1
@@ -265,7 +265,7 @@ def subject(kind: str, data: dict[str, Any]) -> str:
     """The tools a receipt is about, for a list line: a report's, or a host's call."""
     if kind in REPORT_KINDS:
         return ", ".join(f"{name}×{n}" for name, n in tools_used(data).items())
-    if kind in HOST_KINDS and isinstance(data.get("tool"), str):
+    if kind in TOOL_CALL_KINDS and isinstance(data.get("tool"), str):
         host_tool = data.get("host_tool")
         return f"{data['tool']} ({host_tool})" if isinstance(host_tool, str) else data["tool"]
     if isinstance(data.get("tool"), str):  # an approval's

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from loopwarden.clock import format_time
 from loopwarden.dashboard.charts import Chart, budget_chart
 from loopwarden.dashboard.history import Line, LoopHistory, TurnTools
-from loopwarden.ledger.state.events import ReceiptKind
+from loopwarden.ledger.state.registry import REFUSALS
 from loopwarden.ledger.storage.reader import JournalRow
 from loopwarden.operations.loops import LoopSummary
 from loopwarden.operations.projection import TodoOut
@@ -162,7 +162,6 @@ def journal_page(
 ATTENTION_ORDER = {"human": 0, "agent": 1, "none": 2}
 FRESH = timedelta(hours=1)  # a refusal this recent is flagged on the loops page
 RECENT_RECEIPTS = 50  # receipts per loop looked at for fresh refusals (the newest)
-REFUSAL_KINDS = frozenset(str(k) for k in ReceiptKind if str(k).endswith(".refused"))
 
 
 @dataclass(frozen=True)
@@ -180,7 +179,7 @@ class Fresh:
 def fresh_refusals(rows: list[JournalRow], now: datetime) -> Fresh | None:
     """The refusals among a loop's newest receipts sealed since `now - FRESH`, or None."""
     since = format_time(now - FRESH)
-    recent = [row for row in rows if row.kind in REFUSAL_KINDS and row.at >= since]
+    recent = [row for row in rows if row.kind in REFUSALS and row.at >= since]
     return Fresh(len(recent), max(row.at for row in recent)) if recent else None
 
 
