@@ -475,6 +475,7 @@ def test_receipts_json_shape_and_kind_filter(home, loop):
             "effect",
             "reasons",
             "subagent",
+            "messages",
             "turn_id",
             "verified",
         }
