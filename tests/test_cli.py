@@ -1554,17 +1554,6 @@ def test_the_demo_hint_names_a_command_that_runs(tmp_path, monkeypatch):
     assert render.program() == f"{sys.executable} -m loopwarden"
 
 
-def test_the_demo_cleans_up_its_temporary_home_and_prints_a_working_hint(tmp_path):
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    proc = run_process("demo", env=cli_env(TMPDIR=str(scratch)), cwd=str(tmp_path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "all scenarios behaved as governed" in proc.stdout
-    assert list(scratch.iterdir()) == []  # the loopwarden-demo-* directory is gone
-    hint = proc.stdout.strip().splitlines()[-1]
-    assert f"{sys.executable} -m loopwarden demo --home DIR" in hint
-
-
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "--json"])
 def test_the_demo_refuses_a_home_that_holds_a_database_up_front_with_exit_1(tmp_path, as_json):
     """A second `demo --home DIR` on one DIR: refused before it runs a scenario (an earlier demo's

@@ -146,13 +146,16 @@ def excerpt_chunks(readme: str) -> list[list[str]]:
     return [chunk for chunk in chunks if chunk]
 
 
-def test_the_readmes_demo_excerpt_is_what_a_real_demo_run_prints(tmp_path):
-    """Each run of lines in the excerpt appears, in order and consecutively, in a real run's
-    output (ids, times and the Merkle root aside), and the excerpt shows every section's
-    heading; it used to describe three scenarios and show a tree size of 18."""
+def test_a_real_demo_run_prints_the_readmes_excerpt_and_removes_its_temporary_home(tmp_path):
+    """The suite's one real demo run. Each run of lines in the README's excerpt appears, in
+    order and consecutively, in its output (ids, times and the Merkle root aside), and the
+    excerpt shows every section's heading (it used to describe three scenarios and show a tree
+    size of 18); the temporary home is gone after, and the last line names a command that runs."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     done = subprocess.run(
         loopwarden("demo"),
-        env=cli_env(TMPDIR=str(tmp_path)),
+        env=cli_env(TMPDIR=str(scratch)),
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -176,3 +179,7 @@ def test_the_readmes_demo_excerpt_is_what_a_real_demo_run_prints(tmp_path):
     headings = [line for line in printed if line.startswith("━━ ")]
     shown = [line for chunk in excerpt_chunks(README) for line in chunk if line.startswith("━━ ")]
     assert shown == headings and len(headings) >= 5
+    assert "all scenarios behaved as governed" in done.stdout
+    assert list(scratch.iterdir()) == []  # the loopwarden-demo-* directory is gone
+    hint = done.stdout.strip().splitlines()[-1]
+    assert f"{sys.executable} -m loopwarden demo --home DIR" in hint
