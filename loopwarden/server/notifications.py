@@ -31,7 +31,7 @@ from typing import Any
 import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.session import ServerSession
+from mcp.server.connection import Connection
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated, ServerEvent
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
@@ -125,9 +125,9 @@ class ChangeFeed:
         self._clock = clock
         self._heads: Heads | None = None
         self._wanted_at = float("-inf")
-        self._legacy: weakref.WeakKeyDictionary[ServerSession, set[str]] = (
-            weakref.WeakKeyDictionary()
-        )
+        # 2025-11-25 subscribers by connection, held weakly: a connection the SDK has dropped
+        # leaves this table with it.
+        self._legacy: weakref.WeakKeyDictionary[Connection, set[str]] = weakref.WeakKeyDictionary()
         self.polls = 0  # store reads made so far (the feed's whole cost)
 
     def _now(self) -> float:
@@ -167,13 +167,9 @@ class ChangeFeed:
         return uris
 
     async def _notify_sessions(self, uri: str) -> None:
-        for session, uris in list(self._legacy.items()):
-            if uri not in uris:
-                continue
-            try:
-                await session.send_resource_updated(uri)
-            except Exception:  # a closed session: forget it
-                self._legacy.pop(session, None)
+        for connection, uris in list(self._legacy.items()):
+            if uri in uris:  # on the connection's standalone stream; never raises
+                await connection.notify("notifications/resources/updated", {"uri": uri})
 
     async def run(self) -> None:
         """Poll every `POLL_SECONDS` until cancelled; a failed poll is logged and retried."""
@@ -210,13 +206,13 @@ class ChangeFeed:
         self, ctx: ServerRequestContext[Any, Any], params: SubscribeRequestParams
     ) -> EmptyResult:
         await self.check([params.uri])
-        self._legacy.setdefault(ctx.session, set()).add(params.uri)
+        self._legacy.setdefault(_connection(ctx), set()).add(params.uri)
         return EmptyResult()
 
     async def unsubscribe(
         self, ctx: ServerRequestContext[Any, Any], params: UnsubscribeRequestParams
     ) -> EmptyResult:
-        self._legacy.get(ctx.session, set()).discard(params.uri)
+        self._legacy.get(_connection(ctx), set()).discard(params.uri)
         return EmptyResult()
 
     # --- MCP 2026-07-28: the subscriptions/listen gate ----------------------------------------
@@ -233,11 +229,18 @@ class ChangeFeed:
         return await call_next(ctx)
 
 
+def _connection(ctx: ServerRequestContext[Any, Any]) -> Connection:
+    # A handler's `ServerSession` lives for one request; the connection it belongs to (whose
+    # standalone stream carries 2025-11-25 notifications) has no public accessor.
+    connection: Connection = ctx.session._connection
+    return connection
+
+
 def subscribe_handlers(server: MCPServer, feed: ChangeFeed) -> None:
     """Serve MCP 2025-11-25's `resources/subscribe` and `resources/unsubscribe` through `feed`
     (which also makes the handshake advertise `resources.subscribe`)."""
-    # MCPServer has no public seam for these two methods; its low-level server does (the one
-    # coupling to the SDK's internals here, pinned by tests/test_notifications.py).
+    # MCPServer has no public seam for these two methods; its low-level server does (this and
+    # `_connection` are the couplings to SDK internals, pinned by tests/test_notifications.py).
     lowlevel = server._lowlevel_server
     lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, feed.subscribe)
     lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, feed.unsubscribe)
