@@ -25,6 +25,7 @@ test-all: $(STAMP)  # the long reliability variants too (see docs/reliability.md
 
 check-clients: $(STAMP)  # the README's client set-ups, run against real client CLIs from npm
 	$(BIN)/python .ci/check_clients.py
+	$(BIN)/python .ci/check_oauth_client.py  # Claude Code against an OAuth-protected server
 
 check-wheel: $(STAMP)  # a wheel built from a clean clone installs in a fresh venv and runs the demo
 	$(BIN)/python .ci/check_wheel.py
