@@ -41,20 +41,36 @@ def run(*args: str, cwd: Path) -> str:
 
 
 def check(root: Path) -> list[str]:
-    tree = subprocess.run(["git", "archive", "HEAD"], cwd=REPO, capture_output=True, check=True).stdout
+    tree = subprocess.run(
+        ["git", "archive", "HEAD"], cwd=REPO, capture_output=True, check=True
+    ).stdout
     source = root / "source"
     with tarfile.open(fileobj=io.BytesIO(tree)) as archive:
         archive.extractall(source, filter="data")
     dist = root / "dist"
     run(sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(dist), ".", cwd=source)
     built = sorted(p.name for p in dist.iterdir())
-    if len(built) != 2 or not any(n.endswith(".whl") for n in built) or not any(n.endswith(".tar.gz") for n in built):
+    if (
+        len(built) != 2
+        or not any(n.endswith(".whl") for n in built)
+        or not any(n.endswith(".tar.gz") for n in built)
+    ):
         raise CheckFailed(f"expected one wheel and one sdist, built {built}")
-    run(sys.executable, "-m", "twine", "check", "--strict", *(str(dist / n) for n in built), cwd=root)
+    run(
+        sys.executable,
+        "-m",
+        "twine",
+        "check",
+        "--strict",
+        *(str(dist / n) for n in built),
+        cwd=root,
+    )
     name = json.loads((source / "server.json").read_text())["name"]
     if f"mcp-name: {name}" not in (source / "README.md").read_text():
         raise CheckFailed(f"README.md has no `mcp-name: {name}` line (the MCP Registry's check)")
-    return [f"twine check --strict: {n}" for n in built] + [f"README names {name} for the MCP Registry"]
+    return [f"twine check --strict: {n}" for n in built] + [
+        f"README names {name} for the MCP Registry"
+    ]
 
 
 def main() -> int:

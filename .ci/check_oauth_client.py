@@ -42,10 +42,17 @@ def claude(clients: Path, root: Path, *args: str) -> str:
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
     done = subprocess.run(
-        ["claude", *args], cwd=root, env=env, capture_output=True, text=True, timeout=COMMAND_SECONDS
+        ["claude", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_SECONDS,
     )
     if done.returncode != 0:
-        raise SystemExit(f"oauth client check FAILED: claude {' '.join(args)} exited {done.returncode}")
+        raise SystemExit(
+            f"oauth client check FAILED: claude {' '.join(args)} exited {done.returncode}"
+        )
     return done.stdout
 
 
@@ -56,25 +63,38 @@ def main() -> int:
     )
     args = parser.parse_args()
     if not (args.clients_dir / "node_modules" / ".bin" / "claude").exists():
-        print("oauth client check FAILED: no Claude Code (run check_clients.py first)", file=sys.stderr)
+        print(
+            "oauth client check FAILED: no Claude Code (run check_clients.py first)",
+            file=sys.stderr,
+        )
         return 1
     root = Path(tempfile.mkdtemp(prefix="loopwarden-oauth-client-"))
     issuer = Issuer().start()
     port = free_port()
     config = root / "oauth.toml"
-    config.write_text(f'[oauth]\nissuer = "{issuer.url}"\nresource = "http://127.0.0.1:{port}/mcp"\n')
+    config.write_text(
+        f'[oauth]\nissuer = "{issuer.url}"\nresource = "http://127.0.0.1:{port}/mcp"\n'
+    )
     served = start_server(root / "srv", root / "logs", "--oauth-config", str(config), port=port)
     try:
-        claude(args.clients_dir, root, "mcp", "add", "--transport", "http", "loopwarden", served.url)
+        claude(
+            args.clients_dir, root, "mcp", "add", "--transport", "http", "loopwarden", served.url
+        )
         listed = claude(args.clients_dir, root, "mcp", "list")
     finally:
         stop_server(served)
         issuer.stop()
         shutil.rmtree(root, ignore_errors=True)
     line = next((x for x in listed.splitlines() if "loopwarden" in x), "(no loopwarden line)")
-    found = issuer.seen["/.well-known/oauth-authorization-server"] + issuer.seen["/.well-known/openid-configuration"]
+    found = (
+        issuer.seen["/.well-known/oauth-authorization-server"]
+        + issuer.seen["/.well-known/openid-configuration"]
+    )
     if "Needs authentication" not in line or found == 0:
-        print(f"oauth client check FAILED: {line.strip()}; issuer metadata fetched {found}x", file=sys.stderr)
+        print(
+            f"oauth client check FAILED: {line.strip()}; issuer metadata fetched {found}x",
+            file=sys.stderr,
+        )
         return 1
     print(
         "ok  Claude Code (HTTP, OAuth): 401 → protected resource metadata → the issuer's metadata "

@@ -42,7 +42,9 @@ LIFETIME = 600
 
 
 def new_key() -> ECKey:
-    return ECKey.generate_key("P-256", parameters={"kid": secrets.token_hex(6), "alg": "ES256", "use": "sig"})
+    return ECKey.generate_key(
+        "P-256", parameters={"kid": secrets.token_hex(6), "alg": "ES256", "use": "sig"}
+    )
 
 
 @dataclass
@@ -80,7 +82,12 @@ class Issuer:
         """A JWT with the issuer's defaults (iss, iat, exp in LIFETIME s), `claims` on top
         (a value None removes that claim), signed by `key` (default: the current one)."""
         now = int(time.time())
-        body: dict[str, Any] = {"iss": self.url, "iat": now, "exp": now + LIFETIME, "jti": secrets.token_hex(8)}
+        body: dict[str, Any] = {
+            "iss": self.url,
+            "iat": now,
+            "exp": now + LIFETIME,
+            "jti": secrets.token_hex(8),
+        }
         body.update(claims)
         body = {k: v for k, v in body.items() if v is not None}
         signer = key or self.key
@@ -117,7 +124,9 @@ class Issuer:
         body = await request.json()
         client_id = "dyn-" + secrets.token_hex(6)
         self.clients[client_id] = Client(redirect_uris=list(body.get("redirect_uris", [])))
-        return JSONResponse({"client_id": client_id, **body, "token_endpoint_auth_method": "none"}, status_code=201)
+        return JSONResponse(
+            {"client_id": client_id, **body, "token_endpoint_auth_method": "none"}, status_code=201
+        )
 
     def authorize(self, request: Request) -> Response:
         self.seen["/authorize"] += 1
@@ -129,7 +138,9 @@ class Issuer:
             return JSONResponse({"error": "invalid_request"}, status_code=400)
         user = self.login_as
         if user is None or user not in self.users:
-            return RedirectResponse(f"{q['redirect_uri']}?{urlencode({'error': 'access_denied', 'state': q.get('state', ''), 'iss': self.url})}")
+            return RedirectResponse(
+                f"{q['redirect_uri']}?{urlencode({'error': 'access_denied', 'state': q.get('state', ''), 'iss': self.url})}"
+            )
         code = secrets.token_urlsafe(16)
         self.codes[code] = {
             "client_id": q["client_id"],
@@ -138,7 +149,11 @@ class Issuer:
             "resource": q.get("resource"),
             "nonce": q.get("nonce"),
             "user": user,
-            "scope": " ".join(s for s in q.get("scope", "").split() if s in self.users[user].split() or s == "openid"),
+            "scope": " ".join(
+                s
+                for s in q.get("scope", "").split()
+                if s in self.users[user].split() or s == "openid"
+            ),
         }
         params = {"code": code, "state": q.get("state", ""), "iss": self.url}
         return RedirectResponse(f"{q['redirect_uri']}?{urlencode(params)}", status_code=302)
@@ -158,24 +173,51 @@ class Issuer:
         if client is None or client.secret is None or form.get("client_secret") != client.secret:
             return JSONResponse({"error": "invalid_client"}, status_code=401)
         scope = str(form.get("scope") or client.scope)
-        access = self.mint(sub=client.subject or form["client_id"], aud=form.get("resource"), scope=scope, client_id=form["client_id"])
-        return JSONResponse({"access_token": access, "token_type": "Bearer", "expires_in": LIFETIME, "scope": scope})
+        access = self.mint(
+            sub=client.subject or form["client_id"],
+            aud=form.get("resource"),
+            scope=scope,
+            client_id=form["client_id"],
+        )
+        return JSONResponse(
+            {"access_token": access, "token_type": "Bearer", "expires_in": LIFETIME, "scope": scope}
+        )
 
     def _code(self, form: dict[str, Any]) -> Response:
         grant = self.codes.pop(str(form.get("code", "")), None)  # a code works once
-        if grant is None or grant["client_id"] != form.get("client_id") or grant["redirect_uri"] != form.get("redirect_uri"):
+        if (
+            grant is None
+            or grant["client_id"] != form.get("client_id")
+            or grant["redirect_uri"] != form.get("redirect_uri")
+        ):
             return JSONResponse({"error": "invalid_grant"}, status_code=400)
         client = self.clients[grant["client_id"]]
         if client.secret is not None and form.get("client_secret") != client.secret:
             return JSONResponse({"error": "invalid_client"}, status_code=401)
         verifier = str(form.get("code_verifier", ""))
-        challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+        challenge = (
+            base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest())
+            .rstrip(b"=")
+            .decode()
+        )
         if not verifier or challenge != grant["challenge"]:
-            return JSONResponse({"error": "invalid_grant", "error_description": "PKCE"}, status_code=400)
+            return JSONResponse(
+                {"error": "invalid_grant", "error_description": "PKCE"}, status_code=400
+            )
         resource = form.get("resource") or grant["resource"]
-        access = self.mint(sub=grant["user"], aud=resource, scope=grant["scope"], client_id=grant["client_id"])
+        access = self.mint(
+            sub=grant["user"], aud=resource, scope=grant["scope"], client_id=grant["client_id"]
+        )
         id_token = self.mint(sub=grant["user"], aud=grant["client_id"], nonce=grant["nonce"])
-        return JSONResponse({"access_token": access, "id_token": id_token, "token_type": "Bearer", "expires_in": LIFETIME, "scope": grant["scope"]})
+        return JSONResponse(
+            {
+                "access_token": access,
+                "id_token": id_token,
+                "token_type": "Bearer",
+                "expires_in": LIFETIME,
+                "scope": grant["scope"],
+            }
+        )
 
     # --- serving -----------------------------------------------------------------------------
 
@@ -192,7 +234,9 @@ class Issuer:
         )
 
     def start(self) -> Issuer:
-        config = uvicorn.Config(self.app(), host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            self.app(), host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()

@@ -142,6 +142,22 @@ def cli_json(*args: str) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
+def cli_open_loop(
+    home: Path, loop_id: str, policy: dict[str, Any], todos: tuple[str, ...] = (), *store: str
+) -> None:
+    """`loopwarden loop open` in its own process: `policy` written beside the home, one
+    `--todo` per title, `store` (e.g. `--store URL`) passed on."""
+    path = home.parent / f"policy-{loop_id}.json"
+    path.write_text(json.dumps(policy))
+    todo_args = [arg for title in todos for arg in ("--todo", title)]
+    done = cli(
+        *("loop", "open", "--policy", str(path), "--objective", "o", "--id", loop_id),
+        *todo_args,
+        *("--home", str(home), *store),
+    )
+    assert done.returncode == 0, done.stderr
+
+
 def one_line(text: str) -> str:
     """rich wraps stderr at the terminal width; compare messages with the wrapping undone."""
     return " ".join(text.split())

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx2
 import pytest
@@ -27,7 +27,7 @@ from support import (
     Served,
     Token,
     bounded,
-    cli,
+    cli_open_loop,
     dashboard_url,
     make_policy,
     mint_tokens,
@@ -46,7 +46,7 @@ POLICY = make_policy(agents=["builder"], tools={"allow": ["fs.*"], "approval": [
 class Hook(BaseHTTPRequestHandler):
     """A chat channel's incoming webhook: it keeps what it is sent."""
 
-    received: list[dict[str, Any]] = []
+    received: ClassVar[list[dict[str, Any]]] = []
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["content-length"]))
@@ -70,7 +70,9 @@ def webhook() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, webhook: str) -> Iterator[tuple[Served, dict[str, Token]]]:
+def served(
+    tmp_path_factory: pytest.TempPathFactory, webhook: str
+) -> Iterator[tuple[Served, dict[str, Token]]]:
     root = tmp_path_factory.mktemp("elicit")
     server = start_server(root / "home", root / "logs", "--approval-webhook", webhook)
     try:
@@ -80,9 +82,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, webhook: str) -> Iterator[t
 
 
 def open_loop(home: Path, loop_id: str) -> None:
-    (home.parent / "policy.json").write_text(json.dumps(POLICY))
-    done = cli("loop", "open", "--policy", str(home.parent / "policy.json"), "--objective", "ship", "--todo", "deploy", "--id", loop_id, "--home", str(home))
-    assert done.returncode == 0, done.stderr
+    cli_open_loop(home, loop_id, POLICY, ("deploy",))
 
 
 def sdk_client(url: str, token: str, **options: Any) -> Client:
@@ -123,16 +123,25 @@ def approve_on_the_page(served: Served, token: str, page: str) -> httpx2.Respons
         assert signed.headers["location"] == path  # back to the approval's page
         shown = http.get(path)
         assert "Approve" in shown.text and "deploy.prod" in shown.text
-        decision = {"csrf": CSRF.search(shown.text).group(1), "back": path, "decision": "approve", "expires": "1h"}
+        decision = {
+            "csrf": CSRF.search(shown.text).group(1),
+            "back": path,
+            "decision": "approve",
+            "expires": "1h",
+        }
         return http.post(f"{path}/decide", data=decision)
 
 
 @bounded(90)
-async def test_a_url_mode_client_gets_the_page_and_the_operators_approval_there_lets_the_update_through(served, webhook):
+async def test_a_url_mode_client_gets_the_page_and_the_operators_approval_there_lets_the_update_through(
+    served, webhook
+):
     server, tokens = served
     open_loop(server.home, "ship")
     shown: list[ElicitRequestURLParams] = []
-    turn, result = await ask(server.url, tokens["builder"].token, "ship", elicitation_callback=recorder(shown))
+    turn, result = await ask(
+        server.url, tokens["builder"].token, "ship", elicitation_callback=recorder(shown)
+    )
     page = f"{dashboard_url(server)}/approvals/{result.approval_id}"
     assert [s.url for s in shown] == [page]
     assert (result.requested, result.status) == (True, "pending")
@@ -160,7 +169,13 @@ async def test_a_2025_client_with_url_mode_is_asked_during_the_call(served):
     server, tokens = served
     open_loop(server.home, "ship-legacy")
     shown: list[ElicitRequestURLParams] = []
-    _, result = await ask(server.url, tokens["builder"].token, "ship-legacy", mode="legacy", elicitation_callback=recorder(shown))
+    _, result = await ask(
+        server.url,
+        tokens["builder"].token,
+        "ship-legacy",
+        mode="legacy",
+        elicitation_callback=recorder(shown),
+    )
     assert [s.url for s in shown] == [f"{dashboard_url(server)}/approvals/{result.approval_id}"]
     assert result.status == "pending"
 

@@ -21,9 +21,18 @@ from conftest import OPERATOR
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.subscriptions import ResourceUpdated, ServerEvent
-from support import Served, Token, bounded, cli, make_policy, mint_tokens, start_server, stop_server
+from support import (
+    Served,
+    Token,
+    bounded,
+    cli,
+    cli_open_loop,
+    make_policy,
+    mint_tokens,
+    start_server,
+    stop_server,
+)
 
-from loopwarden.clients.admin import open_store
 from loopwarden.operations.loops import OpenLoopRequest, open_loop
 from loopwarden.server.notifications import (
     LOOPS_URI,
@@ -51,11 +60,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, d
 
 
 def open_loops(home: Path, *loop_ids: str) -> None:
-    policy = home.parent / "policy.json"
-    policy.write_text(json.dumps(make_policy(agents=["builder"])))
     for loop_id in loop_ids:
-        done = cli("loop", "open", "--policy", str(policy), "--objective", "o", "--id", loop_id, "--home", str(home))
-        assert done.returncode == 0, done.stderr
+        cli_open_loop(home, loop_id, make_policy(agents=["builder"]))
 
 
 def pause(home: Path, loop_id: str) -> float:
@@ -105,7 +111,9 @@ async def test_a_2025_client_subscribed_with_resources_subscribe_hears_the_chang
             heard.append((root.params.uri, time.monotonic()))
             arrived.set()
 
-    async with client(server.url, tokens["builder"].token, mode="legacy", message_handler=on_message) as builder:
+    async with client(
+        server.url, tokens["builder"].token, mode="legacy", message_handler=on_message
+    ) as builder:
         assert builder.protocol_version == "2025-11-25"
         assert builder.server_capabilities.resources.subscribe is True
         await builder.subscribe_resource(projection_uri("legacy"))
@@ -122,7 +130,11 @@ async def test_an_outsider_cannot_subscribe_to_a_loop_it_cannot_see_nor_tell_it_
     open_loops(server.home, "private")
     refusals = []
     async with client(server.url, tokens["mallory"].token) as mallory:
-        for uri in (projection_uri("private"), projection_uri("no-such-loop"), "file:///etc/passwd"):
+        for uri in (
+            projection_uri("private"),
+            projection_uri("no-such-loop"),
+            "file:///etc/passwd",
+        ):
             with pytest.raises(MCPError) as refused:
                 async with mallory.listen(resource_subscriptions=[uri]):
                     pass
@@ -151,10 +163,16 @@ async def test_a_hundred_listeners_cost_one_store_read_per_poll(tmp_path):
         leave = [bus.subscribe(events.append) for events in heard]
         await feed.baseline()
         for n in range(3):
-            await open_loop(runtime.require_store(), OPERATOR, OpenLoopRequest(objective="o", policy=make_policy(), loop_id=f"l{n}"))
+            await open_loop(
+                runtime.require_store(),
+                OPERATOR,
+                OpenLoopRequest(objective="o", policy=make_policy(), loop_id=f"l{n}"),
+            )
             await feed.tick()
         assert feed.polls == 1 + 3  # the baseline, then one read per poll
-        expected = [ResourceUpdated(uri=u) for n in range(3) for u in (LOOPS_URI, projection_uri(f"l{n}"))]
+        expected = [
+            ResourceUpdated(uri=u) for n in range(3) for u in (LOOPS_URI, projection_uri(f"l{n}"))
+        ]
         assert all(events == expected for events in heard)
         for unsubscribe in leave:
             unsubscribe()

@@ -77,9 +77,16 @@ def server(tmp_path_factory: pytest.TempPathFactory, issuer: Issuer) -> Iterator
         stop_server(served)
 
 
-def client_token(issuer: Issuer, client_id: str, secret: str, resource: str, scope: str | None = None) -> str:
+def client_token(
+    issuer: Issuer, client_id: str, secret: str, resource: str, scope: str | None = None
+) -> str:
     """An access token from the issuer's real token endpoint (client credentials)."""
-    form = {"grant_type": "client_credentials", "client_id": client_id, "client_secret": secret, "resource": resource}
+    form = {
+        "grant_type": "client_credentials",
+        "client_id": client_id,
+        "client_secret": secret,
+        "resource": resource,
+    }
     if scope is not None:
         form["scope"] = scope
     response = httpx2.post(f"{issuer.url}/token", data=form, timeout=10)
@@ -107,9 +114,14 @@ def params(header: str) -> dict[str, str]:
 # --- discovery and the 401 -------------------------------------------------------------------
 
 
-def test_protected_resource_metadata_names_the_issuer_the_resource_and_the_agent_scope(server, issuer):
+def test_protected_resource_metadata_names_the_issuer_the_resource_and_the_agent_scope(
+    server, issuer
+):
     base = server.url.removesuffix("/mcp")
-    for path in ("/.well-known/oauth-protected-resource/mcp", "/.well-known/oauth-protected-resource"):
+    for path in (
+        "/.well-known/oauth-protected-resource/mcp",
+        "/.well-known/oauth-protected-resource",
+    ):
         document = httpx2.get(base + path, timeout=10).json()
         assert document["resource"] == server.url
         assert [a.rstrip("/") for a in document["authorization_servers"]] == [issuer.url]
@@ -121,17 +133,23 @@ def test_a_request_without_a_token_is_401_pointing_at_the_metadata(server):
     response = post_mcp(server.url)
     assert response.status_code == 401
     challenge = params(response.headers["www-authenticate"])
-    assert challenge["resource_metadata"] == server.url.replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
+    assert challenge["resource_metadata"] == server.url.replace(
+        "/mcp", "/.well-known/oauth-protected-resource/mcp"
+    )
     assert challenge["scope"] == AGENT
     assert "error" not in challenge  # no credentials were presented (RFC 6750 §3.1)
 
 
 @bounded(60)
-async def test_a_client_credentials_token_works_and_the_principal_is_its_claim_not_an_argument(server, issuer):
+async def test_a_client_credentials_token_works_and_the_principal_is_its_claim_not_an_argument(
+    server, issuer
+):
     operator = client_token(issuer, "alice-cc", "alice-secret", server.url)
     agent = client_token(issuer, "builder-cc", "builder-secret", server.url)
     async with connect_http(server.url, operator) as alice:
-        await alice.open_loop("oauth", make_policy(agents=["builder"]), [{"id": "t1", "title": "one"}], loop_id="jwt")
+        await alice.open_loop(
+            "oauth", make_policy(agents=["builder"]), [{"id": "t1", "title": "one"}], loop_id="jwt"
+        )
     async with connect_http(server.url, agent) as builder:
         turn = await builder.claim("jwt")
         assert turn.granted
@@ -147,11 +165,19 @@ async def test_a_client_credentials_token_works_and_the_principal_is_its_claim_n
 
 
 REFUSED_401 = {
-    "wrong audience": lambda i, url: i.mint(sub="builder", aud="http://127.0.0.1:1/mcp", scope=AGENT),
-    "expired": lambda i, url: i.mint(sub="builder", aud=url, scope=AGENT, exp=1_000_000, iat=999_000),
+    "wrong audience": lambda i, url: i.mint(
+        sub="builder", aud="http://127.0.0.1:1/mcp", scope=AGENT
+    ),
+    "expired": lambda i, url: i.mint(
+        sub="builder", aud=url, scope=AGENT, exp=1_000_000, iat=999_000
+    ),
     "not yet valid": lambda i, url: i.mint(sub="builder", aud=url, scope=AGENT, nbf=4_000_000_000),
-    "another issuer": lambda i, url: i.mint(sub="builder", aud=url, scope=AGENT, iss="http://127.0.0.1:2"),
-    "a key the issuer never published": lambda i, url: i.mint(new_key(), sub="builder", aud=url, scope=AGENT),
+    "another issuer": lambda i, url: i.mint(
+        sub="builder", aud=url, scope=AGENT, iss="http://127.0.0.1:2"
+    ),
+    "a key the issuer never published": lambda i, url: i.mint(
+        new_key(), sub="builder", aud=url, scope=AGENT
+    ),
     "no identity claim": lambda i, url: i.mint(sub=None, aud=url, scope=AGENT),
     "an unknown agent": lambda i, url: client_token(i, "mallory-cc", "mallory-secret", url),
     "no expiry": lambda i, url: i.mint(sub="builder", aud=url, scope=AGENT, exp=None),
@@ -168,8 +194,12 @@ def test_a_bad_token_is_401_invalid_token(server, issuer, case):
     assert "Traceback" not in server.stderr() and "eyJ" not in server.stderr()  # no token logged
 
 
-@pytest.mark.parametrize(("scope", "why"), [("openid", "no loopwarden role"), (f"{AGENT} {OPERATOR}", "more than one")])
-def test_a_token_without_exactly_one_role_scope_is_403_insufficient_scope(server, issuer, scope, why):
+@pytest.mark.parametrize(
+    ("scope", "why"), [("openid", "no loopwarden role"), (f"{AGENT} {OPERATOR}", "more than one")]
+)
+def test_a_token_without_exactly_one_role_scope_is_403_insufficient_scope(
+    server, issuer, scope, why
+):
     token = issuer.mint(sub="builder", aud=server.url, scope=scope)
     response = post_mcp(server.url, token)
     assert response.status_code == 403
@@ -198,22 +228,30 @@ async def test_static_tokens_keep_working_beside_oauth(server, issuer, static_to
 
 
 @bounded(30)
-async def test_a_rotated_out_key_is_refused_after_the_next_fetch_and_a_rotated_in_key_at_once(issuer):
+async def test_a_rotated_out_key_is_refused_after_the_next_fetch_and_a_rotated_in_key_at_once(
+    issuer,
+):
     resource = "http://127.0.0.1:9/mcp"
     clock = ManualClock(datetime.now(UTC))  # the issuer stamps its tokens on the system clock
-    verifier = JwtVerifier(OAuthSettings(issuer=issuer.url, resource=resource, jwks_cache_seconds=60), clock=clock)
+    verifier = JwtVerifier(
+        OAuthSettings(issuer=issuer.url, resource=resource, jwks_cache_seconds=60), clock=clock
+    )
     old_token = issuer.mint(sub="builder", aud=resource, scope=AGENT)
     assert (await verifier.verify_token(old_token)) is not None
     issuer.rotate()
     try:
         new_token = issuer.mint(sub="builder", aud=resource, scope=AGENT)
-        assert (await verifier.verify_token(new_token)).client_id == "builder"  # unknown kid: fetched
+        assert (
+            await verifier.verify_token(new_token)
+        ).client_id == "builder"  # unknown kid: fetched
         assert verifier.keys.fetches == 2
         clock.advance(61)  # the cache is stale: the next token fetches again
         assert (await verifier.verify_token(old_token)) is None
         assert verifier.keys.fetches == 3
         clock.advance(REFETCH_SECONDS)
-        forged = [issuer.mint(new_key(), sub="builder", aud=resource, scope=AGENT) for _ in range(5)]
+        forged = [
+            issuer.mint(new_key(), sub="builder", aud=resource, scope=AGENT) for _ in range(5)
+        ]
         assert [await verifier.verify_token(t) for t in forged] == [None] * 5
         assert verifier.keys.fetches == 4  # one fetch for the five unknown key ids, not five
     finally:
@@ -222,8 +260,12 @@ async def test_a_rotated_out_key_is_refused_after_the_next_fetch_and_a_rotated_i
 
 @bounded(30)
 async def test_metadata_that_names_another_issuer_is_not_trusted(issuer):
-    verifier = JwtVerifier(OAuthSettings(issuer=issuer.url + "/", resource="http://127.0.0.1:9/mcp"))
-    token = issuer.mint(iss=issuer.url + "/", sub="builder", aud="http://127.0.0.1:9/mcp", scope=AGENT)
+    verifier = JwtVerifier(
+        OAuthSettings(issuer=issuer.url + "/", resource="http://127.0.0.1:9/mcp")
+    )
+    token = issuer.mint(
+        iss=issuer.url + "/", sub="builder", aud="http://127.0.0.1:9/mcp", scope=AGENT
+    )
     assert (await verifier.verify_token(token)) is None
 
 
@@ -234,8 +276,18 @@ async def test_metadata_that_names_another_issuer_is_not_trusted(issuer):
     ("values", "message"),
     [
         ({"issuer": "http://auth.example.com", "resource": "http://127.0.0.1:1/mcp"}, "https"),
-        ({"issuer": "https://a.example", "resource": "https://r.example/mcp", "algorithms": ["HS256"]}, "asymmetric"),
-        ({"issuer": "https://a.example", "resource": "https://r.example/mcp", "colour": "red"}, "colour"),
+        (
+            {
+                "issuer": "https://a.example",
+                "resource": "https://r.example/mcp",
+                "algorithms": ["HS256"],
+            },
+            "asymmetric",
+        ),
+        (
+            {"issuer": "https://a.example", "resource": "https://r.example/mcp", "colour": "red"},
+            "colour",
+        ),
         ({"issuer": "https://a.example"}, "missing: resource"),
     ],
 )
@@ -247,6 +299,16 @@ def test_a_bad_oauth_configuration_is_refused_naming_the_problem(tmp_path, value
 
 
 def test_serve_with_oauth_but_without_http_exits_2(tmp_path):
-    done = cli("serve", "--agent", "a", "--home", str(tmp_path), "--oauth-issuer", "https://a.example", "--resource", "https://r.example/mcp")
+    done = cli(
+        "serve",
+        "--agent",
+        "a",
+        "--home",
+        str(tmp_path),
+        "--oauth-issuer",
+        "https://a.example",
+        "--resource",
+        "https://r.example/mcp",
+    )
     assert done.returncode == 2
     assert "only applies to --http" in done.stderr

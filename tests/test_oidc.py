@@ -43,7 +43,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, Is
         issuer.stop()
 
 
-def sign_in(served: Served, issuer: Issuer, user: str) -> tuple[httpx2.Client, httpx2.Response, str]:
+def sign_in(
+    served: Served, issuer: Issuer, user: str
+) -> tuple[httpx2.Client, httpx2.Response, str]:
     """A browser's OIDC sign-in as `user`: (its client, the callback's answer, the callback URL)."""
     issuer.login_as = user
     http = httpx2.Client(base_url=dashboard_url(served), follow_redirects=False, timeout=30)

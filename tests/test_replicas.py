@@ -10,7 +10,6 @@ other. With 2025-11-25 (today's Claude Code) nothing changes: one session, on on
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +20,17 @@ from conftest import postgres_server
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, ElicitResult, InputRequiredResult
-from support import EVIDENCE, Served, Token, bounded, cli, make_policy, mint_tokens, start_server, stop_server
+from support import (
+    EVIDENCE,
+    Served,
+    Token,
+    bounded,
+    cli_open_loop,
+    make_policy,
+    mint_tokens,
+    start_server,
+    stop_server,
+)
 
 from loopwarden.clients.agent import AgentClient
 
@@ -35,7 +44,9 @@ POLICY = make_policy(
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Served], Token]]:
+def pair(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[list[Served], Token]]:
     root = tmp_path_factory.mktemp(f"replicas-{request.param}")
     home_a = root / "a"
     store: list[str] = []
@@ -50,10 +61,7 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         home_b = root / "b"
         home_b.mkdir()
         shutil.copytree(home_a / "keys", home_b / "keys")
-    policy = root / "policy.json"
-    policy.write_text(json.dumps(POLICY))
-    done = cli("loop", "open", "--policy", str(policy), "--objective", "o", "--todo", "one", "--todo", "two", "--todo", "three", "--id", "shared", "--home", str(home_a), *store)
-    assert done.returncode == 0, done.stderr
+    cli_open_loop(home_a, "shared", POLICY, ("one", "two", "three"), *store)
     served = [start_server(home, root / "logs", *store) for home in (home_a, home_b)]
     try:
         yield served, token
@@ -72,7 +80,9 @@ class Recorded:
             self.headers.append(response.headers)
 
         http = httpx2.AsyncClient(
-            headers={"Authorization": f"Bearer {token}"}, timeout=30, event_hooks={"response": [keep]}
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+            event_hooks={"response": [keep]},
         )
         self.client = Client(streamable_http_client(url, http_client=http), **options)
 
@@ -84,7 +94,10 @@ class Recorded:
 @bounded(90)
 async def test_a_2026_agent_claims_on_one_replica_and_reports_on_the_other(pair):
     (a, b), token = pair
-    on_a, on_b = Recorded(a.url, token.token, mode="2026-07-28"), Recorded(b.url, token.token, mode="2026-07-28")
+    on_a, on_b = (
+        Recorded(a.url, token.token, mode="2026-07-28"),
+        Recorded(b.url, token.token, mode="2026-07-28"),
+    )
     async with on_a.client as raw_a, on_b.client as raw_b:
         turn = await AgentClient(raw_a).claim("shared")
         assert turn.granted
@@ -107,7 +120,12 @@ async def test_a_multi_round_trip_request_started_on_one_replica_finishes_on_the
     async with Recorded(a.url, token.token, mode="2026-07-28", **declares_url_mode).client as raw_a:
         turn = await AgentClient(raw_a).claim("shared")
         assert turn.granted
-        args = {"turn_id": turn.turn_id, "fence": turn.fence, "tool": "deploy.prod", "summary": "ship"}
+        args = {
+            "turn_id": turn.turn_id,
+            "fence": turn.fence,
+            "tool": "deploy.prod",
+            "summary": "ship",
+        }
         first = await raw_a.session.call_tool("request_approval", args, allow_input_required=True)
     assert isinstance(first, InputRequiredResult)
     (ask,) = first.input_requests.values()
@@ -141,4 +159,3 @@ async def test_a_2025_client_keeps_its_session_on_one_replica(pair):
         report = await agent.update(turn.turn_id, turn.fence, "progress", "half", "k-legacy")
         assert report.accepted, report.reasons
     assert len(legacy.sessions) == 1
-

@@ -42,7 +42,11 @@ async def approval_page(d: Dashboard, ctx: Ctx) -> Response:
         return None if row is None else row.loop_id
 
     loop_id = await ctx.store.read(loop_of)
-    listed = [] if loop_id is None else (await list_approvals(ctx.store, ctx.who, {"loop_id": loop_id})).approvals
+    listed = (
+        []
+        if loop_id is None
+        else (await list_approvals(ctx.store, ctx.who, {"loop_id": loop_id})).approvals
+    )
     found = [a for a in listed if a.approval_id == approval_id]
     if not found:
         raise NotFound(f"no approval with id {approval_id!r}")

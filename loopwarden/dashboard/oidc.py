@@ -89,7 +89,11 @@ class OidcLogin:
         endpoint = (await self.jwts.keys.metadata()).get("authorization_endpoint")
         if not isinstance(endpoint, str):
             raise IssuerUnavailable("the issuer's metadata has no authorization_endpoint")
-        state, nonce, verifier = secrets.token_urlsafe(24), secrets.token_urlsafe(24), secrets.token_urlsafe(48)
+        state, nonce, verifier = (
+            secrets.token_urlsafe(24),
+            secrets.token_urlsafe(24),
+            secrets.token_urlsafe(48),
+        )
         now = self._clock()
         while len(self._pending) >= MAX_PENDING:
             self._pending.popitem(last=False)
@@ -179,10 +183,20 @@ def routes(d: Any) -> list[Route]:
             url, state = await login.start(next_page(request.query_params.get("next", "")))
         except IssuerUnavailable as exc:
             log.error("OIDC sign-in unavailable: %s", exc)
-            return d.error_page(503, "the identity provider cannot be reached; sign in with a token")
+            return d.error_page(
+                503, "the identity provider cannot be reached; sign in with a token"
+            )
         response = RedirectResponse(url, status_code=303)
         # Lax, not strict: the callback is a top-level navigation from the identity provider.
-        response.set_cookie(STATE_COOKIE, state, httponly=True, samesite="lax", path="/login", secure=secure, max_age=PENDING_SECONDS)
+        response.set_cookie(
+            STATE_COOKIE,
+            state,
+            httponly=True,
+            samesite="lax",
+            path="/login",
+            secure=secure,
+            max_age=PENDING_SECONDS,
+        )
         return response
 
     async def callback(request: Request) -> Response:
@@ -190,14 +204,29 @@ def routes(d: Any) -> list[Route]:
         try:
             who, back = await login.finish(params, request.cookies.get(STATE_COOKIE))
         except (LoginRefused, IssuerUnavailable) as exc:
-            message = str(exc) if isinstance(exc, LoginRefused) else "The identity provider cannot be reached."
-            return d.render("login.html", 403, message=message, error=True, csrf="", who=None, next="/", oidc=True)
+            message = (
+                str(exc)
+                if isinstance(exc, LoginRefused)
+                else "The identity provider cannot be reached."
+            )
+            return d.render(
+                "login.html",
+                403,
+                message=message,
+                error=True,
+                csrf="",
+                who=None,
+                next="/",
+                oidc=True,
+            )
         session = d.sessions.create(None, who)
         session.say("ok", f"Signed in as {who.id} (identity provider).")
         # A page of ours moves on: after a cross-site redirect chain a SameSite=Strict session
         # cookie would not be sent, and the operator would land on the sign-in page again.
         response = HTMLResponse(CONTINUE.format(url=back))
-        response.set_cookie(COOKIE, session.session_id, httponly=True, samesite="strict", path="/", secure=secure)
+        response.set_cookie(
+            COOKIE, session.session_id, httponly=True, samesite="strict", path="/", secure=secure
+        )
         response.delete_cookie(STATE_COOKIE, path="/login")
         return response
 

@@ -260,7 +260,9 @@ class Pages:
         )
         form = await self.d.form(ctx)
         back = form.get("back", "")
-        if not re.fullmatch(r"/approvals(/appr-[0-9a-f]{20})?|/loops/[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", back):
+        if not re.fullmatch(
+            r"/approvals(/appr-[0-9a-f]{20})?|/loops/[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", back
+        ):
             back = "/approvals"
         request = self._decision(form, approval_id)
         if request is None:

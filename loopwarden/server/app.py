@@ -61,7 +61,9 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
         if settings.oauth is not None:  # JWTs from the issuer beside the static tokens
             runtime.jwts = JwtVerifier(settings.oauth, clock=clock)
             verifier = BearerVerifier(verifier, runtime.jwts)
-            auth = AuthSettings(issuer_url=AnyHttpUrl(settings.oauth.issuer), resource_server_url=None)
+            auth = AuthSettings(
+                issuer_url=AnyHttpUrl(settings.oauth.issuer), resource_server_url=None
+            )
     server = MCPServer(
         "loopwarden",
         version=__version__,

@@ -29,7 +29,6 @@ from typing import Any
 
 import anyio
 import httpx2
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp.server.mcpserver.tools import Tool
 from mcp_types import (
     CallToolResult,
@@ -37,12 +36,19 @@ from mcp_types import (
     ElicitRequestURLParams,
     InputRequiredResult,
 )
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from loopwarden.errors import LoopwardenError
 from loopwarden.operations.approvals import ApprovalRequestResult
 from loopwarden.operations.projection import projection
 from loopwarden.server.runtime import Runtime
-from loopwarden.server.tools import GovernedTool, error_result, make_tool, success_result
+from loopwarden.server.tools import (
+    GovernedTool,
+    error_result,
+    make_tool,
+    success_result,
+    tool_annotations,
+)
 
 log = logging.getLogger("loopwarden.server")
 
@@ -72,7 +78,9 @@ class ApprovalLinks:
         assert self.base_url is not None
         return f"{self.base_url}/approvals/{approval_id}"
 
-    async def offer(self, context: Any, result: CallToolResult) -> CallToolResult | InputRequiredResult:
+    async def offer(
+        self, context: Any, result: CallToolResult
+    ) -> CallToolResult | InputRequiredResult:
         """`result`, or for a new approval and a client that can open URLs, the request to
         open the approval's page (module docstring)."""
         content = result.structured_content
@@ -184,9 +192,9 @@ class ApprovalTool(GovernedTool):
 
     links: Any = None  # the ApprovalLinks
 
-    async def run(
+    async def run(  # type: ignore[override]  # the SDK's Tool.run may answer input_required
         self, arguments: dict[str, Any], context: Any, convert_result: bool = False
-    ) -> CallToolResult | InputRequiredResult:  # type: ignore[override]
+    ) -> CallToolResult | InputRequiredResult:
         links: ApprovalLinks = self.links
         if context.request_state is not None:
             return await links.resume(context, context.request_state)
@@ -200,9 +208,16 @@ def with_approval_links(tools: list[Tool], links: ApprovalLinks) -> list[Tool]:
         if isinstance(tool, GovernedTool) and tool.name == "request_approval":
             op = tool.operation
             replaced = make_tool(
-                ApprovalTool, op.name, op.description, op.request, op.result, tool.annotations, op  # type: ignore[arg-type]
+                ApprovalTool,
+                op.name,
+                op.description,
+                op.request,
+                op.result,
+                tool_annotations(op),
+                op,
             )
-            replaced.links = links  # type: ignore[attr-defined]
+            assert isinstance(replaced, ApprovalTool)
+            replaced.links = links
             tool = replaced
         out.append(tool)
     return out

@@ -117,7 +117,9 @@ def oauth_settings(
         return None
     missing = [name for name in ("issuer", "resource") if name not in values]
     if missing:
-        raise InvalidInput(f"OAuth needs --oauth-issuer and --resource (missing: {', '.join(missing)})")
+        raise InvalidInput(
+            f"OAuth needs --oauth-issuer and --resource (missing: {', '.join(missing)})"
+        )
     try:
         return OAuthSettings.model_validate(values)
     except ValidationError as exc:

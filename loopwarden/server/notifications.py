@@ -29,9 +29,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-from mcp.server.mcpserver import MCPServer
-from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.connection import Connection
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.mcpserver import MCPServer
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated, ServerEvent
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
@@ -87,7 +87,9 @@ def read_heads(reader: Reader) -> Heads:
 
 def changed_uris(before: Heads, after: Heads) -> list[str]:
     """The URIs to announce between two readings of the heads."""
-    uris = [projection_uri(loop_id) for loop_id, head in after.items() if before.get(loop_id) != head]
+    uris = [
+        projection_uri(loop_id) for loop_id, head in after.items() if before.get(loop_id) != head
+    ]
     listing = {k: v[1] for k, v in before.items()} != {k: v[1] for k, v in after.items()}
     return ([LOOPS_URI] if listing else []) + uris
 
@@ -117,9 +119,7 @@ class CountingBus(InMemorySubscriptionBus):
 class ChangeFeed:
     """One server's poll of the store, fanned out to its subscribers (module docstring)."""
 
-    def __init__(
-        self, runtime: Runtime, bus: CountingBus, *, clock: Clock = system_clock
-    ) -> None:
+    def __init__(self, runtime: Runtime, bus: CountingBus, *, clock: Clock = system_clock) -> None:
         self.runtime = runtime
         self.bus = bus
         self._clock = clock
@@ -217,7 +217,9 @@ class ChangeFeed:
 
     # --- MCP 2026-07-28: the subscriptions/listen gate ----------------------------------------
 
-    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
         """Server middleware: a `subscriptions/listen` is checked before the SDK acknowledges
         it; every other message passes."""
         if ctx.method == "subscriptions/listen":
@@ -243,4 +245,6 @@ def subscribe_handlers(server: MCPServer, feed: ChangeFeed) -> None:
     # `_connection` are the couplings to SDK internals, pinned by tests/test_notifications.py).
     lowlevel = server._lowlevel_server
     lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, feed.subscribe)
-    lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, feed.unsubscribe)
+    lowlevel.add_request_handler(
+        "resources/unsubscribe", UnsubscribeRequestParams, feed.unsubscribe
+    )

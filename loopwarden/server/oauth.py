@@ -220,7 +220,10 @@ class JwtVerifier:
         who = None if claims is None else self.identity(claims)
         if claims is None or who is None:
             if claims is not None:
-                log.info("refusing a JWT: its %s claim names no known principal", self.settings.identity_claim)
+                log.info(
+                    "refusing a JWT: its %s claim names no known principal",
+                    self.settings.identity_claim,
+                )
             return None
         roles = self.settings.roles_for(granted_scopes(claims))
         return AccessToken(
@@ -280,7 +283,12 @@ class BearerGate:
         if not isinstance(user, AuthenticatedUser):
             sent = any(name == b"authorization" for name, _ in scope["headers"])
             error = ("invalid_token", "the access token is not valid here") if sent else None
-            await _refuse(send, 401, challenge(self.settings, *error) if error else challenge(self.settings), error)
+            await _refuse(
+                send,
+                401,
+                challenge(self.settings, *error) if error else challenge(self.settings),
+                error,
+            )
             return
         access = user.access_token
         if not any(s.startswith(ROLE_PREFIX) for s in access.scopes):
@@ -320,7 +328,8 @@ def metadata_routes(settings: OAuthSettings) -> list[Route]:
         scopes_supported=[settings.scopes["agent"]],
         resource_name="loopwarden",
     )
-    endpoint = cors_middleware(ProtectedResourceMetadataHandler(metadata).handle, ["GET", "OPTIONS"])
+    endpoint = cors_middleware(
+        ProtectedResourceMetadataHandler(metadata).handle, ["GET", "OPTIONS"]
+    )
     paths = dict.fromkeys([urlsplit(metadata_url(settings)).path, ROOT_METADATA])
     return [Route(path, endpoint=endpoint, methods=["GET", "OPTIONS"]) for path in paths]
-

@@ -203,7 +203,9 @@ def _check_identity(
 ) -> None:
     """`InvalidInput` for OAuth without authenticated HTTP, or a bad URL."""
     if oauth is not None and (bind is None or no_auth):
-        raise InvalidInput("OAuth (--oauth-issuer, --oauth-config) only applies to --http with tokens")
+        raise InvalidInput(
+            "OAuth (--oauth-issuer, --oauth-config) only applies to --http with tokens"
+        )
     for flag, url in (("--public-url", public_url), ("--approval-webhook", webhook)):
         if url is not None:
             try:

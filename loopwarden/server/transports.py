@@ -18,8 +18,8 @@ from starlette.routing import BaseRoute
 from loopwarden.clock import format_time, system_clock
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger.storage.store import snapshot
-from loopwarden.server.oauth import BearerGate, metadata_routes
 from loopwarden.server.connections import ConnectionGuard, connection_ceiling, guarded_protocol
+from loopwarden.server.oauth import BearerGate, metadata_routes
 from loopwarden.server.sessions import SessionGate, SessionLimits
 from loopwarden.server.settings import Settings, is_loopback, url_host
 

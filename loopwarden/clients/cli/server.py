@@ -141,7 +141,9 @@ def _run(settings: Settings) -> None:
             where += f", store {settings.location}"  # without its password
         render.err.print(f"loopwarden serving streamable HTTP on {base}/mcp ({where})")
         if settings.oauth is not None:
-            render.err.print(f"OAuth resource {settings.oauth.resource} (issuer {settings.oauth.issuer})")
+            render.err.print(
+                f"OAuth resource {settings.oauth.resource} (issuer {settings.oauth.issuer})"
+            )
         render.err.print(f"operator dashboard on {base}/ (sign in with an operator token)")
         render.err.print(f"host hooks on {base}/hooks/HOST?loop=ID (observer tokens)")
         security = transport_security(host, settings.allowed_hosts)  # /mcp's, on every route
