@@ -312,3 +312,11 @@ def test_serve_with_oauth_but_without_http_exits_2(tmp_path):
     )
     assert done.returncode == 2
     assert "only applies to --http" in done.stderr
+
+
+def test_the_readmes_oauth_config_example_loads(tmp_path):
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    example = text.split("```toml\n[oauth]\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "oauth.toml").write_text("[oauth]\n" + example)
+    loaded = oauth_settings(config=tmp_path / "oauth.toml")
+    assert loaded is not None and loaded.dashboard_client_id == "loopwarden-dashboard"

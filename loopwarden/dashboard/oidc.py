@@ -171,64 +171,70 @@ class OidcLogin:
         return Principal(id=who, role="operator")
 
 
+def _secure(login: OidcLogin) -> bool:
+    return login.redirect_uri.startswith("https://")
+
+
+async def start_page(d: Any, login: OidcLogin, request: Request) -> Response:
+    """`GET /login/oidc`: to the identity provider, the state in a cookie."""
+    try:
+        url, state = await login.start(next_page(request.query_params.get("next", "")))
+    except IssuerUnavailable as exc:
+        log.error("OIDC sign-in unavailable: %s", exc)
+        return d.error_page(503, "the identity provider cannot be reached; sign in with a token")
+    response = RedirectResponse(url, status_code=303)
+    # Lax, not strict: the callback is a top-level navigation from the identity provider.
+    response.set_cookie(
+        STATE_COOKIE, state, httponly=True, samesite="lax", path="/login",
+        secure=_secure(login), max_age=PENDING_SECONDS,
+    )  # fmt: skip
+    return response
+
+
+async def callback_page(d: Any, login: OidcLogin, request: Request) -> Response:
+    """`GET /login/oidc/callback`: the checked answer opens a session, or the sign-in page
+    says why not."""
+    try:
+        who, back = await login.finish(
+            dict(request.query_params), request.cookies.get(STATE_COOKIE)
+        )
+    except (LoginRefused, IssuerUnavailable) as exc:
+        message = (
+            str(exc)
+            if isinstance(exc, LoginRefused)
+            else "The identity provider cannot be reached."
+        )
+        return d.render(
+            "login.html", 403, message=message, error=True, csrf="", who=None, next="/", oidc=True
+        )
+    session = d.sessions.create(None, who)
+    session.say("ok", f"Signed in as {who.id} (identity provider).")
+    # A page of ours moves on: after a cross-site redirect chain a SameSite=Strict session
+    # cookie would not be sent, and the operator would land on the sign-in page again.
+    response = HTMLResponse(CONTINUE.format(url=back))
+    response.set_cookie(
+        COOKIE,
+        session.session_id,
+        httponly=True,
+        samesite="strict",
+        path="/",
+        secure=_secure(login),
+    )
+    response.delete_cookie(STATE_COOKIE, path="/login")
+    return response
+
+
 def routes(d: Any) -> list[Route]:
     """`/login/oidc` and its callback, for a dashboard with an OIDC client (else none)."""
     login: OidcLogin | None = d.oidc
     if login is None:
         return []
-    secure = login.redirect_uri.startswith("https://")
 
     async def start(request: Request) -> Response:
-        try:
-            url, state = await login.start(next_page(request.query_params.get("next", "")))
-        except IssuerUnavailable as exc:
-            log.error("OIDC sign-in unavailable: %s", exc)
-            return d.error_page(
-                503, "the identity provider cannot be reached; sign in with a token"
-            )
-        response = RedirectResponse(url, status_code=303)
-        # Lax, not strict: the callback is a top-level navigation from the identity provider.
-        response.set_cookie(
-            STATE_COOKIE,
-            state,
-            httponly=True,
-            samesite="lax",
-            path="/login",
-            secure=secure,
-            max_age=PENDING_SECONDS,
-        )
-        return response
+        return await start_page(d, login, request)
 
     async def callback(request: Request) -> Response:
-        params = dict(request.query_params)
-        try:
-            who, back = await login.finish(params, request.cookies.get(STATE_COOKIE))
-        except (LoginRefused, IssuerUnavailable) as exc:
-            message = (
-                str(exc)
-                if isinstance(exc, LoginRefused)
-                else "The identity provider cannot be reached."
-            )
-            return d.render(
-                "login.html",
-                403,
-                message=message,
-                error=True,
-                csrf="",
-                who=None,
-                next="/",
-                oidc=True,
-            )
-        session = d.sessions.create(None, who)
-        session.say("ok", f"Signed in as {who.id} (identity provider).")
-        # A page of ours moves on: after a cross-site redirect chain a SameSite=Strict session
-        # cookie would not be sent, and the operator would land on the sign-in page again.
-        response = HTMLResponse(CONTINUE.format(url=back))
-        response.set_cookie(
-            COOKIE, session.session_id, httponly=True, samesite="strict", path="/", secure=secure
-        )
-        response.delete_cookie(STATE_COOKIE, path="/login")
-        return response
+        return await callback_page(d, login, request)
 
     return [
         Route("/login/oidc", start, methods=["GET"]),
