@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all check-clients check-wheel bench bench-quick lint clean
+.PHONY: demo test test-all check-clients check-wheel check-dist bench bench-quick lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +25,13 @@ test-all: $(STAMP)  # the long reliability variants too (see docs/reliability.md
 
 check-clients: $(STAMP)  # the README's client set-ups, run against real client CLIs from npm
 	$(BIN)/python .ci/check_clients.py
+	$(BIN)/python .ci/check_oauth_client.py  # Claude Code against an OAuth-protected server
 
 check-wheel: $(STAMP)  # a wheel built from a clean clone installs in a fresh venv and runs the demo
 	$(BIN)/python .ci/check_wheel.py
+
+check-dist: $(STAMP)  # a wheel and an sdist of the committed tree that `twine check` accepts
+	$(BIN)/python .ci/check_dist.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

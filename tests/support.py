@@ -142,6 +142,22 @@ def cli_json(*args: str) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
+def cli_open_loop(
+    home: Path, loop_id: str, policy: dict[str, Any], todos: tuple[str, ...] = (), *store: str
+) -> None:
+    """`loopwarden loop open` in its own process: `policy` written beside the home, one
+    `--todo` per title, `store` (e.g. `--store URL`) passed on."""
+    path = home.parent / f"policy-{loop_id}.json"
+    path.write_text(json.dumps(policy))
+    todo_args = [arg for title in todos for arg in ("--todo", title)]
+    done = cli(
+        *("loop", "open", "--policy", str(path), "--objective", "o", "--id", loop_id),
+        *todo_args,
+        *("--home", str(home), *store),
+    )
+    assert done.returncode == 0, done.stderr
+
+
 def one_line(text: str) -> str:
     """rich wraps stderr at the terminal width; compare messages with the wrapping undone."""
     return " ".join(text.split())
@@ -172,14 +188,16 @@ def spawn_server(
     env: dict[str, str] | None = None,
     command: list[str] | None = None,
     host: str = "127.0.0.1",
+    port: int | None = None,
 ) -> tuple[Served, int]:
     """Start `loopwarden serve --http HOST:PORT --home HOME ARGS` without waiting for it.
 
     `command` replaces `loopwarden serve` (e.g. a wrapper that changes the log level); an IPv6
-    `host` is bracketed in the bind address and URL. The caller must `stop_server` or
-    `kill_server` it in a finalizer. Returns (served, port).
+    `host` is bracketed in the bind address and URL; `port` (default: a free one) is for a
+    caller that must name the URL first. The caller must `stop_server` or `kill_server` it in
+    a finalizer. Returns (served, port).
     """
-    port = free_port(host)
+    port = port or free_port(host)
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"serve-{port}.log"
@@ -219,9 +237,10 @@ def start_server(
     env: dict[str, str] | None = None,
     command: list[str] | None = None,
     host: str = "127.0.0.1",
+    port: int | None = None,
 ) -> Served:
     """`spawn_server`, then wait (bounded) until it accepts connections."""
-    served, port = spawn_server(home, logs, *args, env=env, command=command, host=host)
+    served, port = spawn_server(home, logs, *args, env=env, command=command, host=host, port=port)
     return wait_listening(served, port, host)
 
 

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
@@ -28,13 +28,16 @@ from loopwarden import __version__
 from loopwarden.clock import Clock, format_time, system_clock
 from loopwarden.dashboard.audits import Auditor
 from loopwarden.dashboard.history import Histories
-from loopwarden.dashboard.sessions import COOKIE, Session, Sessions, same_secret
+from loopwarden.dashboard.sessions import COOKIE, Session, Sessions, next_page, same_secret
 from loopwarden.errors import Conflict, Forbidden, InvalidInput, LoopwardenError, NotFound
 from loopwarden.ledger.storage.location import Location
 from loopwarden.ledger.storage.reader import Reader, TokenRow
 from loopwarden.ledger.storage.store import Store
 from loopwarden.principals import Principal
 from loopwarden.server.tokens import token_problem
+
+if TYPE_CHECKING:
+    from loopwarden.dashboard.oidc import OidcLogin
 
 log = logging.getLogger("loopwarden.dashboard")
 POLL_SECONDS = 2.0
@@ -82,8 +85,10 @@ class Dashboard:
         security: TransportSecuritySettings,
         clock: Clock = system_clock,
         poll_seconds: float = POLL_SECONDS,
+        oidc: OidcLogin | None = None,
     ) -> None:
         self.store = store
+        self.oidc = oidc  # operators may also sign in with the identity provider (oidc.py)
         self.security = security
         self.clock = clock
         self.poll_seconds = poll_seconds
@@ -165,10 +170,12 @@ class Dashboard:
         hashed = session.token_hash
 
         def read(reader: Reader) -> tuple[TokenRow | None, Any]:
-            return reader.token(hashed), probe(reader) if probe else None
+            row = reader.token(hashed) if hashed is not None else None
+            return row, probe(reader) if probe else None
 
         row, version = await store.read(read)
-        problem = operator_problem(row, store)
+        # A token session is re-checked on every page; an OIDC one (no token) lives its limits.
+        problem = operator_problem(row, store) if hashed is not None else None
         if problem is not None:  # revoked since login (or no longer an operator's): out at once
             self.sessions.end(session.session_id)
             return self.to_login(request, problem)
@@ -176,7 +183,8 @@ class Dashboard:
 
     @staticmethod
     def to_login(request: Request, why: str) -> Response:
-        target = f"/login?why={why}"
+        back = next_page(request.url.path)  # an approval link comes back to its page
+        target = f"/login?why={why}" + ("" if back == "/" else f"&{urlencode({'next': back})}")
         if request.headers.get("hx-request"):  # a live poll: send the whole page to the login
             return Response(status_code=200, headers={"HX-Redirect": target})
         if request.method != "GET":

@@ -27,8 +27,9 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from loopwarden.dashboard import approval, oidc
 from loopwarden.dashboard.app import Ctx, Dashboard, Probe, operator_problem
-from loopwarden.dashboard.sessions import COOKIE, LOGIN_COOKIE, new_secret, same_secret
+from loopwarden.dashboard.sessions import COOKIE, LOGIN_COOKIE, new_secret, next_page, same_secret
 from loopwarden.dashboard.views import (
     RECENT_LINES,
     RECENT_RECEIPTS,
@@ -103,9 +104,11 @@ class Pages:
 
     def _login(self, request: Request, message: str, status: int, error: bool = False) -> Response:
         nonce = request.cookies.get(LOGIN_COOKIE) or new_secret()
+        back = next_page(request.query_params.get("next", ""))
         response = self.d.render(
-            "login.html", status, message=message, error=error, csrf=nonce, who=None
-        )
+            "login.html", status, message=message, error=error, csrf=nonce, who=None,
+            next=back, oidc=self.d.oidc is not None,
+        )  # fmt: skip
         response.set_cookie(
             LOGIN_COOKIE, nonce, httponly=True, samesite="strict", path="/login",
             secure=request.url.scheme == "https",
@@ -138,7 +141,7 @@ class Pages:
             return self._login(request, LOGIN_MESSAGES[problem or "unknown"], 401, error=True)
         session = self.d.sessions.create(hashed, Principal(id=row.agent, role="operator"))
         session.say("ok", f"Signed in as {row.agent}.")
-        response = RedirectResponse("/", status_code=303)
+        response = RedirectResponse(next_page(str(form.get("next", ""))), status_code=303)
         response.set_cookie(
             COOKIE, session.session_id, httponly=True, samesite="strict", path="/",
             secure=request.url.scheme == "https",
@@ -257,7 +260,9 @@ class Pages:
         )
         form = await self.d.form(ctx)
         back = form.get("back", "")
-        if not re.fullmatch(r"/approvals|/loops/[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", back):
+        if not re.fullmatch(
+            r"/approvals(/appr-[0-9a-f]{20})?|/loops/[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", back
+        ):
             back = "/approvals"
         request = self._decision(form, approval_id)
         if request is None:
@@ -323,6 +328,8 @@ def routes(d: Dashboard) -> list[Route]:
         Route("/receipts/{receipt_id}", d.page()(p.receipt), methods=["GET"]),
         Route("/approvals", d.page(_global_head)(p.approvals), methods=["GET"]),
         Route("/approvals/{approval_id}/decide", d.page()(p.decide), methods=["POST"]),
+        *approval.routes(d),  # one approval's page, where approval links lead
+        *oidc.routes(d),  # signing in with the identity provider, when one is configured
         Route("/audit", d.page(p._audit_probe)(p.audit), methods=["GET"]),
         Route("/audit", d.page()(p.start_audit), methods=["POST"]),
     ]

@@ -10,6 +10,7 @@ request, or `LIFETIME` after login, and with the process (a restart means loggin
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -24,6 +25,12 @@ IDLE = timedelta(hours=1)
 LIFETIME = timedelta(hours=12)
 MAX_SESSIONS = 1_000  # the oldest session is dropped beyond this
 MAX_FLASH = 5  # messages waiting for the next page (older ones are dropped)
+
+
+def next_page(value: str) -> str:
+    """Where to go after signing in: an approval's page (where an approval link leads), else
+    `/` (nothing else is taken from a URL)."""
+    return value if re.fullmatch(r"/approvals/appr-[0-9a-f]{20}", value) else "/"
 
 
 def new_secret() -> str:
@@ -41,7 +48,7 @@ def same_secret(given: str | None, expected: str | None) -> bool:
 @dataclass
 class Session:
     session_id: str
-    token_hash: str
+    token_hash: str | None  # None: signed in with the identity provider (`oidc.py`)
     principal: Principal
     csrf: str
     created: datetime
@@ -63,7 +70,7 @@ class Sessions:
         self._clock = clock
         self._sessions: OrderedDict[str, Session] = OrderedDict()
 
-    def create(self, token_hash: str, principal: Principal) -> Session:
+    def create(self, token_hash: str | None, principal: Principal) -> Session:
         now = self._clock()
         self._expire(now)
         while len(self._sessions) >= MAX_SESSIONS:

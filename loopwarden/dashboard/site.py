@@ -14,6 +14,7 @@ from starlette.staticfiles import StaticFiles
 
 from loopwarden.dashboard import pages
 from loopwarden.dashboard.app import Dashboard, fault
+from loopwarden.dashboard.oidc import OidcLogin
 from loopwarden.dashboard.security import Guard
 from loopwarden.dashboard.sessions import COOKIE
 from loopwarden.server.runtime import Runtime
@@ -39,6 +40,20 @@ def not_found(dashboard: Dashboard, request: Request) -> Response:
     return dashboard.error_page(404, f"there is no page at {path}", session)
 
 
+def oidc_login(runtime: Runtime) -> OidcLogin | None:
+    """The dashboard's OIDC client, when OAuth names one (`dashboard_client_id`)."""
+    oauth, jwts = runtime.settings.oauth, runtime.jwts
+    if oauth is None or jwts is None or oauth.dashboard_client_id is None:
+        return None
+    return OidcLogin(
+        jwts,
+        client_id=oauth.dashboard_client_id,
+        client_secret=oauth.client_secret,
+        redirect_uri=f"{runtime.settings.dashboard_url}/login/oidc/callback",
+        clock=runtime.clock,
+    )
+
+
 def dashboard_mount(runtime: Runtime, security: TransportSecuritySettings) -> Mount:
     """The dashboard at `/` of a running server (`/mcp` is matched first), reading the
     runtime's store, under the same Host and Origin rules as `/mcp`."""
@@ -49,5 +64,6 @@ def dashboard_mount(runtime: Runtime, security: TransportSecuritySettings) -> Mo
         keys_home=settings.home,
         security=security,
         clock=runtime.clock,
+        oidc=oidc_login(runtime),
     )
     return Mount("/", app=build_dashboard(dashboard))

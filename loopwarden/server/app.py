@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from pydantic import AnyHttpUrl
@@ -12,6 +13,10 @@ from pydantic import AnyHttpUrl
 from loopwarden import __version__
 from loopwarden.clock import Clock, system_clock
 from loopwarden.server.auth import StoreTokenVerifier
+from loopwarden.server.elicitation import ApprovalLinks, with_approval_links
+from loopwarden.server.notifications import ChangeFeed, CountingBus, subscribe_handlers
+from loopwarden.server.oauth import BearerVerifier, JwtVerifier
+from loopwarden.server.request_state import request_state_security
 from loopwarden.server.resources import register_resources
 from loopwarden.server.runtime import Runtime
 from loopwarden.server.settings import Settings, url_host
@@ -37,26 +42,41 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
     """The MCP server and the runtime that holds its store (what an HTTP dashboard reads)."""
     runtime = Runtime(settings=settings, clock=clock)
 
+    bus = CountingBus()
+    feed = ChangeFeed(runtime, bus)
+    links = ApprovalLinks(runtime, settings.dashboard_url, settings.approval_webhook)
+
     @asynccontextmanager
     async def lifespan(server: MCPServer) -> AsyncIterator[Runtime]:
-        async with runtime.open():
+        async with runtime.open(), feed.running(), links.running():
             yield runtime
 
-    verifier, auth = None, None
+    verifier: TokenVerifier | None = None
+    auth = None
     if settings.auth and settings.http is not None:
         host, port = settings.http
         verifier = StoreTokenVerifier(lambda: runtime.store)
         issuer = AnyHttpUrl(f"http://{url_host(host)}:{port}")
         auth = AuthSettings(issuer_url=issuer, resource_server_url=None)
+        if settings.oauth is not None:  # JWTs from the issuer beside the static tokens
+            runtime.jwts = JwtVerifier(settings.oauth, clock=clock)
+            verifier = BearerVerifier(verifier, runtime.jwts)
+            auth = AuthSettings(
+                issuer_url=AnyHttpUrl(settings.oauth.issuer), resource_server_url=None
+            )
     server = MCPServer(
         "loopwarden",
         version=__version__,
         instructions=INSTRUCTIONS,
         lifespan=lifespan,
-        tools=build_tools(),
+        tools=with_approval_links(build_tools(), links),
         log_level="WARNING",
         token_verifier=verifier,
         auth=auth,
+        request_state_security=request_state_security(settings),
+        subscriptions=bus,
+        middleware=[feed],  # subscriptions/listen: only to loops the caller may see
     )
     register_resources(server, runtime)
+    subscribe_handlers(server, feed)
     return server, runtime

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from loopwarden.clock import Clock, system_clock
 from loopwarden.errors import StoreError
@@ -14,12 +15,16 @@ from loopwarden.principals import Principal
 from loopwarden.server.auth import principal_from_token
 from loopwarden.server.settings import Settings
 
+if TYPE_CHECKING:
+    from loopwarden.server.oauth import JwtVerifier
+
 
 @dataclass
 class Runtime:
     settings: Settings
     clock: Clock = system_clock
     store: Store | None = field(default=None)
+    jwts: JwtVerifier | None = None  # OAuth: the access-token verifier (`oauth.py`)
 
     def principal(self) -> Principal:
         """Over HTTP the verified bearer token's principal; otherwise the launch configuration's."""

@@ -50,7 +50,10 @@ def holder_of(scope: Scope, launch: str | None) -> Holder | None:
     if isinstance(user, AuthenticatedUser):
         access = user.access_token
         roles = sorted(s.removeprefix("role:") for s in access.scopes if s.startswith("role:"))
-        return Holder(f"{','.join(roles)}:{access.client_id}", access.client_id, access.token)
+        # A static token's id is swept when it is revoked; a JWT (`oauth.py`) is checked on
+        # every request, so its session has no store token to sweep.
+        token_id = access.token if access.token.startswith("tok-") else None
+        return Holder(f"{','.join(roles)}:{access.client_id}", access.client_id, token_id)
     if launch is not None and "user" not in scope:
         return Holder(f"launch:{launch}", launch, None)
     return None

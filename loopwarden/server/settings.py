@@ -11,12 +11,14 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from loopwarden.errors import InvalidInput
 from loopwarden.ledger.homes import DB_NAME, resolve_home, store_source, synchronous_mode
 from loopwarden.ledger.storage.location import Location
 from loopwarden.ledger.storage.sqlite import Synchronous
 from loopwarden.principals import Principal, principal
+from loopwarden.server.identity import OAuthSettings, checked_url
 
 SERVE_ROLES = ("agent", "operator")  # an observer speaks through hooks, not tools
 DEFAULT_CHECKPOINT_EVERY = 256
@@ -104,6 +106,22 @@ class Settings:
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
     limits: HttpLimits = HttpLimits()
     store: Location | None = None  # None: the home's SQLite file
+    oauth: OAuthSettings | None = None  # HTTP: JWT access tokens from an issuer, beside tokens
+    public_url: str | None = None  # the dashboard as users reach it (approval links)
+    approval_webhook: str | None = None  # new approvals are posted here, with their link
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """Where users reach the dashboard: `--public-url`, else the OAuth resource's origin,
+        else the HTTP bind address; None on stdio without `--public-url`."""
+        if self.public_url is not None:
+            return self.public_url.rstrip("/")
+        if self.oauth is not None:
+            parts = urlsplit(self.oauth.resource)
+            return f"{parts.scheme}://{parts.netloc}"
+        if self.http is not None:
+            return f"http://{url_host(self.http[0])}:{self.http[1]}"
+        return None
 
     @property
     def db_path(self) -> Path:
@@ -126,6 +144,9 @@ class Settings:
         allowed_hosts: tuple[str, ...] = (),
         limits: HttpLimits | None = None,
         store: str | None = None,
+        oauth: OAuthSettings | None = None,
+        public_url: str | None = None,
+        approval_webhook: str | None = None,
     ) -> Settings:
         """Validate a serve configuration. Identity comes from here (launch configuration),
         never from a tool argument: `--agent`/`LOOPWARDEN_AGENT`, `--role`/`LOOPWARDEN_ROLE`."""
@@ -143,6 +164,7 @@ class Settings:
             raise InvalidInput("--no-auth only applies to --http (stdio has no tokens)")
         if no_auth and bind is not None and not is_loopback(bind[0]):
             raise InvalidInput("--no-auth is only allowed on a loopback address")
+        _check_identity(bind, no_auth, oauth, public_url, approval_webhook)
         agent = agent or os.environ.get("LOOPWARDEN_AGENT")
         chosen = role or os.environ.get("LOOPWARDEN_ROLE") or "agent"
         if chosen not in SERVE_ROLES:
@@ -166,4 +188,27 @@ class Settings:
             allowed_hosts=tuple(allowed_hosts),
             synchronous=synchronous,
             limits=limits or HttpLimits(),
+            oauth=oauth,
+            public_url=public_url,
+            approval_webhook=approval_webhook,
         )
+
+
+def _check_identity(
+    bind: tuple[str, int] | None,
+    no_auth: bool,
+    oauth: OAuthSettings | None,
+    public_url: str | None,
+    webhook: str | None,
+) -> None:
+    """`InvalidInput` for OAuth without authenticated HTTP, or a bad URL."""
+    if oauth is not None and (bind is None or no_auth):
+        raise InvalidInput(
+            "OAuth (--oauth-issuer, --oauth-config) only applies to --http with tokens"
+        )
+    for flag, url in (("--public-url", public_url), ("--approval-webhook", webhook)):
+        if url is not None:
+            try:
+                checked_url(url, flag)
+            except ValueError as exc:
+                raise InvalidInput(str(exc)) from None

@@ -19,6 +19,7 @@ from loopwarden.clock import format_time, system_clock
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger.storage.store import snapshot
 from loopwarden.server.connections import ConnectionGuard, connection_ceiling, guarded_protocol
+from loopwarden.server.oauth import BearerGate, metadata_routes
 from loopwarden.server.sessions import SessionGate, SessionLimits
 from loopwarden.server.settings import Settings, is_loopback, url_host
 
@@ -92,6 +93,9 @@ async def serve_http(
     app = server.streamable_http_app(
         transport_security=security, host=host, session_idle_timeout=limits.session_idle_seconds
     )
+    if settings.oauth is not None:  # a resource server: RFC 9728 metadata, 401/403 answers
+        app.router.routes.extend(metadata_routes(settings.oauth))
+        app.user_middleware.append(Middleware(BearerGate, settings=settings.oauth))
     app.router.routes.extend(mounts)
     sessions = SessionLimits(
         server.session_manager,

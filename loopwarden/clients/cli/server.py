@@ -40,6 +40,27 @@ HeaderTimeout = Annotated[
 BodyTimeout = Annotated[
     float | None, typer.Option(help="HTTP: seconds to send a request body (default 30).")
 ]
+# OAuth and approval links (server/identity.py, server/elicitation.py).
+OAuthIssuer = Annotated[
+    str | None,
+    typer.Option(metavar="URL", help="HTTP: accept JWT access tokens from this OAuth issuer."),
+]
+Resource = Annotated[
+    str | None,
+    typer.Option(metavar="URL", help="HTTP with OAuth: this server's /mcp URL (the audience)."),
+]
+OAuthConfig = Annotated[
+    str | None,
+    typer.Option(metavar="FILE", help="HTTP: OAuth settings, an [oauth] table in TOML."),
+]
+PublicUrl = Annotated[
+    str | None,
+    typer.Option(metavar="URL", help="The dashboard as users reach it (approval links)."),
+]
+ApprovalWebhook = Annotated[
+    str | None,
+    typer.Option(metavar="URL", help="POST each new approval's link here (e.g. a chat hook)."),
+]
 
 
 def serve(
@@ -71,6 +92,11 @@ def serve(
     max_connections_per_address: Connections = None,
     header_timeout: HeaderTimeout = None,
     body_timeout: BodyTimeout = None,
+    oauth_issuer: OAuthIssuer = None,
+    resource: Resource = None,
+    oauth_config: OAuthConfig = None,
+    public_url: PublicUrl = None,
+    approval_webhook: ApprovalWebhook = None,
 ) -> None:
     """Run the MCP server (stdio by default).
 
@@ -114,6 +140,10 @@ def _run(settings: Settings) -> None:
         if settings.location.backend == "postgresql":
             where += f", store {settings.location}"  # without its password
         render.err.print(f"loopwarden serving streamable HTTP on {base}/mcp ({where})")
+        if settings.oauth is not None:
+            render.err.print(
+                f"OAuth resource {settings.oauth.resource} (issuer {settings.oauth.issuer})"
+            )
         render.err.print(f"operator dashboard on {base}/ (sign in with an operator token)")
         render.err.print(f"host hooks on {base}/hooks/HOST?loop=ID (observer tokens)")
         security = transport_security(host, settings.allowed_hosts)  # /mcp's, on every route
@@ -123,9 +153,11 @@ def _run(settings: Settings) -> None:
 
 def _settings(flags: dict[str, Any]) -> Settings:
     """`serve`'s flags as validated settings; a bad one exits 2 naming it."""
+    from loopwarden.server.identity import oauth_settings
     from loopwarden.server.settings import HttpLimits, Settings
 
     try:
+        oauth = oauth_settings(flags["oauth_issuer"], flags["resource"], flags["oauth_config"])
         limits = HttpLimits.create(
             sessions_per_principal=flags["max_sessions_per_principal"],
             session_idle_seconds=flags["session_idle_timeout"],
@@ -143,6 +175,9 @@ def _settings(flags: dict[str, Any]) -> Settings:
             allow_remote=flags["allow_remote"],
             allowed_hosts=tuple(flags["allowed_host"] or ()),
             limits=limits,
+            oauth=oauth,
+            public_url=flags["public_url"],
+            approval_webhook=flags["approval_webhook"],
         )
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE)
