@@ -1,0 +1,168 @@
+"""Reading a program's options the way its own parser does: one `Grammar` per program (which
+options take a value, which spellings mean the same option, whether short options cluster) and
+one scanner over argv words for all of them.
+
+Every spelling of an option comes out under one canonical name: `-fr`, `-r -f`, `-Rf` and
+`--recursive --force` are the same two options of `rm`; `-XPOST`, `-X POST` and
+`--request=POST` the same option and value of `curl`. A computed word where an option could be
+is reported (`maybe_option`), never guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from loopwarden.policy.commands.words import Word
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """How one program reads its options.
+
+    `values` take an argument (glued `-n5`, `--lines=5`, or the next word); `optional` take one
+    only when glued (`-i.bak`, `--color=auto`); `aliases` map a spelling to the canonical name;
+    `clusters`: `-abc` is `-a -b -c` (GNU and POSIX programs), else it is one option (`find
+    -name`, `terraform -chdir=d`); `permute`: options may follow operands (GNU), else the first
+    operand ends them (launchers, POSIX); `plus`: `+o` options (shells); `numbers`: `-10` is an
+    option (`nice`, `head`)."""
+
+    values: frozenset[str] = frozenset()
+    optional: frozenset[str] = frozenset()
+    aliases: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    clusters: bool = True
+    permute: bool = True
+    plus: bool = False
+    numbers: bool = False
+
+    def canonical(self, name: str) -> str:
+        return self.aliases.get(name, name)
+
+    def takes_value(self, name: str) -> bool:
+        return name in self.values or self.canonical(name) in self.values
+
+
+def grammar(
+    values: str = "",
+    optional: str = "",
+    aliases: Mapping[str, str] | None = None,
+    **flags: bool,
+) -> Grammar:
+    """A `Grammar` from space-separated option lists (how the tables are written)."""
+    return Grammar(
+        frozenset(values.split()),
+        frozenset(optional.split()),
+        MappingProxyType(dict(aliases or {})),
+        **flags,
+    )
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # canonical
+    value: Word | None
+    at: int  # index of the word it was read from
+
+
+@dataclass
+class Scan:
+    """Options and operands of an argv tail. `rest` is where scanning stopped (the first
+    operand, without `permute`); `maybe_option` says a computed word may be an option;
+    `shifted` that an unquoted expansion may add or remove words (positions after it are not
+    known); `ended` that `--` ended the options."""
+
+    options: list[Option] = field(default_factory=list)
+    operands: list[tuple[int, Word]] = field(default_factory=list)
+    rest: int = 0
+    maybe_option: bool = False
+    shifted: bool = False
+    ended: bool = False
+
+    def has(self, *names: str) -> bool:
+        return any(option.name in names for option in self.options)
+
+    def value(self, *names: str) -> Word | None:
+        for option in self.options:
+            if option.name in names:
+                return option.value
+        return None
+
+
+def scan(g: Grammar, words: tuple[Word, ...], start: int = 0, stop: bool = False) -> Scan:
+    """Read `words[start:]` with `g`. With `stop` (or a grammar that does not permute), the
+    first operand ends the scan (`rest` is its index)."""
+    out = Scan(rest=len(words))
+    i = start
+    stop = stop or not g.permute
+    while i < len(words):
+        word = words[i]
+        text = word.text
+        if text is None:
+            out.shifted = out.shifted or word.splits
+            if not out.ended and word.may_be_flag:
+                out.maybe_option = True
+            if stop:
+                out.rest = i
+                return out
+            out.operands.append((i, word))
+            i += 1
+            continue
+        if not out.ended and text == "--":
+            out.ended = True
+            i += 1
+            continue
+        if out.ended or not _is_option(g, text):
+            if stop:
+                out.rest = i
+                return out
+            out.operands.append((i, word))
+            i += 1
+            continue
+        i = _option(g, words, i, out)
+    return out
+
+
+def _is_option(g: Grammar, text: str) -> bool:
+    if text.startswith("-") and text != "-":
+        return g.numbers or not text[1:].isdigit() or text.startswith("--")
+    return g.plus and text.startswith("+") and len(text) > 1
+
+
+def _option(g: Grammar, words: tuple[Word, ...], i: int, out: Scan) -> int:
+    """Read the option word at `i` (and its value); the index after it."""
+    text = words[i].text or ""
+    if text.startswith("--") or not g.clusters:
+        name, eq, glued = text.partition("=")
+        if eq:
+            out.options.append(Option(g.canonical(name), Word(glued), i))
+            return i + 1
+        if g.takes_value(name) and name not in g.optional:
+            return _valued(g, name, words, i, out)
+        out.options.append(Option(g.canonical(name), None, i))
+        return i + 1
+    sign = text[0]
+    letters = text[1:]
+    for n, letter in enumerate(letters):
+        name = sign + letter
+        rest = letters[n + 1 :]
+        if name in g.optional:
+            out.options.append(Option(g.canonical(name), Word(rest) if rest else None, i))
+            return i + 1
+        if g.takes_value(name):
+            if rest:
+                out.options.append(Option(g.canonical(name), Word(rest), i))
+                return i + 1
+            return _valued(g, name, words, i, out)
+        out.options.append(Option(g.canonical(name), None, i))
+    return i + 1
+
+
+def _valued(g: Grammar, name: str, words: tuple[Word, ...], i: int, out: Scan) -> int:
+    """An option whose value is the next word (an unquoted expansion there shifts the rest)."""
+    value = words[i + 1] if i + 1 < len(words) else None
+    out.shifted = out.shifted or (value is not None and value.splits)
+    out.options.append(Option(g.canonical(name), value, i))
+    return i + 2
