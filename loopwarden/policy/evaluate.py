@@ -346,11 +346,11 @@ class ToolCallFacts:
     tool: str  # the policy name the host tool maps to
     host_tool: str
     command: str | None  # the command line, for shell.run
-    dialect: str = "bash"  # the shell that runs it: "bash" or "powershell"
     approved: frozenset[str]  # tools covered by the turn's approved, unexpired approvals
     tool_calls: int  # tool calls charged in the loop plus those observed in its open turns
     lease_expired: bool = False  # the turn's lease has run out (not yet swept by a claim)
     internal: bool = False  # a host-internal tool (`policy/hosts.is_internal`)
+    dialect: str = "bash"  # the shell language of `command`: "bash" or "powershell"
 
 
 def admits_internal(policy: LoopPolicy, tool: str) -> bool:
