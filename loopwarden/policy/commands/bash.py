@@ -53,10 +53,39 @@ def _parser() -> Any:
 
 def read(reading: Reading, text: str, via: str, parent: Run | None, depth: int) -> None:
     """Report every command of bash `text` to `reading`; a parse error is a doubt."""
-    root = _parser().parse(text.encode("utf-8", "surrogatepass")).root_node
+    data = text.encode("utf-8", "surrogatepass")
+    root = _parser().parse(data).root_node
     if root.has_error:
         reading.doubt(parent, "the line is not valid bash (it does not parse)")
+    elif _skipped(root, data):
+        reading.doubt(parent, "the grammar passed over part of the line")
     _Walk(reading, via, depth).node(root, parent, TERMINAL)
+
+
+_ATOMIC = frozenset(
+    {"heredoc_body", "string", "raw_string", "ansi_c_string", "translated_string", "comment",
+     "word", "number", "heredoc_start", "heredoc_end"}
+)  # fmt: skip
+
+
+def _skipped(root: Node, data: bytes) -> bool:
+    """Whether text outside every token of the tree is more than blanks and line
+    continuations: the grammar dropped a word (it does, for `python3 - <<EOF`), so the tree is
+    not what bash reads."""
+    spans = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.child_count == 0 or node.type in _ATOMIC:
+            spans.append((node.start_byte, node.end_byte))
+        else:
+            stack.extend(node.children)
+    end = 0
+    for start, stop in sorted(spans):
+        if start > end and data[end:start].replace(b"\\\n", b"").strip():
+            return True
+        end = max(end, stop)
+    return bool(data[end:].replace(b"\\\n", b"").strip())
 
 
 _COMPUTED = {

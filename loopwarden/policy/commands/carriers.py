@@ -167,11 +167,13 @@ def _inner(reading, run, name, spec, found, inner, stdin) -> None:  # type: igno
     reading.add(inner, via=name, parent=run, dialect=run.dialect, stdin=stdin, tail=tail)
 
 
-def _filled(word: Word, mark: str) -> Word:
-    """A word with `mark` in it, as `xargs -I` or `find -exec` fill it in from input."""
+def _filled(word: Word, mark: str, path: bool = False) -> Word:
+    """A word with `mark` in it, as `xargs -I` or `find -exec` fill it in from input (a
+    `path` from find starts with its starting point, never with `-`)."""
     if word.text is None or mark not in word.text:
         return word
-    return computed(FROM_INPUT, lead=word.text.split(mark, 1)[0])
+    lead = word.text.split(mark, 1)[0]
+    return computed(FROM_INPUT, lead=lead or ("./" if path else ""))
 
 
 def _joined(words: tuple[Word, ...]) -> Word:
@@ -397,7 +399,7 @@ def _find(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
             i += 1
             continue
         end = next((n for n in range(i + 1, len(argv)) if argv[n].text in (";", "+")), len(argv))
-        inner = tuple(_filled(word, "{}") for word in argv[i + 1 : end])
+        inner = tuple(_filled(word, "{}", path=True) for word in argv[i + 1 : end])
         tail = "operands" if end < len(argv) and argv[end].text == "+" else ""
         reading.add(inner, via=f"find {argv[i].text}", parent=run, dialect=run.dialect, tail=tail)
         i = end + 1
