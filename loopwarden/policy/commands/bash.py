@@ -17,6 +17,7 @@ computed marked so.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,7 @@ _COMPUTED = {
     "brace_expression": BRACES,
     "extglob_pattern": GLOB,
 }
+_SPECIAL = re.compile(r"[\\*?\[{~]")
 _ARITHMETIC_NODES = frozenset({"arithmetic_expansion", "subscript", "c_style_for_statement"})
 
 
@@ -197,6 +199,9 @@ class _Walk:
                 groups.append([node])
         out = []
         for group in groups:
+            if len(group) == 1:
+                out.append(self.word(group[0]))
+                continue
             pieces = Pieces()
             for n, part in enumerate(group):
                 if part.type == "$" and n + 1 < len(group) and group[n + 1].type == "string":
@@ -206,6 +211,12 @@ class _Walk:
         return out
 
     def word(self, node: Node) -> Word:
+        if node.type == "command_name" and node.child_count == 1:
+            node = node.children[0]
+        if node.type == "word":
+            text = node.text.decode("utf-8", "surrogateescape")
+            if not _SPECIAL.search(text):
+                return Word(text)  # the common case: nothing to unquote or expand
         pieces = Pieces()
         self.part(node, pieces, quoted=False)
         return pieces.word()

@@ -86,7 +86,7 @@ def unwrap(reading: Reading, run: Run, stdin: Stdin) -> None:
     elif name in table.POWERSHELLS:
         _powershell(reading, run, name, stdin)
     elif name in table.FOREIGN_SHELLS:
-        reading.doubt(run, f"`{name}` runs a shell language loopwarden does not read", True)
+        reading.doubt(run, f"`{name}` runs a shell language", True)
     elif (found := table.interpreter(name)) is not None:
         _interpreter(reading, run, name, found, stdin)
     elif name in table.LAUNCHERS:
@@ -100,8 +100,13 @@ def _name(run: Run) -> str | None:
     return program_name(program.text) if program is not None and program.text else None
 
 
+_SUBCOMMAND_LAUNCHERS = frozenset(name.split()[0] for name in table.LAUNCHERS if " " in name)
+
+
 def _subcommand_launcher(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     """`uv run CMD`, `npm exec CMD`, …: a program whose subcommand launches a command."""
+    if name not in _SUBCOMMAND_LAUNCHERS:
+        return
     head = scan(spec_of(name).main, run.argv, 1, stop=True)
     if head.rest >= len(run.argv):
         return
@@ -116,7 +121,7 @@ def _launch(
 ) -> None:
     """A launcher: its options, `before` operands, then the command it runs."""
     argv = run.argv
-    found = scan(spec.grammar, argv, start, stop=True)
+    found = scan(spec.grammar, argv, start, stop=not spec.grammar.permute)
     run.launcher = spec.transparent
     if found.has(*spec.no_run):
         return
@@ -131,7 +136,7 @@ def _launch(
             argv = _split_string(reading, run, name, option.value, argv, found.rest)
             if argv is None:
                 return
-            found = scan(spec.grammar, argv, found.rest, stop=True)
+            found = scan(spec.grammar, argv, found.rest, stop=not spec.grammar.permute)
     i = found.rest + spec.before
     if spec.before and i > len(argv):
         return
@@ -284,7 +289,7 @@ def _powershell(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
         if not flag:
             break
         if "encodedcommand".startswith(flag):
-            reading.doubt(run, f"`{name} -EncodedCommand` runs base64 code loopwarden does not read")
+            reading.doubt(run, f"`{name} -EncodedCommand` runs base64 code loopwarden cannot read")
             return
         if "command".startswith(flag):
             rest = words[n + 1 :]
@@ -309,7 +314,7 @@ def _interpreter(
     if inline is None and found.rest < len(run.argv) and run.argv[found.rest].text in spec.inline:
         inline = run.argv[found.rest].text  # `deno eval CODE`
     if inline is not None:
-        reading.doubt(run, f"`{name} {inline}` runs inline code loopwarden does not read", True)
+        reading.doubt(run, f"`{name} {inline}` runs inline code", True)
         return
     if found.has(*spec.no_input):
         return
@@ -327,7 +332,7 @@ def _awk(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     g = table.grammar(values="-F -v -f --file -e --source -i --include -l --load -E --exec -W")
     found = scan(g, run.argv, 1, stop=True)
     if found.has("-l", "--load"):
-        reading.doubt(run, f"`{name} -l` loads an extension loopwarden does not read", True)
+        reading.doubt(run, f"`{name} -l` loads an extension", True)
     programs = [o.value for o in found.options if o.name in ("-e", "--source")]
     if not programs and not found.has("-f", "--file", "-E", "--exec"):
         programs = [run.argv[found.rest] if found.rest < len(run.argv) else None]
@@ -429,7 +434,7 @@ def _git(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
         if option.name in carriers:
             reading.line(option.value, "bash", f"git {command.subcommand} {option.name}", run)
     if any(w.text is not None and w.text.startswith("ext::") for w in command.operands):
-        reading.doubt(run, "a git `ext::` remote runs a command loopwarden does not read", True)
+        reading.doubt(run, "a git `ext::` remote runs a command", True)
     _git_argv_carriers(reading, run, command.subcommand, command.operands)
 
 
@@ -485,7 +490,15 @@ def _parallel(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
         reading.line(Word(text), "bash", "parallel", run)
 
 
+def _runuser(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
+    """`runuser -u USER [--] CMD …` runs an argv; without `-u` it is `su`."""
+    su_style = not scan(table.LAUNCHERS["su"].grammar, run.argv, 1).has("-u", "--user")
+    spec = table.LAUNCHERS["su" if su_style else "runuser"]
+    _launch(reading, run, name, spec, 1, stdin)
+
+
 _HANDLERS = {
+    "runuser": _runuser,
     "eval": _eval,
     "source": _source,
     ".": _source,

@@ -67,10 +67,16 @@ LAUNCHERS: dict[str, Launcher] = {
     "su": Launcher(
         grammar(
             values="-c --command --session-command -s --shell -g --group -G --supp-group "
-            "-w --whitelist-environment"
+            "-w --whitelist-environment -u --user"
         ),
         shell=_set("-c --command --session-command"),
         bare="shell",
+        transparent=False,
+    ),
+    "runuser": _launcher(
+        values="-u --user -g --group -G --supp-group -c --command --session-command -s --shell "
+        "-w --whitelist-environment",
+        shell=_set("-c --command --session-command"),
         transparent=False,
     ),
     "chroot": _launcher(

@@ -161,10 +161,10 @@ _STARTERS = ("start-process", "saps", "start")
 def unwrap(reading: Reading, run: Run, name: str, stdin: Stdin) -> bool:
     """PowerShell's own carriers; True if `run` was handled here (else the shared table)."""
     if name in _EVALUATORS:
-        reading.doubt(run, "Invoke-Expression runs a string as code loopwarden does not read")
+        reading.doubt(run, "Invoke-Expression runs a string as code, which loopwarden cannot read")
         return True
     if name in _STARTERS:
-        reading.doubt(run, "Start-Process runs a program loopwarden does not read")
+        reading.doubt(run, "Start-Process runs a program loopwarden cannot read")
         return True
     if name in _REMOVE_ITEM:
         run.argv = (Word("rm"), *[_remove_parameter(w) for w in run.argv[1:]])

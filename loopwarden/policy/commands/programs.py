@@ -15,6 +15,7 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import MappingProxyType
 
 from loopwarden.policy.commands.options import Grammar, Option, Scan, grammar, scan
@@ -24,6 +25,7 @@ _NONE: Mapping[str, str] = MappingProxyType({})
 _SUFFIXES = (".exe", ".com", ".cmd", ".bat")
 
 
+@lru_cache(maxsize=4096)
 def program_name(text: str) -> str:
     """How a rule names a program: the basename (`/usr/bin/git`, `C:\\Git\\git.exe` → `git`),
     without case (macOS and Windows file systems run `GIT` as git) or a Windows suffix."""

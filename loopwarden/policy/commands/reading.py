@@ -14,7 +14,7 @@ from loopwarden.policy.commands.runs import TERMINAL, Dialect, Doubt, Run, Stdin
 from loopwarden.policy.commands.words import Word
 
 MAX_DEPTH = 8  # nested command text (`bash -c "eval '…'"`) read this deep, then a doubt
-MAX_RUNS = 5_000  # runs of one line, then a doubt (bounds the work for any line)
+MAX_RUNS = 1_000  # runs of one line, then a doubt (bounds the work for any line)
 
 
 class TooManyRuns(Exception):

@@ -17,7 +17,7 @@ from typing import Literal
 from loopwarden.policy import decision as codes
 from loopwarden.policy.commands.programs import Command, read
 from loopwarden.policy.commands.reading import Reading, name_of, read_line
-from loopwarden.policy.commands.rules import Match, Rule, match, rules_of
+from loopwarden.policy.commands.rules import Match, Rule, glob_matches, match, rules_of
 from loopwarden.policy.commands.runs import Dialect, Run
 from loopwarden.policy.decision import Reason
 
@@ -64,6 +64,10 @@ class RuleSet:
     def of(deny: tuple[str, ...], allow: tuple[str, ...], opaque: tuple[str, ...]) -> RuleSet:
         return RuleSet(rules_of(deny), rules_of(allow), rules_of(opaque), allow)
 
+    def names(self, program: str) -> bool:
+        """Whether a deny rule names `program` (or may: a rule's program is a glob)."""
+        return any(glob_matches(rule.program, program) for rule in self.deny)
+
 
 def judge(rules: RuleSet, line: str, dialect: Dialect = "bash") -> Judged:
     """Read `line` and judge every command it runs."""
@@ -81,6 +85,9 @@ def _judge(rules: RuleSet, run: Run) -> Verdict:
     if program is None or program.text is None:
         kind = program.kind if program is not None else "missing"
         return Verdict(run, "doubt", why=f"cannot tell which program it runs: its name is {kind}")
+    name = name_of(run) or ""
+    if not run.doubts and not rules.allow and not rules.names(name):
+        return Verdict(run, "allowed")  # no rule names its program: nothing to read
     command = read(run.argv)
     maybe: tuple[Rule, str] | None = None
     for rule in rules.deny:
@@ -154,8 +161,9 @@ def message(verdict: Verdict, rules: RuleSet) -> str:
         return f"{who}: {verdict.why}; command rules apply here, so write it out literally"
     if verdict.outcome == "opaque":
         return (
-            f"{who}: {verdict.why}; command rules apply here, so it is refused unless the policy "
-            "accepts it (tools.commands.opaque): use commands loopwarden can read"
+            f"{who}: {verdict.why}, which loopwarden cannot read; command rules apply here, so "
+            "it is refused unless the policy accepts it (tools.commands.opaque): use commands "
+            "loopwarden can read"
         )
     allowed = ", ".join(repr(t) for t in rules.allow_texts[:8])
     more = ", …" if len(rules.allow_texts) > 8 else ""
