@@ -89,7 +89,9 @@ class Sandbox:
             found = shutil.which(tool, path="/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
             if found:
                 (self.bin / tool).symlink_to(os.path.realpath(found))
-        (self.bin / "pytest").symlink_to(os.path.realpath(shutil.which("true") or "/bin/true"))
+        pytest = self.bin / "pytest"  # reads the files it is given, as the real one would
+        pytest.write_text('#!/bin/sh\nfor a; do [ -r "$a" ] && cat "$a" > /dev/null; done\n')
+        pytest.chmod(0o755)
         python = os.path.realpath(sys.executable)
         for name in ("python", "python3"):
             (self.bin / name).symlink_to(python)

@@ -376,7 +376,7 @@ def test_an_unreadable_command_line_is_a_doubt_not_a_pass(line):
 
 def test_nesting_is_bounded():
     line = "x"
-    for _ in range(12):
+    for _ in range(10):
         line = f"bash -c {shlex.quote(line)}"
     reading = read_line(line)
     assert any("nested deeper" in d.what for run in reading.runs for d in run.doubts)
