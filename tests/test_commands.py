@@ -11,6 +11,7 @@ do not change for today's policies.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ from bashtruth import GIT_PUSH, RM_RF, Sandbox
 from corpora import Entry, load, tasks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import run_cli_app
 
 from loopwarden.policy import decision as codes
 from loopwarden.policy.digest import policy_digest, policy_document
@@ -383,3 +385,47 @@ def test_a_line_that_runs_too_many_commands_or_nests_too_deep_is_a_doubt():
     for _ in range(10):
         line = f"bash -c {shlex.quote(line)}"
     assert refusals(DENY, line) == [codes.COMMAND_UNREADABLE]
+
+
+# --- the operator's view: policy explain and policy check ------------------------------------
+
+POLICY_TOML = """agents = ["builder"]
+[tools]
+allow = ["shell.run"]
+[tools.commands]
+deny = ["git push", "rm -rf *"]
+[budgets]
+max_turns = 3
+"""
+
+
+def test_policy_explain_shows_each_command_the_rule_or_doubt_and_what_the_model_is_told(tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text(POLICY_TOML)
+    line = "git status && echo push | xargs git; sudo -u ci git -C . push origin main"
+    shown = run_cli_app("policy", "explain", str(policy), "--command", line)
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert "4. git (via xargs)" in text and "6. git -C . push origin main (via sudo)" in text
+    assert "its subcommand is filled in from input" in text
+    assert "the model is told: command_unreadable:" in text and "command_denied:" in text
+    data = json.loads(
+        run_cli_app("policy", "explain", str(policy), "--json", "--command", line).output
+    )
+    [judged] = data["commands"]
+    assert judged["effect"] == "deny"
+    assert [c["depth"] for c in judged["commands"]] == [0, 0, 0, 1, 0, 1]
+    told = command_reasons(parse_policy(POLICY_TOML, "toml", source="p").tools.commands, line)
+    assert judged["reasons"] == [r.as_dict() for r in told], "the text the model sees"
+    powershell = run_cli_app(
+        "policy", "explain", str(policy), "--shell", "powershell", "--command", "rm -r -fo x"
+    )
+    assert "tools.commands.deny rule 'rm -rf *'" in " ".join(powershell.output.split())
+
+
+def test_policy_check_says_how_a_glob_pattern_now_reads(tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text(POLICY_TOML)
+    checked = run_cli_app("policy", "check", str(policy))
+    assert checked.exit_code == 0
+    assert "'rm -rf *' reads as 'rm -rf'" in " ".join(checked.output.split())

@@ -11,6 +11,7 @@ read; an opaque carrier (inline interpreter code, a shell reading input) is refu
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Literal
 
@@ -189,3 +190,28 @@ def reasons(judged: Judged, rules: RuleSet) -> list[Reason]:
             text = message(verdict, rules)
             out.setdefault(text, Reason(_CODES[verdict.outcome], text))
     return list(out.values())
+
+
+def argv_text(run: Run) -> str:
+    """A run's words as a shell would write them, a computed word as `<its kind>` (for the
+    operator's own `policy explain`, never for a reason)."""
+    words = []
+    for word in run.argv:
+        if word.text is None:
+            words.append(f"<{word.kind}>")
+        else:
+            words.append(shlex.quote(word.text) if word.text else "''")
+    return " ".join(words)
+
+
+def explanation(verdict: Verdict, rules: RuleSet) -> str:
+    """One run's verdict for `policy explain`: the reason the model is told for a refusal,
+    else why it may run."""
+    if verdict.refused:
+        return message(verdict, rules)
+    if verdict.outcome == "covered":
+        kind = "a function defined in the line" if verdict.run.function else "a launcher"
+        return f"allowed: {kind}, covered by what it runs"
+    if verdict.rule is not None:
+        return f"allowed by tools.commands.allow rule {verdict.rule!r}"
+    return "allowed: no deny rule names it" if not rules.allow else "allowed"
