@@ -114,6 +114,34 @@ def command_hook(
     return samples
 
 
+LINE_1KB = (
+    (
+        "cd /repo && git status --short && python -m pytest tests/test_policy.py -x -q 2>&1 | "
+        "tail -30; grep -rn 'def evaluate' loopwarden | head -20 && find . -name '*.py' -not "
+        "-path './.venv/*' | xargs wc -l | sort -n | tail -5; "
+    )
+    * 8
+)[:1024]
+"""A 1 KB line of the ordinary kind: lists, pipes, redirections, quoting, a launcher."""
+
+
+def decide_line(cfg: Config, deadline: h.Deadline) -> list[float]:
+    """`[tools.commands]` deciding LINE_1KB in process (the grammar already imported)."""
+    from loopwarden.policy.evaluate import command_reasons
+    from loopwarden.policy.model import CommandRules
+
+    rules = CommandRules(deny=("git push", "rm -r -f"))
+    if command_reasons(rules, LINE_1KB):
+        raise RuntimeError("the 1 KB line was refused")
+    samples: list[float] = []
+    stop = time.perf_counter() + min(2.0, deadline.left / 4)
+    while len(samples) < cfg.requests * 3 and (not samples or time.perf_counter() < stop):
+        t0 = time.perf_counter()
+        command_reasons(rules, LINE_1KB)
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
 def http_hook(base: str, token: str, cfg: Config, deadline: h.Deadline) -> list[float]:
     samples = []
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -154,6 +182,8 @@ async def run(quick: bool, budget: float) -> Section:
         ),
     )
     results: dict[str, list[float]] = {}
+    h.progress(NAME, "deciding a 1 KB line")
+    results["decide"] = decide_line(cfg, deadline)
     with h.temp_home(NAME) as home:
         await prepare(home)
         token = mint(home, h.AGENT.id, "observer")
@@ -176,11 +206,13 @@ async def run(quick: bool, budget: float) -> Section:
                 ),
                 _row("command hook, forwarded (`--server`)", results["forward"]),
                 _row("HTTP hook (`POST /hooks/claude-code`)", results["http"]),
+                _row("deciding a 1 KB shell line in process (command rules)", results["decide"]),
             ],
         )
     )
     command, http = h.Latency.of(results["command"]), h.Latency.of(results["http"])
     forward = h.Latency.of(results["forward"])
+    decide = h.Latency.of(results["decide"])
     section.targets += [
         Target(
             "command hook ≤ 150 ms p50 (process start → answer)",
@@ -190,6 +222,11 @@ async def run(quick: bool, budget: float) -> Section:
             "importing the decision's modules (pydantic models, the store) and one fsync'd commit"
             if command.p50 > 0.150
             else "",
+        ),
+        Target(
+            "deciding a 1 KB shell line ≤ 1 ms p50 (in process)",
+            f"{h.ms(decide.p50)} ms (p99 {h.ms(decide.p99)})",
+            decide.p50 <= 0.001,
         ),
         Target(
             "HTTP hook ≤ 10 ms p50",
