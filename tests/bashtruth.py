@@ -24,12 +24,62 @@ from pathlib import Path
 
 GIT_PUSH = "git push"
 RM_RF = "rm -r -f"
-TOOLS = (
-    "sh bash dash env xargs find timeout nice nohup stdbuf flock chroot ionice watch su "
-    "runuser setsid script perl node awk mawk sed base64 cat echo printf tr head tail true "
-    "false sleep tee wc ls grep diff mkdir cp mv touch sort uniq cut xxd id date seq test "
-    "realpath dirname basename pwd"
-).split()
+TOOLS = [
+    "sh",
+    "bash",
+    "dash",
+    "env",
+    "xargs",
+    "find",
+    "timeout",
+    "nice",
+    "nohup",
+    "stdbuf",
+    "flock",
+    "chroot",
+    "ionice",
+    "watch",
+    "su",
+    "runuser",
+    "setsid",
+    "script",
+    "perl",
+    "node",
+    "awk",
+    "mawk",
+    "sed",
+    "base64",
+    "cat",
+    "echo",
+    "printf",
+    "tr",
+    "head",
+    "tail",
+    "true",
+    "false",
+    "sleep",
+    "tee",
+    "wc",
+    "ls",
+    "grep",
+    "diff",
+    "mkdir",
+    "cp",
+    "mv",
+    "touch",
+    "sort",
+    "uniq",
+    "cut",
+    "xxd",
+    "id",
+    "date",
+    "seq",
+    "test",
+    "realpath",
+    "dirname",
+    "basename",
+    "pwd",
+]
 _RM = """#!/bin/sh
 opts=$(/usr/bin/getopt -q -o dfirRvI -l force,interactive::,one-file-system,no-preserve-root,\
 preserve-root::,recursive,dir,verbose -n rm -- "$@") || exit 1
@@ -139,9 +189,7 @@ class Sandbox:
         command = ["/usr/bin/bash", "-c", _DRIVER]
         if _unshare_works():
             command = ["/usr/bin/unshare", "-n", *command]
-        subprocess.run(
-            command, cwd=self.work, env=env, timeout=60 + bound * len(lines), check=True
-        )
+        subprocess.run(command, cwd=self.work, env=env, timeout=60 + bound * len(lines), check=True)
         return _ran(self.log.read_text(), len(lines))
 
     def close(self) -> None:

@@ -95,7 +95,9 @@ async def _session(store: Any) -> None:
             todos=[TodoInput(id="t", title="work")],
         ),
     )  # fmt: skip
-    start = json.dumps(json.loads((FIXTURES / "claude-code" / "SessionStart-startup.json").read_text()))
+    start = json.dumps(
+        json.loads((FIXTURES / "claude-code" / "SessionStart-startup.json").read_text())
+    )
     await handle(store, "claude-code", start.encode(), loop_id=LOOP, agent="builder", servers=[])
     granted = await claim(store, BUILDER, ClaimRequest(loop_id=LOOP))
     assert granted.granted, granted.reasons

@@ -113,7 +113,7 @@ SAFE = [
     "ls",
     "printf '%s\\n' a b",
     "git commit -m 'never git push here' --dry-run",
-    "echo \"don't rm -rf victim\"",
+    'echo "don\'t rm -rf victim"',
 ]
 DENIED = [
     "git push origin main",
@@ -176,14 +176,18 @@ def _ran_only_where_denied(sandbox: Sandbox, lines: list[str]) -> None:
             assert denied(DENY, line), (line, commands)
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(LINES, min_size=15, max_size=15))
 def test_whatever_bash_runs_that_a_rule_denies_is_denied(sandbox, lines):
     _ran_only_where_denied(sandbox, lines)
 
 
 @pytest.mark.slow
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(LINES, min_size=25, max_size=25))
 def test_whatever_bash_runs_that_a_rule_denies_is_denied_many_lines(sandbox, lines):
     _ran_only_where_denied(sandbox, lines)
@@ -370,9 +374,7 @@ def test_todays_policies_keep_their_normalized_form_and_digest():
         "allow": [],
         "deny": ["git push*", "rm -rf *"],
     }
-    empty = parse_policy(
-        text + "opaque = []\n[budgets]\nmax_turns = 3\n", "toml", source="t"
-    )
+    empty = parse_policy(text + "opaque = []\n[budgets]\nmax_turns = 3\n", "toml", source="t")
     assert policy_digest(empty) == policy_digest(policy), "an empty opaque list is no list"
     assert policy_digest(policy) == (  # the digest release 0.1.0 gave it
         "sha256:03888e32ef93b698d336c9cb84e2df4c5d376a7d2416c3fe2d36313e3c744829"

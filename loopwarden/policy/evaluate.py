@@ -427,7 +427,9 @@ def command_reasons(rules: CommandRules, line: str | None, dialect: str = "bash"
     from loopwarden.policy.commands.verdicts import judge, reasons  # the grammar, on first use
 
     ruleset = rule_set(rules)
-    return reasons(judge(ruleset, line, "powershell" if dialect == "powershell" else "bash"), ruleset)
+    return reasons(
+        judge(ruleset, line, "powershell" if dialect == "powershell" else "bash"), ruleset
+    )
 
 
 @functools.lru_cache(maxsize=256)

@@ -114,9 +114,7 @@ def policy_explain(
     ] = None,
     command: Annotated[
         list[str] | None,
-        typer.Option(
-            "--command", metavar="LINE", help="Shell command line to judge (repeatable)."
-        ),
+        typer.Option("--command", metavar="LINE", help="Shell command line to judge (repeatable)."),
     ] = None,
     shell: Annotated[
         str, typer.Option("--shell", help="The language of --command: bash or powershell.")

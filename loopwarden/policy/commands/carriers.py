@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 from loopwarden.policy.commands import launchers as table
 from loopwarden.policy.commands.launchers import Launcher
-from loopwarden.policy.commands.options import scan
+from loopwarden.policy.commands.options import Scan, scan
 from loopwarden.policy.commands.programs import GIT, program_name, spec_of
 from loopwarden.policy.commands.programs import read as read_argv
-from loopwarden.policy.commands.runs import TERMINAL, Run, Stdin
+from loopwarden.policy.commands.runs import TERMINAL, Run, Stdin, Tail
 from loopwarden.policy.commands.scripts import awk_runs_code, sed_runs_code
 from loopwarden.policy.commands.words import FROM_INPUT, PROCESS, Word, computed
 
@@ -26,9 +26,31 @@ if TYPE_CHECKING:
     from loopwarden.policy.commands.reading import Reading
 
 CODE_VARIABLES = frozenset(
-    "PAGER GIT_PAGER MANPAGER SYSTEMD_PAGER EDITOR VISUAL GIT_EDITOR GIT_SEQUENCE_EDITOR "
-    "GIT_SSH_COMMAND GIT_SSH GIT_EXTERNAL_DIFF GIT_ASKPASS SSH_ASKPASS SUDO_ASKPASS "
-    "GIT_PROXY_COMMAND LESSOPEN LESSCLOSE PROMPT_COMMAND BROWSER PS0 PS1 PS2 PS4".split()
+    [
+        "PAGER",
+        "GIT_PAGER",
+        "MANPAGER",
+        "SYSTEMD_PAGER",
+        "EDITOR",
+        "VISUAL",
+        "GIT_EDITOR",
+        "GIT_SEQUENCE_EDITOR",
+        "GIT_SSH_COMMAND",
+        "GIT_SSH",
+        "GIT_EXTERNAL_DIFF",
+        "GIT_ASKPASS",
+        "SSH_ASKPASS",
+        "SUDO_ASKPASS",
+        "GIT_PROXY_COMMAND",
+        "LESSOPEN",
+        "LESSCLOSE",
+        "PROMPT_COMMAND",
+        "BROWSER",
+        "PS0",
+        "PS1",
+        "PS2",
+        "PS4",
+    ]
 )
 """Variables whose value a program runs as a command (a pager, an editor, `ssh`): their value
 is read as a command line."""
@@ -57,8 +79,15 @@ _GIT_CODE_OPTIONS: dict[str, frozenset[str]] = {
     "push": frozenset({"--receive-pack", "--exec"}),
     "send-pack": frozenset({"--receive-pack", "--exec"}),
     "filter-branch": frozenset(
-        "--env-filter --tree-filter --index-filter --parent-filter --msg-filter "
-        "--commit-filter --tag-name-filter".split()
+        [
+            "--env-filter",
+            "--tree-filter",
+            "--index-filter",
+            "--parent-filter",
+            "--msg-filter",
+            "--commit-filter",
+            "--tag-name-filter",
+        ]
     ),
 }
 """git subcommand options whose value is a shell command."""
@@ -133,9 +162,10 @@ def _launch(
             reading.line(option.value, run.dialect, f"{name} {option.name}", run)
             return
         if option.name in spec.split:
-            argv = _split_string(reading, run, name, option.value, argv, found.rest)
-            if argv is None:
+            split = _split_string(reading, run, name, option.value, argv, found.rest)
+            if split is None:
                 return
+            argv = split
             found = scan(spec.grammar, argv, found.rest, stop=not spec.grammar.permute)
     i = found.rest + spec.before
     if spec.before and i > len(argv):
@@ -160,7 +190,15 @@ def _launch(
     _inner(reading, run, name, spec, found, inner, stdin)
 
 
-def _inner(reading, run, name, spec, found, inner, stdin) -> None:  # type: ignore[no-untyped-def]
+def _inner(
+    reading: Reading,
+    run: Run,
+    name: str,
+    spec: Launcher,
+    found: Scan,
+    inner: tuple[Word, ...],
+    stdin: Stdin,
+) -> None:
     """The launched argv as a run of its own (xargs' placeholder and input words applied)."""
     tail = spec.tail
     placeholder = next((o for o in found.options if o.name in spec.replace), None)
@@ -189,7 +227,9 @@ def _joined(words: tuple[Word, ...]) -> Word:
     return Word(" ".join(w.text or "" for w in words))
 
 
-def _split_string(reading, run, name, value, argv, at):  # type: ignore[no-untyped-def]
+def _split_string(
+    reading: Reading, run: Run, name: str, value: Word | None, argv: tuple[Word, ...], at: int
+) -> tuple[Word, ...] | None:
     """`env -S STRING`: STRING split into arguments, in place of the option."""
     if value is None or value.text is None or "$" in value.text or "\\" in value.text:
         reading.doubt(run, f"cannot read the string `{name} -S` splits")
@@ -280,7 +320,9 @@ def _powershell(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     while n < len(words):
         text = words[n].text
         if text is None:
-            reading.doubt(run, f"cannot tell what `{name}` runs: a computed word is among its options")
+            reading.doubt(
+                run, f"cannot tell what `{name}` runs: a computed word is among its options"
+            )
             return
         if not text.startswith(("-", "/")):
             reading.line(_joined(words[n:]), "powershell", f"{name} -Command", run)
@@ -345,9 +387,7 @@ def _awk(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
 
 
 def _sed(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    g = table.grammar(
-        values="-e --expression -f --file -l --line-length", optional="-i --in-place"
-    )
+    g = table.grammar(values="-e --expression -f --file -l --line-length", optional="-i --in-place")
     found = scan(g, run.argv, 1)
     if found.has("--sandbox"):
         return
@@ -405,7 +445,7 @@ def _find(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
             continue
         end = next((n for n in range(i + 1, len(argv)) if argv[n].text in (";", "+")), len(argv))
         inner = tuple(_filled(word, "{}", path=True) for word in argv[i + 1 : end])
-        tail = "operands" if end < len(argv) and argv[end].text == "+" else ""
+        tail: Tail = "operands" if end < len(argv) and argv[end].text == "+" else ""
         reading.add(inner, via=f"find {argv[i].text}", parent=run, dialect=run.dialect, tail=tail)
         i = end + 1
 

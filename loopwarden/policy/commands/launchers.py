@@ -80,9 +80,12 @@ LAUNCHERS: dict[str, Launcher] = {
         transparent=False,
     ),
     "chroot": _launcher(
-        values="--userspec --groups", flags="--skip-chdir", before=1, bare="shell",
+        values="--userspec --groups",
+        flags="--skip-chdir",
+        before=1,
+        bare="shell",
         transparent=False,
-    ),  # fmt: skip
+    ),
     "timeout": _launcher(
         values="-s --signal -k --kill-after", flags="--preserve-status --foreground -v", before=1
     ),
@@ -142,9 +145,10 @@ LAUNCHERS: dict[str, Launcher] = {
     "pipx run": _launcher(values="--spec --python"),
     "npm exec": _launcher(values="-p --package -c --call -w --workspace", shell=_set("-c --call")),
     "pnpm exec": _launcher(
-        values="--filter -F -C --dir", flags="-c --shell-mode -r",
+        values="--filter -F -C --dir",
+        flags="-c --shell-mode -r",
         join_options=_set("-c --shell-mode"),
-    ),  # fmt: skip
+    ),
     "pnpm dlx": _launcher(values="-p --package"),
     "yarn exec": _launcher(),
     "yarn dlx": _launcher(values="-p --package"),

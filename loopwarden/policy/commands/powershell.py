@@ -64,8 +64,7 @@ class _Walk:
     def command(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
         name = node.child_by_field_name("command_name")
         elements = node.child_by_field_name("command_elements")
-        operator = any(c.type == "command_invokation_operator" for c in node.children)
-        program = self.program(name, operator) if name is not None else None
+        program = self.program(name) if name is not None else None
         words = [self.element(c) for c in elements.named_children] if elements else []
         run = None
         if program is not None:
@@ -77,7 +76,7 @@ class _Walk:
         for child in node.named_children:
             self.node(child, run or parent, stdin, via or "a script block")
 
-    def program(self, node: Node, operator: bool) -> Word | None:
+    def program(self, node: Node) -> Word | None:
         """The command's program: a literal name, or computed; None for `& { … }` (the block's
         own commands are the runs)."""
         text = node.text.decode("utf-8", "surrogateescape")
@@ -92,8 +91,7 @@ class _Walk:
             return None
         if target.type == "path_command_name" or target.type == "generic_token":
             return Word(text) if "`" not in text and "$" not in text else computed(PARAMETER)
-        value = self.value(target)
-        return value if value.text is not None or not operator else value
+        return self.value(target)  # a literal string (`& "git"`), else computed: a doubt
 
     def element(self, node: Node) -> Word | None:
         kind = node.type
@@ -148,11 +146,31 @@ def _unbacktick(text: str) -> str:
 
 
 _REMOVE_ITEM = ("remove-item", "ri", "rm", "del", "erase", "rd", "rmdir")
-_REMOVE_PARAMETERS = (
-    "path literalpath filter include exclude recurse force credential whatif confirm stream "
-    "progressaction verbose debug erroraction warningaction informationaction errorvariable "
-    "warningvariable informationvariable outvariable outbuffer pipelinevariable"
-).split()
+_REMOVE_PARAMETERS = [
+    "path",
+    "literalpath",
+    "filter",
+    "include",
+    "exclude",
+    "recurse",
+    "force",
+    "credential",
+    "whatif",
+    "confirm",
+    "stream",
+    "progressaction",
+    "verbose",
+    "debug",
+    "erroraction",
+    "warningaction",
+    "informationaction",
+    "errorvariable",
+    "warningvariable",
+    "informationvariable",
+    "outvariable",
+    "outbuffer",
+    "pipelinevariable",
+]
 _CANONICAL = {"recurse": "-r", "force": "-f"}
 _EVALUATORS = ("invoke-expression", "iex")
 _STARTERS = ("start-process", "saps", "start")

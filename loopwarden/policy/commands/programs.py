@@ -119,15 +119,18 @@ _NPM_COMMANDS = _words(
     "unstar update version view whoami"
 )
 _NPM_ALIASES = {
-    **dict.fromkeys("i in ins inst insta instal isnt isnta isntal isntall add".split(), "install"),
-    **dict.fromkeys("clean-install ic install-clean isntall-clean".split(), "ci"),
-    **dict.fromkeys("rm r un unlink remove".split(), "uninstall"),
-    **dict.fromkeys("t tst".split(), "test"),
-    **dict.fromkeys("up upgrade udpate".split(), "update"),
-    **dict.fromkeys("v info show".split(), "view"),
-    **dict.fromkeys("s se find".split(), "search"),
-    **dict.fromkeys("rum urn".split(), "run"),
-    **dict.fromkeys("it cit".split(), "install-ci-test"),
+    **dict.fromkeys(
+        ["i", "in", "ins", "inst", "insta", "instal", "isnt", "isnta", "isntal", "isntall", "add"],
+        "install",
+    ),
+    **dict.fromkeys(["clean-install", "ic", "install-clean", "isntall-clean"], "ci"),
+    **dict.fromkeys(["rm", "r", "un", "unlink", "remove"], "uninstall"),
+    **dict.fromkeys(["t", "tst"], "test"),
+    **dict.fromkeys(["up", "upgrade", "udpate"], "update"),
+    **dict.fromkeys(["v", "info", "show"], "view"),
+    **dict.fromkeys(["s", "se", "find"], "search"),
+    **dict.fromkeys(["rum", "urn"], "run"),
+    **dict.fromkeys(["it", "cit"], "install-ci-test"),
     "x": "exec",
     "c": "config",
     "ln": "link",
@@ -414,9 +417,9 @@ def read(argv: tuple[Word, ...]) -> Command:
     for (base, flag), other in spec.by_flag.items():
         if sub == base and rest.has(flag):
             sub = other
-    found = _merged(name, sub, doubt or why, head, rest)
-    found.operands = operands
-    return found
+    command = _merged(name, sub, doubt or why, head, rest)
+    command.operands = operands
+    return command
 
 
 def _head_doubt(spec: Program, head: Scan) -> str:

@@ -48,9 +48,7 @@ class Reading:
         if len(self.runs) >= MAX_RUNS:
             raise TooManyRuns
         level = depth if depth is not None else (parent.depth if parent else 0)
-        run = Run(
-            len(self.runs), argv, via, parent.index if parent else None, level, dialect, tail
-        )
+        run = Run(len(self.runs), argv, via, parent.index if parent else None, level, dialect, tail)
         self.runs.append(run)
         program = argv[0].text
         if program is not None:

@@ -32,6 +32,7 @@ from loopwarden.policy.commands.programs import Command, program_name, spec_of
 from loopwarden.policy.commands.runs import Tail
 from loopwarden.policy.commands.words import Word
 
+
 class Match(Enum):
     YES = "yes"
     NO = "no"
@@ -70,7 +71,9 @@ def parse_rule(text: str) -> Rule:
     if spec.subcommands is None:
         found = scan(spec.main, argv, 1)
         options = tuple((o.name, o.value.text if o.value else None) for o in found.options)
-        return Rule(text, program.lower(), None, options, tuple(w.text or "" for _, w in found.operands))
+        return Rule(
+            text, program.lower(), None, options, tuple(w.text or "" for _, w in found.operands)
+        )
     head = scan(spec.main, argv, 1, stop=True)
     sub = words[head.rest] if head.rest < len(words) else None
     if sub is not None and not _globby(sub):
@@ -79,7 +82,9 @@ def parse_rule(text: str) -> Rule:
     operands = [w.text or "" for _, w in rest.operands]
     if sub is not None and operands and (sub, operands[0]) in spec.pairs:
         sub, operands = spec.pairs[(sub, operands[0])], operands[1:]
-    options = tuple((o.name, o.value.text if o.value else None) for o in (*head.options, *rest.options))
+    options = tuple(
+        (o.name, o.value.text if o.value else None) for o in (*head.options, *rest.options)
+    )
     for (base, flag), other in spec.by_flag.items():
         if sub == base and any(name == flag for name, _ in options):
             sub = other
@@ -132,9 +137,9 @@ def _option(
     for option in present:
         if value is None:
             return Match.YES, ""
-        if option.value is not None and option.value.text is not None:
-            if glob_matches(value, option.value.text):
-                return Match.YES, ""
+        given = option.value.text if option.value is not None else None
+        if given is not None and glob_matches(value, given):
+            return Match.YES, ""
     if value is not None and any(o.value is not None and o.value.text is None for o in present):
         return Match.MAYBE, f"the value of its {name} option is computed"
     if not command.ended and (command.maybe_option or (tail == "words")):
