@@ -102,26 +102,19 @@ def scan(g: Grammar, words: tuple[Word, ...], start: int = 0, stop: bool = False
         text = word.text
         if text is None:
             out.shifted = out.shifted or word.splits
-            if not out.ended and word.may_be_flag:
-                out.maybe_option = True
-            if stop:
-                out.rest = i
-                return out
-            out.operands.append((i, word))
-            i += 1
-            continue
-        if not out.ended and text == "--":
+            out.maybe_option = out.maybe_option or (not out.ended and word.may_be_flag)
+        elif not out.ended and text == "--":
             out.ended = True
             i += 1
             continue
-        if out.ended or not _is_option(g, text):
-            if stop:
-                out.rest = i
-                return out
-            out.operands.append((i, word))
-            i += 1
+        elif not out.ended and _is_option(g, text):
+            i = _option(g, words, i, out)
             continue
-        i = _option(g, words, i, out)
+        if stop:  # an operand (or a computed word) ends the options here
+            out.rest = i
+            return out
+        out.operands.append((i, word))
+        i += 1
     return out
 
 

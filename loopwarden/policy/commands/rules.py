@@ -22,7 +22,6 @@ Matching is three-valued: `YES`, `NO`, or `MAYBE` when a word the rule depends o
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
@@ -31,6 +30,7 @@ from loopwarden.policy.commands.options import Grammar, scan
 from loopwarden.policy.commands.programs import Command, program_name, spec_of
 from loopwarden.policy.commands.runs import Tail
 from loopwarden.policy.commands.words import Word
+from loopwarden.policy.patterns import matches
 
 
 class Match(Enum):
@@ -91,14 +91,9 @@ def parse_rule(text: str) -> Rule:
     return Rule(text, program.lower(), sub, options, tuple(operands))
 
 
-@lru_cache(maxsize=4096)
-def _glob(pattern: str) -> re.Pattern[str]:
-    body = "".join(".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern)
-    return re.compile(body, re.DOTALL)
-
-
 def glob_matches(pattern: str, text: str) -> bool:
-    return _glob(pattern).fullmatch(text) is not None
+    """`*` any run of characters, `?` one, the rest literal: the tool patterns' globs."""
+    return matches(pattern, text)
 
 
 def match(rule: Rule, command: Command, tail: Tail, deny: bool) -> tuple[Match, str]:
