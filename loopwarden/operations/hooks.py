@@ -261,15 +261,11 @@ def _attach(call: Call[Txn], req: HookEvent) -> None:
     seen = call.loop.hosts.get(call.who.id)
     if seen is not None and (seen[0], seen[1]) == (req.host, req.session_id):
         return
-    # On the agent's open turn, if it holds one: the judge holds every hook receipt to that.
-    turn = agent_turn(call.tx.open_turns(call.loop.loop_id), call.who.id)
     call.tx.append(
         call.loop.loop_id,
         ReceiptKind.HOST_ATTACHED,
         call.who,
         HostAttached(host=req.host, session_id=req.session_id),
-        turn_id=turn.turn_id if turn else None,
-        todo_id=turn.todo_id if turn else None,
     )
 
 
