@@ -122,9 +122,9 @@ def policy_explain(
     json_out: Json = False,
     home: Home = None,
 ) -> None:
-    """Classify tools (allowed, denied or needing approval) or judge shell command lines.
+    """Classify tools, or judge shell command lines.
 
-    For a tool, names the pattern that decided. For a command line, prints every command it
+    A tool is allowed, denied or needs approval; the pattern that decided is named. For a command line, prints every command it
     runs (nested ones indented under what runs them), the rule or doubt deciding each, and the
     reasons the model is told. Needs no store (--home is ignored).
     """
@@ -136,7 +136,8 @@ def policy_explain(
     verdicts = [explain_tool(policy, name) for name in tool or []]
     lines = [_judged_line(policy, line, shell) for line in command or []]
     if json_out:
-        render.emit_json({"tools": [_tool_json(v) for v in verdicts], "commands": lines})
+        out: dict[str, Any] = {"tools": [_tool_json(v) for v in verdicts]}
+        render.emit_json({**out, "commands": lines} if command else out)
         return
     for v in verdicts:
         color = {"allow": "green", "approval": "yellow", "deny": "red"}[v.effect]
