@@ -1,16 +1,17 @@
 """Ground truth for command rules: what a real `bash` runs.
 
-A `Sandbox` is a temporary directory holding a git repository (its `origin` an empty bare
-repository whose pushes a `pre-push` hook records and refuses), a directory `victim`, and a
-`bin/` that is the whole PATH: the real git, an `rm` stub that records a forced recursive
-delete (its options read by util-linux `getopt`, the parser GNU rm's own getopt_long
-matches) instead of deleting, and the real programs the lines use to launch them (shells,
-`env`, `xargs`, `find`, `timeout`, interpreters, …), with `GIT` and `git.exe` as names of
-git (as a case-insensitive or Windows file system resolves them). `run` executes a batch of lines, each in its
-own `bash -c` with a time bound (`victim` and the repository's configuration restored after
-each), in one driver process (inside a network namespace where
-`unshare` allows one), and returns for each line the denied commands it really ran:
-`"git push"` (the hook saw a push, or the remote received one) and `"rm -r -f"`.
+A `Sandbox` is a temporary directory holding a git repository whose `origin` is a bare
+repository reached through a stub receive-pack (`remote.origin.receivepack`) that records
+every push git makes and refuses it, a directory `victim`, and a `bin/` that is the whole PATH:
+the real git (also as `GIT` and `git.exe`, as case-insensitive and Windows file systems resolve
+them), an `rm` stub that records a forced recursive delete (its options read by util-linux
+`getopt`, the parser GNU rm's own getopt_long matches) instead of deleting, and the real
+programs the lines use to launch them (shells, `env`, `xargs`, `find`, `timeout`,
+interpreters, …). `run` executes a batch of lines, each in its own `bash -c` with a time bound
+(`victim` and the repository's configuration restored after each), in one driver process
+(inside a network namespace where `unshare` allows one), and returns for each line the denied
+commands it really ran: `"git push"` (git connected to push, or the remote received one) and
+`"rm -r -f"`.
 """
 
 from __future__ import annotations
@@ -92,23 +93,29 @@ done
 [ -n "$r" ] && [ -n "$f" ] && echo RMRF >> "{log}"
 exit 0
 """
-_HOOK = """#!/bin/sh
+_RECEIVE = """#!/bin/sh
 echo PUSH >> "{log}"
 exit 1
 """
 _DRIVER = r"""
+shopt -s nullglob
+read -r -d '' config < "$LW_CONFIG"
 i=0
 while IFS= read -r -d '' line; do
   printf '\n=== %d\n' "$i" >> "$LW_LOG"
   /usr/bin/timeout -k 1 "$LW_BOUND" /usr/bin/bash -c "$line" </dev/null >/dev/null 2>&1
-  if [ -n "$(/usr/bin/git --git-dir="$LW_REMOTE" for-each-ref)" ]; then
+  refs=("$LW_REMOTE"/refs/heads/*)
+  if (( ${#refs[@]} )) || [ -s "$LW_REMOTE/packed-refs" ]; then
     echo REMOTE >> "$LW_LOG"
     /usr/bin/git --git-dir="$LW_REMOTE" for-each-ref --format='delete %(refname)' \
       | /usr/bin/git --git-dir="$LW_REMOTE" update-ref --stdin
   fi
-  /usr/bin/git rebase --abort >/dev/null 2>&1
-  /usr/bin/mkdir -p victim && : > victim/file
-  /usr/bin/cp "$LW_CONFIG" .git/config
+  if [ -d .git/rebase-merge ] || [ -d .git/rebase-apply ]; then
+    /usr/bin/git rebase --abort >/dev/null 2>&1
+  fi
+  [ -f victim/file ] || { /usr/bin/mkdir -p victim && : > victim/file; }
+  read -r -d '' now < .git/config
+  [ "$now" = "$config" ] || printf '%s\n' "$config" > .git/config
   i=$((i + 1))
 done < "$LW_LINES"
 """
@@ -164,9 +171,10 @@ class Sandbox:
         _git("commit", "-q", "-m", "one", cwd=self.work, env=env)
         _git("remote", "add", "origin", str(self.remote), cwd=self.work, env=env)
         _git("config", "push.default", "current", cwd=self.work, env=env)
-        hook = self.work / ".git" / "hooks" / "pre-push"
-        hook.write_text(_HOOK.replace("{log}", str(self.log)))
-        hook.chmod(0o755)
+        receive = self.root / "receive-pack"
+        receive.write_text(_RECEIVE.replace("{log}", str(self.log)))
+        receive.chmod(0o755)
+        _git("config", "remote.origin.receivepack", str(receive), cwd=self.work, env=env)
         victim = self.work / "victim"
         victim.mkdir()
         (victim / "file").write_text("x")
