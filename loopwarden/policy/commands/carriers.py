@@ -19,7 +19,6 @@ from loopwarden.policy.commands.options import Scan, scan
 from loopwarden.policy.commands.programs import GIT, program_name, spec_of
 from loopwarden.policy.commands.programs import read as read_argv
 from loopwarden.policy.commands.runs import TERMINAL, Run, Stdin, Tail
-from loopwarden.policy.commands.scripts import awk_runs_code, sed_runs_code
 from loopwarden.policy.commands.words import FROM_INPUT, PROCESS, Word, computed
 
 if TYPE_CHECKING:
@@ -55,10 +54,10 @@ CODE_VARIABLES = frozenset(
 """Variables whose value a program runs as a command (a pager, an editor, `ssh`): their value
 is read as a command line."""
 
-CONFIG_VARIABLES = re.compile(r"^GIT_CONFIG_(PARAMETERS|COUNT|KEY_\d+|VALUE_\d+)$")
+CONFIG_VARIABLES = r"^GIT_CONFIG_(PARAMETERS|COUNT|KEY_\d+|VALUE_\d+)$"
 """Variables that set git configuration (aliases, pagers) where loopwarden cannot read it."""
 
-_GIT_CODE_KEYS = re.compile(
+_GIT_CODE_KEYS = (
     r"^(alias\..+|core\.(pager|editor|sshcommand|askpass|fsmonitor|gitproxy)|sequence\.editor"
     r"|diff\.external|gpg(\..+)?\.program|credential(\..+)?\.helper|pager\..+"
     r"|diff\..+\.(textconv|command)|filter\..+\.(clean|smudge|process)|merge\..+\.driver"
@@ -93,7 +92,7 @@ _GIT_CODE_OPTIONS: dict[str, frozenset[str]] = {
 """git subcommand options whose value is a shell command."""
 
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_STDIN_PATHS = re.compile(r"^(-|/dev/stdin|/dev/fd/\d+|/proc/(self|\d+)/fd/\d+)$")
+_STDIN_PATHS = r"^(-|/dev/stdin|/dev/fd/\d+|/proc/(self|\d+)/fd/\d+)$"
 
 
 def unwrap(reading: Reading, run: Run, stdin: Stdin) -> None:
@@ -267,7 +266,7 @@ def assigned(reading: Reading, run: Run | None, variable: str, value: Word) -> N
     reading.assigned[variable] = value.text
     if variable in CODE_VARIABLES:
         reading.line(value, run.dialect if run else "bash", f"${variable}", run)
-    elif CONFIG_VARIABLES.match(variable):
+    elif re.match(CONFIG_VARIABLES, variable):
         reading.doubt(run, f"${variable} sets git configuration loopwarden cannot read")
 
 
@@ -290,7 +289,7 @@ def _shell(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
 
 
 def _reads_input(word: Word) -> bool:
-    return word.kind == PROCESS or (word.text is not None and bool(_STDIN_PATHS.match(word.text)))
+    return word.kind == PROCESS or (word.text is not None and bool(re.match(_STDIN_PATHS, word.text)))
 
 
 def _from_input(reading: Reading, run: Run, name: str, stdin: Stdin, dialect: str) -> None:
@@ -371,6 +370,7 @@ def _interpreter(
 
 
 def _awk(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
+    from loopwarden.policy.commands.scripts import awk_runs_code
     g = table.grammar(values="-F -v -f --file -e --source -i --include -l --load -E --exec -W")
     found = scan(g, run.argv, 1, stop=True)
     if found.has("-l", "--load"):
@@ -387,6 +387,7 @@ def _awk(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
 
 
 def _sed(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
+    from loopwarden.policy.commands.scripts import sed_runs_code
     g = table.grammar(values="-e --expression -f --file -l --line-length", optional="-i --in-place")
     found = scan(g, run.argv, 1)
     if found.has("--sandbox"):
@@ -457,7 +458,7 @@ def _git(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     for option in head.options:
         if option.name == "--config-env" and option.value is not None:
             key = (option.value.text or "").partition("=")[0].lower()
-            if option.value.text is None or _GIT_CODE_KEYS.match(key):
+            if option.value.text is None or re.match(_GIT_CODE_KEYS, key):
                 reading.doubt(run, "a git setting takes a command from the environment")
         if option.name != "-c" or option.value is None:
             continue
@@ -466,7 +467,7 @@ def _git(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
             continue
         key, _, value = option.value.text.partition("=")
         key = key.lower()
-        if _GIT_CODE_KEYS.match(key) and (not key.startswith("alias.") or value.startswith("!")):
+        if re.match(_GIT_CODE_KEYS, key) and (not key.startswith("alias.") or value.startswith("!")):
             reading.line(Word(value.removeprefix("!")), "bash", "git -c", run)
     command = read_argv(run.argv)
     carriers = _GIT_CODE_OPTIONS.get(command.subcommand or "", frozenset())

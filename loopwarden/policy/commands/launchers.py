@@ -13,14 +13,13 @@ change who or where it runs (`sudo`, `doas`, `su`, `chroot`) must be allowed by 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from loopwarden.policy.commands.options import Grammar, grammar
 from loopwarden.policy.commands.runs import Tail
 
 
-@dataclass(frozen=True)
-class Launcher:
+class Launcher(NamedTuple):
     grammar: Grammar
     before: int = 0
     shell: frozenset[str] = frozenset()  # options whose value is a shell line
@@ -186,8 +185,7 @@ SHELL_GRAMMAR = grammar(
 )
 
 
-@dataclass(frozen=True)
-class Interpreter:
+class Interpreter(NamedTuple):
     """A language runtime: the options that take inline code, those after which it runs no
     program of input (a module, `--version`), and its option grammar."""
 

@@ -11,16 +11,15 @@ is reported (`maybe_option`), never guessed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 from loopwarden.policy.commands.words import Word
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(frozen=True)
-class Grammar:
+class Grammar(NamedTuple):
     """How one program reads its options.
 
     `values` take an argument (glued `-n5`, `--lines=5`, or the next word); `optional` take one
@@ -32,7 +31,7 @@ class Grammar:
 
     values: frozenset[str] = frozenset()
     optional: frozenset[str] = frozenset()
-    aliases: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    aliases: Mapping[str, str] = _EMPTY
     clusters: bool = True
     permute: bool = True
     plus: bool = False
@@ -60,26 +59,27 @@ def grammar(
     )
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     name: str  # canonical
     value: Word | None
     at: int  # index of the word it was read from
 
 
-@dataclass
 class Scan:
     """Options and operands of an argv tail. `rest` is where scanning stopped (the first
     operand, without `permute`); `maybe_option` says a computed word may be an option;
     `shifted` that an unquoted expansion may add or remove words (positions after it are not
     known); `ended` that `--` ended the options."""
 
-    options: list[Option] = field(default_factory=list)
-    operands: list[tuple[int, Word]] = field(default_factory=list)
-    rest: int = 0
-    maybe_option: bool = False
-    shifted: bool = False
-    ended: bool = False
+    __slots__ = ("ended", "maybe_option", "operands", "options", "rest", "shifted")
+
+    def __init__(self, rest: int = 0) -> None:
+        self.options: list[Option] = []
+        self.operands: list[tuple[int, Word]] = []
+        self.rest = rest
+        self.maybe_option = False
+        self.shifted = False
+        self.ended = False
 
     def has(self, *names: str) -> bool:
         return any(option.name in names for option in self.options)

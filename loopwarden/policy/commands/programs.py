@@ -14,14 +14,15 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from functools import lru_cache
 from types import MappingProxyType
+from typing import NamedTuple
 
 from loopwarden.policy.commands.options import Grammar, Option, Scan, grammar, scan
 from loopwarden.policy.commands.words import Word
 
 _NONE: Mapping[str, str] = MappingProxyType({})
+_NO_PAIRS: Mapping[tuple[str, str], str] = MappingProxyType({})
 _SUFFIXES = (".exe", ".com", ".cmd", ".bat")
 
 
@@ -37,8 +38,7 @@ def program_name(text: str) -> str:
     return base
 
 
-@dataclass(frozen=True)
-class Program:
+class Program(NamedTuple):
     """One program's command grammar.
 
     `main` reads the options before the subcommand (all options, for a program without
@@ -52,11 +52,11 @@ class Program:
     main: Grammar
     known: frozenset[str] | None = None
     subcommands: frozenset[str] | None = None
-    aliases: Mapping[str, str] = field(default_factory=lambda: _NONE)
+    aliases: Mapping[str, str] = _NONE
     unknown_doubt: bool = True
     sub: Grammar | None = None
-    pairs: Mapping[tuple[str, str], str] = field(default_factory=dict)
-    by_flag: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    pairs: Mapping[tuple[str, str], str] = _NO_PAIRS
+    by_flag: Mapping[tuple[str, str], str] = _NO_PAIRS
     inline_aliases: str = ""  # the option whose `alias.NAME=VALUE` values define aliases
 
 
@@ -370,18 +370,36 @@ with `DEFAULT`: GNU style, every option a flag, operands in place."""
 DEFAULT = Program(main=grammar())
 
 
-@dataclass
 class Command:
-    """One argv, read with its program's grammar."""
+    """One argv, read with its program's grammar: the program, its subcommand (resolved; None
+    if it has none or none is given), why the subcommand is not known (a rule naming one then
+    denies), its options and operands, whether a computed word may be an option
+    (`maybe_option`), whether an unquoted expansion may add or remove words (`shifted`), and
+    whether `--` ended the options."""
 
-    program: str
-    subcommand: str | None = None  # resolved; None: the program has none (or none given)
-    subcommand_doubt: str = ""  # why the subcommand is not known (a rule naming one denies)
-    options: list[Option] = field(default_factory=list)
-    operands: list[Word] = field(default_factory=list)
-    maybe_option: bool = False  # a computed word may be an option
-    shifted: bool = False  # an unquoted expansion may add or remove words
-    ended: bool = False  # `--` ended the options
+    __slots__ = (
+        "ended",
+        "maybe_option",
+        "operands",
+        "options",
+        "program",
+        "shifted",
+        "subcommand",
+        "subcommand_doubt",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        program: str,
+        subcommand: str | None,
+        subcommand_doubt: str,
+        options: list[Option],
+        operands: list[Word],
+        flags: tuple[bool, bool, bool] = (False, False, False),
+    ) -> None:
+        self.program, self.subcommand, self.subcommand_doubt = program, subcommand, subcommand_doubt
+        self.options, self.operands = options, operands
+        self.maybe_option, self.shifted, self.ended = flags
 
 
 def spec_of(program: str) -> Program:
@@ -489,14 +507,11 @@ def _inline_aliases(spec: Program, head: Scan) -> dict[str, str | None]:
 
 
 def _command(name: str, sub: str | None, doubt: str, found: Scan, operands: list[Word]) -> Command:
-    return Command(
-        name, sub, doubt, list(found.options), operands, found.maybe_option, found.shifted,
-        found.ended,
-    )  # fmt: skip
+    flags = (found.maybe_option, found.shifted, found.ended)
+    return Command(name, sub, doubt, list(found.options), operands, flags)
 
 
 def _merged(name: str, sub: str | None, doubt: str, head: Scan, rest: Scan) -> Command:
-    return Command(
-        name, sub, doubt, [*head.options, *rest.options], [w for _, w in rest.operands],
-        head.maybe_option or rest.maybe_option, head.shifted or rest.shifted, rest.ended,
-    )  # fmt: skip
+    flags = (head.maybe_option or rest.maybe_option, head.shifted or rest.shifted, rest.ended)
+    operands = [w for _, w in rest.operands]
+    return Command(name, sub, doubt, [*head.options, *rest.options], operands, flags)

@@ -6,8 +6,6 @@ the right reader again, to a bounded depth.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from loopwarden.policy.commands import carriers
 from loopwarden.policy.commands.programs import program_name
 from loopwarden.policy.commands.runs import TERMINAL, Dialect, Doubt, Run, Stdin, Tail
@@ -21,15 +19,17 @@ class TooManyRuns(Exception):
     """The line runs more commands than `MAX_RUNS`: the reading stops (a doubt)."""
 
 
-@dataclass
 class Reading:
     """The runs of one line, in the order the line names them, and what could not be read."""
 
-    runs: list[Run] = field(default_factory=list)
-    doubts: list[Doubt] = field(default_factory=list)  # of the line as a whole
-    functions: set[str] = field(default_factory=set)  # defined in the line
-    aliases: set[str] = field(default_factory=set)  # defined in the line
-    assigned: dict[str, str | None] = field(default_factory=dict)  # variables set in the line
+    __slots__ = ("aliases", "assigned", "doubts", "functions", "runs")
+
+    def __init__(self) -> None:
+        self.runs: list[Run] = []
+        self.doubts: list[Doubt] = []  # of the line as a whole
+        self.functions: set[str] = set()  # defined in the line
+        self.aliases: set[str] = set()  # defined in the line
+        self.assigned: dict[str, str | None] = {}  # variables set in the line
 
     def add(
         self,

@@ -22,9 +22,8 @@ Matching is three-valued: `YES`, `NO`, or `MAYBE` when a word the rule depends o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
 from functools import lru_cache
+from typing import Final, Literal, NamedTuple
 
 from loopwarden.policy.commands.options import Grammar, scan
 from loopwarden.policy.commands.programs import Command, program_name, spec_of
@@ -32,15 +31,18 @@ from loopwarden.policy.commands.runs import Tail
 from loopwarden.policy.commands.words import Word
 from loopwarden.policy.patterns import matches
 
-
-class Match(Enum):
-    YES = "yes"
-    NO = "no"
-    MAYBE = "maybe"
+Found = Literal["yes", "no", "maybe"]
 
 
-@dataclass(frozen=True)
-class Rule:
+class Match:
+    """The three answers of `match` (plain constants: see `runs.py` on records)."""
+
+    YES: Final = "yes"
+    NO: Final = "no"
+    MAYBE: Final = "maybe"
+
+
+class Rule(NamedTuple):
     """One rule as the policy wrote it and as it is read."""
 
     text: str
@@ -96,7 +98,7 @@ def glob_matches(pattern: str, text: str) -> bool:
     return matches(pattern, text)
 
 
-def match(rule: Rule, command: Command, tail: Tail, deny: bool) -> tuple[Match, str]:
+def match(rule: Rule, command: Command, tail: Tail, deny: bool) -> tuple[Found, str]:
     """Whether `command` (with `tail` words added when it runs) is what `rule` names, and,
     for `MAYBE`, what could not be read."""
     if not glob_matches(rule.program, command.program):
@@ -112,7 +114,7 @@ def match(rule: Rule, command: Command, tail: Tail, deny: bool) -> tuple[Match, 
     return (Match.MAYBE, doubts[0]) if doubts else (Match.YES, "")
 
 
-def _subcommand(rule: Rule, command: Command, tail: Tail) -> tuple[Match, str]:
+def _subcommand(rule: Rule, command: Command, tail: Tail) -> tuple[Found, str]:
     if rule.subcommand is None:
         return Match.YES, ""
     if command.subcommand_doubt:
@@ -126,7 +128,7 @@ def _subcommand(rule: Rule, command: Command, tail: Tail) -> tuple[Match, str]:
 
 def _option(
     rule: Rule, command: Command, tail: Tail, name: str, value: str | None, deny: bool
-) -> tuple[Match, str]:
+) -> tuple[Found, str]:
     grammar = spec_of(command.program).sub or spec_of(command.program).main
     present = [o for o in command.options if _same_option(grammar, name, o.name, deny)]
     for option in present:
@@ -152,7 +154,7 @@ def _same_option(grammar: Grammar, wanted: str, given: str, deny: bool) -> bool:
     return any(s.startswith(given) for s in spellings if s.startswith("--"))
 
 
-def _operands(rule: Rule, command: Command, tail: Tail, deny: bool) -> tuple[Match, str]:
+def _operands(rule: Rule, command: Command, tail: Tail, deny: bool) -> tuple[Found, str]:
     wanted = rule.operands
     if not wanted:
         return Match.YES, ""

@@ -1,10 +1,13 @@
 """What a command line runs: one `Run` per command that runs or may run, nested runs pointing
-at the run they run inside, and the `Doubt`s of what could not be read."""
+at the run they run inside, and the `Doubt`s of what could not be read.
+
+The records of this package are named tuples and slotted classes, not dataclasses: the package
+is imported inside a hook process when it must decide a line, where a dataclass's generated
+code (about half a millisecond each to build) is a cost every tool call pays."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from loopwarden.policy.commands.words import Word
 
@@ -12,8 +15,7 @@ Dialect = Literal["bash", "powershell"]
 Tail = Literal["", "operands", "words"]
 
 
-@dataclass(frozen=True)
-class Doubt:
+class Doubt(NamedTuple):
     """Something a decision would depend on that is not known before the line runs.
 
     `opaque` doubts are carriers of code loopwarden does not read (inline interpreter code, a
@@ -25,7 +27,6 @@ class Doubt:
     opaque: bool = False
 
 
-@dataclass
 class Run:
     """One command that runs (or may run: a function body, a trap, a `find -exec`).
 
@@ -35,24 +36,41 @@ class Run:
     `find -exec … {} +`) or "words" (anything, as from `xargs`). A `launcher` only changes how
     its nested command runs (`timeout`, `env`, `bash -c`): allow rules need not name it."""
 
-    index: int
-    argv: tuple[Word, ...]
-    via: str = ""
-    parent: int | None = None
-    depth: int = 0
-    dialect: Dialect = "bash"
-    tail: Tail = ""
-    launcher: bool = False
-    function: bool = False  # a call of a function defined in the line (its body is read)
-    doubts: list[Doubt] = field(default_factory=list)
+    __slots__ = (
+        "argv",
+        "depth",
+        "dialect",
+        "doubts",
+        "function",
+        "index",
+        "launcher",
+        "parent",
+        "tail",
+        "via",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        index: int,
+        argv: tuple[Word, ...],
+        via: str = "",
+        parent: int | None = None,
+        depth: int = 0,
+        dialect: Dialect = "bash",
+        tail: Tail = "",
+    ) -> None:
+        self.index, self.argv, self.via, self.parent = index, argv, via, parent
+        self.depth, self.dialect, self.tail = depth, dialect, tail
+        self.launcher = False
+        self.function = False  # a call of a function defined in the line (its body is read)
+        self.doubts: list[Doubt] = []
 
     @property
     def program(self) -> Word | None:
         return self.argv[0] if self.argv else None
 
 
-@dataclass
-class Stdin:
+class Stdin(NamedTuple):
     """Where a command's standard input comes from: "terminal" (nothing said), "pipe",
     "heredoc" or "herestring" (with its text, if literal), "file" or "process"."""
 

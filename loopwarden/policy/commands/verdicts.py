@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from loopwarden.policy import decision as codes
 from loopwarden.policy.commands.programs import Command, read
@@ -23,11 +22,10 @@ from loopwarden.policy.commands.runs import Dialect, Run
 from loopwarden.policy.decision import Reason
 
 Outcome = Literal["allowed", "denied", "doubt", "opaque", "not_allowed", "covered"]
-_SAFE_NAME = re.compile(r"^[a-z0-9][a-z0-9._+-]{0,39}$")
+_SAFE_NAME = r"^[a-z0-9][a-z0-9._+-]{0,39}$"
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """How one run of a line fares: `rule` is the rule that decided (if one did), `why` what
     could not be read (for a doubt or an opaque carrier)."""
 
@@ -42,8 +40,7 @@ class Verdict:
         return self.outcome in ("denied", "doubt", "opaque", "not_allowed")
 
 
-@dataclass(frozen=True)
-class Judged:
+class Judged(NamedTuple):
     """A whole line: every run's verdict, and doubts about the line as a whole."""
 
     verdicts: tuple[Verdict, ...]
@@ -54,8 +51,7 @@ class Judged:
         return bool(self.line_doubts) or any(v.refused for v in self.verdicts)
 
 
-@dataclass(frozen=True)
-class RuleSet:
+class RuleSet(NamedTuple):
     deny: tuple[Rule, ...]
     allow: tuple[Rule, ...]
     opaque: tuple[Rule, ...]
@@ -134,7 +130,7 @@ def _label(command: Command, rule: Rule) -> str:
 def shown(run: Run) -> str:
     """How a reason names a run's program: its basename if it is a plain name, never more."""
     name = name_of(run)
-    return f"`{name}`" if name is not None and _SAFE_NAME.match(name) else "a program"
+    return f"`{name}`" if name is not None and re.match(_SAFE_NAME, name) else "a program"
 
 
 def _where(run: Run) -> str:

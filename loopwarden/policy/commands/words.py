@@ -12,7 +12,7 @@ literal text it starts with (so `-$x` is known to be a flag and `./$x` known not
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 GLOB = "a glob pattern"
 BRACES = "brace expansion"
@@ -24,8 +24,7 @@ FROM_INPUT = "filled in from input when it runs"
 UNREADABLE = "a construct loopwarden does not read"
 
 
-@dataclass(frozen=True, slots=True)
-class Word:
+class Word(NamedTuple):
     """One argv word. `text` is the exact value the program receives, or None if computed."""
 
     text: str | None
@@ -131,7 +130,7 @@ _ESCAPES = {
     '"': '"',
     "?": "?",
 }
-_NUMERIC = re.compile(r"[0-7]{1,3}|x[0-9A-Fa-f]{1,2}|u[0-9A-Fa-f]{1,4}|U[0-9A-Fa-f]{1,8}|c.")
+_NUMERIC = r"[0-7]{1,3}|x[0-9A-Fa-f]{1,2}|u[0-9A-Fa-f]{1,4}|U[0-9A-Fa-f]{1,8}|c."
 
 
 def ansi_c(body: str) -> str:
@@ -148,7 +147,7 @@ def ansi_c(body: str) -> str:
             out.append(_ESCAPES[nxt])
             i += 2
             continue
-        match = _NUMERIC.match(body, i + 1)
+        match = re.compile(_NUMERIC).match(body, i + 1)
         if match is None:
             out.append("\\" + nxt)
             i += 2
