@@ -289,7 +289,9 @@ def _shell(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
 
 
 def _reads_input(word: Word) -> bool:
-    return word.kind == PROCESS or (word.text is not None and bool(re.match(_STDIN_PATHS, word.text)))
+    return word.kind == PROCESS or (
+        word.text is not None and bool(re.match(_STDIN_PATHS, word.text))
+    )
 
 
 def _from_input(reading: Reading, run: Run, name: str, stdin: Stdin, dialect: str) -> None:
@@ -371,6 +373,7 @@ def _interpreter(
 
 def _awk(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     from loopwarden.policy.commands.scripts import awk_runs_code
+
     g = table.grammar(values="-F -v -f --file -e --source -i --include -l --load -E --exec -W")
     found = scan(g, run.argv, 1, stop=True)
     if found.has("-l", "--load"):
@@ -388,6 +391,7 @@ def _awk(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
 
 def _sed(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     from loopwarden.policy.commands.scripts import sed_runs_code
+
     g = table.grammar(values="-e --expression -f --file -l --line-length", optional="-i --in-place")
     found = scan(g, run.argv, 1)
     if found.has("--sandbox"):
@@ -467,7 +471,9 @@ def _git(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
             continue
         key, _, value = option.value.text.partition("=")
         key = key.lower()
-        if re.match(_GIT_CODE_KEYS, key) and (not key.startswith("alias.") or value.startswith("!")):
+        if re.match(_GIT_CODE_KEYS, key) and (
+            not key.startswith("alias.") or value.startswith("!")
+        ):
             reading.line(Word(value.removeprefix("!")), "bash", "git -c", run)
     command = read_argv(run.argv)
     carriers = _GIT_CODE_OPTIONS.get(command.subcommand or "", frozenset())
