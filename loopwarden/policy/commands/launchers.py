@@ -88,7 +88,7 @@ LAUNCHERS: dict[str, Launcher] = {
     "timeout": _launcher(
         values="-s --signal -k --kill-after", flags="--preserve-status --foreground -v", before=1
     ),
-    "nice": Launcher(grammar(values="-n --adjustment", permute=False, numbers=True)),
+    "nice": _launcher(values="-n --adjustment"),
     "ionice": _launcher(
         values="-c --class -n --classdata -p --pid -P --pgid -u --uid",
         flags="-t --ignore",

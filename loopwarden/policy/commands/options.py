@@ -26,8 +26,8 @@ class Grammar(NamedTuple):
     only when glued (`-i.bak`, `--color=auto`); `aliases` map a spelling to the canonical name;
     `clusters`: `-abc` is `-a -b -c` (GNU and POSIX programs), else it is one option (`find
     -name`, `terraform -chdir=d`); `permute`: options may follow operands (GNU), else the first
-    operand ends them (launchers, POSIX); `plus`: `+o` options (shells); `numbers`: `-10` is an
-    option (`nice`, `head`)."""
+    operand ends them (launchers, POSIX); `plus`: `+o` options (shells). Any word starting with
+    `-` is an option (`-0`, `-10` too), `--` ends them."""
 
     values: frozenset[str] = frozenset()
     optional: frozenset[str] = frozenset()
@@ -35,7 +35,6 @@ class Grammar(NamedTuple):
     clusters: bool = True
     permute: bool = True
     plus: bool = False
-    numbers: bool = False
 
     def canonical(self, name: str) -> str:
         return self.aliases.get(name, name)
@@ -119,8 +118,10 @@ def scan(g: Grammar, words: tuple[Word, ...], start: int = 0, stop: bool = False
 
 
 def _is_option(g: Grammar, text: str) -> bool:
+    # `-0` and `-10` are options too (xargs -0, nice -10): read as operands, they would move
+    # where a launcher's command starts.
     if text.startswith("-") and text != "-":
-        return g.numbers or not text[1:].isdigit() or text.startswith("--")
+        return True
     return g.plus and text.startswith("+") and len(text) > 1
 
 
