@@ -60,7 +60,7 @@ def read(reading: Reading, text: str, via: str, parent: Run | None, depth: int) 
         reading.doubt(parent, "the line is not valid bash (it does not parse)")
     elif _skipped(root, data):
         reading.doubt(parent, "the grammar passed over part of the line")
-    _Walk(reading, via, depth).node(root, parent, TERMINAL)
+    _Walk(reading, via, depth, data).node(root, parent, TERMINAL)
 
 
 _ATOMIC = frozenset(
@@ -102,8 +102,8 @@ _ARITHMETIC_NODES = frozenset({"arithmetic_expansion", "subscript", "c_style_for
 
 
 class _Walk:
-    def __init__(self, reading: Reading, via: str, depth: int) -> None:
-        self.reading, self.via, self.depth = reading, via, depth
+    def __init__(self, reading: Reading, via: str, depth: int, data: bytes) -> None:
+        self.reading, self.via, self.depth, self.data = reading, via, depth, data
 
     def node(self, node: Node, parent: Run | None, stdin: Stdin, via: str = "") -> None:
         kind = node.type
@@ -142,7 +142,7 @@ class _Walk:
         stdin = _own_stdin(self, node, stdin)
         run = None
         if name is not None:
-            argv = (self.word(name), *self.arguments(node.children_by_field_name("argument")))
+            argv = tuple(self.arguments([name, *node.children_by_field_name("argument")]))
             run = self.reading.add(
                 argv,
                 via=via or self.via,
@@ -193,7 +193,7 @@ class _Walk:
         grammar splits some, such as `$"…"`)."""
         groups: list[list[Node]] = []
         for node in nodes:
-            if groups and groups[-1][-1].end_byte == node.start_byte:
+            if groups and self.touching(groups[-1][-1], node):
                 groups[-1].append(node)
             else:
                 groups.append([node])
@@ -209,6 +209,14 @@ class _Walk:
                 self.part(part, pieces, quoted=False)
             out.append(pieces.word())
         return out
+
+    def touching(self, left: Node, right: Node) -> bool:
+        """Whether two nodes are one word to bash: nothing between them, or only line
+        continuations (bash removes `\\<newline>`; the grammar reads it as a space)."""
+        if left.end_byte == right.start_byte:
+            return True
+        gap = self.data[left.end_byte : right.start_byte]
+        return bool(gap) and not gap.replace(b"\\\n", b"")
 
     def word(self, node: Node) -> Word:
         if node.type == "command_name" and node.child_count == 1:

@@ -438,6 +438,17 @@ def _alias(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
             reading.line(Word(value), "bash", "alias", run)
 
 
+def _hash(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
+    """`hash -p PATH NAME` makes NAME run PATH: like an alias, a later NAME is a doubt."""
+    found = scan(table.grammar(values="-p", optional=""), run.argv, 1)
+    if found.has("-p"):
+        for _, word in found.operands:
+            if word.text is not None:
+                reading.aliases.add(word.text)
+            else:
+                reading.doubt(run, "cannot read the name `hash -p` binds: it is computed")
+
+
 def _find(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     """`find … -exec CMD … ;` / `+`, `-execdir`, `-ok`, `-okdir`: each a run of its own."""
     found = scan(spec_of("find").main, run.argv, 1)
@@ -551,6 +562,7 @@ _HANDLERS = {
     ".": _source,
     "trap": _trap,
     "alias": _alias,
+    "hash": _hash,
     "find": _find,
     "git": _git,
     "parallel": _parallel,

@@ -53,7 +53,7 @@ class Reading:
         program = argv[0].text
         if program is not None:
             if dialect == "bash" and program in self.aliases:
-                self.doubt(run, "its program is an alias defined in this line")
+                self.doubt(run, "its program is a name this line binds (alias, hash -p)")
             if program in self.functions:
                 run.function = True
         carriers.unwrap(self, run, stdin)
