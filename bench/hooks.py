@@ -210,10 +210,18 @@ async def run(quick: bool, budget: float) -> Section:
             ],
         )
     )
+    section.targets += _targets(results, bare)
+    section.notes.append(
+        f"load average at the start of the family: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    return section
+
+
+def _targets(results: dict[str, list[float]], bare: list[float]) -> list[Target]:
     command, http = h.Latency.of(results["command"]), h.Latency.of(results["http"])
     forward = h.Latency.of(results["forward"])
     decide = h.Latency.of(results["decide"])
-    section.targets += [
+    return [
         Target(
             "command hook ≤ 150 ms p50 (process start → answer)",
             f"{h.ms(command.p50)} ms in process; {h.ms(forward.p50)} ms forwarded to a server",
@@ -234,7 +242,3 @@ async def run(quick: bool, budget: float) -> Section:
             http.p50 <= 0.010,
         ),
     ]
-    section.notes.append(
-        f"load average at the start of the family: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
-    )
-    return section

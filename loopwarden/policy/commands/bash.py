@@ -21,7 +21,7 @@ import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from loopwarden.policy.commands import carriers
+from loopwarden.policy.commands import configs
 from loopwarden.policy.commands.runs import TERMINAL, Run, Stdin
 from loopwarden.policy.commands.words import (
     ARITHMETIC,
@@ -171,7 +171,7 @@ class _Walk:
         value = node.child_by_field_name("value")
         word = self.word(value) if value is not None else Word("")
         if name is not None:
-            carriers.assigned(self.reading, parent, name.text.decode(errors="replace"), word)
+            configs.assigned(self.reading, parent, name.text.decode(errors="replace"), word)
         if value is not None:
             self.node(value, parent, stdin, via or "an assignment")
 

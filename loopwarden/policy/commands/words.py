@@ -192,3 +192,20 @@ def unescape_double(raw: str) -> str:
         out.append(ch)
         i += 1
     return "".join(out)
+
+
+def filled(word: Word, mark: str, path: bool = False) -> Word:
+    """A word with `mark` in it, as `xargs -I` or `find -exec` fill it in from input (a
+    `path` from find starts with its starting point, never with `-`)."""
+    if word.text is None or mark not in word.text:
+        return word
+    lead = word.text.split(mark, 1)[0]
+    return computed(FROM_INPUT, lead=lead or ("./" if path else ""))
+
+
+def joined(words: tuple[Word, ...]) -> Word:
+    """Words a launcher joins with spaces and hands to a shell; computed if any is."""
+    for word in words:
+        if word.text is None:
+            return word
+    return Word(" ".join(w.text or "" for w in words))
