@@ -106,6 +106,8 @@ class _Walk:
         self.reading, self.via, self.depth, self.data = reading, via, depth, data
 
     def node(self, node: Node, parent: Run | None, stdin: Stdin, via: str = "") -> None:
+        if not node.named_child_count:
+            return  # a word, a number, an operator: nothing in it runs
         kind = node.type
         if kind == "command":
             self.command(node, parent, stdin, via)
