@@ -114,6 +114,34 @@ def command_hook(
     return samples
 
 
+LINE_1KB = (
+    (
+        "cd /repo && git status --short && python -m pytest tests/test_policy.py -x -q 2>&1 | "
+        "tail -30; grep -rn 'def evaluate' loopwarden | head -20 && find . -name '*.py' -not "
+        "-path './.venv/*' | xargs wc -l | sort -n | tail -5; "
+    )
+    * 8
+)[:1024]
+"""A 1 KB line of the ordinary kind: lists, pipes, redirections, quoting, a launcher."""
+
+
+def decide_line(cfg: Config, deadline: h.Deadline) -> list[float]:
+    """`[tools.commands]` deciding LINE_1KB in process (the grammar already imported)."""
+    from loopwarden.policy.evaluate import command_reasons
+    from loopwarden.policy.model import CommandRules
+
+    rules = CommandRules(deny=("git push", "rm -r -f"))
+    if command_reasons(rules, LINE_1KB):
+        raise RuntimeError("the 1 KB line was refused")
+    samples: list[float] = []
+    stop = time.perf_counter() + min(2.0, deadline.left / 4)
+    while len(samples) < cfg.requests * 3 and (not samples or time.perf_counter() < stop):
+        t0 = time.perf_counter()
+        command_reasons(rules, LINE_1KB)
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
 def http_hook(base: str, token: str, cfg: Config, deadline: h.Deadline) -> list[float]:
     samples = []
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -154,6 +182,8 @@ async def run(quick: bool, budget: float) -> Section:
         ),
     )
     results: dict[str, list[float]] = {}
+    h.progress(NAME, "deciding a 1 KB line")
+    results["decide"] = decide_line(cfg, deadline)
     with h.temp_home(NAME) as home:
         await prepare(home)
         token = mint(home, h.AGENT.id, "observer")
@@ -176,12 +206,22 @@ async def run(quick: bool, budget: float) -> Section:
                 ),
                 _row("command hook, forwarded (`--server`)", results["forward"]),
                 _row("HTTP hook (`POST /hooks/claude-code`)", results["http"]),
+                _row("deciding a 1 KB shell line in process (command rules)", results["decide"]),
             ],
         )
     )
+    section.targets += _targets(results, bare)
+    section.notes.append(
+        f"load average at the start of the family: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    return section
+
+
+def _targets(results: dict[str, list[float]], bare: list[float]) -> list[Target]:
     command, http = h.Latency.of(results["command"]), h.Latency.of(results["http"])
     forward = h.Latency.of(results["forward"])
-    section.targets += [
+    decide = h.Latency.of(results["decide"])
+    return [
         Target(
             "command hook ≤ 150 ms p50 (process start → answer)",
             f"{h.ms(command.p50)} ms in process; {h.ms(forward.p50)} ms forwarded to a server",
@@ -192,12 +232,13 @@ async def run(quick: bool, budget: float) -> Section:
             else "",
         ),
         Target(
+            "deciding a 1 KB shell line ≤ 1 ms p50 (in process)",
+            f"{h.ms(decide.p50)} ms (p99 {h.ms(decide.p99)})",
+            decide.p50 <= 0.001,
+        ),
+        Target(
             "HTTP hook ≤ 10 ms p50",
             f"{h.ms(http.p50)} ms (p99 {h.ms(http.p99)})",
             http.p50 <= 0.010,
         ),
     ]
-    section.notes.append(
-        f"load average at the start of the family: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
-    )
-    return section

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import shlex
 import sqlite3
 import subprocess
 from datetime import UTC, datetime
@@ -39,7 +40,7 @@ from loopwarden.operations.approvals import (
 from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
 from loopwarden.operations.loops import LoopControlRequest, OpenLoopRequest, TodoInput, open_loop
 from loopwarden.operations.update import UpdateRequest, update
-from loopwarden.policy.commands import CommandParseError, simple_commands
+from loopwarden.policy.commands.reading import read_line
 from loopwarden.policy.hosts import policy_tool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hooks"
@@ -340,34 +341,45 @@ async def test_stop_is_blocked_once_while_observed_work_is_unreported(store):
 # --- shell parsing and names -----------------------------------------------------------------
 
 
+def _runs(line: str) -> list[str]:
+    """The commands a line runs, each as its words (a computed word as `<…>`)."""
+    return [
+        " ".join(w.text if w.text is not None else "<…>" for w in run.argv)
+        for run in read_line(line).runs
+    ]
+
+
 @pytest.mark.parametrize(
     ("line", "commands"),
     [
         ("git status", ["git status"]),
         ("a && b || c; d | e & f", ["a", "b", "c", "d", "e", "f"]),
         ("FOO=1 BAR=2 make test", ["make test"]),
-        ("/usr/bin/git push", ["git push"]),
-        ("echo `whoami`", ["echo `…`", "whoami"]),
-        ('echo "$(git push)"', ["echo $(…)", "git push"]),
+        ("/usr/bin/git push", ["/usr/bin/git push"]),
+        ("echo `whoami`", ["echo <…>", "whoami"]),
+        ('echo "$(git push)"', ["echo <…>", "git push"]),
         ("(cd src && rm -rf build)", ["cd src", "rm -rf build"]),
-        ("sh -c 'make && git push'", ["make", "git push", "sh -c"]),
-        ("eval 'git push'", ["git push"]),
+        ("sh -c 'make && git push'", ["sh -c make && git push", "make", "git push"]),
+        ("eval 'git push'", ["eval git push", "git push"]),
         ("ls # git push", ["ls"]),
     ],
 )
-def test_a_command_line_is_split_into_what_it_runs(line, commands):
-    assert sorted(simple_commands(line)) == sorted(commands)
+def test_a_command_line_is_read_into_what_it_runs(line, commands):
+    assert sorted(_runs(line)) == sorted(commands)
 
 
 @pytest.mark.parametrize("line", ['echo "open', "echo 'open", "echo $(unclosed", "echo `x"])
-def test_an_unreadable_command_line_is_an_error_not_a_pass(line):
-    with pytest.raises(CommandParseError):
-        simple_commands(line)
+def test_an_unreadable_command_line_is_a_doubt_not_a_pass(line):
+    reading = read_line(line)
+    assert reading.doubts or any(run.doubts for run in reading.runs)
 
 
 def test_nesting_is_bounded():
-    with pytest.raises(CommandParseError):
-        simple_commands("$(" * 20 + "x" + ")" * 20)
+    line = "x"
+    for _ in range(10):
+        line = f"bash -c {shlex.quote(line)}"
+    reading = read_line(line)
+    assert any("nested deeper" in d.what for run in reading.runs for d in run.doubts)
 
 
 @pytest.mark.parametrize(

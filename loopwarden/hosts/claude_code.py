@@ -76,6 +76,7 @@ class ClaudeCode(Host):
         "ExitPlanMode": "host.plan",
     }
     shell: ClassVar[Mapping[str, str]] = {"Bash": "command", "PowerShell": "command"}
+    dialects: ClassVar[Mapping[str, str]] = {"PowerShell": "powershell"}
     internal = frozenset(  # the tools reference lists them; they touch nothing outside the host
         {"ToolSearch", "TodoWrite", "TaskCreate", "TaskGet", "TaskList", "TaskUpdate",
          "EnterPlanMode", "ExitPlanMode", "AskUserQuestion"}
@@ -116,6 +117,7 @@ class ClaudeCode(Host):
             "host_tool": tool,
             "input_digest": digest(tool_input),
             "command": self.shell_line(tool, tool_input),
+            "shell": self.dialects.get(tool, "bash"),
             "agent_id": optional_id(event, "agent_id"),
             "agent_type": optional_id(event, "agent_type"),
         }

@@ -43,13 +43,22 @@ class Codex(ClaudeCode):
     }
     names: ClassVar[Mapping[str, str]] = {
         "Bash": SHELL,  # Codex reports every shell tool (and file reads and searches) as Bash
+        "shell": SHELL,  # the shell tools by their own names (older releases, other front ends)
+        "local_shell": SHELL,
+        "exec_command": SHELL,
         "apply_patch": "fs.write",
         "spawn_agent": "agent.spawn",
         "web_search": "web.search",
         "view_image": "fs.read",
         "update_plan": "host.plan",
     }
-    shell: ClassVar[Mapping[str, str]] = {"Bash": "command"}  # every shell tool, as Codex names it
+    shell: ClassVar[Mapping[str, str]] = {  # every shell tool, as Codex names it and by its own
+        "Bash": "command",
+        "shell": "command",
+        "local_shell": "command",
+        "exec_command": "cmd",
+    }
+    dialects: ClassVar[Mapping[str, str]] = {}
     internal = frozenset({"update_plan", "request_user_input"})
     settings_file = ".codex/hooks.json"
     http_hooks = False

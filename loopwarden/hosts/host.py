@@ -17,6 +17,7 @@ load a host to answer a failure in that host's blocking form.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ class Event:
     host_tool: str | None = None
     input_digest: str | None = None
     command: str | None = None
+    shell: str = "bash"  # the language of `command`: "bash" or "powershell"
     response_digest: str | None = None
     errored: bool = False
     duration_ms: float | None = None
@@ -140,11 +142,9 @@ def optional_id(event: Mapping[str, Any], name: str) -> str | None:
 
 
 def argv_line(argv: list[str]) -> str:
-    """An argv as one line; `bash -lc SCRIPT` (how Codex runs commands) is the script itself."""
-    shells, flags = ("bash", "sh", "zsh"), ("-c", "-lc")
-    if len(argv) >= 3 and argv[0].rsplit("/", 1)[-1] in shells and argv[1] in flags:
-        return argv[2]
-    return " ".join(argv)
+    """An argv quoted back into the line that runs it: the command reader reads `bash -lc
+    SCRIPT` (how Codex runs commands) as bash does, any flag cluster, any shell."""
+    return shlex.join(argv)
 
 
 def hook_entry_is_ours(entry: Any, host: str) -> bool:
@@ -168,6 +168,7 @@ class Host:
     events: ClassVar[Mapping[str, Phase]]  # the hook events loopwarden handles, by phase
     names: ClassVar[Mapping[str, str]]  # host tool → policy name (documented in docs/hooks.md)
     shell: ClassVar[Mapping[str, str]]  # shell tools → the key of `tool_input` with the line
+    dialects: ClassVar[Mapping[str, str]] = {}  # shell tools whose line is not bash → language
     internal: ClassVar[frozenset[str]] = frozenset()  # host tools acting on nothing outside it
     settings_file: ClassVar[str]  # relative to the project (project scope) or the user's home
     http_hooks: ClassVar[bool] = False  # it can post events itself (else: a command forwards)

@@ -19,6 +19,7 @@ work is unreported. Events from a subagent name it (`agent_id`, `agent_type`) in
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -76,6 +77,9 @@ class HookEvent(Model):
         default=None,
         max_length=MAX_COMMAND,
         description="The command line of a shell tool: decided on, never stored.",
+    )
+    shell: Literal["bash", "powershell"] = Field(
+        default="bash", description="The shell language of `command`."
     )
     response_digest: Digest | None = None
     errored: bool = False
@@ -202,6 +206,7 @@ def _decided(
         loop, open_turns, approved.values(), who.id, (req.host_tool, tool, req.command), tx.now,
         internal=is_internal(req.host, req.host_tool),
     )  # fmt: skip
+    facts = dataclasses.replace(facts, dialect=req.shell)
     decision = evaluate_tool_call(policy, facts, digest=loop.policy_digest)
     if facts.internal and decision.allowed:  # the host's own bookkeeping: not recorded
         return _answer(decision, block=False, binding=binding, tool=tool, turn=turn)

@@ -10,16 +10,18 @@ import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, ParamSpec
+from typing import TYPE_CHECKING, Literal, ParamSpec
 
 from loopwarden.policy import decision as codes
 from loopwarden.policy.budgets import Totals, exhausted
-from loopwarden.policy.commands import CommandParseError, command_matches, simple_commands, tails
 from loopwarden.policy.decision import Decision, Reason
 from loopwarden.policy.hosts import SHELL
 from loopwarden.policy.model import CommandRules, LoopPolicy
 from loopwarden.policy.patterns import first_match
 from loopwarden.statuses import CLOSED_LOOP_STATUSES, LoopStatus, TurnStatus
+
+if TYPE_CHECKING:
+    from loopwarden.policy.commands.verdicts import RuleSet
 
 P = ParamSpec("P")
 
@@ -348,6 +350,7 @@ class ToolCallFacts:
     tool_calls: int  # tool calls charged in the loop plus those observed in its open turns
     lease_expired: bool = False  # the turn's lease has run out (not yet swept by a claim)
     internal: bool = False  # a host-internal tool (`policy/hosts.is_internal`)
+    dialect: str = "bash"  # the shell language of `command`: "bash" or "powershell"
 
 
 def admits_internal(policy: LoopPolicy, tool: str) -> bool:
@@ -403,7 +406,7 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
             )
         reasons.append(reason)
     if facts.tool == SHELL and policy.tools.commands is not None:
-        reasons.extend(command_reasons(policy.tools.commands, facts.command))
+        reasons.extend(command_reasons(policy.tools.commands, facts.command, facts.dialect))
     limit = policy.budgets.max_tool_calls
     if limit is not None and facts.tool_calls >= limit:
         reasons.append(
@@ -416,35 +419,25 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
     return reasons
 
 
-def command_reasons(rules: CommandRules, line: str | None) -> list[Reason]:
-    """Why a shell command line may not run under `[tools.commands]`."""
+def command_reasons(rules: CommandRules, line: str | None, dialect: str = "bash") -> list[Reason]:
+    """Why a shell command line may not run under `[tools.commands]` (`commands/verdicts.py`):
+    every command it runs judged, each refusal worded for the model, never quoting the line."""
     if line is None:
         return [Reason(codes.COMMAND_UNREADABLE, "the shell call carries no command line")]
-    try:
-        commands = simple_commands(line)
-    except CommandParseError as exc:
-        return [Reason(codes.COMMAND_UNREADABLE, f"the command line cannot be checked ({exc})")]
-    reasons = []
-    for command in commands:
-        shown = command if len(command) <= 120 else command[:117] + "..."
-        denied = next(
-            (p for p in rules.deny for tail in tails(command) if command_matches(p, tail)), None
-        )
-        if denied is not None:
-            reasons.append(
-                Reason(
-                    codes.COMMAND_DENIED,
-                    f"{shown!r} matches tools.commands.deny pattern {denied!r}: do not run it",
-                )
-            )
-        elif rules.allow and not any(command_matches(p, command) for p in rules.allow):
-            reasons.append(
-                Reason(
-                    codes.COMMAND_NOT_ALLOWED,
-                    f"{shown!r} matches no tools.commands.allow pattern",
-                )
-            )
-    return reasons
+    from loopwarden.policy.commands.verdicts import judge, reasons  # the grammar, on first use
+
+    ruleset = rule_set(rules)
+    return reasons(
+        judge(ruleset, line, "powershell" if dialect == "powershell" else "bash"), ruleset
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def rule_set(rules: CommandRules) -> RuleSet:
+    """The rules of `[tools.commands]`, read once per policy."""
+    from loopwarden.policy.commands.verdicts import RuleSet
+
+    return RuleSet.of(rules.deny, rules.allow, rules.opaque or ())
 
 
 @_fail_closed

@@ -61,3 +61,14 @@ def case_near_misses(policy: LoopPolicy) -> list[str]:
                 )
                 break
     return notes
+
+
+def command_rule_notes(policy: LoopPolicy) -> list[str]:
+    """How today's glob command patterns now read, where that differs from their text."""
+    rules = policy.tools.commands
+    if rules is None:
+        return []
+    from loopwarden.policy.commands.rules import legacy_note
+
+    texts = (*rules.deny, *rules.allow, *(rules.opaque or ()))
+    return [f"tools.commands: {note}" for text in texts if (note := legacy_note(text))]

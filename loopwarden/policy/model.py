@@ -15,7 +15,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from loopwarden import hosts
 from loopwarden.errors import clip
@@ -89,12 +89,23 @@ CommandPatterns = Annotated[
 
 
 class CommandRules(_Section):
-    """Which shell commands a `shell.run` call may run, by globs over each simple command of
-    its command line (see `commands.py`). Any part matching `deny` denies the call; with a
-    non-empty `allow`, so does any part matching none of it."""
+    """Which shell commands a `shell.run` call may run, by rules over every command its line
+    runs (`commands/rules.py`, docs/hooks.md "Command rules"). A command matching `deny`
+    denies the call, and so does a doubt; with a non-empty `allow`, so does any command matching
+    none of it. `opaque` names the carriers of unread code (inline interpreter code, a shell
+    reading input) the policy accepts; unset, every one is refused."""
 
     allow: CommandPatterns = Field(default=(), description="Commands allowed (empty: any).")
     deny: CommandPatterns = Field(default=(), description="Commands never run.")
+    opaque: CommandPatterns | None = Field(
+        default=None,
+        description="Carriers of code loopwarden does not read that may run (e.g. 'python3 -c').",
+    )
+
+    @field_validator("opaque")
+    @classmethod
+    def _unset_when_empty(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return value or None  # an empty list means no list: the same policy, the same digest
 
 
 class ToolRules(_Section):

@@ -23,7 +23,12 @@ from loopwarden.policy.evaluate import evaluate_tool_call
 from loopwarden.policy.hosts import SHELL, is_internal, policy_tool
 
 COMMAND_CODES = frozenset(
-    {codes.COMMAND_DENIED, codes.COMMAND_NOT_ALLOWED, codes.COMMAND_UNREADABLE}
+    {
+        codes.COMMAND_DENIED,
+        codes.COMMAND_NOT_ALLOWED,
+        codes.COMMAND_UNREADABLE,
+        codes.COMMAND_OPAQUE,
+    }
 )
 """Reasons decided on a command line, which receipts do not carry (only the input's digest)."""
 
