@@ -1,0 +1,36 @@
+"""What the scenarios need of a host: how to set it up in a world, how to start one session,
+and the dialect its fake model API speaks. One module per host implements it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from fake import Dialect
+from script import Script
+from world import World
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a scenario wants the host: with its deferred-tool search on (Claude Code), or with
+    subagents' tools allowed."""
+
+    tool_search: bool = False
+    subagents: bool = False
+
+
+class Host(Protocol):
+    name: str  # loopwarden's name for the host (`hook install NAME`)
+    label: str  # as people know it
+    features: frozenset[str]  # what it can show: "tool_search", "subagent"
+
+    def configure(self, world: World, api_url: str, options: Options) -> None:
+        """The host's settings in the world: the model API, loopwarden's MCP server and hooks
+        as the README shows, and the trust the host needs."""
+
+    def session(self, world: World, api_url: str, prompt: str, options: Options) -> tuple[list[str], dict[str, str]]:
+        """The command line and the extra environment of one non-interactive session."""
+
+    def dialect(self, script: Script) -> Dialect:
+        """The host's model API, answered by `script`."""

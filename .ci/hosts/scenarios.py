@@ -1,0 +1,262 @@
+"""The six real-host scenarios: what the scripted model does, and what must then be true.
+
+Each runs on a fresh world (`world.py`): the loop's policy enforces host evidence, allows
+`shell.run` and denies `git push*`. The checks read the journal (`loopwarden export`), the
+remote, `loopwarden verify` and what the model was shown; each says in one line what held, or
+raises `Failed` saying what did not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from host import Options
+from script import (
+    Memory,
+    Step,
+    claim,
+    note_turn,
+    own_tool,
+    result_json,
+    shell,
+    subagent,
+    tool_search,
+    update,
+    wait_subagent,
+)
+from world import LOOP, Failed, World, policy_text
+
+PUSH = "git push origin main"
+EVASION = "git -C . push origin main"  # from the command-rules issue: a flag before the subcommand
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a scenario left behind, for its checks."""
+
+    world: World
+    memory: Memory
+    remote_before: str
+    receipts: list[dict[str, Any]]
+
+
+Check = Callable[[Outcome], str]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    proves: str  # one line, for the report and docs/hooks.md
+    sessions: tuple[str, ...]  # the script each session follows, in order
+    steps: Callable[[frozenset[str]], Mapping[str, tuple[Step, ...]]]  # by the host's features
+    checks: tuple[Check, ...]
+    options: Options = field(default_factory=Options)
+    needs: str | None = None  # a host feature ("tool_search", "subagent") it cannot run without
+    allow: tuple[str, ...] = ("shell.run",)
+
+    def policy(self) -> str:
+        return policy_text(allow=self.allow)
+
+
+def _reasons(body: dict[str, Any]) -> list[str]:
+    decision = body.get("decision") or {}
+    return [str(r.get("code")) for r in decision.get("reasons", []) if isinstance(r, dict)]
+
+
+def decisions(receipts: list[dict[str, Any]], tool: str) -> list[dict[str, Any]]:
+    """The pre-tool decisions (admitted or refused) on the policy tool `tool`, in order."""
+    kinds = ("tool.admitted", "tool.refused")
+    return [r for r in receipts if r["kind"] in kinds and r["data"].get("tool") == tool]
+
+
+def observed(receipts: list[dict[str, Any]], tool: str) -> list[dict[str, Any]]:
+    return [r for r in receipts if r["kind"] == "tool.observed" and r["data"].get("tool") == tool]
+
+
+def script_ran(out: Outcome) -> str:
+    if out.memory.errors:
+        raise Failed(out.memory.errors[0])
+    return "the script ran to its end"
+
+
+def verified(out: Outcome) -> str:
+    code, text = out.world.verify()
+    if code != 0:
+        raise Failed(f"loopwarden verify exited {code}: {text}")
+    return "verify clean"
+
+
+def pushes_blocked(out: Outcome) -> str:
+    """Both pushes were refused before they ran (command rules), and nothing moved the remote."""
+    shells = decisions(out.receipts, "shell.run")
+    if len(shells) < 2:
+        raise Failed(f"the hook decided {len(shells)} shell call(s), not the 2 pushes")
+    for line, body in zip((PUSH, EVASION), shells[:2], strict=True):
+        if body["kind"] != "tool.refused":
+            raise Failed(f"`{line}` was admitted by the hook ({body['kind']})")
+        if "command_denied" not in _reasons(body) or body["data"].get("enforced") is not True:
+            raise Failed(f"`{line}` was refused for {_reasons(body)}, not by the command rule")
+    if observed(out.receipts, "shell.run"):
+        raise Failed("the host reported a push as run (tool.observed) after it was refused")
+    shown = [e.result for e in out.memory.exchanges("main") if e.arguments and "push" in json.dumps(e.arguments)]
+    if len(shown) < 2 or not all("loopwarden" in text for text in shown):
+        raise Failed(f"the model was not shown loopwarden's refusal: {[t[:120] for t in shown]}")
+    head = out.world.remote_head()
+    if head != out.remote_before:
+        raise Failed(f"the remote's main moved from {out.remote_before[:8]} to {head[:8]}")
+    return f"`{PUSH}` and `{EVASION}` refused (command_denied), the remote unchanged"
+
+
+def reported(accepted: bool, reason: str | None = None) -> Check:
+    """The model's update was answered `accepted` (with `reason` among the reasons), and the
+    journal holds the matching turn receipt."""
+
+    def check(out: Outcome) -> str:
+        exchanges = out.memory.exchanges("main") or out.memory.exchanges("second")
+        updates = [e for e in exchanges if own_tool(e.tool, "update")]
+        if not updates:
+            raise Failed("the model's update never reached loopwarden")
+        answer = result_json(updates[-1].result)
+        if answer is None:
+            raise Failed(f"update answered no JSON: {updates[-1].result[:160]!r}")
+        codes = [r.get("code") for r in answer.get("reasons", []) if isinstance(r, dict)]
+        if answer.get("accepted") is not accepted or (reason and reason not in codes):
+            raise Failed(f"update answered accepted={answer.get('accepted')} {codes}")
+        kind = "turn.reported" if accepted else "turn.refused"
+        if not any(r["kind"] == kind for r in out.receipts):
+            raise Failed(f"no {kind} receipt in the journal")
+        return f"update {'accepted' if accepted else 'refused (' + str(reason) + ')'}"
+
+    return check
+
+
+def observed_calls(count: int) -> Check:
+    def check(out: Outcome) -> str:
+        seen = observed(out.receipts, "shell.run")
+        if len(seen) != count:
+            raise Failed(f"the host's hooks observed {len(seen)} shell call(s), not {count}")
+        return f"{count} shell call(s) admitted and observed"
+
+    return check
+
+
+def attached_twice(out: Outcome) -> str:
+    sessions = {r["data"]["session_id"] for r in out.receipts if r["kind"] == "host.attached"}
+    if len(sessions) < 2:
+        raise Failed(f"{len(sessions)} host session(s) attached, not 2")
+    return "2 host sessions attached to one open turn"
+
+
+def tool_search_admitted(out: Outcome) -> str:
+    searched = [e for e in out.memory.exchanges("main") if e.tool == "ToolSearch"]
+    if not searched:
+        raise Failed("the model's ToolSearch never ran")
+    refused = [
+        r for r in out.receipts if r["kind"] == "tool.refused" and r["data"].get("host_tool") == "ToolSearch"
+    ]
+    if refused or "loopwarden:" in searched[0].result:
+        why = _reasons(refused[0]) if refused else searched[0].result[:160]
+        raise Failed(f"ToolSearch was refused: {why}")
+    return "ToolSearch ran without a turn, not refused"
+
+
+def subagent_recorded(out: Outcome) -> str:
+    """The subagent's shell call is in the journal with the subagent's id; the main thread's
+    calls (the spawn, a wait) carry none."""
+    tool_kinds = ("tool.admitted", "tool.refused", "tool.observed")
+    calls = [r for r in out.receipts if r["kind"] in tool_kinds]
+    shells = [r for r in calls if r["data"].get("tool") == "shell.run"]
+    if not shells:
+        raise Failed("the subagent's shell call never reached the hook")
+    missing = [r["seq"] for r in shells if not r["data"].get("agent_id")]
+    if missing:
+        raise Failed(f"the subagent's shell call is recorded without agent_id (receipts {missing})")
+    main_thread = [r["seq"] for r in calls if r not in shells and r["data"].get("agent_id")]
+    if main_thread:
+        raise Failed(f"main-thread calls are recorded with an agent_id (receipts {main_thread})")
+    kinds = sorted({str(r["data"].get("agent_type")) for r in shells})
+    return f"the subagent's shell call recorded with its agent_id (agent_type {', '.join(kinds)})"
+
+
+SUB_PROMPT = "Follow script:sub. Run one command and report back."
+WAIT = "host.multi_agent_v1wait_agent"  # Codex's wait_agent, as its hooks name it
+
+
+def subagent_steps(features: frozenset[str]) -> Mapping[str, tuple[Step, ...]]:
+    """Spawn a subagent that runs one shell call; where the spawn returns at once (Codex), wait
+    for it before reporting (Codex 0.171.0's hooks name that tool `multi_agent_v1wait_agent`,
+    its namespace glued on, so the policy allows it under that name)."""
+    waits = "subagent_wait" in features
+    used = {"agent.spawn": 1, "shell.run": 1, **({WAIT: 1} if waits else {})}
+    main = (claim(LOOP), subagent(SUB_PROMPT), *((wait_subagent,) if waits else ()), update(used))
+    return {"main": main, "sub": (shell("git status --short"),)}
+
+SCENARIOS = (
+    Scenario(
+        "push-blocked",
+        "`git push` and the evasion `git -C . push` are refused before they run; the remote is unchanged",
+        ("main",),
+        lambda features: {"main": (claim(LOOP), shell(PUSH), shell(EVASION))},
+        (script_ran, pushes_blocked, verified),
+    ),
+    Scenario(
+        "honest-turn",
+        "claim → a shell call → an honest update over the host's MCP client is accepted",
+        ("main",),
+        lambda features: {"main": (claim(LOOP), shell("git status --short"), update({"shell.run": 1}))},
+        (script_ran, observed_calls(1), reported(True), verified),
+    ),
+    Scenario(
+        "under-report",
+        "a turn that ran two shell calls and reports one is refused (unreported_tool_use)",
+        ("main",),
+        lambda features: {
+            "main": (
+                claim(LOOP),
+                shell("git log --oneline -1"),
+                shell("git status --short"),
+                update({"shell.run": 1}),
+            )
+        },
+        (script_ran, observed_calls(2), reported(False, "unreported_tool_use"), verified),
+    ),
+    Scenario(
+        "second-session",
+        "a second host session joins an open turn; its report counts both sessions' calls; verify is clean",
+        ("first", "second"),
+        lambda features: {
+            "first": (claim(LOOP), shell("git status --short"), note_turn),
+            "second": (shell("git log --oneline -1"), update({"shell.run": 2})),
+        },
+        (script_ran, attached_twice, observed_calls(2), reported(True), verified),
+    ),
+    Scenario(
+        "tool-search",
+        "Claude Code's ToolSearch (how it loads deferred MCP tools) runs without a turn; claim and update follow",
+        ("main",),
+        lambda features: {
+            "main": (
+                tool_search("mcp__loopwarden__claim", "mcp__loopwarden__update"),
+                claim(LOOP),
+                shell("git status --short"),
+                update({"shell.run": 1}),
+            )
+        },
+        (tool_search_admitted, script_ran, reported(True), verified),
+        options=Options(tool_search=True),
+        needs="tool_search",
+    ),
+    Scenario(
+        "subagent",
+        "a subagent's shell call is decided, observed and recorded with the subagent's agent_id",
+        ("main",),
+        subagent_steps,
+        (script_ran, subagent_recorded, reported(True), verified),
+        options=Options(subagents=True),
+        needs="subagent",
+        allow=("shell.run", "agent.spawn", WAIT),
+    ),
+)
