@@ -8,8 +8,8 @@ journal's receipts (kinds, tools, reasons) are written under `test-artifacts/rea
 Every session is bounded and killed with everything it started; nothing listens beyond
 127.0.0.1.
 
-Standalone (clients already installed by `make check-clients`):
-    python .ci/hosts/check.py [--clients-dir DIR] [--only HOST[/SCENARIO]]
+Standalone (clients already installed by `make check-clients`), from the repository's root:
+    PYTHONPATH=.ci .venv/bin/python -m hosts [--clients-dir DIR] [--only HOST[/SCENARIO]]
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from claude_code import ClaudeCode
-from codex_cli import CodexCli
-from fake import FakeApi
-from gemini_cli import GeminiCli
-from host import Host
-from scenarios import SCENARIOS, Outcome, Scenario
-from script import Script
-from world import Failed, World, bounded, last_line
+from .claude_code import ClaudeCode
+from .codex_cli import CodexCli
+from .fake import FAKE_KEY, FakeApi
+from .gemini_cli import GeminiCli
+from .host import Host
+from .scenarios import SCENARIOS, Outcome, Scenario
+from .script import Script
+from .world import Failed, World, bounded, last_line
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "real-hosts"
@@ -76,7 +76,9 @@ def run_sessions(host: Host, scenario: Scenario, world: World, api_url: str) -> 
         log = f"$ {' '.join(argv[:2])} …\nexit {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
         (world.logs / f"session-{number}.log").write_text(log)
         if done.returncode != 0:
-            raise Failed(f"session {number} exited {done.returncode}: {last_line(done.stderr or done.stdout)}")
+            raise Failed(
+                f"session {number} exited {done.returncode}: {last_line(done.stderr or done.stdout)}"
+            )
 
 
 def run_one(host: Host, scenario: Scenario, clients: Path, scratch: Path) -> Result:
@@ -95,6 +97,9 @@ def run_one(host: Host, scenario: Scenario, clients: Path, scratch: Path) -> Res
             run_sessions(host, scenario, world, api.url)
         receipts = world.receipts()
         (logs / "receipts.json").write_text(json.dumps([_summary(r) for r in receipts], indent=1))
+        leaked = [p.name for p in logs.iterdir() if FAKE_KEY in p.read_text(errors="replace")]
+        if leaked:
+            raise Failed(f"the artifacts hold the API key: {leaked}")
         outcome = Outcome(world, script.memory, remote_before, receipts)
         for check in scenario.checks:
             held.append(check(outcome))
@@ -115,7 +120,7 @@ def check(
     scratch: Path,
     failure: Callable[[str], Exception],
     only: str | None = None,
-    emit: Callable[[str], None] = print,
+    emit: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> None:
     """Run the scenarios (`only`: a `HOST[/SCENARIO]` prefix), emitting one line each; raise
     `failure(line)` naming every scenario that failed."""
@@ -127,7 +132,9 @@ def check(
         results.append(result)
     failed = [r for r in results if r.failure is not None]
     took = time.monotonic() - started
-    emit(f"real hosts: {len(results) - len(failed)} of {len(results)} scenarios held ({took:.0f} s)")
+    emit(
+        f"real hosts: {len(results) - len(failed)} of {len(results)} scenarios held ({took:.0f} s)"
+    )
     if failed:
         named = "; ".join(f"{r.host.name}/{r.scenario.name}: {r.failure}" for r in failed)
         raise failure(f"real hosts: {len(failed)} scenario(s) failed: {named}")
@@ -150,7 +157,3 @@ def main() -> int:
             print(f"client check FAILED: {exc}", file=sys.stderr)
             return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

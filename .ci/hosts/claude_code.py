@@ -16,10 +16,10 @@ import itertools
 import json
 from typing import Any
 
-from fake import FAKE_KEY, NOT_FOUND, Dialect, Reply, json_reply, sse_reply
-from host import Options
-from script import Call, Conversation, Exchange, Named, Say, Script, ScriptError, declared
-from world import AGENT, LOOP, World
+from .fake import FAKE_KEY, NOT_FOUND, Dialect, Reply, json_reply, sse_reply
+from .host import Options
+from .script import Call, Conversation, Exchange, Named, Say, Script, ScriptError, declared
+from .world import AGENT, LOOP, World
 
 MODEL = "claude-opus-5-5"  # named in answers; Claude Code picks its default model itself
 SUBAGENT_TYPE = "general-purpose"
@@ -30,7 +30,9 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(_text(block.get("text", "")) for block in content if isinstance(block, dict))
+        return "\n".join(
+            _text(block.get("text", "")) for block in content if isinstance(block, dict)
+        )
     return ""
 
 
@@ -108,14 +110,23 @@ def _events(action: Named | Say) -> tuple[list[tuple[str | None, Any]], str]:
         deltas = [{"type": "text_delta", "text": action.text}]
     events: list[tuple[str | None, Any]] = [
         ("message_start", start),
-        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
-        *[("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": d}) for d in deltas],
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": block},
+        ),
+        *[
+            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": d})
+            for d in deltas
+        ],
         ("content_block_stop", {"type": "content_block_stop", "index": 0}),
         (
             "message_delta",
-            {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
-             "usage": {"output_tokens": 5}},
-        ),  # fmt: skip
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": 5},
+            },
+        ),
         ("message_stop", {"type": "message_stop"}),
     ]
     return events, summary
@@ -142,15 +153,20 @@ class ClaudeCode:
     features = frozenset({"tool_search", "subagent"})
 
     def configure(self, world: World, api_url: str, options: Options) -> None:
+        # the README's Claude Code block, then its hook install
         world.run(
             "claude", "mcp", "add", "--transport", "stdio", "loopwarden",
             "--env", f"LOOPWARDEN_HOME={world.loopwarden_home}",
             "--", "loopwarden", "serve", "--agent", AGENT,
-        )  # fmt: skip  (the README's Claude Code block)
+        )  # fmt: skip
         world.run("loopwarden", "hook", "install", self.name, "--loop", LOOP, "--agent", AGENT)
 
-    def session(self, world: World, api_url: str, prompt: str, options: Options) -> tuple[list[str], dict[str, str]]:
-        allowed = ["Bash", "ToolSearch", "mcp__loopwarden"] + (["Agent"] if options.subagents else [])
+    def session(
+        self, world: World, api_url: str, prompt: str, options: Options
+    ) -> tuple[list[str], dict[str, str]]:
+        allowed = ["Bash", "ToolSearch", "mcp__loopwarden"] + (
+            ["Agent"] if options.subagents else []
+        )
         argv = ["claude", "-p", prompt, "--allowedTools", ",".join(allowed)]
         env = {
             "ANTHROPIC_BASE_URL": api_url,
@@ -163,7 +179,11 @@ class ClaudeCode:
 
     def dialect(self, script: Script) -> Dialect:
         def answer(method: str, path: str, body: Any) -> Reply:
-            if method != "POST" or not path.startswith("/v1/messages") or not isinstance(body, dict):
+            if (
+                method != "POST"
+                or not path.startswith("/v1/messages")
+                or not isinstance(body, dict)
+            ):
                 return NOT_FOUND
             if path.startswith("/v1/messages/count_tokens"):
                 return json_reply({"input_tokens": 10}, "count_tokens")

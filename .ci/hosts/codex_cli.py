@@ -19,9 +19,9 @@ import itertools
 import json
 from typing import Any
 
-from fake import FAKE_KEY, NOT_FOUND, Dialect, Reply, sse_reply
-from host import Options
-from script import (
+from .fake import FAKE_KEY, NOT_FOUND, Dialect, Reply, sse_reply
+from .host import Options
+from .script import (
     Call,
     Conversation,
     Exchange,
@@ -32,7 +32,7 @@ from script import (
     declared,
     declared_own,
 )
-from world import AGENT, LOOP, World
+from .world import AGENT, LOOP, World
 
 KEY_VARIABLE = "LOOPWARDEN_CI_FAKE_OPENAI_KEY"
 MODEL = "gpt-5.1-codex"
@@ -41,6 +41,10 @@ CONFIG = f"""model = "{MODEL}"
 model_provider = "loopback"
 # Codex sends its first request before its MCP servers are up unless told to wait for them.
 mcp_optional_startup_grace_ms = 20000
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
 
 [model_providers.loopback]
 name = "scripted fake on loopback"
@@ -85,7 +89,9 @@ def conversation(body: dict[str, Any]) -> Conversation:
         elif kind == "function_call_output":
             name, arguments = calls.get(item.get("call_id", ""), ("?", {}))
             exchanges.append(Exchange(name, arguments, _text(item.get("output"))))
-    return Conversation("\n".join(opening), tuple(exchanges), frozenset(_declared(body.get("tools", []))))
+    return Conversation(
+        "\n".join(opening), tuple(exchanges), frozenset(_declared(body.get("tools", [])))
+    )
 
 
 def _declared(tools: list[Any], namespace: str = "") -> list[str]:
@@ -125,17 +131,17 @@ def _item(action: Named | Say) -> tuple[dict[str, Any], str]:
     if isinstance(action, Named):
         name = action.tool
         namespace, _, bare = name.rpartition("/")
-        item = {
+        item: dict[str, Any] = {
             "type": "function_call", "id": f"fc_{number}", "call_id": f"call_{number}",
             "name": bare, "arguments": json.dumps(action.arguments), "status": "completed",
             **({"namespace": namespace} if namespace else {}),
         }  # fmt: skip
         return item, f"function_call {name} {item['arguments'][:200]}"
-    item = {
+    message: dict[str, Any] = {
         "type": "message", "id": f"msg_{number}", "role": "assistant", "status": "completed",
         "content": [{"type": "output_text", "text": action.text, "annotations": []}],
     }  # fmt: skip
-    return item, f"message {action.text!r}"
+    return message, f"message {action.text!r}"
 
 
 def _stream(item: dict[str, Any], summary: str) -> Reply:
@@ -147,9 +153,18 @@ def _stream(item: dict[str, Any], summary: str) -> Reply:
     return sse_reply(
         [
             ("response.created", {"type": "response.created", "response": {"id": response}}),
-            ("response.output_item.added", {"type": "response.output_item.added", "output_index": 0, "item": item}),
-            ("response.output_item.done", {"type": "response.output_item.done", "output_index": 0, "item": item}),
-            ("response.completed", {"type": "response.completed", "response": {"id": response, "usage": usage}}),
+            (
+                "response.output_item.added",
+                {"type": "response.output_item.added", "output_index": 0, "item": item},
+            ),
+            (
+                "response.output_item.done",
+                {"type": "response.output_item.done", "output_index": 0, "item": item},
+            ),
+            (
+                "response.completed",
+                {"type": "response.completed", "response": {"id": response, "usage": usage}},
+            ),
         ],
         summary,
     )
@@ -163,14 +178,19 @@ class CodexCli:
     def configure(self, world: World, api_url: str, options: Options) -> None:
         config = world.home / ".codex" / "config.toml"
         config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(CONFIG.format(api=f"{api_url}/v1", project=json.dumps(str(world.project))))
+        config.write_text(
+            CONFIG.format(api=f"{api_url}/v1", project=json.dumps(str(world.project)))
+        )
+        # the README's Codex CLI block, then its hook install
         world.run(
             "codex", "mcp", "add", "loopwarden", "--env", f"LOOPWARDEN_HOME={world.loopwarden_home}",
             "--", "loopwarden", "serve", "--agent", AGENT,
-        )  # fmt: skip  (the README's Codex CLI block)
+        )  # fmt: skip
         world.run("loopwarden", "hook", "install", self.name, "--loop", LOOP, "--agent", AGENT)
 
-    def session(self, world: World, api_url: str, prompt: str, options: Options) -> tuple[list[str], dict[str, str]]:
+    def session(
+        self, world: World, api_url: str, prompt: str, options: Options
+    ) -> tuple[list[str], dict[str, str]]:
         argv = [
             "codex", "exec", "--dangerously-bypass-approvals-and-sandbox",
             "--dangerously-bypass-hook-trust", prompt,
@@ -179,7 +199,11 @@ class CodexCli:
 
     def dialect(self, script: Script) -> Dialect:
         def answer(method: str, path: str, body: Any) -> Reply:
-            if method != "POST" or not path.startswith("/v1/responses") or not isinstance(body, dict):
+            if (
+                method != "POST"
+                or not path.startswith("/v1/responses")
+                or not isinstance(body, dict)
+            ):
                 return NOT_FOUND
             item, summary = _item(script.next(conversation(body), tool_call))
             return _stream(item, summary)

@@ -84,7 +84,9 @@ def tool_names(value: Any) -> list[str]:
             names.append(str(item["name"]))
         for nested in ("functionDeclarations", "tools"):
             if isinstance(item.get(nested), list):
-                names += [f"{item.get('name', '')}/{n}".lstrip("/") for n in tool_names(item[nested])]
+                names += [
+                    f"{item.get('name', '')}/{n}".lstrip("/") for n in tool_names(item[nested])
+                ]
     return names
 
 
@@ -136,12 +138,16 @@ class FakeApi:
         self._log(method, path, headers, body, reply)
         return reply
 
-    def _log(self, method: str, path: str, headers: dict[str, str], body: Any, reply: Reply) -> None:
+    def _log(
+        self, method: str, path: str, headers: dict[str, str], body: Any, reply: Reply
+    ) -> None:
         entry = {
             "at_s": round(time.monotonic() - self.started, 3),
             "method": method,
             "path": path,
-            "headers": {k: (REDACTED if SECRET_NAME.search(k) else redact(v)) for k, v in headers.items()},
+            "headers": {
+                k: (REDACTED if SECRET_NAME.search(k) else redact(v)) for k, v in headers.items()
+            },
             "body": redact(body),
             "answered": f"{reply.status} {reply.summary}",
         }

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fake import FAKE_KEY, NOT_FOUND, Dialect, Reply, json_reply, sse_reply
-from host import Options
-from script import (
+from .fake import FAKE_KEY, NOT_FOUND, Dialect, Reply, json_reply, sse_reply
+from .host import Options
+from .script import (
     Call,
     Conversation,
     Exchange,
@@ -30,7 +30,7 @@ from script import (
     declared,
     declared_own,
 )
-from world import AGENT, LOOP, World
+from .world import AGENT, LOOP, World
 
 
 def _strings(value: Any) -> list[str]:
@@ -71,7 +71,9 @@ def conversation(body: dict[str, Any]) -> Conversation:
                 opening.append(part["text"])
             if "functionResponse" in part:
                 answer = part["functionResponse"]
-                key = answer.get("id") or (order[len(exchanges)] if len(exchanges) < len(order) else "")
+                key = answer.get("id") or (
+                    order[len(exchanges)] if len(exchanges) < len(order) else ""
+                )
                 name, arguments = pending.get(key, (answer.get("name", "?"), {}))
                 response = answer.get("response")
                 error = isinstance(response, dict) and "error" in response
@@ -96,7 +98,9 @@ def tool_call(call: Call, conversation: Conversation) -> Named:
 
 def _candidate(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
+        "candidates": [
+            {"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}
+        ],
         "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15},
     }
 
@@ -133,17 +137,24 @@ class GeminiCli:
     def configure(self, world: World, api_url: str, options: Options) -> None:
         settings = world.home / ".gemini"
         settings.mkdir(parents=True, exist_ok=True)
-        auth = {"security": {"auth": {"selectedType": "gemini-api-key"}}}
-        (settings / "settings.json").write_text(json.dumps(auth))
+        user = {
+            "security": {"auth": {"selectedType": "gemini-api-key"}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+        }
+        (settings / "settings.json").write_text(json.dumps(user))
         trust = {str(world.project): "TRUST_FOLDER"}  # what answering "trust this folder?" writes
         (settings / "trustedFolders.json").write_text(json.dumps(trust))
+        # the README's Gemini CLI block, then its hook install
         world.run(
             "gemini", "mcp", "add", "-e", f"LOOPWARDEN_HOME={world.loopwarden_home}",
             "loopwarden", "loopwarden", "serve", "--agent", AGENT,
-        )  # fmt: skip  (the README's Gemini CLI block)
+        )  # fmt: skip
         world.run("loopwarden", "hook", "install", self.name, "--loop", LOOP, "--agent", AGENT)
 
-    def session(self, world: World, api_url: str, prompt: str, options: Options) -> tuple[list[str], dict[str, str]]:
+    def session(
+        self, world: World, api_url: str, prompt: str, options: Options
+    ) -> tuple[list[str], dict[str, str]]:
         argv = ["gemini", "-p", prompt, "--approval-mode", "yolo"]
         return argv, {"GOOGLE_GEMINI_BASE_URL": api_url, "GEMINI_API_KEY": FAKE_KEY}
 
@@ -156,7 +167,10 @@ class GeminiCli:
             schema = (body.get("generationConfig") or {}).get("responseJsonSchema")
             if ":generateContent" in path and schema is not None:
                 value = filled(schema)
-                return json_reply(_candidate([{"text": json.dumps(value)}]), f"structured {json.dumps(value)[:200]}")
+                return json_reply(
+                    _candidate([{"text": json.dumps(value)}]),
+                    f"structured {json.dumps(value)[:200]}",
+                )
             if ":streamGenerateContent" not in path and ":generateContent" not in path:
                 return NOT_FOUND
             parts, summary = _parts(script.next(conversation(body), tool_call))

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from fake import Dialect
-from script import Script
-from world import World
+from .fake import Dialect
+from .script import Script
+from .world import World
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,9 @@ class Host(Protocol):
         """The host's settings in the world: the model API, loopwarden's MCP server and hooks
         as the README shows, and the trust the host needs."""
 
-    def session(self, world: World, api_url: str, prompt: str, options: Options) -> tuple[list[str], dict[str, str]]:
+    def session(
+        self, world: World, api_url: str, prompt: str, options: Options
+    ) -> tuple[list[str], dict[str, str]]:
         """The command line and the extra environment of one non-interactive session."""
 
     def dialect(self, script: Script) -> Dialect:

@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from host import Options
-from script import (
+from .host import Options
+from .script import (
     Memory,
     Step,
     claim,
@@ -27,7 +27,7 @@ from script import (
     update,
     wait_subagent,
 )
-from world import LOOP, Failed, World, policy_text
+from .world import LOOP, Failed, World, policy_text
 
 PUSH = "git push origin main"
 EVASION = "git -C . push origin main"  # from the command-rules issue: a flag before the subcommand
@@ -101,7 +101,11 @@ def pushes_blocked(out: Outcome) -> str:
             raise Failed(f"`{line}` was refused for {_reasons(body)}, not by the command rule")
     if observed(out.receipts, "shell.run"):
         raise Failed("the host reported a push as run (tool.observed) after it was refused")
-    shown = [e.result for e in out.memory.exchanges("main") if e.arguments and "push" in json.dumps(e.arguments)]
+    shown = [
+        e.result
+        for e in out.memory.exchanges("main")
+        if e.arguments and "push" in json.dumps(e.arguments)
+    ]
     if len(shown) < 2 or not all("loopwarden" in text for text in shown):
         raise Failed(f"the model was not shown loopwarden's refusal: {[t[:120] for t in shown]}")
     head = out.world.remote_head()
@@ -155,7 +159,9 @@ def tool_search_admitted(out: Outcome) -> str:
     if not searched:
         raise Failed("the model's ToolSearch never ran")
     refused = [
-        r for r in out.receipts if r["kind"] == "tool.refused" and r["data"].get("host_tool") == "ToolSearch"
+        r
+        for r in out.receipts
+        if r["kind"] == "tool.refused" and r["data"].get("host_tool") == "ToolSearch"
     ]
     if refused or "loopwarden:" in searched[0].result:
         why = _reasons(refused[0]) if refused else searched[0].result[:160]
@@ -194,6 +200,7 @@ def subagent_steps(features: frozenset[str]) -> Mapping[str, tuple[Step, ...]]:
     main = (claim(LOOP), subagent(SUB_PROMPT), *((wait_subagent,) if waits else ()), update(used))
     return {"main": main, "sub": (shell("git status --short"),)}
 
+
 SCENARIOS = (
     Scenario(
         "push-blocked",
@@ -206,7 +213,9 @@ SCENARIOS = (
         "honest-turn",
         "claim → a shell call → an honest update over the host's MCP client is accepted",
         ("main",),
-        lambda features: {"main": (claim(LOOP), shell("git status --short"), update({"shell.run": 1}))},
+        lambda features: {
+            "main": (claim(LOOP), shell("git status --short"), update({"shell.run": 1}))
+        },
         (script_ran, observed_calls(1), reported(True), verified),
     ),
     Scenario(

@@ -244,5 +244,7 @@ def wait_subagent(conversation: Conversation, memory: Memory) -> Action:
     spawned = conversation.exchanges[-1] if conversation.exchanges else None
     answer = result_json(spawned.result) if spawned else None
     if not answer or not isinstance(answer.get("agent_id"), str):
-        raise ScriptError(f"the spawn answered no agent_id: {spawned.result[:160] if spawned else None!r}")
+        raise ScriptError(
+            f"the spawn answered no agent_id: {spawned.result[:160] if spawned else None!r}"
+        )
     return Call("subagent_wait", {"agent": answer["agent_id"]})

@@ -9,6 +9,7 @@ remote's `main`: `remote_head()` before and after says whether one did.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shlex
@@ -141,7 +142,9 @@ class World:
 
     def verify(self) -> tuple[int, str]:
         """`loopwarden verify`: its exit code and its findings in one line."""
-        done = bounded(["loopwarden", "verify", "--json"], self.project, self.env(), COMMAND_SECONDS)
+        done = bounded(
+            ["loopwarden", "verify", "--json"], self.project, self.env(), COMMAND_SECONDS
+        )
         if done.returncode == 0:
             return 0, "clean"
         try:
@@ -178,7 +181,5 @@ def bounded(
 
 
 def kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
