@@ -19,7 +19,7 @@ from typing import Any
 from .fake import FAKE_KEY, NOT_FOUND, Dialect, Reply, json_reply, sse_reply
 from .host import Options
 from .script import Call, Conversation, Exchange, Named, Say, Script, ScriptError, declared
-from .world import AGENT, LOOP, World
+from .world import SERVE, World
 
 MODEL = "claude-opus-5-5"  # named in answers; Claude Code picks its default model itself
 SUBAGENT_TYPE = "general-purpose"
@@ -153,13 +153,12 @@ class ClaudeCode:
     features = frozenset({"tool_search", "subagent"})
 
     def configure(self, world: World, api_url: str, options: Options) -> None:
-        # the README's Claude Code block, then its hook install
-        world.run(
+        # the README's Claude Code block for the server
+        mcp_add = [
             "claude", "mcp", "add", "--transport", "stdio", "loopwarden",
-            "--env", f"LOOPWARDEN_HOME={world.loopwarden_home}",
-            "--", "loopwarden", "serve", "--agent", AGENT,
-        )  # fmt: skip
-        world.run("loopwarden", "hook", "install", self.name, "--loop", LOOP, "--agent", AGENT)
+            "--env", world.home_variable, "--", *SERVE,
+        ]  # fmt: skip
+        world.add_loopwarden(self.name, mcp_add)
 
     def session(
         self, world: World, api_url: str, prompt: str, options: Options
@@ -178,12 +177,8 @@ class ClaudeCode:
         return argv, env
 
     def dialect(self, script: Script) -> Dialect:
-        def answer(method: str, path: str, body: Any) -> Reply:
-            if (
-                method != "POST"
-                or not path.startswith("/v1/messages")
-                or not isinstance(body, dict)
-            ):
+        def answer(path: str, body: dict[str, Any]) -> Reply:
+            if not path.startswith("/v1/messages"):
                 return NOT_FOUND
             if path.startswith("/v1/messages/count_tokens"):
                 return json_reply({"input_tokens": 10}, "count_tokens")

@@ -32,7 +32,7 @@ from .script import (
     declared,
     declared_own,
 )
-from .world import AGENT, LOOP, World
+from .world import SERVE, World
 
 KEY_VARIABLE = "LOOPWARDEN_CI_FAKE_OPENAI_KEY"
 MODEL = "gpt-5.1-codex"
@@ -181,12 +181,9 @@ class CodexCli:
         config.write_text(
             CONFIG.format(api=f"{api_url}/v1", project=json.dumps(str(world.project)))
         )
-        # the README's Codex CLI block, then its hook install
-        world.run(
-            "codex", "mcp", "add", "loopwarden", "--env", f"LOOPWARDEN_HOME={world.loopwarden_home}",
-            "--", "loopwarden", "serve", "--agent", AGENT,
-        )  # fmt: skip
-        world.run("loopwarden", "hook", "install", self.name, "--loop", LOOP, "--agent", AGENT)
+        # the README's Codex CLI block for the server
+        mcp_add = ["codex", "mcp", "add", "loopwarden", "--env", world.home_variable, "--", *SERVE]
+        world.add_loopwarden(self.name, mcp_add)
 
     def session(
         self, world: World, api_url: str, prompt: str, options: Options
@@ -198,12 +195,8 @@ class CodexCli:
         return argv, {KEY_VARIABLE: FAKE_KEY}
 
     def dialect(self, script: Script) -> Dialect:
-        def answer(method: str, path: str, body: Any) -> Reply:
-            if (
-                method != "POST"
-                or not path.startswith("/v1/responses")
-                or not isinstance(body, dict)
-            ):
+        def answer(path: str, body: dict[str, Any]) -> Reply:
+            if not path.startswith("/v1/responses"):
                 return NOT_FOUND
             item, summary = _item(script.next(conversation(body), tool_call))
             return _stream(item, summary)

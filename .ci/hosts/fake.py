@@ -51,7 +51,7 @@ def sse_reply(events: list[tuple[str | None, Any]], summary: str) -> Reply:
 
 NOT_FOUND = Reply(404, "application/json", b'{"error": "not faked"}', "404")
 
-Dialect = Callable[[str, str, Any], Reply]  # (method, path, body) -> reply
+Dialect = Callable[[str, dict[str, Any]], Reply]  # (path, JSON body) -> reply
 
 
 def redact(value: Any, *, name: str = "") -> Any:
@@ -132,7 +132,9 @@ class FakeApi:
         except ValueError:
             body = None
         try:
-            reply = self.dialect(method, path, body)
+            # every model API call is a POST of a JSON object; anything else is not faked
+            ok = method == "POST" and isinstance(body, dict)
+            reply = self.dialect(path, body) if ok else NOT_FOUND
         except Exception as exc:  # a dialect bug: answered 500 and logged, never a hang
             reply = json_reply({"error": repr(exc)}, f"500: {exc!r}", status=500)
         self._log(method, path, headers, body, reply)

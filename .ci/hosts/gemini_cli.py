@@ -30,7 +30,7 @@ from .script import (
     declared,
     declared_own,
 )
-from .world import AGENT, LOOP, World
+from .world import SERVE, World
 
 
 def _strings(value: Any) -> list[str]:
@@ -145,12 +145,9 @@ class GeminiCli:
         (settings / "settings.json").write_text(json.dumps(user))
         trust = {str(world.project): "TRUST_FOLDER"}  # what answering "trust this folder?" writes
         (settings / "trustedFolders.json").write_text(json.dumps(trust))
-        # the README's Gemini CLI block, then its hook install
-        world.run(
-            "gemini", "mcp", "add", "-e", f"LOOPWARDEN_HOME={world.loopwarden_home}",
-            "loopwarden", "loopwarden", "serve", "--agent", AGENT,
-        )  # fmt: skip
-        world.run("loopwarden", "hook", "install", self.name, "--loop", LOOP, "--agent", AGENT)
+        # the README's Gemini CLI block for the server
+        mcp_add = ["gemini", "mcp", "add", "-e", world.home_variable, "loopwarden", *SERVE]
+        world.add_loopwarden(self.name, mcp_add)
 
     def session(
         self, world: World, api_url: str, prompt: str, options: Options
@@ -159,9 +156,7 @@ class GeminiCli:
         return argv, {"GOOGLE_GEMINI_BASE_URL": api_url, "GEMINI_API_KEY": FAKE_KEY}
 
     def dialect(self, script: Script) -> Dialect:
-        def answer(method: str, path: str, body: Any) -> Reply:
-            if method != "POST" or not isinstance(body, dict):
-                return NOT_FOUND
+        def answer(path: str, body: dict[str, Any]) -> Reply:
             if ":countTokens" in path:
                 return json_reply({"totalTokens": 10}, "countTokens")
             schema = (body.get("generationConfig") or {}).get("responseJsonSchema")

@@ -23,6 +23,7 @@ from typing import Any
 LOOP = "ci-hooks"
 AGENT = "builder"
 COMMAND_SECONDS = 120
+SERVE = ("loopwarden", "serve", "--agent", AGENT)  # the server every README client set-up adds
 
 
 class Failed(Exception):
@@ -69,6 +70,11 @@ class World:
     @property
     def loopwarden_home(self) -> Path:
         return self.home / ".loopwarden"
+
+    @property
+    def home_variable(self) -> str:
+        """`LOOPWARDEN_HOME=…`, as the README's client set-ups pass it to the server."""
+        return f"LOOPWARDEN_HOME={self.loopwarden_home}"
 
     @property
     def project(self) -> Path:
@@ -126,6 +132,12 @@ class World:
             "--objective", "a scripted model drives a real host", "--todo", "scripted work",
             "--id", LOOP,
         )  # fmt: skip
+
+    def add_loopwarden(self, host: str, mcp_add: list[str]) -> None:
+        """loopwarden in a host, as the README shows: the host's own `mcp add` command for the
+        server, then `loopwarden hook install HOST` in the project."""
+        self.run(*mcp_add)
+        self.run("loopwarden", "hook", "install", host, "--loop", LOOP, "--agent", AGENT)
 
     def remote_head(self) -> str:
         return self.run("git", "--git-dir", str(self.remote), "rev-parse", "main").strip()
