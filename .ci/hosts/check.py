@@ -105,6 +105,9 @@ def run_one(host: Host, scenario: Scenario, clients: Path, scratch: Path) -> Res
             held.append(check(outcome))
     except Failed as exc:
         return Result(host, scenario, str(exc), tuple(held), time.monotonic() - started)
+    except Exception as exc:  # a harness fault fails the scenario, in one line, never the run
+        failure = f"the check itself failed: {type(exc).__name__}: {exc}"
+        return Result(host, scenario, failure, tuple(held), time.monotonic() - started)
     return Result(host, scenario, None, tuple(held), time.monotonic() - started)
 
 

@@ -48,8 +48,9 @@ Check = Callable[[Outcome], str]
 
 @dataclass(frozen=True)
 class Scenario:
+    """One scenario (what each proves: docs/hooks.md, "Checked inside the real hosts")."""
+
     name: str
-    proves: str  # one line, for the report and docs/hooks.md
     sessions: tuple[str, ...]  # the script each session follows, in order
     steps: Callable[[frozenset[str]], Mapping[str, tuple[Step, ...]]]  # by the host's features
     checks: tuple[Check, ...]
@@ -204,14 +205,12 @@ def subagent_steps(features: frozenset[str]) -> Mapping[str, tuple[Step, ...]]:
 SCENARIOS = (
     Scenario(
         "push-blocked",
-        "`git push` and the evasion `git -C . push` are refused before they run; the remote is unchanged",
         ("main",),
         lambda features: {"main": (claim(LOOP), shell(PUSH), shell(EVASION))},
         (script_ran, pushes_blocked, verified),
     ),
     Scenario(
         "honest-turn",
-        "claim → a shell call → an honest update over the host's MCP client is accepted",
         ("main",),
         lambda features: {
             "main": (claim(LOOP), shell("git status --short"), update({"shell.run": 1}))
@@ -220,7 +219,6 @@ SCENARIOS = (
     ),
     Scenario(
         "under-report",
-        "a turn that ran two shell calls and reports one is refused (unreported_tool_use)",
         ("main",),
         lambda features: {
             "main": (
@@ -234,7 +232,6 @@ SCENARIOS = (
     ),
     Scenario(
         "second-session",
-        "a second host session joins an open turn; its report counts both sessions' calls; verify is clean",
         ("first", "second"),
         lambda features: {
             "first": (claim(LOOP), shell("git status --short"), note_turn),
@@ -244,7 +241,6 @@ SCENARIOS = (
     ),
     Scenario(
         "tool-search",
-        "Claude Code's ToolSearch (how it loads deferred MCP tools) runs without a turn; claim and update follow",
         ("main",),
         lambda features: {
             "main": (
@@ -260,7 +256,6 @@ SCENARIOS = (
     ),
     Scenario(
         "subagent",
-        "a subagent's shell call is decided, observed and recorded with the subagent's agent_id",
         ("main",),
         subagent_steps,
         (script_ran, subagent_recorded, reported(True), verified),

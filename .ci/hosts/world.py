@@ -104,10 +104,10 @@ class World:
         }
         return {**base, **(extra or {})}
 
-    def run(self, *argv: str, cwd: Path | None = None, check: bool = True) -> str:
-        """Run one command in the world (bounded); its stdout. Fails on a non-zero exit."""
-        done = bounded(list(argv), cwd or self.project, self.env(), COMMAND_SECONDS)
-        if check and done.returncode != 0:
+    def run(self, *argv: str) -> str:
+        """Run one command in the project (bounded); its stdout. Fails on a non-zero exit."""
+        done = bounded(list(argv), self.project, self.env(), COMMAND_SECONDS)
+        if done.returncode != 0:
             raise Failed(f"`{shlex.join(argv)}` exited {done.returncode}: {last_line(done.stderr)}")
         return done.stdout
 
@@ -184,7 +184,11 @@ def bounded(
         code = process.returncode
     except subprocess.TimeoutExpired:
         kill_group(process.pid)
-        out, err = process.communicate(timeout=10)
+        try:
+            out, err = process.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a process outside the group holds the pipes
+            process.kill()
+            out, err = "", ""
         code = -9
         err += f"\n(killed after {seconds:.0f} s)"
     finally:
