@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import run_cli_app
 
-from loopwarden.policy import decision as codes
+from loopwarden.policy.decision import ReasonCode
 from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.evaluate import command_reasons
 from loopwarden.policy.loader import parse_policy
@@ -281,21 +281,21 @@ def test_an_allow_list_covers_every_command_the_line_runs(line, allowed):
 )
 def test_a_rule_means_the_command_not_its_spelling(rule, line, matches):
     codes_given = refusals(CommandRules(deny=(rule,)), line)
-    assert (codes.COMMAND_DENIED in codes_given) is matches, codes_given
+    assert (ReasonCode.COMMAND_DENIED in codes_given) is matches, codes_given
 
 
 @pytest.mark.parametrize(
     ("line", "code"),
     [
-        ("$x push", codes.COMMAND_UNREADABLE),
-        ("git $sub", codes.COMMAND_UNREADABLE),
-        ("git p", codes.COMMAND_UNREADABLE),  # an alias defined elsewhere
-        ("rm -f $files", codes.COMMAND_UNREADABLE),
-        ("echo 'git push' | sh", codes.COMMAND_OPAQUE),
-        ("python3 -c 'print(1)'", codes.COMMAND_OPAQUE),
-        ("perl -pi -e 's/a/b/' f", codes.COMMAND_OPAQUE),
-        ("osascript -e 'beep'", codes.COMMAND_OPAQUE),
-        ('echo "unclosed', codes.COMMAND_UNREADABLE),
+        ("$x push", ReasonCode.COMMAND_UNREADABLE),
+        ("git $sub", ReasonCode.COMMAND_UNREADABLE),
+        ("git p", ReasonCode.COMMAND_UNREADABLE),  # an alias defined elsewhere
+        ("rm -f $files", ReasonCode.COMMAND_UNREADABLE),
+        ("echo 'git push' | sh", ReasonCode.COMMAND_OPAQUE),
+        ("python3 -c 'print(1)'", ReasonCode.COMMAND_OPAQUE),
+        ("perl -pi -e 's/a/b/' f", ReasonCode.COMMAND_OPAQUE),
+        ("osascript -e 'beep'", ReasonCode.COMMAND_OPAQUE),
+        ('echo "unclosed', ReasonCode.COMMAND_UNREADABLE),
     ],
 )
 def test_a_doubt_is_a_deny_that_says_what_could_not_be_read(line, code):
@@ -382,11 +382,11 @@ def test_todays_policies_keep_their_normalized_form_and_digest():
 
 
 def test_a_line_that_runs_too_many_commands_or_nests_too_deep_is_a_doubt():
-    assert refusals(DENY, "true;" * 1200) == [codes.COMMAND_UNREADABLE]
+    assert refusals(DENY, "true;" * 1200) == [ReasonCode.COMMAND_UNREADABLE]
     line = "true"
     for _ in range(10):
         line = f"bash -c {shlex.quote(line)}"
-    assert refusals(DENY, line) == [codes.COMMAND_UNREADABLE]
+    assert refusals(DENY, line) == [ReasonCode.COMMAND_UNREADABLE]
 
 
 # --- the operator's view: policy explain and policy check ------------------------------------

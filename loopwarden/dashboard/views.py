@@ -16,8 +16,7 @@ from loopwarden.ledger.storage.reader import JournalRow
 from loopwarden.operations.loops import LoopSummary
 from loopwarden.operations.projection import TodoOut
 from loopwarden.operations.results import BudgetOut
-from loopwarden.policy import decision as codes
-from loopwarden.policy.evaluate import POLICY_VIOLATION
+from loopwarden.policy.decision import ReasonCode
 from loopwarden.statuses import TODO_STATUSES
 
 PAGE_LINES = 200  # journal lines per page
@@ -26,15 +25,15 @@ RECENT_TURNS = 20
 # Reason codes a page marks as violations (a refusal that breaks the policy, not a wait).
 VIOLATIONS = frozenset(
     {
-        codes.TOOL_DENIED,
-        codes.TOOL_NOT_ALLOWED,
-        codes.APPROVAL_REQUIRED,
-        codes.APPROVAL_INVALID,
-        codes.STALE_FENCE,
-        codes.NOT_TURN_OWNER,
-        codes.AGENT_NOT_ALLOWED,
-        codes.EVALUATION_ERROR,
-        POLICY_VIOLATION,
+        ReasonCode.TOOL_DENIED,
+        ReasonCode.TOOL_NOT_ALLOWED,
+        ReasonCode.APPROVAL_REQUIRED,
+        ReasonCode.APPROVAL_INVALID,
+        ReasonCode.STALE_FENCE,
+        ReasonCode.NOT_TURN_OWNER,
+        ReasonCode.AGENT_NOT_ALLOWED,
+        ReasonCode.EVALUATION_ERROR,
+        ReasonCode.POLICY_VIOLATION,
     }
 )
 

@@ -9,8 +9,7 @@ from loopwarden.clock import format_time
 from loopwarden.ledger.state import rules
 from loopwarden.ledger.state.rows import LoopRow
 from loopwarden.ledger.storage.reader import Reader
-from loopwarden.policy import decision as codes
-from loopwarden.policy.decision import Reason
+from loopwarden.policy.decision import BUDGET_EXHAUSTED, Reason, ReasonCode
 from loopwarden.policy.evaluate import ClaimFacts, evaluate_claim
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import LoopStatus, TodoStatus
@@ -30,10 +29,10 @@ def nothing_to_claim(loop: LoopRow) -> Reason:
     """Why no todo can be claimed now (`no_eligible_todo`); a loop with no todos says so."""
     if loop.todo_total == 0:
         return Reason(
-            codes.NO_ELIGIBLE_TODO,
+            ReasonCode.NO_ELIGIBLE_TODO,
             "this loop has no todos: nothing can be claimed until one is added (todo_add)",
         )
-    return Reason(codes.NO_ELIGIBLE_TODO, "no open todo has its dependencies done")
+    return Reason(ReasonCode.NO_ELIGIBLE_TODO, "no open todo has its dependencies done")
 
 
 def claim_facts(
@@ -67,8 +66,8 @@ def route_for(reader: Reader, loop_id: str, agent: str, now: datetime) -> Route:
     eligible = reader.next_eligible_todo(loop_id)
     if decision.allowed and eligible is not None:
         return "continue"
-    hard = {codes.AGENT_NOT_ALLOWED, codes.DEADLINE_PASSED} | {
-        c for c in decision.codes if c.startswith(codes.BUDGET_EXHAUSTED)
+    hard = {ReasonCode.AGENT_NOT_ALLOWED, ReasonCode.DEADLINE_PASSED} | {
+        c for c in decision.codes if c.startswith(BUDGET_EXHAUSTED)
     }
     if hard & set(decision.codes):
         return "user_action_required"

@@ -32,8 +32,7 @@ from loopwarden.operations.refusals import refuse_on_turn
 from loopwarden.operations.results import Model, ReasonOut, from_row, reasons_out
 from loopwarden.operations.runner import operation
 from loopwarden.operations.visibility import by_approval, by_turn
-from loopwarden.policy import decision as codes
-from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.policy.evaluate import explain, tool_reasons
 from loopwarden.statuses import ApprovalStatus
 
@@ -84,7 +83,7 @@ def _request_problems(call: Call[Txn], req: ApprovalRequest) -> list[Reason]:
     policy = call.tx.policy(call.loop.policy_digest)
     verdict = explain(policy, req.tool)
     if verdict.rule == "allow":
-        return [Reason(codes.APPROVAL_NOT_NEEDED, verdict.explain())]
+        return [Reason(ReasonCode.APPROVAL_NOT_NEEDED, verdict.explain())]
     if verdict.rule != "approval":  # denied, or allowed by nothing
         return tool_reasons(policy, [req.tool], frozenset())
     return []
@@ -180,7 +179,7 @@ def decide_approval(call: Call[Txn], req: DecideApprovalRequest) -> DecideApprov
         ),
         decision=Decision(
             "allow" if req.approve else "deny",
-            (Reason(str(status), req.reason or f"{status} by operator {call.who.id}"),),
+            (Reason(ReasonCode(status), req.reason or f"{status} by operator {call.who.id}"),),
         ),
         turn_id=approval.turn_id,
         todo_id=approval.todo_id,

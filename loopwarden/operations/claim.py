@@ -26,8 +26,7 @@ from loopwarden.operations.results import BudgetOut, Model, ReasonOut, budgets_o
 from loopwarden.operations.runner import operation
 from loopwarden.operations.stops import apply_stop_rules
 from loopwarden.operations.visibility import by_loop
-from loopwarden.policy import decision as codes
-from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.policy.evaluate import evaluate_claim
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import LoopStatus, TodoStatus
@@ -97,10 +96,10 @@ def _pick(tx: Txn, loop: LoopRow, req: ClaimRequest) -> TodoRow | Reason:
     if todo is None:
         raise NotFound(f"loop {loop.loop_id!r} has no todo {req.todo_id!r}")
     if todo.status != TodoStatus.OPEN:
-        return Reason(codes.TODO_NOT_ELIGIBLE, f"todo {todo.todo_id!r} is {todo.status}")
+        return Reason(ReasonCode.TODO_NOT_ELIGIBLE, f"todo {todo.todo_id!r} is {todo.status}")
     if not tx.dependencies_done(loop.loop_id, todo):
         why = f"todo {todo.todo_id!r} is open but its dependencies are not done"
-        return Reason(codes.TODO_NOT_ELIGIBLE, why)
+        return Reason(ReasonCode.TODO_NOT_ELIGIBLE, why)
     return todo
 
 

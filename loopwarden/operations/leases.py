@@ -13,8 +13,7 @@ from loopwarden.operations.refusals import refuse_on_turn
 from loopwarden.operations.results import Model, ReasonOut, reasons_out
 from loopwarden.operations.runner import operation
 from loopwarden.operations.visibility import by_turn
-from loopwarden.policy import decision as codes
-from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.policy.evaluate import turn_reasons
 from loopwarden.principals import Principal
 
@@ -23,7 +22,9 @@ def expire_leases(tx: Txn, loop_id: str, who: Principal) -> list[Appended]:
     """Seal `lease.expired` for every open turn of the loop whose lease has run out."""
     sealed = []
     for turn in tx.expired_turns(loop_id, tx.now):
-        reason = Reason(codes.LEASE_EXPIRED, f"the lease of {turn.agent} ran out; todo released")
+        reason = Reason(
+            ReasonCode.LEASE_EXPIRED, f"the lease of {turn.agent} ran out; todo released"
+        )
         sealed.append(
             tx.append(
                 loop_id,
@@ -77,7 +78,7 @@ def _refuse_heartbeat(
     call: Call[Txn], req: HeartbeatRequest, decision: Decision
 ) -> HeartbeatResult:
     turn = call.turn
-    if any(r.code == codes.LEASE_EXPIRED for r in decision.reasons):
+    if any(r.code == ReasonCode.LEASE_EXPIRED for r in decision.reasons):
         expire_leases(call.tx, turn.loop_id, call.who)
     return HeartbeatResult(
         renewed=False,

@@ -31,7 +31,7 @@ from loopwarden.operations.runner import operation
 from loopwarden.operations.stops import close_loop, due_stop
 from loopwarden.operations.todos import check_todo_graph
 from loopwarden.operations.visibility import by_loop, visible
-from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.loader import policy_from_data
 from loopwarden.policy.model import MAX_TODOS_CEILING
@@ -207,7 +207,11 @@ def _control(
             )
         return LoopControlResult(loop_id=req.loop_id, status=target, receipt_id=sealed.receipt_id)
 
-    target_code = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}[action]
+    target_code = {
+        "pause": ReasonCode.PAUSED,
+        "resume": ReasonCode.RESUMED,
+        "cancel": ReasonCode.CANCELLED,
+    }[action]
     body.__doc__ = f"Operator only: {action} a loop (seals `{kind}`)."
     declare = operation(
         name=f"{action}_loop", access="write", scope=by_loop, callers=OPERATOR_CALLERS, tool=False

@@ -22,8 +22,7 @@ from loopwarden.clock import format_time
 from loopwarden.ledger.storage.reader import OutsiderRefusal
 from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.operation import Call, Refuse
-from loopwarden.policy import decision as codes
-from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.principals import Principal
 
 WINDOW = timedelta(seconds=60)
@@ -32,11 +31,13 @@ WINDOW = timedelta(seconds=60)
 def outsider_decision(who: Principal, last: OutsiderRefusal | None) -> Decision:
     """The refusal sealed for `who`: not admitted, and how many refusals went unsealed since
     the previous sealed one (`last`)."""
-    reasons = [Reason(codes.AGENT_NOT_ALLOWED, f"agent {who.id!r} is not in the policy's agents")]
+    reasons = [
+        Reason(ReasonCode.AGENT_NOT_ALLOWED, f"agent {who.id!r} is not in the policy's agents")
+    ]
     if last is not None and last.suppressed:
         reasons.append(
             Reason(
-                codes.REFUSALS_SUPPRESSED,
+                ReasonCode.REFUSALS_SUPPRESSED,
                 f"{last.suppressed} more refusal(s) of {who.id!r} were answered but not sealed "
                 f"since seq {last.seq} (at most one is sealed per {int(WINDOW.total_seconds())} s)",
             )

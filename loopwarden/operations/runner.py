@@ -43,13 +43,16 @@ from loopwarden.operations.operation import (
 )
 from loopwarden.operations.outsiders import refuse_outsider
 from loopwarden.operations.visibility import visible
-from loopwarden.policy import decision as codes
-from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.principals import Principal, Role
 
 CONFLICT = Decision(
     "deny",
-    (Reason(codes.IDEMPOTENCY_CONFLICT, "this idempotency key was used with other arguments"),),
+    (
+        Reason(
+            ReasonCode.IDEMPOTENCY_CONFLICT, "this idempotency key was used with other arguments"
+        ),
+    ),
 )
 
 

@@ -9,8 +9,8 @@ from loopwarden.ledger.state.rows import LoopRow
 from loopwarden.ledger.state.rules import stop_facts
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Appended, Txn
-from loopwarden.policy.decision import Decision, Reason
-from loopwarden.policy.evaluate import ALL_TODOS_DONE, evaluate_stop
+from loopwarden.policy.decision import Decision, Reason, ReasonCode
+from loopwarden.policy.evaluate import evaluate_stop
 from loopwarden.principals import Principal
 from loopwarden.statuses import TurnStatus
 
@@ -23,7 +23,7 @@ def close_loop(
         ClosedTurn(turn_id=t.turn_id, todo_id=t.todo_id)
         for t in tx.loop_turns(loop_id, TurnStatus.OPEN)
     )
-    decision = Decision("allow" if reason.code == ALL_TODOS_DONE else "deny", (reason,))
+    decision = Decision("allow" if reason.code == ReasonCode.ALL_TODOS_DONE else "deny", (reason,))
     return tx.append(
         loop_id,
         kind,
@@ -46,5 +46,9 @@ def apply_stop_rules(tx: Txn, loop_id: str, who: Principal) -> Appended | None:
     reason = due_stop(tx, loop, tx.now_dt) if loop is not None else None
     if reason is None:
         return None
-    kind = ReceiptKind.LOOP_COMPLETED if reason.code == ALL_TODOS_DONE else ReceiptKind.LOOP_STOPPED
+    kind = (
+        ReceiptKind.LOOP_COMPLETED
+        if reason.code == ReasonCode.ALL_TODOS_DONE
+        else ReceiptKind.LOOP_STOPPED
+    )
     return close_loop(tx, loop_id, who, kind, reason)

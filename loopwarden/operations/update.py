@@ -32,9 +32,8 @@ from loopwarden.operations.results import BudgetOut, Model, ReasonOut, budgets_o
 from loopwarden.operations.runner import operation
 from loopwarden.operations.stops import apply_stop_rules, close_loop
 from loopwarden.operations.visibility import by_turn
-from loopwarden.policy import decision as codes
-from loopwarden.policy.decision import Decision, Reason
-from loopwarden.policy.evaluate import POLICY_VIOLATION, evaluate_report
+from loopwarden.policy.decision import VIOLATIONS, Decision, Reason, ReasonCode
+from loopwarden.policy.evaluate import evaluate_report
 from loopwarden.statuses import LoopStatus, TodoStatus, TurnStatus
 
 
@@ -223,7 +222,7 @@ def update(call: Call[Txn], req: UpdateRequest) -> UpdateResult:
     Then the stop rules run, and the result carries the route for the next turn.
     """
     if call.turn.agent != call.who.id:
-        reason = Reason(codes.NOT_TURN_OWNER, "this turn belongs to another agent")
+        reason = Reason(ReasonCode.NOT_TURN_OWNER, "this turn belongs to another agent")
         return _foreign(call, req, Decision("deny", (reason,)))
     decision = _decide(call, req)
     if decision.allowed:
@@ -236,14 +235,14 @@ def _refused(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateR
     still open) and applies `on_violation`."""
     tx, turn = call.tx, call.turn
     found = set(decision.codes)
-    if codes.LEASE_EXPIRED in found:
+    if ReasonCode.LEASE_EXPIRED in found:
         expire_leases(tx, turn.loop_id, call.who)  # releases this turn (and any other stale one)
     still_open = (tx.turn(turn.turn_id) or turn).status == TurnStatus.OPEN
-    violation = bool(found & codes.VIOLATIONS)
+    violation = bool(found & VIOLATIONS)
     sealed = _seal(call, req, decision, accepted=False, closes=violation and still_open)
     policy = tx.policy(call.loop.policy_digest)
     if violation and policy.stop.on_violation == "stop_loop" and not call.loop.status.closed:
-        reason = Reason(POLICY_VIOLATION, "; ".join(r.message for r in decision.reasons))
+        reason = Reason(ReasonCode.POLICY_VIOLATION, "; ".join(r.message for r in decision.reasons))
         close_loop(tx, turn.loop_id, call.who, ReceiptKind.LOOP_STOPPED, reason)
     return _result(call, False, decision, sealed)
 

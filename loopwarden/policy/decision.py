@@ -3,59 +3,96 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Literal
 
 Effect = Literal["allow", "deny"]
 
-# Reason codes: a stable public vocabulary. Budget reasons carry the dimension as a suffix.
-LOOP_NOT_ACTIVE = "loop_not_active"
-AGENT_NOT_ALLOWED = "agent_not_allowed"
-BUDGET_EXHAUSTED = "budget_exhausted"  # rendered as budget_exhausted:<dimension>
-RATE_LIMITED = "rate_limited"
-LEASE_LIMIT = "lease_limit"
-AGENT_LEASE_LIMIT = "agent_lease_limit"
-DEADLINE_PASSED = "deadline_passed"
-NO_ELIGIBLE_TODO = "no_eligible_todo"
-TODO_NOT_ELIGIBLE = "todo_not_eligible"
-TOOL_NOT_ALLOWED = "tool_not_allowed"
-TOOL_DENIED = "tool_denied"
-APPROVAL_REQUIRED = "approval_required"
-APPROVAL_INVALID = "approval_invalid"
-APPROVAL_NOT_NEEDED = "approval_not_needed"
-STALE_FENCE = "stale_fence"
-LEASE_EXPIRED = "lease_expired"
-TURN_CLOSED = "turn_closed"
-NOT_TURN_OWNER = "not_turn_owner"
-EVIDENCE_REQUIRED = "evidence_required"
-IDEMPOTENCY_CONFLICT = "idempotency_conflict"
-TODOS_NOT_ADDABLE = "todos_not_addable"
-TODO_LIMIT = "todo_limit"
-EVALUATION_ERROR = "evaluation_error"
-REFUSALS_SUPPRESSED = "refusals_suppressed"  # an outsider's refusals counted, not sealed
-# Host hooks (docs/hooks.md): before a tool runs, and when a report is compared with them.
-NO_OPEN_TURN = "no_open_turn"
-COMMAND_DENIED = "command_denied"
-COMMAND_NOT_ALLOWED = "command_not_allowed"
-COMMAND_UNREADABLE = "command_unreadable"  # a doubt: something a rule depends on is not literal
-COMMAND_OPAQUE = "command_opaque"  # code loopwarden does not read (python -c, a pipe into sh)
-HOST_NOT_ATTACHED = "host_not_attached"
-UNREPORTED_TOOL_USE = "unreported_tool_use"  # observed, not reported: a violation in enforce mode
-TOOL_UNREPORTED = "tool_unreported"  # the same, as a warning (record mode)
-TOOL_UNOBSERVED = "tool_unobserved"  # reported, never observed: a warning
+
+class ReasonCode(StrEnum):
+    """Why a decision went as it did: a stable public vocabulary, defined once. A budget's
+    reason names its dimension (`budget_exhausted:<dimension>`, `budget_code`); a stop rule's
+    reason is the rule (`all_todos_done`, `max_turns`, …), and an operator's control its act."""
+
+    LOOP_NOT_ACTIVE = "loop_not_active"
+    AGENT_NOT_ALLOWED = "agent_not_allowed"
+    RATE_LIMITED = "rate_limited"
+    LEASE_LIMIT = "lease_limit"
+    AGENT_LEASE_LIMIT = "agent_lease_limit"
+    DEADLINE_PASSED = "deadline_passed"
+    NO_ELIGIBLE_TODO = "no_eligible_todo"
+    TODO_NOT_ELIGIBLE = "todo_not_eligible"
+    TOOL_NOT_ALLOWED = "tool_not_allowed"
+    TOOL_DENIED = "tool_denied"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVAL_INVALID = "approval_invalid"
+    APPROVAL_NOT_NEEDED = "approval_not_needed"
+    STALE_FENCE = "stale_fence"
+    LEASE_EXPIRED = "lease_expired"
+    TURN_CLOSED = "turn_closed"
+    NOT_TURN_OWNER = "not_turn_owner"
+    EVIDENCE_REQUIRED = "evidence_required"
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    TODOS_NOT_ADDABLE = "todos_not_addable"
+    TODO_LIMIT = "todo_limit"
+    EVALUATION_ERROR = "evaluation_error"
+    REFUSALS_SUPPRESSED = "refusals_suppressed"  # an outsider's refusals counted, not sealed
+    NO_OPEN_TURN = "no_open_turn"
+    COMMAND_DENIED = "command_denied"
+    COMMAND_NOT_ALLOWED = "command_not_allowed"
+    COMMAND_UNREADABLE = "command_unreadable"  # a doubt: something a rule depends on is not literal
+    COMMAND_OPAQUE = "command_opaque"  # code loopwarden does not read (python -c, a pipe into sh)
+    HOST_NOT_ATTACHED = "host_not_attached"
+    UNREPORTED_TOOL_USE = (
+        "unreported_tool_use"  # observed, not reported: a violation in enforce mode
+    )
+    TOOL_UNREPORTED = "tool_unreported"  # the same, as a warning (record mode)
+    TOOL_UNOBSERVED = "tool_unobserved"  # reported, never observed: a warning
+    # a budget used up, by dimension (policy.model.BUDGET_DIMENSIONS)
+    BUDGET_EXHAUSTED_TURNS = "budget_exhausted:turns"
+    BUDGET_EXHAUSTED_MODEL_CALLS = "budget_exhausted:model_calls"
+    BUDGET_EXHAUSTED_INPUT_TOKENS = "budget_exhausted:input_tokens"
+    BUDGET_EXHAUSTED_OUTPUT_TOKENS = "budget_exhausted:output_tokens"
+    BUDGET_EXHAUSTED_TOOL_CALLS = "budget_exhausted:tool_calls"
+    BUDGET_EXHAUSTED_COST_USD = "budget_exhausted:cost_usd"
+    BUDGET_EXHAUSTED_WALL_SECONDS = "budget_exhausted:wall_seconds"
+    # the stop rules that close a loop by themselves
+    ALL_TODOS_DONE = "all_todos_done"
+    MAX_TURNS = "max_turns"
+    DEADLINE = "deadline"
+    REPEATED_FAILURE = "repeated_failure"
+    POLICY_VIOLATION = "policy_violation"
+    # an operator's controls
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    CANCELLED = "cancelled"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+BUDGET_EXHAUSTED = "budget_exhausted"
+"""The prefix of every budget's reason code."""
 
 VIOLATIONS = frozenset(
-    {TOOL_NOT_ALLOWED, TOOL_DENIED, APPROVAL_REQUIRED, APPROVAL_INVALID, UNREPORTED_TOOL_USE}
+    {
+        ReasonCode.TOOL_NOT_ALLOWED,
+        ReasonCode.TOOL_DENIED,
+        ReasonCode.APPROVAL_REQUIRED,
+        ReasonCode.APPROVAL_INVALID,
+        ReasonCode.UNREPORTED_TOOL_USE,
+    }
 )
 """Reasons that count as a policy violation (they trigger `stop.on_violation`)."""
 
 
-def budget_code(dimension: str) -> str:
-    return f"{BUDGET_EXHAUSTED}:{dimension}"
+def budget_code(dimension: str) -> ReasonCode:
+    """The reason code of a used-up budget dimension (a `ValueError` for an unknown one)."""
+    return ReasonCode(f"{BUDGET_EXHAUSTED}:{dimension}")
 
 
 @dataclass(frozen=True)
 class Reason:
-    code: str
+    code: ReasonCode
     message: str
 
     def as_dict(self) -> dict[str, str]:

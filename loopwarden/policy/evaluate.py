@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal, ParamSpec
 
-from loopwarden.policy import decision as codes
 from loopwarden.policy.budgets import Totals, exhausted
-from loopwarden.policy.decision import Decision, Reason
+from loopwarden.policy.decision import Decision, Reason, ReasonCode, budget_code
 from loopwarden.policy.hosts import SHELL
 from loopwarden.policy.model import CommandRules, LoopPolicy
 from loopwarden.policy.patterns import first_match
@@ -34,7 +33,7 @@ def _fail_closed(fn: Callable[P, Decision]) -> Callable[P, Decision]:
         except Exception as exc:  # an evaluation error is a deny, never a crash or an allow
             # Only the error's type reaches the (signed) reason: its text could carry anything.
             reason = Reason(
-                codes.EVALUATION_ERROR, f"policy evaluation failed ({type(exc).__name__})"
+                ReasonCode.EVALUATION_ERROR, f"policy evaluation failed ({type(exc).__name__})"
             )
             digest = kwargs.get("digest", "")
             return Decision("deny", (reason,), digest if isinstance(digest, str) else "")
@@ -102,12 +101,14 @@ def tool_reasons(
     for tool in tools:
         verdict = explain(policy, tool)
         if verdict.rule == "deny":
-            reasons.append(Reason(codes.TOOL_DENIED, verdict.explain()))
+            reasons.append(Reason(ReasonCode.TOOL_DENIED, verdict.explain()))
         elif verdict.rule == "default":
-            reasons.append(Reason(codes.TOOL_NOT_ALLOWED, verdict.explain()))
+            reasons.append(Reason(ReasonCode.TOOL_NOT_ALLOWED, verdict.explain()))
         elif verdict.rule == "approval" and tool not in approved:
             reasons.append(
-                Reason(codes.APPROVAL_REQUIRED, f"{verdict.explain()}; cite an approved approval")
+                Reason(
+                    ReasonCode.APPROVAL_REQUIRED, f"{verdict.explain()}; cite an approved approval"
+                )
             )
     return reasons
 
@@ -139,18 +140,22 @@ class ClaimFacts:
 def claim_reasons(policy: LoopPolicy, facts: ClaimFacts) -> list[Reason]:
     reasons = []
     if facts.status != LoopStatus.ACTIVE:
-        reasons.append(Reason(codes.LOOP_NOT_ACTIVE, f"the loop is {facts.status}"))
+        reasons.append(Reason(ReasonCode.LOOP_NOT_ACTIVE, f"the loop is {facts.status}"))
     deadline = policy.stop.deadline
     if deadline is not None and facts.now >= deadline:
-        reasons.append(Reason(codes.DEADLINE_PASSED, f"the loop's deadline {deadline} has passed"))
+        reasons.append(
+            Reason(ReasonCode.DEADLINE_PASSED, f"the loop's deadline {deadline} has passed")
+        )
     if not policy.admits_agent(facts.agent):
         reasons.append(
-            Reason(codes.AGENT_NOT_ALLOWED, f"agent {facts.agent!r} is not in the policy's agents")
+            Reason(
+                ReasonCode.AGENT_NOT_ALLOWED, f"agent {facts.agent!r} is not in the policy's agents"
+            )
         )
     for dimension in exhausted(policy, facts.totals):
         reasons.append(
             Reason(
-                codes.budget_code(dimension),
+                budget_code(dimension),
                 f"the {dimension} budget is used up ({facts.totals.used(dimension)} of "
                 f"{policy.budgets.limit(dimension)})",
             )
@@ -159,7 +164,7 @@ def claim_reasons(policy: LoopPolicy, facts: ClaimFacts) -> list[Reason]:
     if rate.turns_per_window is not None and facts.claims_in_window >= rate.turns_per_window:
         reasons.append(
             Reason(
-                codes.RATE_LIMITED,
+                ReasonCode.RATE_LIMITED,
                 f"{facts.claims_in_window} turns in the last {rate.window_seconds}s "
                 f"(limit {rate.turns_per_window})",
             )
@@ -167,13 +172,14 @@ def claim_reasons(policy: LoopPolicy, facts: ClaimFacts) -> list[Reason]:
     if facts.active >= policy.claims.max_active:
         reasons.append(
             Reason(
-                codes.LEASE_LIMIT, f"{facts.active} active leases (max {policy.claims.max_active})"
+                ReasonCode.LEASE_LIMIT,
+                f"{facts.active} active leases (max {policy.claims.max_active})",
             )
         )
     if facts.active_for_agent >= policy.claims.max_active_per_agent:
         reasons.append(
             Reason(
-                codes.AGENT_LEASE_LIMIT,
+                ReasonCode.AGENT_LEASE_LIMIT,
                 f"agent {facts.agent!r} holds {facts.active_for_agent} active leases "
                 f"(max {policy.claims.max_active_per_agent})",
             )
@@ -181,7 +187,7 @@ def claim_reasons(policy: LoopPolicy, facts: ClaimFacts) -> list[Reason]:
     if policy.observe_mode == "enforce" and not facts.host_attached:
         reasons.append(
             Reason(
-                codes.HOST_NOT_ATTACHED,
+                ReasonCode.HOST_NOT_ATTACHED,
                 "this loop requires host hooks ([observe] mode = enforce) and none of "
                 f"{facts.agent!r}'s hooks has spoken in the last {policy.claims.lease_seconds} s; "
                 "start the agent in a host with `loopwarden hook install` done",
@@ -240,21 +246,21 @@ def turn_reasons(
     one, or the todo re-claimed since), the lease run out.
     """
     if agent != turn_agent:
-        return [Reason(codes.NOT_TURN_OWNER, "this turn belongs to another agent")]
+        return [Reason(ReasonCode.NOT_TURN_OWNER, "this turn belongs to another agent")]
     reasons = []
     if loop_status in CLOSED_LOOP_STATUSES:
-        reasons.append(Reason(codes.LOOP_NOT_ACTIVE, f"the loop is {loop_status}"))
+        reasons.append(Reason(ReasonCode.LOOP_NOT_ACTIVE, f"the loop is {loop_status}"))
     if turn_status != TurnStatus.OPEN:
-        reasons.append(Reason(codes.TURN_CLOSED, f"the turn is already {turn_status}"))
+        reasons.append(Reason(ReasonCode.TURN_CLOSED, f"the turn is already {turn_status}"))
     if given_fence != turn_fence or turn_fence != todo_fence:
         reasons.append(
             Reason(
-                codes.STALE_FENCE,
+                ReasonCode.STALE_FENCE,
                 f"fence {given_fence} is not current (the todo's fence is {todo_fence})",
             )
         )
     if turn_status == TurnStatus.OPEN and now > lease_expires_at:
-        reasons.append(Reason(codes.LEASE_EXPIRED, "the turn's lease has expired"))
+        reasons.append(Reason(ReasonCode.LEASE_EXPIRED, "the turn's lease has expired"))
     return reasons
 
 
@@ -276,7 +282,7 @@ def evaluate_report(policy: LoopPolicy, facts: ReportFacts, *, digest: str) -> D
         lease_expires_at=facts.lease_expires_at,
         now=facts.now,
     )
-    if any(r.code == codes.NOT_TURN_OWNER for r in reasons):
+    if any(r.code == ReasonCode.NOT_TURN_OWNER for r in reasons):
         return Decision.of(reasons, digest)
     reasons.extend(facts.approval_problems)
     reasons.extend(tool_reasons(policy, facts.tools, facts.approved_tools))
@@ -286,7 +292,9 @@ def evaluate_report(policy: LoopPolicy, facts: ReportFacts, *, digest: str) -> D
         and not facts.has_evidence
     ):
         reasons.append(
-            Reason(codes.EVIDENCE_REQUIRED, "completing a todo needs at least one evidence item")
+            Reason(
+                ReasonCode.EVIDENCE_REQUIRED, "completing a todo needs at least one evidence item"
+            )
         )
     violations, warnings = observation_reasons(policy, facts.reported, facts.observed)
     reasons.extend(violations)
@@ -317,15 +325,15 @@ def observation_reasons(
                 f"Report it in tools_used as {{name: {tool!r}, count: {calls}}}"
             )
             if mode == "enforce":
-                violations.append(Reason(codes.UNREPORTED_TOOL_USE, message))
+                violations.append(Reason(ReasonCode.UNREPORTED_TOOL_USE, message))
             else:
-                warnings.append(Reason(codes.TOOL_UNREPORTED, message))
+                warnings.append(Reason(ReasonCode.TOOL_UNREPORTED, message))
     seen = {tool for tool, calls in observed if calls}
     for tool, count in reported:
         if tool not in seen:
             warnings.append(
                 Reason(
-                    codes.TOOL_UNOBSERVED,
+                    ReasonCode.TOOL_UNOBSERVED,
                     f"the report names {tool} ×{count}, which the host's hooks never saw run",
                 )
             )
@@ -369,20 +377,20 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
     if facts.internal:
         verdict = explain(policy, facts.tool)
         if verdict.rule == "deny":
-            return [Reason(codes.TOOL_DENIED, verdict.explain())]
+            return [Reason(ReasonCode.TOOL_DENIED, verdict.explain())]
         if admits_internal(policy, facts.tool):
             return []
     if facts.loop_status != LoopStatus.ACTIVE:
         return [
             Reason(
-                codes.LOOP_NOT_ACTIVE,
+                ReasonCode.LOOP_NOT_ACTIVE,
                 f"loop {facts.loop_id} is {facts.loop_status}: no tool may run for it now",
             )
         ]
     if facts.turn_id is None:
         return [
             Reason(
-                codes.NO_OPEN_TURN,
+                ReasonCode.NO_OPEN_TURN,
                 f"claim a turn first: call loopwarden's claim tool for loop {facts.loop_id}, "
                 f"then retry {facts.host_tool}",
             )
@@ -390,16 +398,16 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
     if facts.lease_expired:
         return [
             Reason(
-                codes.LEASE_EXPIRED,
+                ReasonCode.LEASE_EXPIRED,
                 f"your lease on turn {facts.turn_id} has run out: no tool may run on it; call "
                 f"loopwarden's claim tool for loop {facts.loop_id} to start a new turn",
             )
         ]
     reasons = []
     for reason in tool_reasons(policy, [facts.tool], facts.approved):
-        if reason.code == codes.APPROVAL_REQUIRED:
+        if reason.code == ReasonCode.APPROVAL_REQUIRED:
             reason = Reason(
-                codes.APPROVAL_REQUIRED,
+                ReasonCode.APPROVAL_REQUIRED,
                 f"{facts.tool} needs an operator's approval for this turn: call loopwarden's "
                 f"request_approval tool (turn_id {facts.turn_id}, tool {facts.tool!r}), wait "
                 "until it is approved, then retry",
@@ -411,7 +419,7 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
     if limit is not None and facts.tool_calls >= limit:
         reasons.append(
             Reason(
-                codes.budget_code("tool_calls"),
+                budget_code("tool_calls"),
                 f"the tool_calls budget is used up ({facts.tool_calls} of {limit}, counting the "
                 "calls the host saw in open turns): report your turn with update",
             )
@@ -423,7 +431,7 @@ def command_reasons(rules: CommandRules, line: str | None, dialect: str = "bash"
     """Why a shell command line may not run under `[tools.commands]` (`commands/verdicts.py`):
     every command it runs judged, each refusal worded for the model, never quoting the line."""
     if line is None:
-        return [Reason(codes.COMMAND_UNREADABLE, "the shell call carries no command line")]
+        return [Reason(ReasonCode.COMMAND_UNREADABLE, "the shell call carries no command line")]
     from loopwarden.policy.commands.verdicts import judge, reasons  # the grammar, on first use
 
     ruleset = rule_set(rules)
@@ -462,22 +470,23 @@ class TodoAddFacts:
 def evaluate_todo_add(policy: LoopPolicy, facts: TodoAddFacts, *, digest: str) -> Decision:
     reasons = []
     if facts.loop_status in CLOSED_LOOP_STATUSES:
-        reasons.append(Reason(codes.LOOP_NOT_ACTIVE, f"the loop is {facts.loop_status}"))
+        reasons.append(Reason(ReasonCode.LOOP_NOT_ACTIVE, f"the loop is {facts.loop_status}"))
     if not facts.is_operator:
         if not policy.admits_agent(facts.agent):
             reasons.append(
                 Reason(
-                    codes.AGENT_NOT_ALLOWED, f"agent {facts.agent!r} is not in the policy's agents"
+                    ReasonCode.AGENT_NOT_ALLOWED,
+                    f"agent {facts.agent!r} is not in the policy's agents",
                 )
             )
         if not policy.todos.agents_may_add:
             reasons.append(
-                Reason(codes.TODOS_NOT_ADDABLE, "the policy does not let agents add todos")
+                Reason(ReasonCode.TODOS_NOT_ADDABLE, "the policy does not let agents add todos")
             )
     if facts.todo_count + facts.adding > policy.todos.max_todos:
         reasons.append(
             Reason(
-                codes.TODO_LIMIT,
+                ReasonCode.TODO_LIMIT,
                 f"the loop has {facts.todo_count} todos (max {policy.todos.max_todos})",
             )
         )
@@ -485,12 +494,6 @@ def evaluate_todo_add(policy: LoopPolicy, facts: TodoAddFacts, *, digest: str) -
 
 
 # --- stop rules ------------------------------------------------------------------------------
-
-ALL_TODOS_DONE = "all_todos_done"
-MAX_TURNS = "max_turns"
-DEADLINE = "deadline"
-REPEATED_FAILURE = "repeated_failure"
-POLICY_VIOLATION = "policy_violation"
 
 
 @dataclass(frozen=True)
@@ -516,7 +519,7 @@ def evaluate_stop(policy: LoopPolicy, facts: StopFacts) -> Reason | None:
         return _stop_reason(policy, facts)
     except Exception as exc:
         return Reason(
-            codes.EVALUATION_ERROR, f"stop rules could not be evaluated ({type(exc).__name__})"
+            ReasonCode.EVALUATION_ERROR, f"stop rules could not be evaluated ({type(exc).__name__})"
         )
 
 
@@ -524,23 +527,23 @@ def _stop_reason(policy: LoopPolicy, facts: StopFacts) -> Reason | None:
     if facts.status in CLOSED_LOOP_STATUSES:
         return None
     if facts.todos_total and facts.todos_done == facts.todos_total:
-        return Reason(ALL_TODOS_DONE, f"all {facts.todos_total} todos are done")
+        return Reason(ReasonCode.ALL_TODOS_DONE, f"all {facts.todos_total} todos are done")
     for dimension in exhausted(policy, facts.totals):
         if dimension != "turns":
             return Reason(
-                codes.budget_code(dimension),
+                budget_code(dimension),
                 f"the {dimension} budget is used up ({facts.totals.used(dimension)} of "
                 f"{policy.budgets.limit(dimension)})",
             )
     max_turns = policy.budgets.max_turns
     if max_turns is not None and facts.totals.turns >= max_turns and facts.open_turns == 0:
-        return Reason(MAX_TURNS, f"all {max_turns} turns of the budget are used")
+        return Reason(ReasonCode.MAX_TURNS, f"all {max_turns} turns of the budget are used")
     deadline = policy.stop.deadline
     if deadline is not None and facts.now >= deadline:
-        return Reason(DEADLINE, f"the deadline {deadline} has passed")
+        return Reason(ReasonCode.DEADLINE, f"the deadline {deadline} has passed")
     if facts.failure_streak >= policy.stop.repeated_failure_limit:
         return Reason(
-            REPEATED_FAILURE,
+            ReasonCode.REPEATED_FAILURE,
             f"the same failure was reported {facts.failure_streak} times in a row",
         )
     return None

@@ -41,6 +41,7 @@ from loopwarden.ledger.log.receipts import (
 from loopwarden.ledger.state.events import ReceiptBody
 from loopwarden.ledger.state.fold import FoldError, apply, chain_problem
 from loopwarden.ledger.state.judge import Judge, Verdict
+from loopwarden.ledger.state.judging import VerdictRule
 from loopwarden.ledger.state.registry import parse_body, parse_payload
 from loopwarden.ledger.state.rows import LoopView, diff_views
 from loopwarden.ledger.storage.reader import LEGACY_FIELDS, CheckpointRow, JournalRow, Reader
@@ -306,7 +307,9 @@ def judged(
     try:
         verdicts = judge.step(view, body)
     except (LookupError, ValueError, TypeError) as exc:
-        verdicts = [Verdict("unjudgeable", f"its facts cannot be rebuilt ({type(exc).__name__})")]
+        verdicts = [
+            Verdict(VerdictRule.UNJUDGEABLE, f"its facts cannot be rebuilt ({type(exc).__name__})")
+        ]
     for verdict in verdicts:
         message = f"{body.kind} #{body.seq}: {verdict.message}"
         report.add(

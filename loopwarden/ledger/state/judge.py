@@ -25,6 +25,7 @@ from loopwarden.ledger.state.judging import (
     Judging,
     LoopRecord,
     Verdict,
+    VerdictRule,
     codes_of,
     missing_stop,
     outsider,
@@ -32,8 +33,7 @@ from loopwarden.ledger.state.judging import (
 from loopwarden.ledger.state.registry import KINDS
 from loopwarden.ledger.state.rows import LoopView
 from loopwarden.ledger.state.spec import KindSpec
-from loopwarden.policy import decision as codes
-from loopwarden.policy.evaluate import POLICY_VIOLATION
+from loopwarden.policy.decision import ReasonCode
 
 __all__ = ["Judge", "Verdict"]
 
@@ -63,14 +63,14 @@ class Judge:
         verdicts = self._owed(ctx, view, body)
         verdicts += _role(spec, body)
         if spec.judge is None:
-            verdicts.append(Verdict("unjudged", f"no rule judges {body.kind} receipts"))
+            verdicts.append(Verdict(VerdictRule.UNJUDGED, f"no rule judges {body.kind} receipts"))
         else:
             verdicts += spec.judge(ctx, view, body, body.data)
         return verdicts + self._key(body)
 
     def _opening(self, spec: KindSpec, body: ReceiptBody) -> list[Verdict]:
         if spec.opens is None:
-            return [Verdict("chain", f"{body.kind} before its loop was opened")]
+            return [Verdict(VerdictRule.CHAIN, f"{body.kind} before its loop was opened")]
         return _role(spec, body) + spec.opens.judge(body, body.data)
 
     def after(self, view: LoopView, body: ReceiptBody) -> None:
@@ -103,7 +103,7 @@ class Judge:
         ctx.record.owed = None
         reason = body.data.reason if isinstance(body.data, LoopStopped) else None
         stop = reason is not None and body.kind != ReceiptKind.LOOP_CANCELLED
-        if stop and (owed.why != "violation" or reason == POLICY_VIOLATION):
+        if stop and (owed.why != "violation" or reason == ReasonCode.POLICY_VIOLATION):
             return []  # the stop owed (a rule's stop is judged by its own rule)
         missing = missing_stop(owed, view)
         return [missing] if missing is not None else []
@@ -115,8 +115,8 @@ class Judge:
         if body.idempotency_key is None or outsider(codes_of(body)):
             return []
         key = (body.principal.id, body.idempotency_key)
-        if key in self._keys and codes_of(body) != {codes.IDEMPOTENCY_CONFLICT}:
-            return [Verdict("idempotency", f"key {body.idempotency_key!r} acted twice")]
+        if key in self._keys and codes_of(body) != {ReasonCode.IDEMPOTENCY_CONFLICT}:
+            return [Verdict(VerdictRule.IDEMPOTENCY, f"key {body.idempotency_key!r} acted twice")]
         self._keys.add(key)
         return []
 
@@ -124,4 +124,4 @@ class Judge:
 def _role(spec: KindSpec, body: ReceiptBody) -> list[Verdict]:
     if body.principal.role in spec.callers:
         return []
-    return [Verdict("role", f"{body.kind} by a {body.principal.role}")]
+    return [Verdict(VerdictRule.ROLE, f"{body.kind} by a {body.principal.role}")]

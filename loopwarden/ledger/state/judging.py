@@ -10,13 +10,13 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from datetime import timedelta
+from enum import StrEnum
 
 from loopwarden.clock import format_time, parse_time
 from loopwarden.ledger.state import rules
 from loopwarden.ledger.state.events import ReceiptBody, TurnRefused, TurnReport
 from loopwarden.ledger.state.rows import LoopView, TurnRow
-from loopwarden.policy import decision as codes
-from loopwarden.policy.decision import Reason
+from loopwarden.policy.decision import Reason, ReasonCode
 from loopwarden.policy.evaluate import (
     ClaimFacts,
     TodoAddFacts,
@@ -26,13 +26,64 @@ from loopwarden.policy.evaluate import (
 )
 from loopwarden.policy.model import LoopPolicy
 
-SPECIAL = ({codes.NOT_TURN_OWNER}, {codes.AGENT_NOT_ALLOWED}, {codes.IDEMPOTENCY_CONFLICT})
+SPECIAL = (
+    {ReasonCode.NOT_TURN_OWNER},
+    {ReasonCode.AGENT_NOT_ALLOWED},
+    {ReasonCode.IDEMPOTENCY_CONFLICT},
+)
 """Refusals decided before the policy is read: another agent's turn, an outsider, a reused key."""
+
+
+class VerdictRule(StrEnum):
+    """The rules the judge names besides the policy's own reason codes (a grant the policy
+    denies is named by the code that denies it)."""
+
+    APPROVAL_EXPIRY = "approval_expiry"
+    CHAIN = "chain"
+    CHARGE = "charge"
+    CHARGED = "charged"
+    EFFECT = "effect"
+    ENFORCED = "enforced"
+    GRANT_TERMS = "grant_terms"
+    HOOK_TURN = "hook_turn"
+    IDEMPOTENCY = "idempotency"
+    LEASE_LIVE = "lease_live"
+    LEASE_NOT_SWEPT = "lease_not_swept"
+    NOT_TURN_OWNER = "not_turn_owner"
+    OBSERVE_OFF = "observe_off"
+    OUTSIDER = "outsider"
+    POLICY_DIGEST = "policy_digest"
+    ROLE = "role"
+    STOP_DUE = "stop_due"
+    STOP_MISSING = "stop_missing"
+    STOP_REASON = "stop_reason"
+    TODO_LIMIT = "todo_limit"
+    TODO_NOT_ELIGIBLE = "todo_not_eligible"
+    TOOL_NAME = "tool_name"
+    TOOL_REFUSED = "tool_refused"
+    UNJUDGEABLE = "unjudgeable"
+    UNJUDGED = "unjudged"
+    UNKNOWN_TURN = "unknown_turn"
+    # a refusal the policy did not give (`<what>_refused`) or gave for other reasons (`<what>_reasons`)
+    CLAIM_REFUSED = "claim_refused"
+    CLAIM_REASONS = "claim_reasons"
+    REPORT_REFUSED = "report_refused"
+    REPORT_REASONS = "report_reasons"
+    TODO_ADD_REFUSED = "todo_add_refused"
+    TODO_ADD_REASONS = "todo_add_reasons"
+    HEARTBEAT_REFUSED = "heartbeat_refused"
+    HEARTBEAT_REASONS = "heartbeat_reasons"
+    REQUEST_APPROVAL_REFUSED = "request_approval_refused"
+    REQUEST_APPROVAL_REASONS = "request_approval_reasons"
+    HOOK_REFUSED = "hook_refused"
+    HOOK_REASONS = "hook_reasons"
+    DECIDE_APPROVAL_REFUSED = "decide_approval_refused"
+    DECIDE_APPROVAL_REASONS = "decide_approval_reasons"
 
 
 @dataclass(frozen=True)
 class Verdict:
-    rule: str
+    rule: VerdictRule | ReasonCode
     message: str
 
 
@@ -77,7 +128,7 @@ def codes_of(body: ReceiptBody) -> set[str]:
 
 def outsider(found: set[str]) -> bool:
     """An outsider's refusal: not admitted, perhaps with the count of those left unsealed."""
-    return found - {codes.REFUSALS_SUPPRESSED} == {codes.AGENT_NOT_ALLOWED}
+    return found - {ReasonCode.REFUSALS_SUPPRESSED} == {ReasonCode.AGENT_NOT_ALLOWED}
 
 
 def _window(record: LoopRecord, policy: LoopPolicy, at: str) -> int:
@@ -129,7 +180,8 @@ def charged(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict
         return []
     return [
         Verdict(
-            "charge", f"charged {data.tool_calls_charged} tool calls where the rules say {expected}"
+            VerdictRule.CHARGE,
+            f"charged {data.tool_calls_charged} tool calls where the rules say {expected}",
         )
     ]
 
@@ -148,16 +200,24 @@ def turn_problems(
 
 
 def verdicts(found: tuple[str, ...], what: str) -> list[Verdict]:
-    return [Verdict(code, f"{what} against {code}") for code in found]
+    """A verdict per reason code the policy gives against what was recorded."""
+    return [Verdict(ReasonCode(code), f"{what} against {code}") for code in found]
 
 
 def same(body: ReceiptBody, expected: tuple[str, ...], what: str) -> list[Verdict]:
     """A refusal must be the one the policy gives, for the same reasons."""
     if not expected:
-        return [Verdict(f"{what}_refused", f"the policy admitted this {what}, but it was refused")]
+        return [
+            Verdict(
+                VerdictRule(f"{what}_refused"),
+                f"the policy admitted this {what}, but it was refused",
+            )
+        ]
     if set(expected) != codes_of(body):
         found, due = ", ".join(sorted(codes_of(body))), ", ".join(sorted(expected))
-        return [Verdict(f"{what}_reasons", f"refused for {found}; the policy says {due}")]
+        return [
+            Verdict(VerdictRule(f"{what}_reasons"), f"refused for {found}; the policy says {due}")
+        ]
     return []
 
 
@@ -168,12 +228,14 @@ def missing_stop(owed: Owed | None, view: LoopView) -> Verdict | None:
         return None
     if owed.why == "violation":
         return Verdict(
-            "stop_missing", "a policy violation was refused without the stop it requires"
+            VerdictRule.STOP_MISSING, "a policy violation was refused without the stop it requires"
         )
     due = evaluate_stop(view.policy, rules.stop_facts(view.loop, parse_time(owed.at)))
     if due is None:
         return None
-    return Verdict("stop_missing", f"{due.code} fired after the report and no stop was sealed")
+    return Verdict(
+        VerdictRule.STOP_MISSING, f"{due.code} fired after the report and no stop was sealed"
+    )
 
 
 # --- refusals --------------------------------------------------------------------------------
@@ -183,7 +245,7 @@ def refused_turn(ctx: Judging, view: LoopView, body: ReceiptBody) -> TurnRow | N
     """The turn a refusal is about, as it was when the refusal was decided: a refusal for an
     expired lease was decided before the sweep that released it (and comes right after it)."""
     turn_id = body.turn_id or ""
-    if codes.LEASE_EXPIRED in codes_of(body) and turn_id in ctx.record.swept:
+    if ReasonCode.LEASE_EXPIRED in codes_of(body) and turn_id in ctx.record.swept:
         return ctx.record.swept[turn_id]
     return view.turns.get(turn_id)
 
@@ -195,31 +257,37 @@ def refusal_first(
     decided before the policy was read (an outsider, another agent's turn, a reused key), that
     it is one of those. None when the refusal's own rule decides."""
     if body.decision.effect != "deny":
-        return [Verdict("effect", f"{body.kind} records an allow")]
+        return [Verdict(VerdictRule.EFFECT, f"{body.kind} records an allow")]
     found = codes_of(body)
     owner = turn is None or body.principal.id == turn.agent
     was_charged = isinstance(body.data, TurnRefused) and body.data.charged
     if not owner and found not in SPECIAL and not outsider(found):
-        return [Verdict("not_turn_owner", "another agent's turn was refused for other reasons")]
+        return [
+            Verdict(
+                VerdictRule.NOT_TURN_OWNER, "another agent's turn was refused for other reasons"
+            )
+        ]
     if outsider(found) and body.principal.role != "operator":
         admitted = view.policy.admits_agent(body.principal.id)
         return (
-            [Verdict("outsider", "an admitted agent was refused as an outsider")]
+            [Verdict(VerdictRule.OUTSIDER, "an admitted agent was refused as an outsider")]
             if admitted
             else []
         )
-    if found == {codes.IDEMPOTENCY_CONFLICT}:
+    if found == {ReasonCode.IDEMPOTENCY_CONFLICT}:
         used = (body.principal.id, body.idempotency_key or "") in ctx.keys
         return (
-            [Verdict("idempotency", "refused for a key never used")]
+            [Verdict(VerdictRule.IDEMPOTENCY, "refused for a key never used")]
             if ctx.keys_known and not used
             else []
         )
-    if found == {codes.NOT_TURN_OWNER} or not owner:
+    if found == {ReasonCode.NOT_TURN_OWNER} or not owner:
         if owner:
-            return [Verdict("not_turn_owner", "the turn's owner was refused as another agent")]
+            return [
+                Verdict(VerdictRule.NOT_TURN_OWNER, "the turn's owner was refused as another agent")
+            ]
         return (
-            [Verdict("charged", "another agent's refused report was charged")]
+            [Verdict(VerdictRule.CHARGED, "another agent's refused report was charged")]
             if was_charged
             else []
         )

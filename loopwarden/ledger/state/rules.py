@@ -14,8 +14,7 @@ from typing import Protocol
 from loopwarden.clock import parse_time
 from loopwarden.ledger.state.events import Evidence, ToolUse
 from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
-from loopwarden.policy import decision as codes
-from loopwarden.policy.decision import Reason
+from loopwarden.policy.decision import Reason, ReasonCode
 from loopwarden.policy.evaluate import ClaimFacts, ReportFacts, StopFacts, ToolCallFacts
 from loopwarden.statuses import ApprovalStatus, TodoStatus
 
@@ -118,7 +117,9 @@ def covered_tools(
                 f"is bound to artifact {approval.artifact_digest}, which no evidence item carries"
             )
         if problem is not None or approval is None:
-            problems.append(Reason(codes.APPROVAL_INVALID, f"approval {approval_id} {problem}"))
+            problems.append(
+                Reason(ReasonCode.APPROVAL_INVALID, f"approval {approval_id} {problem}")
+            )
         else:
             covered.add(approval.tool)
     return frozenset(covered), tuple(problems)

@@ -14,12 +14,11 @@ import re
 import shlex
 from typing import Literal, NamedTuple
 
-from loopwarden.policy import decision as codes
 from loopwarden.policy.commands.programs import Command, read
 from loopwarden.policy.commands.reading import Reading, name_of, read_line
 from loopwarden.policy.commands.rules import Match, Rule, glob_matches, match, rules_of
 from loopwarden.policy.commands.runs import Dialect, Run
-from loopwarden.policy.decision import Reason
+from loopwarden.policy.decision import Reason, ReasonCode
 
 Outcome = Literal["allowed", "denied", "doubt", "opaque", "not_allowed", "covered"]
 _SAFE_NAME = r"^[a-z0-9][a-z0-9._+-]{0,39}$"
@@ -168,10 +167,10 @@ def message(verdict: Verdict, rules: RuleSet) -> str:
 
 
 _CODES = {
-    "denied": codes.COMMAND_DENIED,
-    "doubt": codes.COMMAND_UNREADABLE,
-    "opaque": codes.COMMAND_OPAQUE,
-    "not_allowed": codes.COMMAND_NOT_ALLOWED,
+    "denied": ReasonCode.COMMAND_DENIED,
+    "doubt": ReasonCode.COMMAND_UNREADABLE,
+    "opaque": ReasonCode.COMMAND_OPAQUE,
+    "not_allowed": ReasonCode.COMMAND_NOT_ALLOWED,
 }
 
 
@@ -180,7 +179,7 @@ def reasons(judged: Judged, rules: RuleSet) -> list[Reason]:
     out: dict[str, Reason] = {}
     for what in judged.line_doubts:
         text = f"the line cannot be checked: {what}; command rules apply here, so it is refused"
-        out.setdefault(text, Reason(codes.COMMAND_UNREADABLE, text))
+        out.setdefault(text, Reason(ReasonCode.COMMAND_UNREADABLE, text))
     for verdict in judged.verdicts:
         if verdict.refused:
             text = message(verdict, rules)

@@ -12,10 +12,10 @@ from loopwarden.ledger.state.events import (
     ReceiptKind,
 )
 from loopwarden.ledger.state.folding import FoldError, next_slot, open_turn, row_of
-from loopwarden.ledger.state.judging import Judging, Verdict, turn_problems, verdicts
+from loopwarden.ledger.state.judging import Judging, Verdict, VerdictRule, turn_problems, verdicts
 from loopwarden.ledger.state.rows import ApprovalRow, LoopView, Touched, replace
 from loopwarden.ledger.state.spec import AGENTS, OPERATORS, KindSpec
-from loopwarden.policy import decision as codes
+from loopwarden.policy.decision import ReasonCode
 from loopwarden.policy.evaluate import explain, tool_reasons
 from loopwarden.statuses import ApprovalStatus
 
@@ -55,7 +55,7 @@ def _judge_requested(
     verdict = explain(view.policy, data.tool)
     if verdict.rule != "approval":
         tool = [r.code for r in tool_reasons(view.policy, [data.tool], frozenset())]
-        reasons += tool or [codes.APPROVAL_NOT_NEEDED]
+        reasons += tool or [ReasonCode.APPROVAL_NOT_NEEDED]
     return verdicts(tuple(reasons), "approval requested")
 
 
@@ -85,7 +85,11 @@ def _judge_decided(
         return []
     at, expires = parse_time(body.at), parse_time(data.expires_at)
     if not at < expires <= at + MAX_APPROVAL:
-        return [Verdict("approval_expiry", "approved for less than a second or more than 30 days")]
+        return [
+            Verdict(
+                VerdictRule.APPROVAL_EXPIRY, "approved for less than a second or more than 30 days"
+            )
+        ]
     return []
 
 

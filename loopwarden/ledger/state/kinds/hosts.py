@@ -14,20 +14,20 @@ from loopwarden.ledger.state.events import (
     ToolRefused,
 )
 from loopwarden.ledger.state.folding import FoldError, open_turn
-from loopwarden.ledger.state.judging import Judging, Verdict, codes_of, verdicts
+from loopwarden.ledger.state.judging import Judging, Verdict, VerdictRule, codes_of, verdicts
 from loopwarden.ledger.state.rows import LoopView, Touched, TurnRow, replace
 from loopwarden.ledger.state.spec import OBSERVERS, KindSpec
-from loopwarden.policy import decision as codes
 from loopwarden.policy.budgets import Totals
+from loopwarden.policy.decision import ReasonCode
 from loopwarden.policy.evaluate import evaluate_tool_call
 from loopwarden.policy.hosts import SHELL, is_internal, policy_tool
 
 COMMAND_CODES = frozenset(
     {
-        codes.COMMAND_DENIED,
-        codes.COMMAND_NOT_ALLOWED,
-        codes.COMMAND_UNREADABLE,
-        codes.COMMAND_OPAQUE,
+        ReasonCode.COMMAND_DENIED,
+        ReasonCode.COMMAND_NOT_ALLOWED,
+        ReasonCode.COMMAND_UNREADABLE,
+        ReasonCode.COMMAND_OPAQUE,
     }
 )
 """Reasons decided on a command line, which receipts do not carry (only the input's digest)."""
@@ -82,7 +82,7 @@ def _observing(view: LoopView, body: ReceiptBody) -> list[Verdict]:
     """Every hook receipt: in a loop that observes; a tool receipt naming the agent's open turn
     (or none if it held none), an attachment naming none (a session is not a turn's)."""
     if view.policy.observe_mode == "off":
-        return [Verdict("observe_off", f"{body.kind} in a loop that observes no host")]
+        return [Verdict(VerdictRule.OBSERVE_OFF, f"{body.kind} in a loop that observes no host")]
     if body.kind == ReceiptKind.HOST_ATTACHED:
         due = None
     else:
@@ -90,7 +90,7 @@ def _observing(view: LoopView, body: ReceiptBody) -> list[Verdict]:
         turn = rules.agent_turn(open_turns, body.principal.id)
         due = turn.turn_id if turn is not None else None
     if body.turn_id != due:
-        return [Verdict("hook_turn", "it does not name the agent's open turn")]
+        return [Verdict(VerdictRule.HOOK_TURN, "it does not name the agent's open turn")]
     return []
 
 
@@ -98,7 +98,9 @@ def _named(view: LoopView, data: ToolCall | ToolObserved) -> list[Verdict]:
     """The tool is named by the host's mapping (the policy's overrides first)."""
     overrides = view.policy.observe.names.get(data.host) if view.policy.observe else None
     if data.tool != policy_tool(data.host, data.host_tool, overrides):
-        return [Verdict("tool_name", f"{data.host_tool} is not {data.tool} on {data.host}")]
+        return [
+            Verdict(VerdictRule.TOOL_NAME, f"{data.host_tool} is not {data.tool} on {data.host}")
+        ]
     return []
 
 
@@ -135,7 +137,9 @@ def _judge_observed(
     found += _named(view, data)
     charged = data.charged if isinstance(data, ToolObserved) else None
     if charged is not None and charged != (body.turn_id is None):
-        found.append(Verdict("charge", "a call observed outside a turn is charged, in one not"))
+        found.append(
+            Verdict(VerdictRule.CHARGE, "a call observed outside a turn is charged, in one not")
+        )
     return found
 
 
@@ -146,7 +150,7 @@ def _judge_admitted(
     if found and found[0].rule == "observe_off":
         return found
     if body.decision.effect != "allow":
-        found.append(Verdict("effect", "an admission records a deny"))
+        found.append(Verdict(VerdictRule.EFFECT, "an admission records a deny"))
     rulings = _rulings(view, body, data)
     legal = frozenset() if frozenset() in rulings else rulings[0]
     return found + verdicts(tuple(sorted(legal)), "tool admitted")
@@ -160,16 +164,19 @@ def _judge_refused(
         return found
     mode = view.policy.observe_mode
     if body.decision.effect != "deny":
-        found.append(Verdict("effect", "a tool refusal records an allow"))
+        found.append(Verdict(VerdictRule.EFFECT, "a tool refusal records an allow"))
     if data.enforced != (mode == "enforce"):
-        found.append(Verdict("enforced", f"enforced={data.enforced} under mode {mode}"))
+        found.append(Verdict(VerdictRule.ENFORCED, f"enforced={data.enforced} under mode {mode}"))
     recorded, rulings = codes_of(body), _rulings(view, body, data)
     commands = recorded & COMMAND_CODES
     rules_commands = data.tool == SHELL and view.policy.tools.commands is not None
     if (recorded - COMMAND_CODES) not in rulings or (commands and not rules_commands):
         expected = sorted(rulings[0])
         found.append(
-            Verdict("tool_refused", f"refused for {sorted(recorded)}; the rules give {expected}")
+            Verdict(
+                VerdictRule.TOOL_REFUSED,
+                f"refused for {sorted(recorded)}; the rules give {expected}",
+            )
         )
     return found
 

@@ -13,12 +13,13 @@ from loopwarden.ledger.state.events import (
     ReceiptKind,
 )
 from loopwarden.ledger.state.folding import FoldError, add_todo, close_turns
-from loopwarden.ledger.state.judging import Judging, Verdict
+from loopwarden.ledger.state.judging import Judging, Verdict, VerdictRule
 from loopwarden.ledger.state.rows import LoopRow, LoopView, Touched, replace
 from loopwarden.ledger.state.rules import todo_graph_problem
 from loopwarden.ledger.state.spec import AGENTS, OPERATORS, KindSpec, Opening
 from loopwarden.policy.budgets import Totals
-from loopwarden.policy.evaluate import ALL_TODOS_DONE, POLICY_VIOLATION, evaluate_stop
+from loopwarden.policy.decision import ReasonCode
+from loopwarden.policy.evaluate import evaluate_stop
 from loopwarden.policy.loader import policy_from_data
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import LoopStatus
@@ -60,11 +61,13 @@ def _judge_opened(body: ReceiptBody, data: LoopOpened) -> list[Verdict]:
     verdicts = []
     if digest_of(data.policy) != body.policy_digest:
         verdicts.append(
-            Verdict("policy_digest", "the policy it carries does not hash to its digest")
+            Verdict(VerdictRule.POLICY_DIGEST, "the policy it carries does not hash to its digest")
         )
     policy = LoopPolicy.model_validate(data.policy)
     if len(data.todos) > policy.todos.max_todos:
-        verdicts.append(Verdict("todo_limit", f"{len(data.todos)} todos over todos.max_todos"))
+        verdicts.append(
+            Verdict(VerdictRule.TODO_LIMIT, f"{len(data.todos)} todos over todos.max_todos")
+        )
     return verdicts
 
 
@@ -122,11 +125,11 @@ def _operator_only(ctx: Judging, view: LoopView, body: ReceiptBody, data: object
 
 def _for_violation(ctx: Judging, body: ReceiptBody, data: LoopStopped) -> list[Verdict] | None:
     """A close for a policy violation must follow the refusal that owed it (None: not one)."""
-    if data.reason != POLICY_VIOLATION:
+    if data.reason != ReasonCode.POLICY_VIOLATION:
         return None
     if ctx.violation_owed:
         return []
-    return [Verdict("stop_reason", "stopped for a violation no refusal recorded")]
+    return [Verdict(VerdictRule.STOP_REASON, "stopped for a violation no refusal recorded")]
 
 
 def _judge_cancelled(
@@ -145,9 +148,9 @@ def _judge_stopped(
         return violation
     due = evaluate_stop(view.policy, rules.stop_facts(view.loop, parse_time(body.at)))
     if due is None or due.code != data.reason:
-        return [Verdict("stop_reason", f"stopped for {data.reason}, which had not fired")]
-    if (body.kind == ReceiptKind.LOOP_COMPLETED) != (data.reason == ALL_TODOS_DONE):
-        return [Verdict("stop_reason", f"{body.kind} for {data.reason}")]
+        return [Verdict(VerdictRule.STOP_REASON, f"stopped for {data.reason}, which had not fired")]
+    if (body.kind == ReceiptKind.LOOP_COMPLETED) != (data.reason == ReasonCode.ALL_TODOS_DONE):
+        return [Verdict(VerdictRule.STOP_REASON, f"{body.kind} for {data.reason}")]
     return []
 
 

@@ -9,6 +9,7 @@ from loopwarden.ledger.state.events import ReceiptBody, ReceiptKind, RequestRefu
 from loopwarden.ledger.state.judging import (
     Judging,
     Verdict,
+    VerdictRule,
     codes_of,
     refusal_first,
     refused_turn,
@@ -18,16 +19,18 @@ from loopwarden.ledger.state.judging import (
 )
 from loopwarden.ledger.state.rows import LoopView, TurnRow
 from loopwarden.ledger.state.spec import ANYONE, KindSpec
-from loopwarden.policy import decision as codes
+from loopwarden.policy.decision import ReasonCode
 from loopwarden.policy.evaluate import evaluate_todo_add, explain, tool_reasons
 
-TOOL_CODES = frozenset({codes.APPROVAL_NOT_NEEDED, codes.TOOL_DENIED, codes.TOOL_NOT_ALLOWED})
+TOOL_CODES = frozenset(
+    {ReasonCode.APPROVAL_NOT_NEEDED, ReasonCode.TOOL_DENIED, ReasonCode.TOOL_NOT_ALLOWED}
+)
 
 OperationRule = Callable[[LoopView, ReceiptBody, RequestRefused, TurnRow | None], list[Verdict]]
 
 
 def _no_turn(data: RequestRefused) -> list[Verdict]:
-    return [Verdict("unknown_turn", f"a refused {data.operation} names no turn")]
+    return [Verdict(VerdictRule.UNKNOWN_TURN, f"a refused {data.operation} names no turn")]
 
 
 def _on_turn(
@@ -43,11 +46,11 @@ def _on_turn(
         if data.tool is not None:
             verdict = explain(view.policy, data.tool)
             tool = [r.code for r in tool_reasons(view.policy, [data.tool], frozenset())]
-            expected = tool or ([codes.APPROVAL_NOT_NEEDED] if verdict.rule == "allow" else [])
+            expected = tool or ([ReasonCode.APPROVAL_NOT_NEEDED] if verdict.rule == "allow" else [])
         elif codes_of(body) and codes_of(body) <= TOOL_CODES:
             return []  # refused for a tool no receipt of the time recorded
-    if data.fence is None and codes.STALE_FENCE in codes_of(body):
-        expected = sorted({*expected, codes.STALE_FENCE})  # the fence sent was not recorded
+    if data.fence is None and ReasonCode.STALE_FENCE in codes_of(body):
+        expected = sorted({*expected, ReasonCode.STALE_FENCE})  # the fence sent was not recorded
     return same(body, tuple(expected), data.operation)
 
 
@@ -84,7 +87,7 @@ def _judge_refused(
         return first
     rule = OPERATION_RULES.get(data.operation)
     if rule is None:
-        return [Verdict("unjudged", f"no rule judges a refused {data.operation!r}")]
+        return [Verdict(VerdictRule.UNJUDGED, f"no rule judges a refused {data.operation!r}")]
     return rule(view, body, data, turn)
 
 

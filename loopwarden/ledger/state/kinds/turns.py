@@ -31,6 +31,7 @@ from loopwarden.ledger.state.judging import (
     Judging,
     Owed,
     Verdict,
+    VerdictRule,
     charged,
     claim_facts,
     codes_of,
@@ -43,8 +44,8 @@ from loopwarden.ledger.state.judging import (
 )
 from loopwarden.ledger.state.rows import LoopView, TodoRow, Touched, TurnRow, replace
 from loopwarden.ledger.state.spec import AGENTS, KindSpec
-from loopwarden.policy import decision as codes
 from loopwarden.policy.budgets import Totals
+from loopwarden.policy.decision import VIOLATIONS
 from loopwarden.policy.evaluate import evaluate_claim, evaluate_stop
 from loopwarden.statuses import ApprovalStatus, TodoStatus, TurnStatus
 
@@ -87,27 +88,38 @@ def _judge_claimed(
 ) -> list[Verdict]:
     policy, at = view.policy, body.at
     if body.decision.effect != "allow":
-        return [Verdict("effect", "a grant records a deny")]
+        return [Verdict(VerdictRule.EFFECT, "a grant records a deny")]
     if any(view.turns[t].lease_expires_at < at for t in view.loop.open_turns):
-        return [Verdict("lease_not_swept", "granted while an expired lease was still held")]
+        return [
+            Verdict(VerdictRule.LEASE_NOT_SWEPT, "granted while an expired lease was still held")
+        ]
     due = evaluate_stop(policy, rules.stop_facts(view.loop, parse_time(at)))
     if due is not None:
-        return [Verdict("stop_due", f"granted although {due.code} had fired")]
+        return [Verdict(VerdictRule.STOP_DUE, f"granted although {due.code} had fired")]
     denied = evaluate_claim(policy, claim_facts(ctx.record, view, body), digest="").codes
     if denied:
         return verdicts(denied, "granted")
     todo = view.todos[data.todo_id]
     if todo.status != TodoStatus.OPEN:
-        return [Verdict("todo_not_eligible", f"todo {todo.todo_id} claimed while {todo.status}")]
+        return [
+            Verdict(
+                VerdictRule.TODO_NOT_ELIGIBLE, f"todo {todo.todo_id} claimed while {todo.status}"
+            )
+        ]
     undone = [d for d in todo.depends_on if view.todos[d].status != TodoStatus.DONE]
     if undone:
         return [
-            Verdict("todo_not_eligible", f"todo {todo.todo_id} claimed before {', '.join(undone)}")
+            Verdict(
+                VerdictRule.TODO_NOT_ELIGIBLE,
+                f"todo {todo.todo_id} claimed before {', '.join(undone)}",
+            )
         ]
     lease = format_time(parse_time(at) + timedelta(seconds=policy.claims.lease_seconds))
     terms = (data.lease_expires_at, data.allowed_tools, data.approval_tools)
     if terms != (lease, policy.tools.allow, policy.tools.approval):
-        return [Verdict("grant_terms", "the lease or the tools granted are not the policy's")]
+        return [
+            Verdict(VerdictRule.GRANT_TERMS, "the lease or the tools granted are not the policy's")
+        ]
     return []
 
 
@@ -153,7 +165,7 @@ def _judge_renewed(
     return (
         []
         if data.lease_expires_at == lease
-        else [Verdict("grant_terms", "the renewed lease is not the policy's")]
+        else [Verdict(VerdictRule.GRANT_TERMS, "the renewed lease is not the policy's")]
     )
 
 
@@ -168,7 +180,9 @@ def _judge_expired(
     turn = view.turns[data.turn_id]
     ctx.record.swept[data.turn_id] = turn  # the turn as a refusal right after may have seen it
     if turn.lease_expires_at >= body.at or data.lease_expires_at != turn.lease_expires_at:
-        return [Verdict("lease_live", f"turn {turn.turn_id} was expired while its lease held")]
+        return [
+            Verdict(VerdictRule.LEASE_LIVE, f"turn {turn.turn_id} was expired while its lease held")
+        ]
     return []
 
 
@@ -219,7 +233,7 @@ def _judge_reported(
     ctx: Judging, view: LoopView, body: ReceiptBody, data: TurnReported
 ) -> list[Verdict]:
     if body.decision.effect != "allow":
-        return [Verdict("effect", "an accepted report records a deny")]
+        return [Verdict(VerdictRule.EFFECT, "an accepted report records a deny")]
     found = report_codes(view, body, data, view.turns[data.turn_id])
     return verdicts(found, "accepted") + charged(view, body, data)
 
@@ -240,9 +254,11 @@ def _judge_refused(
     if first is not None:
         return first + charged(view, body, data)
     if turn is None:
-        return [Verdict("unknown_turn", "a refused report names no turn of the loop")]
+        return [Verdict(VerdictRule.UNKNOWN_TURN, "a refused report names no turn of the loop")]
     uncharged = (
-        [] if data.charged else [Verdict("charged", "the owner's refused report was not charged")]
+        []
+        if data.charged
+        else [Verdict(VerdictRule.CHARGED, "the owner's refused report was not charged")]
     )
     return (
         same(body, report_codes(view, body, data, turn), "report")
@@ -255,7 +271,7 @@ def _remember_report(ctx: Judging, view: LoopView, body: ReceiptBody, data: Turn
     """A report by the turn's owner owes the stop its violation or the stop rules call for."""
     if data.turn_id not in view.turns or body.principal.id != view.turns[body.turn_id or ""].agent:
         return
-    violation = isinstance(data, TurnRefused) and bool(codes_of(body) & codes.VIOLATIONS)
+    violation = isinstance(data, TurnRefused) and bool(codes_of(body) & VIOLATIONS)
     stops = view.policy.stop.on_violation == "stop_loop" and not view.loop.status.closed
     ctx.record.owed = Owed("violation" if violation and stops else "stop_rules", body.at)
 
