@@ -26,7 +26,7 @@ import anyio.to_thread
 from bench import harness as h
 from bench import kernel
 from bench.report import Section, Table, Target
-from loopwarden.ledger.storage.location import Location
+from loopwarden.ledger.storage.location import Location, parse_location
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Store, connect
 from loopwarden.ledger.storage.worker import Worker
@@ -172,7 +172,7 @@ async def reads(home: Path, calls: int, seconds: float) -> dict[str, dict[str, l
         await h.open_bench_loop(store, todos=20)
         for _ in range(20):  # some history for projection to show
             await h.governed_turn(store, h.AGENT, h.LOOP_ID)
-        before = ThreadReads(store.path)
+        before = ThreadReads(store.file)
         aiosqlite_read = store.read
         calls_of = {
             "quota": lambda: quota(store, h.AGENT, QuotaRequest(loop_id=h.LOOP_ID)),
@@ -232,7 +232,7 @@ async def run(quick: bool, budget: float) -> Section:
         if server is not None:
             h.progress(NAME, "PostgreSQL, 1 and 8 writers")
             for writers, turns in ((1, turns1), (WRITERS, turns8)):
-                where = Location("postgresql", server.fresh_url("bench"))
+                where = parse_location(server.fresh_url("bench"))
                 rate, lat = await kernel(home / f"p{writers}", where, writers, turns, share)
                 figures[f"postgresql-{writers}"] = rate
                 rows.append(

@@ -24,7 +24,8 @@ from pathlib import Path
 from bench import harness as h
 from bench.report import Section, Table, Target
 from loopwarden.ledger.log.integrity import Integrity
-from loopwarden.ledger.storage.store import Synchronous, connect, migrate
+from loopwarden.ledger.storage.sqlite import SqliteBackend
+from loopwarden.ledger.storage.store import Synchronous, migrate
 from loopwarden.principals import Principal
 
 NAME = "kernel"
@@ -175,9 +176,10 @@ def ceiling(synchronous: Synchronous, seconds: float) -> float:
     state, COMMIT. No checks, no projection: what the disk allows one writer."""
     with h.temp_home("ceiling") as home:
         home.mkdir(parents=True)
-        conn = connect(home / "ceiling.db", synchronous=synchronous)
+        backend = SqliteBackend(home / "ceiling.db", synchronous)
+        conn = backend.writer
         try:
-            migrate(conn, Integrity(bytes(32)))
+            migrate(backend, Integrity(bytes(32)))
             commits, deadline = 0, h.Deadline(seconds)
             t0 = time.perf_counter()
             while not deadline.expired:

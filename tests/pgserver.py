@@ -95,14 +95,15 @@ class PgServer:
             import psycopg
 
             from loopwarden.ledger.log.integrity import Integrity
-            from loopwarden.ledger.storage.postgres import connect, migrate
+            from loopwarden.ledger.storage.migrations import migrate
+            from loopwarden.ledger.storage.postgres import PostgresBackend
 
             url = self.fresh_url("shape")
-            store = connect(url)
+            backend = PostgresBackend(url)
             try:
-                migrate(store, Integrity(bytes(32)))
+                migrate(backend, Integrity(bytes(32)))
             finally:
-                store.close()
+                backend.close_now()
             name = self.schemas[-1]
             with psycopg.connect(self.url, autocommit=True) as conn:
                 self._shape = self._columns(conn, name)
@@ -111,8 +112,9 @@ class PgServer:
     def _emptied(self, name: str, integrity: Any) -> bool:
         import psycopg
 
-        from loopwarden.ledger.storage.dialect import PgConnection
-        from loopwarden.ledger.storage.postgres import initialize
+        from loopwarden.ledger.storage.migrations import initialize
+        from loopwarden.ledger.storage.postgres import POSTGRESQL, PgConnection, PostgresBackend
+        from loopwarden.ledger.storage.schema import META, SCHEMA_VERSION
 
         shape = self._new_shape()
         try:
@@ -124,7 +126,9 @@ class PgServer:
                 raw.execute("SET LOCAL lock_timeout = '2s'")  # a session left behind: not reused
                 tables = sorted({row[0] for row in shape})
                 raw.execute("DELETE FROM " + "; DELETE FROM ".join(tables))
-                initialize(PgConnection(raw), integrity)
+                conn = PgConnection(raw)
+                initialize(conn, integrity, PostgresBackend.origin_prefix)
+                conn.execute(POSTGRESQL.insert(META), ("schema_version", str(SCHEMA_VERSION)))
                 raw.execute("COMMIT")
         except psycopg.Error:
             return False

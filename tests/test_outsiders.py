@@ -116,7 +116,7 @@ async def test_an_outsider_adds_one_receipt_per_loop_per_window_and_the_next_car
     assert reasons["refusals_suppressed"].startswith(f"{FLOOD} more refusal(s) of 'mallory'")
     first = (await _journal(store))[before]
     assert set(_reasons(store, first)) == {"agent_not_allowed"}  # nothing suppressed before it
-    report = await store.read(lambda r: audit(r, KeyStore(store.path.parent).keyring(), workers=0))
+    report = await store.read(lambda r: audit(r, KeyStore(store.file.parent).keyring(), workers=0))
     assert report.clean, report.findings
 
 

@@ -485,12 +485,13 @@ async def test_several_processes_share_one_store_without_breaking_invariants(hom
 
 
 async def test_a_version_1_database_is_migrated_in_place_and_keeps_working(home):
-    from loopwarden.ledger.storage.schema import MIGRATIONS, SCHEMA_VERSION
+    from loopwarden.ledger.storage.migrations import SQLITE_UPGRADES, SQLITE_VERSION_1
+    from loopwarden.ledger.storage.schema import SCHEMA_VERSION
 
     home.mkdir(parents=True)
     path = home / "loopwarden.db"
     conn = sqlite3.connect(path, isolation_level=None)
-    for statement in MIGRATIONS[0]:
+    for statement in SQLITE_VERSION_1:
         conn.execute(statement)
     conn.execute("INSERT INTO meta (key, value) VALUES ('origin', 'loopwarden.local/old')")
     conn.execute("INSERT INTO log_state (id, size, frontier) VALUES (1, 0, x'')")
@@ -500,8 +501,8 @@ async def test_a_version_1_database_is_migrated_in_place_and_keeps_working(home)
     conn.execute(f"INSERT INTO loops VALUES ({','.join('?' * len(old_loop))})", old_loop)
     old_turn = ("turn-" + "0" * 20, "OLD", "t1", "a", 1, "closed", "t", "t", "t", None)
     conn.execute(f"INSERT INTO turns VALUES ({','.join('?' * len(old_turn))})", old_turn)
-    for number in (1, 2):  # versions 2 and 3, as `migrate` runs them
-        for statement in MIGRATIONS[number]:
+    for number in (2, 3):  # as `migrate` runs them
+        for statement in SQLITE_UPGRADES[number]:
             conn.execute(statement)
     assert conn.execute("SELECT * FROM loops WHERE loop_id = 'OLD'").fetchone() == old_loop
     assert conn.execute("SELECT * FROM turns WHERE loop_id = 'OLD'").fetchone() == old_turn

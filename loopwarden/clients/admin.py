@@ -60,12 +60,12 @@ def existing_store(home: str | Path | None, store: str | None) -> tuple[Path, Lo
     location, source = store_source(store, path)
     if source == "home":
         return existing_home(home), location
-    if location.backend == "sqlite" and not location.path.is_file():
+    if location.file is not None and not location.file.is_file():
         raise NotFound(f"there is no loopwarden database at {location} (given by {source})")
-    if location.backend == "postgresql" and not (path / "keys").is_dir():
+    if location.file is None and not (path / "keys").is_dir():
         raise NotFound(
-            f"there are no keys in {path}: a PostgreSQL store is used with the home that holds "
-            "its keys (--home, or $LOOPWARDEN_HOME)"
+            f"there are no keys in {path}: a {location.backend.title} store is used with the home "
+            "that holds its keys (--home, or $LOOPWARDEN_HOME)"
         )
     return path, location
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import platformdirs
 
 from loopwarden.errors import InvalidInput
+from loopwarden.ledger.storage.backends import Synchronous
 from loopwarden.ledger.storage.location import STORE_ENV, Location, parse_location
-from loopwarden.ledger.storage.sqlite import Synchronous
 
 DB_NAME = "loopwarden.db"
 HOME_ENV = "LOOPWARDEN_HOME"
@@ -49,7 +49,7 @@ def store_source(store: str | None, home: Path) -> tuple[Location, str]:
         return parse_location(store), "--store"
     if os.environ.get(STORE_ENV):
         return parse_location(os.environ[STORE_ENV]), STORE_ENV
-    return Location("sqlite", str(home / DB_NAME)), "home"
+    return parse_location(home / DB_NAME), "home"
 
 
 def private_dir(path: Path) -> None:

@@ -37,7 +37,9 @@ class Prior:
 
 def prior(reader: Reader, principal: str, key: str) -> Prior | None:
     record = reader.idempotency(principal, key)
-    return Prior(*record) if record is not None else None
+    if record is None:
+        return None
+    return Prior(record.operation, record.request_digest, record.response)
 
 
 def remember(

@@ -32,7 +32,8 @@ class Totals:
 
     def units(self, dimension: str) -> int:
         """Used amount of a dimension in its integer unit."""
-        return getattr(self, _MICRO_DIMENSIONS.get(dimension, dimension))
+        units: int = getattr(self, _MICRO_DIMENSIONS.get(dimension, dimension))
+        return units
 
     def used(self, dimension: str) -> int | float:
         """Used amount in the policy's unit (dollars and seconds as floats)."""
@@ -60,13 +61,6 @@ _DIMENSIONS = tuple(
 )
 """Per dimension, in display order: its name, the policy's limit field, the `Totals` field it is
 counted in, and whether that count is in micro-units (asked several times a turn)."""
-
-
-def limit_units(policy: LoopPolicy, dimension: str) -> int | None:
-    limit = policy.budgets.limit(dimension)
-    if limit is None:
-        return None
-    return to_micros(limit) if dimension in _MICRO_DIMENSIONS else int(limit)
 
 
 def exhausted(policy: LoopPolicy, totals: Totals) -> list[str]:

@@ -160,7 +160,8 @@ class Budgets(_Section):
         return data
 
     def limit(self, dimension: str) -> float | int | None:
-        return getattr(self, f"max_{dimension}")
+        limit: float | int | None = getattr(self, f"max_{dimension}")
+        return limit
 
     def is_empty(self) -> bool:
         return all(self.limit(dim) is None for dim in BUDGET_DIMENSIONS)

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 from loopwarden.errors import InvalidInput
 from loopwarden.ledger.homes import DB_NAME, resolve_home, store_source, synchronous_mode
-from loopwarden.ledger.storage.location import Location
-from loopwarden.ledger.storage.sqlite import Synchronous
+from loopwarden.ledger.storage.backends import Synchronous
+from loopwarden.ledger.storage.location import Location, parse_location
 from loopwarden.principals import Principal, principal
 from loopwarden.server.identity import OAuthSettings, checked_url
 
@@ -130,7 +130,7 @@ class Settings:
     @property
     def location(self) -> Location:
         """The store this server opens (`--store`, `LOOPWARDEN_STORE`, else the home's file)."""
-        return self.store or Location("sqlite", str(self.db_path))
+        return self.store or parse_location(self.db_path)
 
     @staticmethod
     def create(

@@ -18,7 +18,7 @@ from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, Store, fail
 from loopwarden.errors import LoopwardenError
 from loopwarden.hooks.install import TOKEN_VARIABLE, Target, merged, settings_path
 from loopwarden.hosts.host import Place, Trust
-from loopwarden.ledger.storage.location import STORE_ENV, parse_location, redact
+from loopwarden.ledger.storage.location import STORE_ENV, parse_location
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -219,7 +219,7 @@ def _has_password(store: str, as_json: bool) -> bool:
         location = parse_location(store)
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE, as_json=as_json, error=exc.code)
-    return location.backend == "postgresql" and redact(location.target) != location.target
+    return location.has_password
 
 
 def _write(path: Path, text: str) -> None:

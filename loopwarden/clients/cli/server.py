@@ -137,8 +137,8 @@ def _run(settings: Settings) -> None:
         host, port = settings.http
         base = f"http://{url_host(host)}:{port}"
         where = f"home {settings.home}"
-        if settings.location.backend == "postgresql":
-            where += f", store {settings.location}"  # without its password
+        if settings.location.file is None:  # a server's store: its URL, without its password
+            where += f", store {settings.location}"
         render.err.print(f"loopwarden serving streamable HTTP on {base}/mcp ({where})")
         if settings.oauth is not None:
             render.err.print(

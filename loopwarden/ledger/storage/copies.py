@@ -18,40 +18,18 @@ from typing import Any
 
 from loopwarden.errors import Conflict, StoreError
 from loopwarden.ledger.log import merkle
-from loopwarden.ledger.storage.dialect import qmarks
-from loopwarden.ledger.storage.reader import (
-    APPROVAL_COLUMNS,
-    JOURNAL_COLUMNS,
-    LOOP_COLUMNS,
-    TODO_COLUMNS,
-    TOKEN_COLUMNS,
-    TURN_COLUMNS,
-    Reader,
-)
+from loopwarden.ledger.storage.dialect import Connection
+from loopwarden.ledger.storage.reader import Reader
+from loopwarden.ledger.storage.schema import IDEMPOTENCY, LOG_STATE, META, TABLES
+from loopwarden.ledger.storage.table import Table
 
 BATCH = 1000
 
-# (table, columns, key that orders the rows): everything a store holds but its version, its
-# log state (one row, updated in place) and the backend's own bookkeeping.
-TABLES: tuple[tuple[str, str, str], ...] = (
-    ("journal", JOURNAL_COLUMNS, "leaf_index"),
-    ("merkle_nodes", "level, idx, hash", "level, idx"),
-    ("checkpoints", "size, root, note, key_id, signed_at", "size"),
-    ("policies", "digest, document", "digest"),
-    ("loops", f"{LOOP_COLUMNS}, state_root, mac", "loop_id"),
-    ("todos", TODO_COLUMNS, "loop_id, todo_id"),
-    ("turns", TURN_COLUMNS, "turn_id"),
-    ("approvals", APPROVAL_COLUMNS, "approval_id"),
-    ("state_nodes", "loop_id, level, idx, hashes", "loop_id, level, idx"),
-    (
-        "idempotency",
-        "principal, key, operation, request_digest, response, created_at, mac",
-        "principal, key",
-    ),
-    ("tokens", TOKEN_COLUMNS, "token_hash"),
-    ("outsider_refusals", "loop_id, seq, principal, at, suppressed", "loop_id, seq"),
-)
+COPIED: tuple[Table[Any], ...] = tuple(t for t in TABLES if t not in (META, LOG_STATE))
+"""Everything a store holds but its meta rows (of which the origin is copied), its log state
+(one row, updated in place) and the backend's own bookkeeping, each table in its row order."""
 COPIED_META = ("origin",)
+_RESPONSE = IDEMPOTENCY.names.index("response")
 
 
 @dataclass
@@ -77,12 +55,15 @@ class CopyReport:
         }
 
 
-def _rows(reader: Reader, table: str, columns: str, order: str) -> Iterator[tuple[Any, ...]]:
-    """Every row of `table`, in key order, a batch at a time (the whole table is never held)."""
+def _rows(reader: Reader, table: Table[Any]) -> Iterator[tuple[Any, ...]]:
+    """Every row of `table`, every column, in row order, a batch at a time (the whole table is
+    never held)."""
+    columns, order = ", ".join(table.names), ", ".join(table.order)
     offset = 0
     while True:
         batch = reader.conn.execute(
-            f"SELECT {columns} FROM {table} ORDER BY {order} LIMIT ? OFFSET ?", (BATCH, offset)
+            f"SELECT {columns} FROM {table.name} ORDER BY {order} LIMIT ? OFFSET ?",
+            (BATCH, offset),
         ).fetchall()
         yield from (tuple(_plain(v) for v in row) for row in batch)
         if len(batch) < BATCH:
@@ -94,15 +75,16 @@ def _plain(value: Any) -> Any:
     return bytes(value) if isinstance(value, memoryview | bytearray) else value
 
 
-def _stored(table: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
+def _stored(table: Table[Any], row: tuple[Any, ...]) -> tuple[Any, ...]:
     """A row as the destination stores it: an idempotency response an old SQLite release kept
     as text is compressed, as every loopwarden since stores it (its MAC covers the text)."""
-    if table == "idempotency" and isinstance(row[4], str):
-        return (*row[:4], zlib.compress(row[4].encode(), 6), *row[5:])
+    i = _RESPONSE
+    if table is IDEMPOTENCY and isinstance(row[i], str):
+        return (*row[:i], zlib.compress(row[i].encode(), 6), *row[i + 1 :])
     return row
 
 
-def copy_rows(source: Reader, destination: Any) -> dict[str, int]:
+def copy_rows(source: Reader, destination: Connection) -> dict[str, int]:
     """Copy every row of `source` into the empty store behind the connection `destination`
     (inside the caller's write transaction). `Conflict` if the destination holds anything."""
     dest = Reader(destination)
@@ -111,19 +93,19 @@ def copy_rows(source: Reader, destination: Any) -> dict[str, int]:
     if source.legacy:
         raise StoreError("the source store has an old schema: open it once with loopwarden first")
     counts: dict[str, int] = {}
-    for table, columns, order in TABLES:
-        insert = f"INSERT INTO {table} ({columns}) VALUES ({qmarks(columns)})"
-        counts[table] = 0
+    for table in COPIED:
+        insert = destination.dialect.insert(table)
+        counts[table.name] = 0
         batch: list[tuple[Any, ...]] = []
-        for row in _rows(source, table, columns, order):
+        for row in _rows(source, table):
             batch.append(_stored(table, row))
             if len(batch) >= BATCH:
                 destination.executemany(insert, batch)
-                counts[table] += len(batch)
+                counts[table.name] += len(batch)
                 batch = []
         if batch:
             destination.executemany(insert, batch)
-            counts[table] += len(batch)
+            counts[table.name] += len(batch)
     size, frontier, mac = source.conn.execute(
         "SELECT size, frontier, mac FROM log_state WHERE id = 1"
     ).fetchone()
@@ -141,19 +123,19 @@ def copy_rows(source: Reader, destination: Any) -> dict[str, int]:
 def compare(source: Reader, copy: Reader, report: CopyReport) -> None:
     """Compare the copy with its source row for row, and its Merkle root with the one its
     receipts hash to; every difference goes into `report`."""
-    for table, columns, order in TABLES:
-        theirs = _rows(copy, table, columns, order)
-        for index, mine in enumerate(_rows(source, table, columns, order)):
+    for table in COPIED:
+        name, theirs = table.name, _rows(copy, table)
+        for index, mine in enumerate(_rows(source, table)):
             other = next(theirs, None)
             if other is None:
-                report.differences.append(f"{table}: the copy lacks rows from row {index} on")
+                report.differences.append(f"{name}: the copy lacks rows from row {index} on")
                 break
             if _stored(table, mine) != other:
-                report.differences.append(f"{table}: row {index} differs ({mine[0]!r})")
+                report.differences.append(f"{name}: row {index} differs ({mine[0]!r})")
                 break
         else:
             if next(theirs, None) is not None:
-                report.differences.append(f"{table}: the copy has rows the source does not")
+                report.differences.append(f"{name}: the copy has rows the source does not")
     if copy.log_state() != source.log_state():
         report.differences.append("the copy's Merkle log state differs")
     if source.meta("origin") != copy.meta("origin"):

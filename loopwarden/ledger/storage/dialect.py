@@ -1,111 +1,154 @@
-"""The SQL the two backends spell differently, kept at one seam so that no query is forked.
+"""How a backend spells SQL: its type map, its DDL, and the few statements that differ.
 
-Every query in `ledger/` is written once, in SQLite's spelling with `?` placeholders. What
-PostgreSQL spells otherwise comes from the connection's `Dialect`: an upsert, an insert that
-keeps an existing row, the rows of a JSON array. The PostgreSQL connection (`PgConnection`)
-rewrites the placeholders to psycopg's `%s` as it executes (once per distinct statement), so
-the readers, the transaction and the audit run unchanged on either backend.
+Every query in `ledger/` is written once, in SQLite's spelling with `?` placeholders. What a
+backend spells otherwise comes from its connection's `Dialect`: the DDL of a table description
+(`table.py`) through the backend's type map, an upsert, an insert that keeps an existing row,
+the rows of a JSON array, and the placeholders its driver takes (`prepare`). Each backend
+module (`sqlite.py`, `postgres.py`) defines its dialect; the base class spells what standard
+SQL spells.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol
 
-DialectName = Literal["sqlite", "postgresql"]
+from loopwarden.ledger.storage.table import Column, SqlType, Table
 
 
 class Connection(Protocol):
-    """What `ledger/` asks of a connection: `sqlite3.Connection` and `PgConnection` both are."""
+    """What `ledger/` asks of a connection: the backends' connections all are one, and each
+    says which dialect it speaks."""
 
+    @property
+    def dialect(self) -> Dialect: ...
     def execute(self, sql: str, params: Any = ..., /) -> Any: ...
     def executemany(self, sql: str, rows: Any, /) -> Any: ...
     def close(self) -> None: ...
 
 
-def qmarks(columns: str) -> str:
-    """`?, ?, …`, one per name in a comma-separated column list."""
-    return ",".join("?" for _ in columns.split(","))
+def dialect_of(conn: Connection) -> Dialect:
+    return conn.dialect
 
 
-@dataclass(frozen=True)
+def qmarks(count: int) -> str:
+    """`?, ?, …`: `count` placeholders."""
+    return ", ".join("?" * count)
+
+
 class Dialect:
-    """How one backend spells the few statements that differ."""
+    """One backend's spelling. `types` is its type map (every `SqlType` must be in it)."""
 
-    name: DialectName
+    name: ClassVar[str]
+    types: ClassVar[Mapping[SqlType, str]]
 
-    def upsert(self, table: str, columns: str, key: str) -> str:
-        """Insert a row, or replace every column of the row with the same `key` columns."""
-        values = f"VALUES ({qmarks(columns)})"
-        if self.name == "sqlite":
-            return f"INSERT OR REPLACE INTO {table} ({columns}) {values}"
-        keys = {k.strip() for k in key.split(",")}
-        updates = ", ".join(
-            f"{c} = EXCLUDED.{c}" for c in (c.strip() for c in columns.split(",")) if c not in keys
+    def __init__(self) -> None:
+        missing = set(SqlType) - set(self.types)
+        assert not missing, f"the {self.name} type map lacks {sorted(missing)}"
+        self._cache: dict[tuple[str, Table[Any], tuple[str, ...] | None], str] = {}
+
+    def prepare(self, sql: str) -> str:
+        """A statement in `?` form as the driver takes it."""
+        return sql
+
+    # --- DDL ----------------------------------------------------------------------------------
+
+    def create(self, table: Table[Any]) -> list[str]:
+        """The statements that make `table` and its indexes."""
+        inline = self._inline_key(table)
+        lines = [self.column(c, primary=c.name == inline, table=table) for c in table.columns]
+        if inline is None:
+            lines.append(f"PRIMARY KEY ({', '.join(self.primary_key(table))})")
+        lines.extend(f"UNIQUE ({', '.join(u)})" for u in self._uniques(table) if len(u) > 1)
+        if table.check is not None:
+            lines.append(f"CHECK ({table.check})")
+        body = ",\n    ".join(lines)
+        statements = [f"CREATE TABLE {table.name} (\n    {body}\n){self.table_options(table)}"]
+        statements.extend(
+            f"CREATE INDEX {i.name} ON {table.name} ({', '.join(i.columns)})" for i in table.indexes
         )
-        return (
-            f"INSERT INTO {table} ({columns}) {values} ON CONFLICT ({key}) DO UPDATE SET {updates}"
-        )
+        return statements
 
-    def insert_new(self, table: str, columns: str) -> str:
+    def primary_key(self, table: Table[Any]) -> tuple[str, ...]:
+        """The columns this backend makes the primary key (the key; SQLite: the rowid)."""
+        return table.key
+
+    def _inline_key(self, table: Table[Any]) -> str | None:
+        key = self.primary_key(table)
+        return key[0] if len(key) == 1 else None
+
+    def _uniques(self, table: Table[Any]) -> list[tuple[str, ...]]:
+        """Every unique column set but the primary key: the key when the rowid is not it."""
+        key = self.primary_key(table)
+        sets = [table.key, *table.unique]
+        if table.rowid:
+            sets.append((table.rowid,))
+        return [s for s in dict.fromkeys(sets) if s != key]
+
+    def column(self, column: Column, *, primary: bool = False, table: Table[Any]) -> str:
+        """One column's definition: name, type, NOT NULL, default, inline constraints."""
+        parts = [column.name, self.types[column.type]]
+        if primary:
+            parts.append("PRIMARY KEY")
+        elif not column.null:
+            parts.append("NOT NULL")
+        if column.default is not None:
+            parts.append(f"DEFAULT {column.default_sql}")
+        if not primary and (column.name,) in self._uniques(table):
+            parts.append("UNIQUE")
+        return " ".join(parts)
+
+    def table_options(self, table: Table[Any]) -> str:
+        return ""
+
+    def add_column(self, table: str, column: Column) -> str:
+        """Add `column` to `table` (its default fills the rows already there)."""
+        parts = [column.name, self.types[column.type]]
+        if not column.null:
+            parts.append("NOT NULL")
+        if column.default is not None:
+            parts.append(f"DEFAULT {column.default_sql}")
+        return f"ALTER TABLE {table} ADD COLUMN {' '.join(parts)}"
+
+    # --- rows ---------------------------------------------------------------------------------
+
+    def insert(self, table: Table[Any], columns: tuple[str, ...] | None = None) -> str:
+        """Insert a row's `columns` (default: every column)."""
+        return self._cached("insert", table, columns, self._insert)
+
+    def upsert(self, table: Table[Any], columns: tuple[str, ...] | None = None) -> str:
+        """Insert a row's `columns` (default: every column), or replace them in the row with
+        its key."""
+        return self._cached("upsert", table, columns, self._upsert)
+
+    def insert_new(self, table: Table[Any], columns: tuple[str, ...] | None = None) -> str:
         """Insert a row unless one with the same key exists (that one is kept as it is)."""
-        if self.name == "sqlite":
-            return f"INSERT OR IGNORE INTO {table} ({columns}) VALUES ({qmarks(columns)})"
-        return f"INSERT INTO {table} ({columns}) VALUES ({qmarks(columns)}) ON CONFLICT DO NOTHING"
+        return self._cached("insert_new", table, columns, self._insert_new)
+
+    def _cached(
+        self, what: str, table: Table[Any], columns: tuple[str, ...] | None, make: Any
+    ) -> str:
+        key = (what, table, columns)
+        sql = self._cache.get(key)
+        if sql is None:
+            sql = self._cache[key] = make(table, columns or table.names)
+        return sql
+
+    @staticmethod
+    def _values(table: Table[Any], names: tuple[str, ...]) -> str:
+        return f"INSERT INTO {table.name} ({', '.join(names)}) VALUES ({qmarks(len(names))})"
+
+    def _insert(self, table: Table[Any], names: tuple[str, ...]) -> str:
+        return self._values(table, names)
+
+    def _upsert(self, table: Table[Any], names: tuple[str, ...]) -> str:
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in names if c not in table.key)
+        conflict = f"ON CONFLICT ({', '.join(table.key)}) DO UPDATE SET {updates}"
+        return f"{self._values(table, names)} {conflict}"
+
+    def _insert_new(self, table: Table[Any], names: tuple[str, ...]) -> str:
+        return f"{self._values(table, names)} ON CONFLICT DO NOTHING"
 
     def json_values(self, column: str, alias: str) -> str:
         """A FROM item listing the strings of the JSON array in `column` as `alias.value`."""
-        if self.name == "sqlite":
-            return f"json_each({column}) {alias}"
-        return f"jsonb_array_elements_text({column}::jsonb) AS {alias}(value)"
-
-
-SQLITE = Dialect("sqlite")
-POSTGRESQL = Dialect("postgresql")
-
-
-def dialect_of(conn: Any) -> Dialect:
-    """The dialect of a connection: a `PgConnection` says so; anything else is `sqlite3`."""
-    return getattr(conn, "dialect", SQLITE)
-
-
-@functools.lru_cache(maxsize=1024)
-def to_pyformat(sql: str) -> str:
-    """`?` placeholders → psycopg's `%s` (a literal `%` doubled). No statement in ledger/ has a
-    `?` or `%` inside a string literal, so a plain replacement is exact."""
-    return sql.replace("%", "%%").replace("?", "%s")
-
-
-class PgConnection:
-    """A psycopg connection that speaks the statements of `ledger/` (`?` placeholders).
-
-    `execute` returns psycopg's cursor (iterable, `fetchone`, `fetchall`), as `sqlite3` does;
-    `executemany` sends its rows in one pipeline. Bytea comes back as `bytes`, bigint as `int`.
-    """
-
-    dialect = POSTGRESQL
-
-    def __init__(self, conn: Any) -> None:
-        self.raw = conn
-
-    def execute(self, sql: str, params: Sequence[Any] | None = (), /) -> Any:
-        if not params:  # no placeholders, and psycopg reads a `%` literally without parameters
-            return self.raw.execute(sql)
-        return self.raw.execute(to_pyformat(sql), tuple(params))
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> None:
-        rows = list(rows)
-        if rows:
-            with self.raw.cursor() as cursor:
-                cursor.executemany(to_pyformat(sql), rows)
-
-    @property
-    def in_transaction(self) -> bool:
-        from psycopg.pq import TransactionStatus
-
-        return bool(self.raw.info.transaction_status != TransactionStatus.IDLE)
-
-    def close(self) -> None:
-        self.raw.close()
+        raise NotImplementedError(f"{self.name} has no JSON array rows")

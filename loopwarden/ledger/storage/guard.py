@@ -27,33 +27,34 @@ from loopwarden.ledger.log.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, Integ
 from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.ledger.storage import statetree as state
 from loopwarden.ledger.storage.dialect import Connection
-from loopwarden.ledger.storage.reader import (
-    LOOP_COLUMNS,
-    ROW_SQL,
-    PolicyCache,
-    Reader,
-    loop_from_sql,
-    loop_to_sql,
-)
+from loopwarden.ledger.storage.reader import PolicyCache, Reader, frontier_of
+from loopwarden.ledger.storage.records import IdempotencyRecord, LogState
+from loopwarden.ledger.storage.schema import LOOPS, ROW_TABLES
+from loopwarden.ledger.storage.table import Table
 from loopwarden.statuses import TodoStatus, TurnStatus
 
 
 def loop_mac_values(loop: LoopRow, root: bytes) -> list[object]:
-    return [*loop_to_sql(loop), root.hex()]
+    """What a loop row's MAC covers: its stored values, then its state tree's root."""
+    return [*LOOPS.encode(loop), root.hex()]
 
 
-_ROW_ID = {"todos": "todo_id", "turns": "turn_id", "approvals": "approval_id"}
-RowKey = tuple[str | None, str]
-"""A row's key in a transaction's rows: (loop id, todo id) for todos (their ids are per loop),
-(None, id) for turns and approvals."""
+RowKey = tuple[str, ...]
+"""A row's key in a transaction's rows: its table's key values ((loop id, todo id) for a todo,
+whose id is per loop; (turn id,) for a turn)."""
 
 
-def _row_key(table: str, row: Any) -> RowKey:
-    return (row.loop_id if table == "todos" else None, getattr(row, _ROW_ID[table]))
+def _lookup_key(table: Table[Any], loop_id: str | None, row_id: str) -> RowKey:
+    """The key of row `row_id` (of loop `loop_id`, for a table keyed by loop and id)."""
+    if len(table.key) == 1:
+        return (row_id,)
+    assert loop_id is not None, f"{table.name} rows are found by loop and id"
+    return (loop_id, row_id)
 
 
 def row_leaf(table: str, row: TodoRow | TurnRow | ApprovalRow) -> bytes:
-    return state.leaf(table, ROW_SQL[table][1](row))
+    """The leaf of a loop's row in its state tree: its table and its stored values."""
+    return state.leaf(table, ROW_TABLES[table].encode(row))
 
 
 class GuardedReader(Reader):
@@ -66,10 +67,10 @@ class GuardedReader(Reader):
         # write lock), so repeated reads are served from here.
         self._loops: dict[str, LoopRow | None] = {}
         self._trees: dict[str, state.StateTree] = {}
-        self._log: tuple[int, list[bytes]] | None = None
+        self._log: LogState | None = None
         # Todo, turn and approval rows read (proved) or written, by table and `RowKey`; None for
         # a row that does not exist.
-        self._rows: dict[str, dict[RowKey, Any]] = {t: {} for t in _ROW_ID}
+        self._rows: dict[str, dict[RowKey, Any]] = {t: {} for t in ROW_TABLES}
 
     # --- loops --------------------------------------------------------------------------------
 
@@ -80,7 +81,7 @@ class GuardedReader(Reader):
 
     def _proved_loop(self, loop_id: str) -> LoopRow | None:
         r = self._one(
-            f"SELECT {LOOP_COLUMNS}, state_root, mac, "
+            f"SELECT {LOOPS.row_names}, state_root, mac, "
             "(SELECT max(seq) FROM journal WHERE loop_id = ?), "
             "(SELECT digest FROM journal WHERE loop_id = ? ORDER BY seq DESC LIMIT 1) "
             "FROM loops WHERE loop_id = ?",
@@ -88,11 +89,11 @@ class GuardedReader(Reader):
         )
         if r is None:
             return None
-        r, (root, mac), head = r[:-4], r[-4:-2], r[-2:]
-        loop, root = loop_from_sql(r), bytes(root or b"")
+        *values, stored_root, mac, head_seq, head_digest = r
+        loop, root = LOOPS.decode(values), bytes(stored_root or b"")
         what = f"the stored state of loop {loop_id!r}"
         self.integrity.check(LOOP_MAC, loop_mac_values(loop, root), mac, what)
-        if head != (loop.head_seq, loop.head_digest):
+        if (head_seq, head_digest) != (loop.head_seq, loop.head_digest):
             raise IntegrityError(
                 f"{what} is not the state after its last receipt (an older copy was put back, or "
                 "receipts were removed); nothing was sealed. Run `loopwarden verify`."
@@ -119,13 +120,14 @@ class GuardedReader(Reader):
         """`rows` (id → row, as read from the database), each proved once per transaction: a
         row read again must equal the one proved (or written) before, and is that object (the
         fold tells the rows it changed by identity)."""
-        known = self._rows[table]
+        known, description = self._rows[table], ROW_TABLES[table]
         for key, row in rows.items():
-            held = known.get(_row_key(table, row))
+            row_key = description.key_of(row)
+            held = known.get(row_key)
             if held is not None and held == row:
                 rows[key] = held
             elif held is None and self.tree(row.loop_id).holds(row.slot, row_leaf(table, row)):
-                known[_row_key(table, row)] = row
+                known[row_key] = row
             else:
                 raise IntegrityError(
                     f"the stored {table[:-1]} {key!r} of loop {row.loop_id!r} is not the one its "
@@ -143,8 +145,8 @@ class GuardedReader(Reader):
     ) -> dict[str, Any]:
         """The rows of `ids` that exist: those this transaction has read or written already,
         and the others loaded with `load(their ids)` and proved."""
-        known = self._rows[table]
-        keys = {i: (loop_id, i) for i in ids}
+        known, description = self._rows[table], ROW_TABLES[table]
+        keys = {i: _lookup_key(description, loop_id, i) for i in ids}
         missing = [i for i, key in keys.items() if key not in known]
         if missing:
             self._prove(table, load(missing))
@@ -154,20 +156,20 @@ class GuardedReader(Reader):
 
     def keep(self, table: str, rows: Iterable[Any]) -> None:
         """Rows this transaction has written: what its later reads return."""
-        known = self._rows[table]
+        known, description = self._rows[table], ROW_TABLES[table]
         for row in rows:
-            known[_row_key(table, row)] = row
+            known[description.key_of(row)] = row
 
     # --- rows ---------------------------------------------------------------------------------
 
-    def todos(self, loop_id: str, ids: Any) -> dict[str, TodoRow]:
+    def todos(self, loop_id: str, ids: Iterable[str]) -> dict[str, TodoRow]:
         read = super().todos
         return self._cached("todos", loop_id, ids, lambda missing: read(loop_id, missing))
 
-    def turns(self, ids: Any) -> dict[str, TurnRow]:
+    def turns(self, ids: Iterable[str]) -> dict[str, TurnRow]:
         return self._cached("turns", None, ids, super().turns)
 
-    def approvals(self, ids: Any) -> dict[str, ApprovalRow]:
+    def approvals(self, ids: Iterable[str]) -> dict[str, ApprovalRow]:
         return self._cached("approvals", None, ids, super().approvals)
 
     def open_turns(self, loop_id: str) -> list[TurnRow]:
@@ -237,13 +239,14 @@ class GuardedReader(Reader):
         if todo is None:
             return None
         todo = self._prove("todos", {todo.todo_id: todo})[todo.todo_id]
+        assert isinstance(todo, TodoRow)
         if todo.status != TodoStatus.OPEN or not self.dependencies_done(loop_id, todo):
             raise IntegrityError(f"the todos of loop {loop_id!r} were changed outside loopwarden")
         return todo
 
     # --- the Merkle log and idempotency records -----------------------------------------------
 
-    def log_state(self) -> tuple[int, list[bytes]]:
+    def log_state(self) -> LogState:
         if self._log is None:
             r = self._one(
                 "SELECT size, frontier, mac, (SELECT max(leaf_index) FROM journal) "
@@ -257,17 +260,12 @@ class GuardedReader(Reader):
                 raise IntegrityError(
                     "the stored Merkle log does not end at the journal's last receipt"
                 )
-            self._log = (size, [frontier[i : i + 32] for i in range(0, len(frontier), 32)])
+            self._log = LogState(size, frontier_of(frontier))
         return self._log
 
-    def idempotency(self, principal: str, key: str) -> tuple[str, str, str] | None:
+    def idempotency(self, principal: str, key: str) -> IdempotencyRecord | None:
         record = super().idempotency(principal, key)
         if record is not None:
-            mac = self._one(
-                "SELECT mac FROM idempotency WHERE principal = ? AND key = ?", (principal, key)
-            )
-            values = [principal, key, *record]
-            self.integrity.check(
-                RECORD_MAC, values, mac[0] if mac else None, "an idempotency record"
-            )
+            what = "an idempotency record"
+            self.integrity.check(RECORD_MAC, record.mac_values(), record.mac, what)
         return record

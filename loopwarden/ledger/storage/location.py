@@ -1,4 +1,5 @@
-"""Where a store lives: a SQLite file, or a PostgreSQL database, named by a store URL.
+"""Where a store lives, named by a store URL: the registered backend its scheme names
+(`backends.py`), and its file path or connection URL.
 
 `sqlite:///PATH` (or a plain path) is a SQLite file — everything after the third slash is the
 path, so an absolute one gives four (`sqlite:////var/lib/lw.db`), as in SQLAlchemy, and a
@@ -11,44 +12,45 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from loopwarden.errors import InvalidInput
+from loopwarden.ledger.storage.backends import BACKENDS, DEFAULT, BackendSpec
 
-Backend = Literal["sqlite", "postgresql"]
 STORE_ENV = "LOOPWARDEN_STORE"
 """The environment variable naming the store for every command (a child process gets its store
 this way too, so that a password in a URL never shows on a command line)."""
-SQLITE_PREFIX = "sqlite:///"
-POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 
 
 @dataclass(frozen=True)
 class Location:
-    """A parsed store URL: which backend, and its file path or connection URL."""
+    """A parsed store URL: which backend, and its file path (a file backend) or its URL."""
 
-    backend: Backend
+    backend: BackendSpec
     target: str
 
     @property
-    def path(self) -> Path:
-        """The SQLite file (only for a SQLite location)."""
-        assert self.backend == "sqlite", "a PostgreSQL store has no file"
-        return Path(self.target)
+    def file(self) -> Path | None:
+        """The store's file, for a backend whose stores are files; None for a server's."""
+        return Path(self.target) if self.backend.files else None
 
     @property
     def url(self) -> str:
         """The store URL that names this location again (`--store`)."""
-        return self.target if self.backend == "postgresql" else f"{SQLITE_PREFIX}{self.target}"
+        return f"{self.backend.schemes[0]}{self.target}" if self.backend.files else self.target
+
+    @property
+    def has_password(self) -> bool:
+        """Whether the URL carries a password (which `str()` hides)."""
+        return not self.backend.files and redact(self.target) != self.target
 
     def __str__(self) -> str:
         """For messages: the file path, or the URL without its password."""
-        return self.target if self.backend == "sqlite" else redact(self.target)
+        return self.target if self.backend.files else redact(self.target)
 
 
 def redact(url: str) -> str:
-    """A PostgreSQL URL with its password (in the authority or a `password=` parameter) hidden."""
+    """A server URL with its password (in the authority or a `password=` parameter) hidden."""
     parts = urlsplit(url)
     netloc = parts.netloc
     if "@" in netloc:
@@ -63,25 +65,34 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def _file(backend: BackendSpec, path: str) -> Location:
+    return Location(backend, str(Path(path).expanduser().resolve()))
+
+
 def parse_location(value: str | Path | Location) -> Location:
     """A `Location` from a store URL or a path; `InvalidInput` for an unknown scheme."""
     if isinstance(value, Location):
         return value
     if isinstance(value, Path):
-        return Location("sqlite", str(value))
+        return Location(DEFAULT, str(value))
     text = value.strip()
-    if text.startswith(POSTGRES_PREFIXES):
-        return Location("postgresql", text)
-    if text.startswith(SQLITE_PREFIX):
-        path = text[len(SQLITE_PREFIX) :]
-        if not path:
-            raise InvalidInput(f"a SQLite store URL is sqlite:///PATH; {text!r} names no file")
-        return Location("sqlite", str(Path(path).expanduser().resolve()))
-    if "://" in text or text.startswith("sqlite:"):
+    for backend in BACKENDS:
+        scheme = next((s for s in backend.schemes if text.startswith(s)), None)
+        if scheme is None:
+            continue
+        if not backend.files:
+            return Location(backend, text)
+        if not text[len(scheme) :]:
+            raise InvalidInput(
+                f"a {backend.title} store URL is {backend.example}; {text!r} names no file"
+            )
+        return _file(backend, text[len(scheme) :])
+    named = text.split(":", 1)[0]
+    if "://" in text or any(named == s.split(":", 1)[0] for b in BACKENDS for s in b.schemes):
         scheme = text.split("://", 1)[0]
         raise InvalidInput(
-            f"unknown store URL scheme {scheme!r}: use sqlite:///PATH or postgresql://…"
+            f"unknown store URL scheme {scheme!r}: use " + " or ".join(b.example for b in BACKENDS)
         )
     if not text:
         raise InvalidInput("the store URL is empty")
-    return Location("sqlite", str(Path(text).expanduser().resolve()))
+    return _file(DEFAULT, text)

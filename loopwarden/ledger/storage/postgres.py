@@ -29,28 +29,26 @@ transaction (one consistent snapshot per read), as aiosqlite does it for SQLite 
 
 from __future__ import annotations
 
+import functools
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from types import MappingProxyType
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
 
 from loopwarden.clock import format_time
-from loopwarden.errors import NotFound, StoreError
-from loopwarden.ledger.log.integrity import LOG_MAC, Integrity
-from loopwarden.ledger.storage.dialect import POSTGRESQL, PgConnection
+from loopwarden.errors import StoreError
+from loopwarden.ledger.log.integrity import Integrity
+from loopwarden.ledger.storage.backends import Backend, StoreClosed, Synchronous
+from loopwarden.ledger.storage.dialect import Connection, Dialect
 from loopwarden.ledger.storage.location import redact
-from loopwarden.ledger.storage.rebuild import rebuild_projection
-from loopwarden.ledger.storage.schema import (
-    PG_FIRST_VERSION,
-    PG_MIGRATIONS,
-    REBUILT_AT,
-    SCHEMA_VERSION,
-)
+from loopwarden.ledger.storage.schema import META, TABLES
+from loopwarden.ledger.storage.table import Column, SqlType, Table
 from loopwarden.ledger.storage.worker import Worker
 
 T = TypeVar("T")
@@ -61,6 +59,76 @@ IDLE_IN_TRANSACTION_MS = 60_000  # a replica stuck inside a transaction lets the
 MIGRATION_LOCK = 0x6C77_0001  # advisory lock: replicas starting together migrate one at a time
 PRUNE_EVERY = 1024  # commits between prunings of old commit markers
 MARKER_AGE = timedelta(hours=1)
+
+
+@functools.lru_cache(maxsize=1024)
+def to_pyformat(sql: str) -> str:
+    """`?` placeholders → psycopg's `%s` (a literal `%` doubled). No statement in ledger/ has a
+    `?` or `%` inside a string literal, so a plain replacement is exact."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class PostgresDialect(Dialect):
+    """PostgreSQL's spelling. Text is compared and sorted byte-wise (`COLLATE "C"`), as SQLite
+    does, so every query orders rows the same way on both; integers are 64-bit, as SQLite's
+    are. Placeholders are psycopg's `%s`."""
+
+    name = "postgresql"
+    types: ClassVar[Mapping[SqlType, str]] = {
+        SqlType.TEXT: 'TEXT COLLATE "C"',
+        SqlType.DOCUMENT: "TEXT",
+        SqlType.INTEGER: "BIGINT",
+        SqlType.SMALL_INTEGER: "INTEGER",
+        SqlType.BYTES: "BYTEA",
+        SqlType.COMPRESSED: "BYTEA",
+    }
+
+    def prepare(self, sql: str) -> str:
+        return to_pyformat(sql)
+
+    def json_values(self, column: str, alias: str) -> str:
+        return f"jsonb_array_elements_text({column}::jsonb) AS {alias}(value)"
+
+
+POSTGRESQL = PostgresDialect()
+
+
+class PgConnection:
+    """A psycopg connection that speaks the statements of `ledger/` (`?` placeholders).
+
+    `execute` returns psycopg's cursor (iterable, `fetchone`, `fetchall`), as `sqlite3` does;
+    `executemany` sends its rows in one pipeline. Bytea comes back as `bytes`, bigint as `int`.
+    """
+
+    dialect: Dialect = POSTGRESQL
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.raw = conn
+
+    def execute(self, sql: str, params: Sequence[Any] | None = (), /) -> Any:
+        if not params:  # no placeholders, and psycopg reads a `%` literally without parameters
+            return self.raw.execute(sql)
+        return self.raw.execute(to_pyformat(sql), tuple(params))
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> None:
+        rows = list(rows)
+        if rows:
+            with self.raw.cursor() as cursor:
+                cursor.executemany(to_pyformat(sql), rows)
+
+    @property
+    def in_transaction(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return bool(self.raw.info.transaction_status != TransactionStatus.IDLE)
+
+    @property
+    def lost(self) -> bool:
+        """The connection is closed or broken (the server ended its session's transaction)."""
+        return bool(self.raw.closed or self.raw.broken)
+
+    def close(self) -> None:
+        self.raw.close()
 
 
 def connect(url: str, *, application: str = "loopwarden") -> PgConnection:
@@ -78,68 +146,16 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def schema_version(conn: PgConnection) -> int:
-    r = conn.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()
-    if not r or not r[0]:
-        return 0
-    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    return int(row[0]) if row else 0
-
-
-def migrate(conn: PgConnection, integrity: Integrity) -> None:
-    """Bring the schema to `SCHEMA_VERSION` in one transaction; refuse a database from a newer
-    loopwarden. Upgrading an existing database past `REBUILT_AT` re-derives its projection
-    from the journal, with proofs (`rebuild.py`), as on SQLite. Replicas starting together
-    take turns on an advisory lock, taken before the transaction begins so that the version it
-    reads includes the previous holder's work."""
-    conn.execute("SELECT pg_advisory_lock(?)", (MIGRATION_LOCK,))
-    try:
-        conn.execute("BEGIN")
-        try:
-            _migrate(conn, integrity)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(?)", (MIGRATION_LOCK,))
-
-
-def _migrate(conn: PgConnection, integrity: Integrity) -> None:
-    version = schema_version(conn)
-    if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"the database has schema version {version}; this loopwarden knows {SCHEMA_VERSION}. "
-            "Upgrade loopwarden."
-        )
-    for number in range(max(version + 1, PG_FIRST_VERSION), SCHEMA_VERSION + 1):
-        for statement in PG_MIGRATIONS[number]:
-            conn.execute(statement)
-    if version == 0:
-        initialize(conn, integrity)
-    elif version < SCHEMA_VERSION:
-        if version < REBUILT_AT:  # the rows' proofs cover columns this upgrade added
-            rebuild_projection(conn, integrity)
-        conn.execute(
-            "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
-        )
-
-
-def initialize(conn: PgConnection, integrity: Integrity) -> None:
-    """The rows a new store begins with, in its tables just made (inside the caller's
-    transaction): its origin, the empty Merkle log under its MAC, the schema version."""
-    conn.execute(
-        "INSERT INTO meta (key, value) VALUES ('origin', ?)",
-        (f"loopwarden.pg/{secrets.token_hex(8)}",),
-    )
-    conn.execute(
-        "INSERT INTO log_state (id, size, frontier, mac) VALUES (1, 0, ?, ?)",
-        (b"", integrity.mac(LOG_MAC, [0, ""])),
-    )
-    conn.execute(
-        "INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-    )
+COMMITS: Table[Any] = Table(
+    "commits",
+    None,
+    (Column("id", SqlType.TEXT), Column("at", SqlType.TEXT)),
+    key=("id",),
+)
+"""One row per committed write transaction, written inside it: after a connection is lost
+during COMMIT, finding the row is how a replica learns that its transaction committed
+(`PostgresBackend.commit`). Rows older than an hour are pruned; an answer is read back in
+seconds."""
 
 
 def check_secret(conn: PgConnection, integrity: Integrity) -> None:
@@ -147,10 +163,7 @@ def check_secret(conn: PgConnection, integrity: Integrity) -> None:
     records a MAC of a constant under its secret, and any other replica whose secret does not
     reproduce it is refused before it writes (its MACs would not verify)."""
     expected = integrity.mac("loopwarden.secret-check/v1", []).hex()
-    conn.execute(
-        "INSERT INTO meta (key, value) VALUES ('secret_check', ?) ON CONFLICT DO NOTHING",
-        (expected,),
-    )
+    conn.execute(POSTGRESQL.insert_new(META), ("secret_check", expected))
     stored = conn.execute("SELECT value FROM meta WHERE key = 'secret_check'").fetchone()
     if stored is None or stored[0] != expected:
         raise StoreError(
@@ -164,9 +177,11 @@ def check_secret(conn: PgConnection, integrity: Integrity) -> None:
 class PostgresBackend:
     """The database at `url`: the writer's connection and the reader threads."""
 
-    name = "postgresql"
-    dialect = POSTGRESQL
+    dialect: Dialect = POSTGRESQL
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
+    tables: tuple[Table[Any], ...] = (*TABLES, COMMITS)
+    history: Mapping[int, Sequence[str]] = MappingProxyType({})  # PostgreSQL stores began at 5
+    origin_prefix = "loopwarden.pg"
 
     def __init__(self, url: str, *, readers: int = READERS) -> None:
         self.url = url
@@ -177,9 +192,10 @@ class PostgresBackend:
         self._connections: list[PgConnection] = []
         self._commits = 0
 
-    @property
-    def where(self) -> str:
-        return redact(self.url)
+    @classmethod
+    def open(cls, target: str, *, synchronous: Synchronous) -> PostgresBackend:
+        """`synchronous` is SQLite's: the server's `synchronous_commit` decides here."""
+        return cls(target)
 
     def _connect_writer(self) -> PgConnection:
         conn = connect(self.url, application="loopwarden writer")
@@ -187,18 +203,46 @@ class PostgresBackend:
         self._writer_pid = conn.raw.info.backend_pid
         return conn
 
-    def schema_version(self) -> int:
-        return schema_version(self.writer)
+    # --- the schema -----------------------------------------------------------------------------
 
-    def migrate(self, integrity: Integrity) -> None:
-        migrate(self.writer, integrity)
+    @staticmethod
+    def version_of(conn: Connection) -> int:
+        """The version in `meta` ('schema_version'); 0 while there is no `meta` table."""
+        r = conn.execute("SELECT to_regclass('meta') IS NOT NULL").fetchone()
+        if not r or not r[0]:
+            return 0
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0]) if row else 0
+
+    def set_schema_version(self, version: int) -> None:
+        self.writer.execute(POSTGRESQL.upsert(META), ("schema_version", str(version)))
+
+    @contextmanager
+    def migrating(self) -> Iterator[None]:
+        """Replicas starting together take turns on an advisory lock, taken before the
+        transaction begins so that the version it reads includes the previous holder's work."""
+        conn = self.writer
+        conn.execute("SELECT pg_advisory_lock(?)", (MIGRATION_LOCK,))
+        try:
+            conn.execute("BEGIN")
+            try:
+                yield
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(?)", (MIGRATION_LOCK,))
+
+    def check_secret(self, integrity: Integrity) -> None:
         check_secret(self.writer, integrity)
 
     # --- the write transaction (on the writer thread) ------------------------------------------
 
     def begin(self) -> None:
         """BEGIN and take the sequencer lock: from here to COMMIT this is the only writer."""
-        if self.writer.raw.closed or self.writer.raw.broken:
+        if self.writer.lost:
             self.writer = self._connect_writer()
         # One round trip: no parameters, so both statements go as one simple query.
         self.writer.execute("BEGIN; SELECT 1 FROM log_state WHERE id = 1 FOR UPDATE")
@@ -216,7 +260,7 @@ class PostgresBackend:
         try:
             self.writer.execute("COMMIT")
         except psycopg.OperationalError as exc:
-            if not (self.writer.raw.closed or self.writer.raw.broken):
+            if not self.writer.lost:
                 raise  # the server answered: it refused the commit, nothing was written
             self._read_back(marker, exc)
 
@@ -257,7 +301,7 @@ class PostgresBackend:
 
     def rollback(self) -> None:
         conn = self.writer
-        if conn.raw.closed or conn.raw.broken:
+        if conn.lost:
             return  # the server rolls back a lost session's transaction by itself
         try:
             if conn.in_transaction:
@@ -271,29 +315,29 @@ class PostgresBackend:
         self._reading = Worker("loopwarden-pg-reader", threads=self._readers)
         self._reading.start()
 
-    async def read(self, fn: Callable[[Any], T]) -> T:
+    async def read(self, fn: Callable[[Connection], T]) -> T:
         """Run `fn(connection)` on a reader thread inside one read-only snapshot."""
         if self._reading is None:
-            raise StoreError("the store is closed", code="store_unavailable")
+            raise StoreClosed()
         result: T = await self._reading.call(lambda: self._snapshot(fn))
         return result
 
     def _reader_conn(self) -> PgConnection:
         conn: PgConnection | None = getattr(self._local, "conn", None)
-        if conn is None or conn.raw.closed or conn.raw.broken:
+        if conn is None or conn.lost:
             conn = connect(self.url, application="loopwarden reader")
             self._local.conn = conn
             self._connections.append(conn)
         return conn
 
-    def _snapshot(self, fn: Callable[[Any], T]) -> T:
+    def _snapshot(self, fn: Callable[[Connection], T]) -> T:
         try:
             conn = self._reader_conn()
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
                 return fn(conn)
             finally:
-                if not (conn.raw.closed or conn.raw.broken) and conn.in_transaction:
+                if not conn.lost and conn.in_transaction:
                     conn.execute("ROLLBACK")
         except psycopg.Error as exc:
             raise StoreError(f"database error: {_first_line(exc)}") from exc
@@ -310,24 +354,19 @@ class PostgresBackend:
             if not conn.raw.closed:
                 conn.close()
 
+    @classmethod
+    @contextmanager
+    def snapshot(cls, target: str) -> Iterator[Connection]:
+        """A connection inside one REPEATABLE READ READ ONLY transaction (for audits and
+        exports)."""
+        conn = connect(target, application="loopwarden audit")
+        try:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield conn
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot read the database: {_first_line(exc)}") from None
+        finally:
+            conn.close()
 
-@contextmanager
-def snapshot(url: str) -> Iterator[PgConnection]:
-    """A connection inside one REPEATABLE READ READ ONLY transaction, its schema checked
-    readable (for audits and exports)."""
-    conn = connect(url, application="loopwarden audit")
-    try:
-        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        version = schema_version(conn)
-        if version == 0:
-            raise NotFound(f"there is no loopwarden store in {redact(url)}")
-        if version > SCHEMA_VERSION or version < PG_FIRST_VERSION:
-            raise StoreError(
-                f"the database has schema version {version}; this loopwarden reads versions "
-                f"{PG_FIRST_VERSION} to {SCHEMA_VERSION}"
-            )
-        yield conn
-    except psycopg.Error as exc:
-        raise StoreError(f"cannot read the database: {_first_line(exc)}") from None
-    finally:
-        conn.close()
+
+BACKEND: type[Backend] = PostgresBackend

@@ -18,7 +18,14 @@ from loopwarden.ledger.state.fold import FoldError, apply
 from loopwarden.ledger.state.registry import parse_body
 from loopwarden.ledger.state.rows import LoopView, diff_views
 from loopwarden.ledger.storage.dialect import Connection
-from loopwarden.ledger.storage.reader import LEGACY_FIELDS, PolicyCache, Reader, unpack_response
+from loopwarden.ledger.storage.reader import PolicyCache, Reader
+from loopwarden.ledger.storage.records import IdempotencyRecord
+from loopwarden.ledger.storage.schema import (
+    LEGACY_FIELDS,
+    PROJECTION,
+    STATE_NODES,
+    unpack_response,
+)
 from loopwarden.ledger.storage.txn import ProjectionWriter
 
 
@@ -59,8 +66,8 @@ def rebuild_projection(conn: Connection, integrity: Integrity) -> None:
     caller's transaction). `IntegrityError` if the stored projection disagrees with the journal."""
     views = _fold_journal(Reader(conn))
     _check_agrees(Reader(conn, legacy=True), views)
-    for table in ("todos", "turns", "approvals", "loops", "state_nodes"):
-        conn.execute(f"DELETE FROM {table}")
+    for table in (*PROJECTION, STATE_NODES):
+        conn.execute(f"DELETE FROM {table.name}")
     writer = ProjectionWriter(conn, PolicyCache(), integrity)
     for view in views.values():
         writer.save(view, {})
@@ -77,8 +84,8 @@ def rebuild_projection(conn: Connection, integrity: Integrity) -> None:
     for principal, key, operation, digest, response in conn.execute(
         "SELECT principal, key, operation, request_digest, response FROM idempotency"
     ).fetchall():
-        text = unpack_response(response)
-        mac = integrity.mac(RECORD_MAC, [principal, key, operation, digest, text])
+        record = IdempotencyRecord(principal, key, operation, digest, unpack_response(response), "")
         conn.execute(
-            "UPDATE idempotency SET mac = ? WHERE principal = ? AND key = ?", (mac, principal, key)
+            "UPDATE idempotency SET mac = ? WHERE principal = ? AND key = ?",
+            (integrity.mac(RECORD_MAC, record.mac_values()), principal, key),
         )

@@ -1,442 +1,354 @@
-"""The database schema, by version. `store.py` applies it; nothing else runs DDL.
+"""The database schema: every table loopwarden stores, described once, at `SCHEMA_VERSION`.
 
-Migrations are append-only: version N's statements take a version N-1 database to N, on both
-backends (SQLite's `MIGRATIONS`, PostgreSQL's `PG_MIGRATIONS`). The version lives in SQLite's
-`PRAGMA user_version` and in PostgreSQL's `meta` row 'schema_version'.
+A new store is made from these descriptions (each backend's dialect spells the DDL); an older
+one is upgraded to them by the explicit steps of `migrations.py`, and a test compares each
+backend's live schema, read from the database's own catalog, with them. A column's `since` is
+the version that added it: a store of an older schema reads it as its default.
+
+Column order is stored order, and a row's stored values in that order are what its proofs
+hash: an existing column never moves, a new one goes last.
 """
 
 from __future__ import annotations
 
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    # version 1
-    (
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-        # The journal: every receipt envelope, in Merkle leaf order.
-        """CREATE TABLE journal (
-            leaf_index INTEGER PRIMARY KEY,
-            loop_id TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            kind TEXT NOT NULL,
-            receipt_id TEXT NOT NULL UNIQUE,
-            digest TEXT NOT NULL,
-            at TEXT NOT NULL,
-            turn_id TEXT,
-            envelope BLOB NOT NULL,
-            UNIQUE (loop_id, seq)
-        )""",
-        "CREATE INDEX journal_turn ON journal (turn_id) WHERE turn_id IS NOT NULL",
-        # The Merkle log: frontier (one row) + every completed perfect-subtree node.
-        """CREATE TABLE log_state (
-            id INTEGER PRIMARY KEY CHECK (id = 1),
-            size INTEGER NOT NULL,
-            frontier BLOB NOT NULL
-        )""",
-        """CREATE TABLE merkle_nodes (
-            level INTEGER NOT NULL,
-            idx INTEGER NOT NULL,
-            hash BLOB NOT NULL,
-            PRIMARY KEY (level, idx)
-        ) WITHOUT ROWID""",
-        """CREATE TABLE checkpoints (
-            size INTEGER PRIMARY KEY,
-            root BLOB NOT NULL,
-            note TEXT NOT NULL,
-            key_id TEXT NOT NULL,
-            signed_at TEXT NOT NULL
-        )""",
-        "CREATE TABLE policies (digest TEXT PRIMARY KEY, document TEXT NOT NULL)",
-        # Projection tables: exactly what the fold in projection.py produces.
-        """CREATE TABLE loops (
-            loop_id TEXT PRIMARY KEY,
-            objective TEXT NOT NULL,
-            status TEXT NOT NULL,
-            stop_reason TEXT,
-            policy_digest TEXT NOT NULL,
-            opened_at TEXT NOT NULL,
-            opened_by TEXT NOT NULL,
-            turns INTEGER NOT NULL,
-            model_calls INTEGER NOT NULL,
-            input_tokens INTEGER NOT NULL,
-            output_tokens INTEGER NOT NULL,
-            tool_calls INTEGER NOT NULL,
-            cost_micros INTEGER NOT NULL,
-            wall_micros INTEGER NOT NULL,
-            todos_open INTEGER NOT NULL,
-            todos_claimed INTEGER NOT NULL,
-            todos_done INTEGER NOT NULL,
-            todos_blocked INTEGER NOT NULL,
-            failure_signature TEXT,
-            failure_streak INTEGER NOT NULL,
-            head_seq INTEGER NOT NULL,
-            head_digest TEXT NOT NULL,
-            updated_at TEXT NOT NULL
-        )""",
-        """CREATE TABLE todos (
-            loop_id TEXT NOT NULL,
-            todo_id TEXT NOT NULL,
-            title TEXT NOT NULL,
-            ord INTEGER NOT NULL,
-            depends_on TEXT NOT NULL,
-            status TEXT NOT NULL,
-            attempts INTEGER NOT NULL,
-            fence INTEGER NOT NULL,
-            added_by TEXT NOT NULL,
-            turn_id TEXT,
-            PRIMARY KEY (loop_id, todo_id)
-        ) WITHOUT ROWID""",
-        "CREATE INDEX todos_by_status ON todos (loop_id, status, ord, todo_id)",
-        """CREATE TABLE turns (
-            turn_id TEXT PRIMARY KEY,
-            loop_id TEXT NOT NULL,
-            todo_id TEXT NOT NULL,
-            agent TEXT NOT NULL,
-            fence INTEGER NOT NULL,
-            status TEXT NOT NULL,
-            claimed_at TEXT NOT NULL,
-            lease_expires_at TEXT NOT NULL,
-            closed_at TEXT,
-            outcome TEXT
-        )""",
-        "CREATE INDEX turns_by_status ON turns (loop_id, status, lease_expires_at)",
-        "CREATE INDEX turns_by_agent ON turns (loop_id, agent, status)",
-        "CREATE INDEX turns_by_claim_time ON turns (loop_id, claimed_at)",
-        """CREATE TABLE approvals (
-            approval_id TEXT PRIMARY KEY,
-            loop_id TEXT NOT NULL,
-            turn_id TEXT NOT NULL,
-            todo_id TEXT NOT NULL,
-            tool TEXT NOT NULL,
-            summary TEXT NOT NULL,
-            artifact_digest TEXT,
-            status TEXT NOT NULL,
-            requested_by TEXT NOT NULL,
-            requested_at TEXT NOT NULL,
-            decided_by TEXT,
-            decided_at TEXT,
-            expires_at TEXT,
-            reason TEXT,
-            consumed_by TEXT
-        )""",
-        "CREATE INDEX approvals_by_status ON approvals (loop_id, status)",
-        # Operational records (not part of the projection).
-        """CREATE TABLE idempotency (
-            principal TEXT NOT NULL,
-            key TEXT NOT NULL,
-            operation TEXT NOT NULL,
-            request_digest TEXT NOT NULL,
-            response TEXT NOT NULL,
-            created_at TEXT NOT NULL,
-            PRIMARY KEY (principal, key)
-        ) WITHOUT ROWID""",
-        """CREATE TABLE tokens (
-            token_hash TEXT PRIMARY KEY,
-            token_id TEXT NOT NULL UNIQUE,
-            agent TEXT NOT NULL,
-            role TEXT NOT NULL,
-            created_at TEXT NOT NULL,
-            revoked_at TEXT
-        )""",
-        """CREATE TABLE keys (
-            key_id TEXT PRIMARY KEY,
-            public_key TEXT NOT NULL,
-            first_used_at TEXT NOT NULL
-        )""",
-    ),
-    # version 2: fewer B-trees per write (every one a page in each commit) and indexes that
-    # keep the projection's reads flat as a loop grows. `loops` and `turns` become WITHOUT
-    # ROWID tables keyed by their ids; open turns (at most `claims.max_active` per loop) are
-    # found through one index in claim order, so the per-agent and lease indexes go; the todo
-    # page is read in claim order without sorting every todo.
-    (
-        """CREATE TABLE loops_v2 (
-            loop_id TEXT PRIMARY KEY,
-            objective TEXT NOT NULL,
-            status TEXT NOT NULL,
-            stop_reason TEXT,
-            policy_digest TEXT NOT NULL,
-            opened_at TEXT NOT NULL,
-            opened_by TEXT NOT NULL,
-            turns INTEGER NOT NULL,
-            model_calls INTEGER NOT NULL,
-            input_tokens INTEGER NOT NULL,
-            output_tokens INTEGER NOT NULL,
-            tool_calls INTEGER NOT NULL,
-            cost_micros INTEGER NOT NULL,
-            wall_micros INTEGER NOT NULL,
-            todos_open INTEGER NOT NULL,
-            todos_claimed INTEGER NOT NULL,
-            todos_done INTEGER NOT NULL,
-            todos_blocked INTEGER NOT NULL,
-            failure_signature TEXT,
-            failure_streak INTEGER NOT NULL,
-            head_seq INTEGER NOT NULL,
-            head_digest TEXT NOT NULL,
-            updated_at TEXT NOT NULL
-        ) WITHOUT ROWID""",
-        "INSERT INTO loops_v2 SELECT * FROM loops",
-        "DROP TABLE loops",
-        "ALTER TABLE loops_v2 RENAME TO loops",
-        """CREATE TABLE turns_v2 (
-            turn_id TEXT PRIMARY KEY,
-            loop_id TEXT NOT NULL,
-            todo_id TEXT NOT NULL,
-            agent TEXT NOT NULL,
-            fence INTEGER NOT NULL,
-            status TEXT NOT NULL,
-            claimed_at TEXT NOT NULL,
-            lease_expires_at TEXT NOT NULL,
-            closed_at TEXT,
-            outcome TEXT
-        ) WITHOUT ROWID""",
-        "INSERT INTO turns_v2 SELECT * FROM turns",
-        "DROP TABLE turns",
-        "ALTER TABLE turns_v2 RENAME TO turns",
-        "CREATE INDEX turns_by_claim_time ON turns (loop_id, claimed_at, turn_id)",
-        "CREATE INDEX turns_by_status_and_claim ON turns (loop_id, status, claimed_at, turn_id)",
-        "DROP INDEX journal_turn",
-        "CREATE INDEX todos_by_order ON todos (loop_id, ord, todo_id)",
-    ),
-    # version 3: the `keys` table goes. The audit trusts only the key directory (a key the
-    # database vouches for proves nothing), and bundles carry their own public keys, so the
-    # table was written on every open and never read.
-    ("DROP TABLE keys",),
-    # version 4: what lets the write path prove the rows it acts on instead of trusting them
-    # (ledger/storage/guard.py). Each loop row gains the ids of its open turns, its slot count, the
-    # root of its state tree and a MAC; every todo, turn and approval row its slot (turns also
-    # their claim number); the state tree's blobs get a table; tokens, idempotency records and
-    # the Merkle log state a MAC. Upgrading from an older version re-derives the projection
-    # from the journal (ledger/storage/rebuild.py), once.
-    (
-        "ALTER TABLE loops ADD COLUMN open_turns TEXT NOT NULL DEFAULT '[]'",
-        "ALTER TABLE loops ADD COLUMN slots INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE loops ADD COLUMN state_root BLOB",
-        "ALTER TABLE loops ADD COLUMN mac BLOB",
-        "ALTER TABLE todos ADD COLUMN slot INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE turns ADD COLUMN slot INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE turns ADD COLUMN number INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE approvals ADD COLUMN slot INTEGER NOT NULL DEFAULT 0",
-        "CREATE INDEX turns_by_number ON turns (loop_id, number)",
-        """CREATE TABLE state_nodes (
-            loop_id TEXT NOT NULL,
-            level INTEGER NOT NULL,
-            idx INTEGER NOT NULL,
-            hashes BLOB NOT NULL,
-            PRIMARY KEY (loop_id, level, idx)
-        ) WITHOUT ROWID""",
-        "ALTER TABLE tokens ADD COLUMN mac BLOB",
-        "ALTER TABLE idempotency ADD COLUMN mac BLOB",
-        "ALTER TABLE log_state ADD COLUMN mac BLOB",
-    ),
-    # version 5: hostile clients. A token may carry an expiry. A principal a loop's policy does
-    # not admit (an outsider) gets at most one sealed refusal per loop per window; the refusals
-    # answered after it are counted on its row, and the next sealed one carries the count. The
-    # rows also mark those receipts, so the projection's recent view leaves them out.
-    (
-        "ALTER TABLE tokens ADD COLUMN expires_at TEXT",
-        """CREATE TABLE outsider_refusals (
-            loop_id TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            principal TEXT NOT NULL,
-            at TEXT NOT NULL,
-            suppressed INTEGER NOT NULL,
-            PRIMARY KEY (loop_id, seq)
-        ) WITHOUT ROWID""",
-        "CREATE INDEX outsider_refusals_by_principal ON outsider_refusals (loop_id, principal, seq)",
-    ),
-    # version 6: host hooks (operations/hooks.py). Each turn row keeps what the host saw in it
-    # (calls admitted and run, per policy tool name), the tools its accepted report named, and
-    # the calls refused before they ran; each loop row, the host session each agent's hooks
-    # last spoke from. The rows' proofs cover the new columns, so the projection is re-derived.
-    (
-        "ALTER TABLE turns ADD COLUMN observed TEXT NOT NULL DEFAULT '{}'",
-        "ALTER TABLE turns ADD COLUMN reported TEXT NOT NULL DEFAULT '{}'",
-        "ALTER TABLE turns ADD COLUMN refusals INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE loops ADD COLUMN hosts TEXT NOT NULL DEFAULT '{}'",
-    ),
-)
+import json
+import zlib
+from dataclasses import fields
+from operator import attrgetter
+from typing import Any
 
-SCHEMA_VERSION = len(MIGRATIONS)
+from loopwarden.errors import IntegrityError
+from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
+from loopwarden.ledger.storage.records import (
+    CheckpointRow,
+    IdempotencyRecord,
+    JournalRow,
+    OutsiderRefusal,
+    TokenRow,
+)
+from loopwarden.ledger.storage.table import Codec, Column, Group, Index, SqlType, Table
+from loopwarden.policy.budgets import Totals
+from loopwarden.statuses import ApprovalStatus, LoopStatus, TodoStatus, TurnStatus
+
+SCHEMA_VERSION = 6
+LEGACY_SCHEMA = 3
+"""The last schema without the proof fields (loopwarden 0.1.0): still readable by an audit."""
 REBUILT_AT = 6
 """Upgrading an existing database to this version or past it re-derives its projection (and
 its proofs) from the journal: the rows' columns changed at 4 and 6."""
 
+TEXT, DOCUMENT, INTEGER = SqlType.TEXT, SqlType.DOCUMENT, SqlType.INTEGER
+SMALL_INTEGER, BYTES, COMPRESSED = SqlType.SMALL_INTEGER, SqlType.BYTES, SqlType.COMPRESSED
 
-# PostgreSQL. A PostgreSQL store begins at version 5, the schema above as it stands there, so
-# its first migration creates that schema whole; each later version appends a migration here
-# and one above, and both backends report the same `SCHEMA_VERSION`. Text is compared and sorted
-# byte-wise (`COLLATE "C"`), as SQLite does, so every query orders rows the same way on both;
-# integers are 64-bit, as SQLite's are. The version lives in `meta` ('schema_version').
-_T = 'TEXT COLLATE "C"'
-PG_FIRST_VERSION = 5
-PG_MIGRATIONS: dict[int, tuple[str, ...]] = {
-    5: (
-        f"CREATE TABLE meta (key {_T} PRIMARY KEY, value TEXT NOT NULL)",
-        # The journal: (loop_id, seq) is the key (one receipt per place in a loop's chain);
-        # leaf_index is the receipt's place in the one Merkle tree, unique across replicas.
-        f"""CREATE TABLE journal (
-            leaf_index BIGINT NOT NULL UNIQUE,
-            loop_id {_T} NOT NULL,
-            seq BIGINT NOT NULL,
-            kind {_T} NOT NULL,
-            receipt_id {_T} NOT NULL UNIQUE,
-            digest {_T} NOT NULL,
-            at {_T} NOT NULL,
-            turn_id {_T},
-            envelope BYTEA NOT NULL,
-            PRIMARY KEY (loop_id, seq)
-        )""",
-        # The Merkle log state, and the sequencer: every write transaction locks this one row
-        # first (`SELECT … FOR UPDATE`), so leaves are appended in one order across replicas.
-        """CREATE TABLE log_state (
-            id INTEGER PRIMARY KEY CHECK (id = 1),
-            size BIGINT NOT NULL,
-            frontier BYTEA NOT NULL,
-            mac BYTEA
-        )""",
-        """CREATE TABLE merkle_nodes (
-            level INTEGER NOT NULL,
-            idx BIGINT NOT NULL,
-            hash BYTEA NOT NULL,
-            PRIMARY KEY (level, idx)
-        )""",
-        f"""CREATE TABLE checkpoints (
-            size BIGINT PRIMARY KEY,
-            root BYTEA NOT NULL,
-            note TEXT NOT NULL,
-            key_id {_T} NOT NULL,
-            signed_at {_T} NOT NULL
-        )""",
-        f"CREATE TABLE policies (digest {_T} PRIMARY KEY, document TEXT NOT NULL)",
-        f"""CREATE TABLE loops (
-            loop_id {_T} PRIMARY KEY,
-            objective TEXT NOT NULL,
-            status {_T} NOT NULL,
-            stop_reason {_T},
-            policy_digest {_T} NOT NULL,
-            opened_at {_T} NOT NULL,
-            opened_by {_T} NOT NULL,
-            turns BIGINT NOT NULL,
-            model_calls BIGINT NOT NULL,
-            input_tokens BIGINT NOT NULL,
-            output_tokens BIGINT NOT NULL,
-            tool_calls BIGINT NOT NULL,
-            cost_micros BIGINT NOT NULL,
-            wall_micros BIGINT NOT NULL,
-            todos_open BIGINT NOT NULL,
-            todos_claimed BIGINT NOT NULL,
-            todos_done BIGINT NOT NULL,
-            todos_blocked BIGINT NOT NULL,
-            failure_signature {_T},
-            failure_streak BIGINT NOT NULL,
-            head_seq BIGINT NOT NULL,
-            head_digest {_T} NOT NULL,
-            updated_at {_T} NOT NULL,
-            open_turns TEXT NOT NULL DEFAULT '[]',
-            slots BIGINT NOT NULL DEFAULT 0,
-            state_root BYTEA,
-            mac BYTEA
-        )""",
-        f"""CREATE TABLE todos (
-            loop_id {_T} NOT NULL,
-            todo_id {_T} NOT NULL,
-            title TEXT NOT NULL,
-            ord BIGINT NOT NULL,
-            depends_on TEXT NOT NULL,
-            status {_T} NOT NULL,
-            attempts BIGINT NOT NULL,
-            fence BIGINT NOT NULL,
-            added_by {_T} NOT NULL,
-            turn_id {_T},
-            slot BIGINT NOT NULL DEFAULT 0,
-            PRIMARY KEY (loop_id, todo_id)
-        )""",
-        "CREATE INDEX todos_by_status ON todos (loop_id, status, ord, todo_id)",
-        "CREATE INDEX todos_by_order ON todos (loop_id, ord, todo_id)",
-        f"""CREATE TABLE turns (
-            turn_id {_T} PRIMARY KEY,
-            loop_id {_T} NOT NULL,
-            todo_id {_T} NOT NULL,
-            agent {_T} NOT NULL,
-            fence BIGINT NOT NULL,
-            status {_T} NOT NULL,
-            claimed_at {_T} NOT NULL,
-            lease_expires_at {_T} NOT NULL,
-            closed_at {_T},
-            outcome {_T},
-            slot BIGINT NOT NULL DEFAULT 0,
-            number BIGINT NOT NULL DEFAULT 0
-        )""",
-        "CREATE INDEX turns_by_claim_time ON turns (loop_id, claimed_at, turn_id)",
-        "CREATE INDEX turns_by_status_and_claim ON turns (loop_id, status, claimed_at, turn_id)",
-        "CREATE INDEX turns_by_number ON turns (loop_id, number)",
-        f"""CREATE TABLE approvals (
-            approval_id {_T} PRIMARY KEY,
-            loop_id {_T} NOT NULL,
-            turn_id {_T} NOT NULL,
-            todo_id {_T} NOT NULL,
-            tool {_T} NOT NULL,
-            summary TEXT NOT NULL,
-            artifact_digest {_T},
-            status {_T} NOT NULL,
-            requested_by {_T} NOT NULL,
-            requested_at {_T} NOT NULL,
-            decided_by {_T},
-            decided_at {_T},
-            expires_at {_T},
-            reason TEXT,
-            consumed_by {_T},
-            slot BIGINT NOT NULL DEFAULT 0
-        )""",
-        "CREATE INDEX approvals_by_status ON approvals (loop_id, status)",
-        f"""CREATE TABLE idempotency (
-            principal {_T} NOT NULL,
-            key {_T} NOT NULL,
-            operation {_T} NOT NULL,
-            request_digest {_T} NOT NULL,
-            response BYTEA NOT NULL,
-            created_at {_T} NOT NULL,
-            mac BYTEA,
-            PRIMARY KEY (principal, key)
-        )""",
-        f"""CREATE TABLE tokens (
-            token_hash {_T} PRIMARY KEY,
-            token_id {_T} NOT NULL UNIQUE,
-            agent {_T} NOT NULL,
-            role {_T} NOT NULL,
-            created_at {_T} NOT NULL,
-            revoked_at {_T},
-            mac BYTEA,
-            expires_at {_T}
-        )""",
-        f"""CREATE TABLE state_nodes (
-            loop_id {_T} NOT NULL,
-            level INTEGER NOT NULL,
-            idx BIGINT NOT NULL,
-            hashes BYTEA NOT NULL,
-            PRIMARY KEY (loop_id, level, idx)
-        )""",
-        f"""CREATE TABLE outsider_refusals (
-            loop_id {_T} NOT NULL,
-            seq BIGINT NOT NULL,
-            principal {_T} NOT NULL,
-            at {_T} NOT NULL,
-            suppressed BIGINT NOT NULL,
-            PRIMARY KEY (loop_id, seq)
-        )""",
-        "CREATE INDEX outsider_refusals_by_principal ON outsider_refusals (loop_id, principal, seq)",
-        # One row per committed write transaction, written inside it: after a connection is lost
-        # during COMMIT, finding the row is how a replica learns that its transaction committed
-        # (postgres.py). Rows older than an hour are pruned; an answer is read back in seconds.
-        f"CREATE TABLE commits (id {_T} PRIMARY KEY, at {_T} NOT NULL)",
-    ),
-    # version 6: host hooks, as above.
-    6: (
-        "ALTER TABLE turns ADD COLUMN observed TEXT NOT NULL DEFAULT '{}'",
-        "ALTER TABLE turns ADD COLUMN reported TEXT NOT NULL DEFAULT '{}'",
-        "ALTER TABLE turns ADD COLUMN refusals BIGINT NOT NULL DEFAULT 0",
-        "ALTER TABLE loops ADD COLUMN hosts TEXT NOT NULL DEFAULT '{}'",
-    ),
-}
-assert sorted(PG_MIGRATIONS) == list(range(PG_FIRST_VERSION, SCHEMA_VERSION + 1)), (
-    "every new schema version needs a PostgreSQL migration"
+
+# --- codecs ------------------------------------------------------------------------------------
+
+
+def _json_object(value: dict[str, Any]) -> str:
+    """A dict column as JSON text, keys sorted (a row's bytes, MACs and leaves are stable)."""
+    return json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in sorted(value.items())})
+
+
+def unpack_response(stored: bytes | str) -> str:
+    """An idempotency record's response JSON as stored (zlib-compressed, see `Txn.remember`);
+    bytes that do not decompress are an `IntegrityError`: loopwarden did not write them. (An
+    old SQLite release stored the text itself.)"""
+    if not isinstance(stored, bytes):
+        return str(stored)
+    try:
+        return zlib.decompress(stored).decode()
+    except (zlib.error, UnicodeDecodeError):
+        raise IntegrityError(
+            "an idempotency record's response was changed outside loopwarden"
+        ) from None
+
+
+def _envelope(stored: object) -> bytes:
+    # A hand-edited envelope may come back as TEXT; the audit must see bytes either way.
+    if isinstance(stored, bytes):
+        return stored
+    return str(stored).encode("utf-8", "surrogatepass")
+
+
+def _enum(kind: type) -> Codec:
+    return Codec(None, kind)  # a StrEnum is stored as its string
+
+
+STRINGS = Codec(lambda v: json.dumps(list(v)), lambda s: tuple(json.loads(s)))
+"""A tuple of strings as a JSON array."""
+HOSTS = Codec(_json_object, lambda s: {a: tuple(seen) for a, seen in json.loads(s).items()})
+OBSERVED = Codec(
+    _json_object, lambda s: {t: (seen[0], seen[1]) for t, seen in json.loads(s).items()}
 )
+COUNTS = Codec(_json_object, json.loads)
+BLOB = Codec(None, bytes)
+RESPONSE = Codec(lambda text: zlib.compress(text.encode(), 6), unpack_response)
+
+TOTALS = ("turns", "model_calls", "input_tokens", "output_tokens", "tool_calls",
+          "cost_micros", "wall_micros")  # fmt: skip
+assert tuple(f.name for f in fields(Totals)) == TOTALS, "a loop's totals columns are its Totals"
+TODO_COUNTS = ("todos_open", "todos_claimed", "todos_done", "todos_blocked")  # TODO_STATUSES order
+
+
+def _text(name: str, **kw: Any) -> Column:
+    return Column(name, TEXT, **kw)
+
+
+def _null(name: str, **kw: Any) -> Column:
+    return Column(name, TEXT, null=True, **kw)
+
+
+def _int(name: str, **kw: Any) -> Column:
+    return Column(name, INTEGER, **kw)
+
+
+def _slot(since: int = 4) -> Column:
+    return Column("slot", INTEGER, default=0, since=since)
+
+
+def _mac(since: int = 4) -> Column:
+    return Column("mac", BYTES, null=True, since=since)
+
+
+# --- the log ------------------------------------------------------------------------------------
+
+META: Table[Any] = Table("meta", None, (_text("key"), Column("value", DOCUMENT)), key=("key",))
+JOURNAL = Table(
+    "journal",
+    JournalRow,
+    (
+        _int("leaf_index"),
+        _text("loop_id"),
+        _int("seq"),
+        _text("kind"),
+        _text("receipt_id"),
+        _text("digest"),
+        _text("at"),
+        _null("turn_id"),
+        Column("envelope", BYTES, codec=Codec(None, _envelope)),
+    ),
+    key=("loop_id", "seq"),  # one receipt per place in a loop's chain
+    rowid="leaf_index",  # its place in the one Merkle tree
+    unique=(("receipt_id",),),
+)
+"""Every receipt envelope, in Merkle leaf order."""
+LOG_STATE: Table[Any] = Table(
+    "log_state",
+    None,
+    (Column("id", SMALL_INTEGER), _int("size"), Column("frontier", BYTES), _mac()),
+    key=("id",),
+    rowid="id",
+    check="id = 1",
+)
+"""The Merkle log's frontier (one row); on PostgreSQL also the sequencer every write locks."""
+MERKLE_NODES: Table[Any] = Table(
+    "merkle_nodes",
+    None,
+    (Column("level", SMALL_INTEGER), _int("idx"), Column("hash", BYTES)),
+    key=("level", "idx"),
+    clustered=True,
+)
+"""Every completed perfect subtree's node of the Merkle tree."""
+CHECKPOINTS = Table(
+    "checkpoints",
+    CheckpointRow,
+    (
+        _int("size"),
+        Column("root", BYTES, codec=BLOB),
+        Column("note", DOCUMENT),
+        _text("key_id"),
+        _text("signed_at"),
+    ),
+    key=("size",),
+    rowid="size",
+)
+POLICIES: Table[Any] = Table(
+    "policies", None, (_text("digest"), Column("document", DOCUMENT)), key=("digest",)
+)
+
+# --- the projection: exactly the rows the fold (ledger/state/fold.py) produces ------------------
+
+LOOPS = Table(
+    "loops",
+    LoopRow,
+    (
+        _text("loop_id"),
+        Column("objective", DOCUMENT),
+        _text("status", codec=_enum(LoopStatus)),
+        _null("stop_reason"),
+        _text("policy_digest"),
+        _text("opened_at"),
+        _text("opened_by"),
+        *(_int(name, field="totals") for name in TOTALS),
+        *(_int(name, field="todo_counts") for name in TODO_COUNTS),
+        _null("failure_signature"),
+        _int("failure_streak"),
+        _int("head_seq"),
+        _text("head_digest"),
+        _text("updated_at"),
+        Column("open_turns", DOCUMENT, default="[]", since=4, codec=STRINGS),
+        _int("slots", default=0, since=4),
+        # The loop row's proofs, outside the row: its state tree's root, and its MAC over the
+        # row's stored values and that root.
+        Column("state_root", BYTES, null=True, since=4),
+        _mac(),
+        Column("hosts", DOCUMENT, default="{}", since=6, codec=HOSTS),
+    ),
+    key=("loop_id",),
+    clustered=True,
+    groups={
+        "totals": Group(Totals, attrgetter(*TOTALS)),
+        "todo_counts": Group(lambda *counts: counts, tuple),
+    },
+)
+TODOS = Table(
+    "todos",
+    TodoRow,
+    (
+        _text("loop_id"),
+        _text("todo_id"),
+        Column("title", DOCUMENT),
+        _int("ord"),
+        Column("depends_on", DOCUMENT, codec=STRINGS),
+        _text("status", codec=_enum(TodoStatus)),
+        _int("attempts"),
+        _int("fence"),
+        _text("added_by"),
+        _null("turn_id"),
+        _slot(),
+    ),
+    key=("loop_id", "todo_id"),
+    clustered=True,
+    indexes=(
+        Index("todos_by_status", ("loop_id", "status", "ord", "todo_id")),
+        Index("todos_by_order", ("loop_id", "ord", "todo_id")),
+    ),
+)
+TURNS = Table(
+    "turns",
+    TurnRow,
+    (
+        _text("turn_id"),
+        _text("loop_id"),
+        _text("todo_id"),
+        _text("agent"),
+        _int("fence"),
+        _text("status", codec=_enum(TurnStatus)),
+        _text("claimed_at"),
+        _text("lease_expires_at"),
+        _null("closed_at"),
+        _null("outcome"),
+        _slot(),
+        _int("number", default=0, since=4),
+        Column("observed", DOCUMENT, default="{}", since=6, codec=OBSERVED),
+        Column("reported", DOCUMENT, default="{}", since=6, codec=COUNTS),
+        _int("refusals", default=0, since=6),
+    ),
+    key=("turn_id",),
+    clustered=True,
+    indexes=(
+        Index("turns_by_claim_time", ("loop_id", "claimed_at", "turn_id")),
+        Index("turns_by_status_and_claim", ("loop_id", "status", "claimed_at", "turn_id")),
+        Index("turns_by_number", ("loop_id", "number")),
+    ),
+)
+APPROVALS = Table(
+    "approvals",
+    ApprovalRow,
+    (
+        _text("approval_id"),
+        _text("loop_id"),
+        _text("turn_id"),
+        _text("todo_id"),
+        _text("tool"),
+        Column("summary", DOCUMENT),
+        _null("artifact_digest"),
+        _text("status", codec=_enum(ApprovalStatus)),
+        _text("requested_by"),
+        _text("requested_at"),
+        _null("decided_by"),
+        _null("decided_at"),
+        _null("expires_at"),
+        Column("reason", DOCUMENT, null=True),
+        _null("consumed_by"),
+        _slot(),
+    ),
+    key=("approval_id",),
+    indexes=(Index("approvals_by_status", ("loop_id", "status")),),
+)
+STATE_NODES: Table[Any] = Table(
+    "state_nodes",
+    None,
+    (_text("loop_id"), Column("level", SMALL_INTEGER), _int("idx"), Column("hashes", BYTES)),
+    key=("loop_id", "level", "idx"),
+    clustered=True,
+)
+"""The blobs of every loop's state tree (statetree.py)."""
+
+ROW_TABLES: dict[str, Table[Any]] = {"todos": TODOS, "turns": TURNS, "approvals": APPROVALS}
+"""The tables of a loop's rows, by the name a `LoopView` keeps them under."""
+PROJECTION = (LOOPS, TODOS, TURNS, APPROVALS)
+LEGACY_FIELDS = frozenset().union(*(t.fields_since(LEGACY_SCHEMA) for t in PROJECTION))
+"""Row fields the legacy schema did not store (read back as their defaults, and not compared)."""
+
+# --- operational records (not part of the projection) -------------------------------------------
+
+IDEMPOTENCY = Table(
+    "idempotency",
+    IdempotencyRecord,
+    (
+        _text("principal"),
+        _text("key"),
+        _text("operation"),
+        _text("request_digest"),
+        Column("response", COMPRESSED, codec=RESPONSE),
+        _text("created_at"),
+        _mac(),
+    ),
+    key=("principal", "key"),
+    clustered=True,
+)
+TOKENS = Table(
+    "tokens",
+    TokenRow,
+    (
+        _text("token_hash"),
+        _text("token_id"),
+        _text("agent"),
+        _text("role"),
+        _text("created_at"),
+        _null("revoked_at"),
+        _mac(),
+        _null("expires_at", since=5),
+    ),
+    key=("token_hash",),
+    unique=(("token_id",),),
+)
+OUTSIDER_REFUSALS = Table(
+    "outsider_refusals",
+    OutsiderRefusal,
+    (_text("loop_id"), _int("seq"), _text("principal"), _text("at"), _int("suppressed")),
+    key=("loop_id", "seq"),
+    clustered=True,
+    indexes=(Index("outsider_refusals_by_principal", ("loop_id", "principal", "seq")),),
+)
+"""The receipts that are refusals of outsiders (operations/outsiders.py), and the refusals
+answered after each without being sealed."""
+
+TABLES: tuple[Table[Any], ...] = (
+    META,
+    JOURNAL,
+    LOG_STATE,
+    MERKLE_NODES,
+    CHECKPOINTS,
+    POLICIES,
+    LOOPS,
+    TODOS,
+    TURNS,
+    APPROVALS,
+    STATE_NODES,
+    IDEMPOTENCY,
+    TOKENS,
+    OUTSIDER_REFUSALS,
+)
+"""Every table of every backend (a backend may keep tables of its own besides)."""

@@ -19,41 +19,83 @@ On the writer thread no `await` can split one.
 from __future__ import annotations
 
 import os
-import secrets
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from loopwarden.errors import NotFound, StoreError
-from loopwarden.ledger.log.integrity import LOG_MAC, Integrity
-from loopwarden.ledger.storage.dialect import SQLITE
-from loopwarden.ledger.storage.reader import LEGACY_SCHEMA
-from loopwarden.ledger.storage.rebuild import rebuild_projection
-from loopwarden.ledger.storage.schema import MIGRATIONS, REBUILT_AT, SCHEMA_VERSION
+from loopwarden.ledger.log.integrity import Integrity
+from loopwarden.ledger.storage.backends import Backend, StoreClosed, Synchronous
+from loopwarden.ledger.storage.dialect import Connection, Dialect
+from loopwarden.ledger.storage.migrations import SQLITE_UPGRADES
+from loopwarden.ledger.storage.schema import TABLES
+from loopwarden.ledger.storage.table import SqlType, Table
 
 if TYPE_CHECKING:
     import aiosqlite
 
 T = TypeVar("T")
-Synchronous = Literal["full", "normal"]
 BUSY_TIMEOUT_MS = 30_000
 WAL_AUTOCHECKPOINT_PAGES = 4_000
 
 
+class SqliteDialect(Dialect):
+    name = "sqlite"
+    types: ClassVar[Mapping[SqlType, str]] = {
+        SqlType.TEXT: "TEXT",
+        SqlType.DOCUMENT: "TEXT",
+        SqlType.INTEGER: "INTEGER",
+        SqlType.SMALL_INTEGER: "INTEGER",
+        SqlType.BYTES: "BLOB",
+        SqlType.COMPRESSED: "TEXT",  # as version 1 declared it; the values are BLOBs
+    }
+
+    def primary_key(self, table: Table[Any]) -> tuple[str, ...]:
+        # A rowid column is the table's INTEGER PRIMARY KEY: the rowid itself, rows in its order.
+        return (table.rowid,) if table.rowid else table.key
+
+    def table_options(self, table: Table[Any]) -> str:
+        return " WITHOUT ROWID" if table.clustered else ""
+
+    def _upsert(self, table: Table[Any], names: tuple[str, ...]) -> str:
+        return self._values(table, names).replace("INSERT", "INSERT OR REPLACE", 1)
+
+    def _insert_new(self, table: Table[Any], names: tuple[str, ...]) -> str:
+        return self._values(table, names).replace("INSERT", "INSERT OR IGNORE", 1)
+
+    def json_values(self, column: str, alias: str) -> str:
+        return f"json_each({column}) {alias}"
+
+
+SQLITE = SqliteDialect()
+
+
+class SqliteConnection(sqlite3.Connection):
+    """A sqlite3 connection that says it speaks SQLite (`Connection.dialect`)."""
+
+    dialect: Dialect = SQLITE
+
+
 def connect(
     path: Path, *, synchronous: Synchronous = "full", readonly: bool = False
-) -> sqlite3.Connection:
+) -> SqliteConnection:
     """Open a connection with loopwarden's pragmas (WAL, busy timeout, durability)."""
     try:
         if readonly:
             conn = sqlite3.connect(
-                f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+                f"file:{path}?mode=ro",
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
+                factory=SqliteConnection,
             )
         else:
             make_private(path)
-            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                path, isolation_level=None, check_same_thread=False, factory=SqliteConnection
+            )
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if not readonly:
             conn.execute("PRAGMA journal_mode = WAL")
@@ -82,43 +124,6 @@ def make_private(path: Path) -> None:
                 os.chmod(file, 0o600)
 
 
-def schema_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
-
-
-def migrate(conn: sqlite3.Connection, integrity: Integrity) -> None:
-    """Bring the schema to `SCHEMA_VERSION` in one transaction; refuse a database from a newer
-    loopwarden. Upgrading an existing database past `REBUILT_AT` re-derives its projection
-    from the journal, with proofs (`rebuild.py`), or refuses if the two disagree."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        version = schema_version(conn)
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"the database has schema version {version}; this loopwarden knows {SCHEMA_VERSION}. "
-                "Upgrade loopwarden."
-            )
-        for number in range(version, SCHEMA_VERSION):
-            for statement in MIGRATIONS[number]:
-                conn.execute(statement)
-        if version == 0:
-            conn.execute(
-                "INSERT INTO meta (key, value) VALUES ('origin', ?)",
-                (f"loopwarden.local/{secrets.token_hex(8)}",),
-            )
-            conn.execute(
-                "INSERT INTO log_state (id, size, frontier, mac) VALUES (1, 0, x'', ?)",
-                (integrity.mac(LOG_MAC, [0, ""]),),
-            )
-        elif version < REBUILT_AT:
-            rebuild_projection(conn, integrity)
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
 def _rollback(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:
         conn.execute("ROLLBACK")
@@ -127,27 +132,47 @@ def _rollback(conn: sqlite3.Connection) -> None:
 class SqliteBackend:
     """The file at `path`: the writer's connection and the aiosqlite reader."""
 
-    name = "sqlite"
-    dialect = SQLITE
+    dialect: Dialect = SQLITE
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+    tables: tuple[Table[Any], ...] = TABLES
+    history = SQLITE_UPGRADES
+    origin_prefix = "loopwarden.local"
 
     def __init__(self, path: Path, synchronous: Synchronous) -> None:
         self.path = path
         self.synchronous = synchronous
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.writer = connect(path, synchronous=synchronous)
+        self.writer: SqliteConnection = connect(path, synchronous=synchronous)
         self._reader: aiosqlite.Connection | None = None
         self._reader_conn: sqlite3.Connection | None = None
 
-    @property
-    def where(self) -> str:
-        return str(self.path)
+    @classmethod
+    def open(cls, target: str, *, synchronous: Synchronous) -> SqliteBackend:
+        return cls(Path(target), synchronous)
 
-    def schema_version(self) -> int:
-        return schema_version(self.writer)
+    # --- the schema -----------------------------------------------------------------------------
 
-    def migrate(self, integrity: Integrity) -> None:
-        migrate(self.writer, integrity)
+    @staticmethod
+    def version_of(conn: Connection) -> int:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def set_schema_version(self, version: int) -> None:
+        self.writer.execute(f"PRAGMA user_version = {int(version)}")
+
+    @contextmanager
+    def migrating(self) -> Iterator[None]:
+        """`BEGIN IMMEDIATE`: the file's one writer, in every process, until COMMIT."""
+        self.writer.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self.writer.execute("COMMIT")
+        except BaseException:
+            self.writer.execute("ROLLBACK")
+            raise
+
+    def check_secret(self, integrity: Integrity) -> None:
+        """Nothing to check: a file is used with its home's secret (a row MACed under another
+        fails its proof when it is read, and `verify` reports it)."""
 
     # --- the write transaction (on the writer thread) ------------------------------------------
 
@@ -172,19 +197,20 @@ class SqliteBackend:
         self._reader = aiosqlite.Connection(connector, iter_chunk_size=64)
         await self._reader
 
-    async def read(self, fn: Callable[[Any], T]) -> T:
+    async def read(self, fn: Callable[[Connection], T]) -> T:
         """Run `fn(connection)` on aiosqlite's thread inside one read transaction."""
         if self._reader is None:
-            raise StoreError("the store is closed", code="store_unavailable")
+            raise StoreClosed()
         try:
-            result: T = await self._reader._execute(self._snapshot, fn)
+            run = cast(Callable[..., Awaitable[T]], self._reader._execute)
+            result = await run(self._snapshot, fn)
         except ValueError as exc:  # aiosqlite: the connection is closed
-            raise StoreError(f"the store is closed ({exc})", code="store_unavailable") from None
+            raise StoreClosed(str(exc)) from None
         return result
 
-    def _snapshot(self, fn: Callable[[Any], T]) -> T:
+    def _snapshot(self, fn: Callable[[Connection], T]) -> T:
         conn = self._reader_conn
-        assert conn is not None
+        assert isinstance(conn, SqliteConnection)
         try:
             conn.execute("BEGIN")
             try:
@@ -203,25 +229,22 @@ class SqliteBackend:
             reader, self._reader = self._reader, None
             await reader.close()
 
+    @classmethod
+    @contextmanager
+    def snapshot(cls, target: str) -> Iterator[Connection]:
+        """A read-only connection to the file inside one read transaction. `NotFound` if there
+        is no such file."""
+        path = Path(target)
+        if not path.exists():
+            raise NotFound(f"there is no loopwarden database in {path.parent}")
+        conn = connect(path, readonly=True)
+        try:
+            conn.execute("BEGIN")  # one snapshot for the whole read
+            yield conn
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the database: {exc}") from None
+        finally:
+            conn.close()
 
-@contextmanager
-def snapshot(path: Path) -> Iterator[tuple[sqlite3.Connection, bool]]:
-    """A read-only connection to the database at `path` inside one read transaction, its schema
-    version checked readable, and whether that is the legacy schema (reader.py). `NotFound` if
-    there is no database."""
-    if not Path(path).exists():
-        raise NotFound(f"there is no loopwarden database in {Path(path).parent}")
-    conn = connect(Path(path), readonly=True)
-    try:
-        conn.execute("BEGIN")  # one snapshot for the whole read
-        version = schema_version(conn)
-        if version > SCHEMA_VERSION or version < LEGACY_SCHEMA:
-            raise StoreError(
-                f"the database has schema version {version}; this loopwarden reads versions "
-                f"{LEGACY_SCHEMA} to {SCHEMA_VERSION}"
-            )
-        yield conn, version < SCHEMA_VERSION
-    except sqlite3.Error as exc:
-        raise StoreError(f"cannot read the database: {exc}") from None
-    finally:
-        conn.close()
+
+BACKEND: type[Backend] = SqliteBackend

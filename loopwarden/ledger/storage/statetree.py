@@ -169,12 +169,3 @@ class StateTree:
     def blobs(self) -> list[tuple[int, int, bytes]]:
         """The rewritten blobs, to store: (level, idx, blob)."""
         return [(level, idx, bytes(self._blobs[(level, idx)])) for level, idx in sorted(self.dirty)]
-
-
-def root_of(leaves: dict[int, bytes], slots: int) -> bytes:
-    """The root of a tree of `slots` leaves holding `leaves` (slot → digest): what an audit
-    recomputes from the stored rows, and what the write path keeps up to date."""
-    tree = StateTree(0, node(EMPTY), lambda level, idx: None)
-    tree.grow(slots)
-    tree.fill(leaves)
-    return tree.root

@@ -1,5 +1,6 @@
-"""The store: the only writer. One contract, two backends — a SQLite file (the embedded
-default, `sqlite.py`) or a PostgreSQL database shared by many server replicas (`postgres.py`).
+"""The store: the only writer. One contract over every backend of the registry
+(`backends.py`) — a SQLite file (the embedded default, `sqlite.py`) or a PostgreSQL database
+shared by many server replicas (`postgres.py`).
 
 One write path. `Store.write(fn)` runs `fn(tx)` inside one write transaction on the store's
 writer thread: `fn` reads current state and decides, and each `tx.append(...)` seals a receipt,
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -34,18 +35,20 @@ from loopwarden.errors import IntegrityError, NotFound, StoreError
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import Keyring, KeyStore, Signer
-from loopwarden.ledger.storage import sqlite
-from loopwarden.ledger.storage.dialect import Dialect
+from loopwarden.ledger.storage.backends import Backend, StoreClosed, Synchronous
 from loopwarden.ledger.storage.location import Location, parse_location
+from loopwarden.ledger.storage.migrations import migrate
 from loopwarden.ledger.storage.reader import PolicyCache, Reader
-from loopwarden.ledger.storage.schema import SCHEMA_VERSION
-from loopwarden.ledger.storage.sqlite import Synchronous, connect, make_private, migrate
+from loopwarden.ledger.storage.schema import LEGACY_SCHEMA, SCHEMA_VERSION
+from loopwarden.ledger.storage.sqlite import connect, make_private
 from loopwarden.ledger.storage.txn import Appended, Txn
 from loopwarden.ledger.storage.worker import Job, Worker
 
 __all__ = [
     "Appended",
+    "Backend",
     "Store",
+    "StoreClosed",
     "Synchronous",
     "Txn",
     "connect",
@@ -56,40 +59,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-class Backend(Protocol):
-    """What the store needs of a backend (`sqlite.SqliteBackend`, `postgres.PostgresBackend`).
-
-    The write methods run on the writer thread only; `begin` makes this the only writer until
-    `commit` or `rollback` (across every process or replica sharing the database)."""
-
-    name: str
-    dialect: Dialect
-    errors: tuple[type[BaseException], ...]
-    writer: Any  # the write connection
-
-    @property
-    def where(self) -> str: ...
-    def schema_version(self) -> int: ...
-    def migrate(self, integrity: Integrity) -> None: ...
-    def begin(self) -> None: ...
-    def commit(self) -> None: ...
-    def rollback(self) -> None: ...
-    async def start_reading(self) -> None: ...
-    async def read(self, fn: Callable[[Any], T]) -> T: ...
-    async def close(self) -> None: ...
-    def close_now(self) -> None: ...  # the write connection only (the read side never started)
-
-
-def _open_backend(location: Location, synchronous: Synchronous) -> Backend:
-    if location.backend == "postgresql":
-        from loopwarden.ledger.storage.postgres import (
-            PostgresBackend,  # psycopg loads only for PostgreSQL
-        )
-
-        return PostgresBackend(location.target)
-    return sqlite.SqliteBackend(location.path, synchronous)
 
 
 class Store:
@@ -119,9 +88,13 @@ class Store:
         self._closed = False
 
     @property
-    def path(self) -> Path:
-        """The SQLite file (a SQLite store only)."""
-        return self.location.path
+    def file(self) -> Path:
+        """The database file of a store that is one (SQLite); `StoreError` for a store on a
+        server, which has none (`location` says where every store is)."""
+        file = self.location.file
+        if file is None:
+            raise StoreError(f"the {self.location.backend.title} store {self.location} is no file")
+        return file
 
     @classmethod
     async def open(
@@ -195,15 +168,15 @@ class Store:
         `close_now` only."""
         where = parse_location(location)
         if secret is None and key_dir is None:
-            if where.backend != "sqlite":
-                raise StoreError("a PostgreSQL store needs the home whose keys it uses")
-            key_dir = where.path.parent
+            if where.file is None:
+                raise StoreError(f"a {where.backend.title} store needs the home whose keys it uses")
+            key_dir = where.file.parent
         trusted = keyring if keyring is not None else Keyring({signer.key_id: signer.public_key})
-        backend = _open_backend(where, synchronous)
+        backend = where.backend.load().open(where.target, synchronous=synchronous)
         try:
             # A store at the current version already has its secret; only a new or an
             # upgraded one may create it (a refused store is left exactly as it was).
-            version = backend.schema_version()
+            version = backend.version_of(backend.writer)
             if version == 0 and not create:
                 raise NotFound(f"there is no loopwarden store in {where}")
             if secret is not None:
@@ -212,7 +185,8 @@ class Store:
                 assert key_dir is not None
                 key = KeyStore(key_dir).load_secret(create=version != SCHEMA_VERSION)
             integrity = Integrity(key)
-            backend.migrate(integrity)
+            migrate(backend, integrity)
+            backend.check_secret(integrity)
             store = cls(backend, where, signer, trusted, integrity, clock, checkpoint_every)
             if check:
                 startup_check(Reader(backend.writer))
@@ -272,7 +246,7 @@ class Store:
 
     async def _call(self, fn: Callable[..., Any], *, groupable: bool) -> Any:
         if self._closed:
-            raise StoreError("the store is closed", code="store_unavailable")
+            raise StoreClosed()
         if not self._started:  # opened with open_now: no writer thread to hand it to
             raise StoreError("a store opened with open_now writes with write_now")
         return await self._writer.call(fn, groupable=groupable)
@@ -335,7 +309,7 @@ class Store:
     async def read(self, fn: Callable[[Reader], T]) -> T:
         """Run `fn(reader)` on a consistent snapshot of committed state (one read transaction)."""
         if self._closed:
-            raise StoreError("the store is closed", code="store_unavailable")
+            raise StoreClosed()
         if not self._started:
             raise StoreError("a store opened with open_now has no read side")
         return await self.backend.read(lambda conn: fn(Reader(conn, self.policies)))
@@ -359,17 +333,22 @@ def snapshot(location: Path | str | Location) -> Iterator[Reader]:
     """A read-only, consistent snapshot of the store at `location` (for audits and exports).
 
     Opens its own connection, so it works while servers write. `NotFound` if there is no
-    store; database failures become `StoreError`.
+    store; a schema this loopwarden cannot read and database failures are `StoreError`. A
+    store of an older schema (not yet opened by this loopwarden) is read as a legacy reader does
+    (`Reader`).
     """
     where = parse_location(location)
-    if where.backend == "postgresql":
-        from loopwarden.ledger.storage import postgres
-
-        with postgres.snapshot(where.target) as conn:
-            yield Reader(conn)
-        return
-    with sqlite.snapshot(where.path) as (conn, legacy):
-        yield Reader(conn, legacy=legacy)
+    backend = where.backend.load()
+    with backend.snapshot(where.target) as conn:
+        version = backend.version_of(conn)
+        if version == 0:
+            raise NotFound(f"there is no loopwarden store in {where}")
+        if not LEGACY_SCHEMA <= version <= SCHEMA_VERSION:
+            raise StoreError(
+                f"the database has schema version {version}; this loopwarden reads versions "
+                f"{LEGACY_SCHEMA} to {SCHEMA_VERSION}"
+            )
+        yield Reader(conn, legacy=version < SCHEMA_VERSION)
 
 
 def startup_check(reader: Reader) -> None:

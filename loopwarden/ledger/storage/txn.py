@@ -10,7 +10,6 @@ commits whole or not at all.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -27,15 +26,28 @@ from loopwarden.ledger.state.events import Fact, LoopOpened, ReceiptBody, Receip
 from loopwarden.ledger.state.fold import apply, touched
 from loopwarden.ledger.state.registry import make_body
 from loopwarden.ledger.state.rows import LoopRow, LoopView
-from loopwarden.ledger.storage.dialect import POSTGRESQL, SQLITE, Connection, Dialect, qmarks
+from loopwarden.ledger.storage.dialect import Connection
 from loopwarden.ledger.storage.guard import GuardedReader, loop_mac_values, row_leaf
-from loopwarden.ledger.storage.reader import (
-    LOOP_COLUMNS,
-    ROW_SQL,
-    TOKEN_COLUMNS,
-    PolicyCache,
+from loopwarden.ledger.storage.reader import PolicyCache
+from loopwarden.ledger.storage.records import (
+    CheckpointRow,
+    IdempotencyRecord,
+    JournalRow,
+    LogState,
+    OutsiderRefusal,
     TokenRow,
-    loop_to_sql,
+)
+from loopwarden.ledger.storage.schema import (
+    CHECKPOINTS,
+    IDEMPOTENCY,
+    JOURNAL,
+    LOOPS,
+    MERKLE_NODES,
+    OUTSIDER_REFUSALS,
+    POLICIES,
+    ROW_TABLES,
+    STATE_NODES,
+    TOKENS,
 )
 from loopwarden.ledger.storage.statetree import EMPTY, StateTree, node
 from loopwarden.policy.decision import Decision
@@ -50,25 +62,8 @@ class Sealer(Protocol):
     checkpoint_every: int
 
 
-_ROW_KEYS = {"todos": "loop_id, todo_id", "turns": "turn_id", "approvals": "approval_id"}
-"""Each row table's key: the rows an upsert replaces (`Dialect.upsert`)."""
-
-
-class _Writes:
-    """The upserts a transaction writes rows with, spelled once per backend at import."""
-
-    def __init__(self, dialect: Dialect) -> None:
-        self.rows = {
-            table: dialect.upsert(table, columns, _ROW_KEYS[table])
-            for table, (columns, _) in ROW_SQL.items()
-        }
-        self.loop = dialect.upsert("loops", f"{LOOP_COLUMNS}, state_root, mac", "loop_id")
-        self.state_nodes = dialect.upsert(
-            "state_nodes", "loop_id, level, idx, hashes", "loop_id, level, idx"
-        )
-
-
-_WRITES = {dialect.name: _Writes(dialect) for dialect in (SQLITE, POSTGRESQL)}
+_LOOP_WRITE = (*(c.name for c in LOOPS.row_columns), "state_root", "mac")
+"""A loop row's upsert: its stored values, then its proofs."""
 
 
 @dataclass(frozen=True)
@@ -110,14 +105,15 @@ class ProjectionWriter(GuardedReader):
             )
         }
         tree.fill({row.slot: row_leaf(t, row) for t, rows in changed.items() for row in rows})
-        writes = _WRITES[self.dialect.name]
         for table, rows in changed.items():
             self.keep(table, rows)
             if rows:
-                to_sql = ROW_SQL[table][1]
-                self.conn.executemany(writes.rows[table], [to_sql(row) for row in rows])
+                description = ROW_TABLES[table]
+                self.conn.executemany(
+                    self.dialect.upsert(description), [description.encode(row) for row in rows]
+                )
         self.conn.executemany(
-            writes.state_nodes,
+            self.dialect.upsert(STATE_NODES),
             [(loop_id, level, idx, blob) for level, idx, blob in tree.blobs()],
         )
         tree.dirty.clear()
@@ -126,7 +122,7 @@ class ProjectionWriter(GuardedReader):
     def _save_loop(self, loop: LoopRow, root: bytes) -> None:
         self._loops[loop.loop_id] = loop
         mac = self.integrity.mac(LOOP_MAC, loop_mac_values(loop, root))
-        self.conn.execute(_WRITES[self.dialect.name].loop, (*loop_to_sql(loop), root, mac))
+        self.conn.execute(self.dialect.upsert(LOOPS, _LOOP_WRITE), (*LOOPS.encode(loop), root, mac))
 
 
 class Txn(ProjectionWriter):
@@ -200,30 +196,27 @@ class Txn(ProjectionWriter):
         leaf_index = self._append_leaf(body, sealed)
         if isinstance(body.data, LoopOpened):
             self.conn.execute(
-                self.dialect.insert_new("policies", "digest, document"),
+                self.dialect.insert_new(POLICIES),
                 (policy_digest, canonical_bytes(body.data.policy).decode()),
             )
         return Appended(sealed, body, leaf_index, self._fold(body, sealed.digest))
 
     def _append_leaf(self, body: ReceiptBody, sealed: Sealed) -> int:
         size, frontier = self.log_state()
-        self.conn.execute(
-            "INSERT INTO journal (leaf_index, loop_id, seq, kind, receipt_id, digest, at, turn_id, "
-            "envelope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                size,
-                body.loop_id,
-                body.seq,
-                body.kind,
-                sealed.receipt_id,
-                sealed.digest,
-                body.at,
-                body.turn_id,
-                sealed.envelope,
-            ),
+        receipt = JournalRow(
+            leaf_index=size,
+            loop_id=body.loop_id,
+            seq=body.seq,
+            kind=body.kind,
+            receipt_id=sealed.receipt_id,
+            digest=sealed.digest,
+            at=body.at,
+            turn_id=body.turn_id,
+            envelope=sealed.envelope,
         )
+        self.conn.execute(self.dialect.insert(JOURNAL), JOURNAL.encode(receipt))
         frontier, nodes = merkle.append_leaf(frontier, size, merkle.leaf_hash(sealed.envelope))
-        self.conn.executemany("INSERT INTO merkle_nodes (level, idx, hash) VALUES (?, ?, ?)", nodes)
+        self.conn.executemany(self.dialect.insert(MERKLE_NODES), nodes)
         self._set_log(size + 1, frontier)
         every = self._store.checkpoint_every
         if every and (size + 1) % every == 0:
@@ -236,7 +229,7 @@ class Txn(ProjectionWriter):
         self.conn.execute(
             "UPDATE log_state SET size = ?, frontier = ?, mac = ? WHERE id = 1", (size, joined, mac)
         )
-        self._log = (size, frontier)
+        self._log = LogState(size, frontier)
 
     def _fold(self, body: ReceiptBody, digest: str) -> LoopView:
         before = self.view(body.loop_id, touched(body))
@@ -259,10 +252,8 @@ class Txn(ProjectionWriter):
     def _write_checkpoint(self, size: int, root: bytes) -> str:
         store = self._store
         note = sign_checkpoint(store.origin, size, root, store.signer)
-        self.conn.execute(
-            self.dialect.insert_new("checkpoints", "size, root, note, key_id, signed_at"),
-            (size, root, note, store.signer.key_id, self.now),
-        )
+        checkpoint = CheckpointRow(size, root, note, store.signer.key_id, self.now)
+        self.conn.execute(self.dialect.insert_new(CHECKPOINTS), CHECKPOINTS.encode(checkpoint))
         return note
 
     def checkpoint(self) -> int:
@@ -284,31 +275,16 @@ class Txn(ProjectionWriter):
         Responses are kept forever (a replay after any delay must not act twice), so they are
         stored zlib-compressed: a full update result shrinks about fourfold.
         """
-        mac = self.integrity.mac(RECORD_MAC, [principal, key, operation, request_digest, text])
-        self.conn.execute(
-            "INSERT INTO idempotency (principal, key, operation, request_digest, response, "
-            "created_at, mac) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                principal,
-                key,
-                operation,
-                request_digest,
-                zlib.compress(text.encode(), 6),
-                self.now,
-                mac,
-            ),
-        )
+        record = IdempotencyRecord(principal, key, operation, request_digest, text, self.now)
+        record = replace(record, mac=self.integrity.mac(RECORD_MAC, record.mac_values()))
+        self.conn.execute(self.dialect.insert(IDEMPOTENCY), IDEMPOTENCY.encode(record))
 
     def add_token(
         self, token_hash: str, token_id: str, agent: str, role: str, expires_at: str | None = None
     ) -> None:
-        values = TokenRow(
-            token_hash, token_id, agent, role, self.now, None, expires_at
-        ).mac_values()
-        self.conn.execute(
-            f"INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES ({qmarks(TOKEN_COLUMNS)})",
-            (*values, self.integrity.mac(TOKEN_MAC, values)),
-        )
+        token = TokenRow(token_hash, token_id, agent, role, self.now, None, expires_at)
+        token = replace(token, mac=self.integrity.mac(TOKEN_MAC, token.mac_values()))
+        self.conn.execute(self.dialect.insert(TOKENS), TOKENS.encode(token))
 
     def revoke_token(self, token_id: str) -> bool:
         token = next(
@@ -329,11 +305,8 @@ class Txn(ProjectionWriter):
 
     def note_outsider_refusal(self, loop_id: str, seq: int, principal: str) -> None:
         """Mark receipt `seq` as a refusal sealed for an outsider (see operations/outsiders.py)."""
-        self.conn.execute(
-            "INSERT INTO outsider_refusals (loop_id, seq, principal, at, suppressed) "
-            "VALUES (?, ?, ?, ?, 0)",
-            (loop_id, seq, principal, self.now),
-        )
+        refusal = OutsiderRefusal(loop_id, seq, principal, self.now, suppressed=0)
+        self.conn.execute(self.dialect.insert(OUTSIDER_REFUSALS), OUTSIDER_REFUSALS.encode(refusal))
 
     def count_suppressed_refusal(self, loop_id: str, seq: int) -> None:
         """Count one more refusal answered, not sealed, after the outsider's receipt `seq`."""

@@ -1,0 +1,140 @@
+"""The store's backends: what one must do (`Backend`), and the registry that picks one by the
+store URL's scheme.
+
+Each backend is one module (`sqlite.py`, `postgres.py`) that defines its dialect (with its type
+map) and a class `BACKEND` implementing `Backend`; the registry names the module, which is
+imported only when a store of its kind is opened (psycopg loads only for PostgreSQL). What is
+common to every backend — creating and upgrading the schema, the snapshot's version check, the
+write transaction's group commit — is written once over this interface (`migrations.py`,
+`store.py`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
+
+from loopwarden.errors import StoreError
+from loopwarden.ledger.log.integrity import Integrity
+from loopwarden.ledger.storage.dialect import Connection, Dialect
+from loopwarden.ledger.storage.table import Table
+
+T = TypeVar("T")
+Synchronous = Literal["full", "normal"]
+"""How durable a SQLite commit is before it returns (PostgreSQL's server decides its own)."""
+
+
+class StoreClosed(StoreError):
+    """The store (or its read side) is closed: nothing more can be read or written through it."""
+
+    code = "store_unavailable"
+
+    def __init__(self, detail: str | None = None) -> None:
+        super().__init__("the store is closed" + (f" ({detail})" if detail else ""))
+
+
+class Backend(Protocol):
+    """What the store needs of a backend. The write methods run on the writer thread only;
+    `begin` makes this the only writer until `commit` or `rollback` (across every process or
+    replica sharing the database)."""
+
+    @property
+    def dialect(self) -> Dialect: ...
+    @property
+    def errors(self) -> tuple[type[BaseException], ...]:
+        """The driver's exceptions (the store turns them into `StoreError`)."""
+        ...
+
+    @property
+    def writer(self) -> Connection:
+        """The write connection (the writer thread's alone)."""
+        ...
+
+    @property
+    def tables(self) -> tuple[Table[Any], ...]:
+        """Every table a store of this backend has: the shared ones, and any of its own."""
+        ...
+
+    @property
+    def history(self) -> Mapping[int, Sequence[str]]:
+        """The upgrade statements of schema versions older than every other backend's stores."""
+        ...
+
+    @property
+    def origin_prefix(self) -> str:
+        """A new store's origin (named in its checkpoints) is this and random hex."""
+        ...
+
+    @classmethod
+    def open(cls, target: str, *, synchronous: Synchronous) -> Backend:
+        """Connect the writer to the store at `target` (creating an empty one if it is a file)."""
+        ...
+
+    @classmethod
+    def snapshot(cls, target: str) -> AbstractContextManager[Connection]:
+        """A read-only connection inside one consistent read transaction, for audits and
+        exports; the backend's errors inside it become `StoreError`, a store that does not
+        exist is `NotFound`."""
+        ...
+
+    @staticmethod
+    def version_of(conn: Connection) -> int:
+        """The schema version stored on `conn`'s database (0: no store there yet)."""
+        ...
+
+    def set_schema_version(self, version: int) -> None: ...
+    def migrating(self) -> AbstractContextManager[None]:
+        """One write transaction for the schema, taken by one process or replica at a time:
+        committed if the body returns, rolled back if it raises."""
+        ...
+
+    def check_secret(self, integrity: Integrity) -> None:
+        """Refuse an integrity secret that is not the one the store was made with, where other
+        homes can open it (`StoreError`)."""
+        ...
+
+    def begin(self) -> None: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+    async def start_reading(self) -> None: ...
+    async def read(self, fn: Callable[[Connection], T]) -> T: ...
+    async def close(self) -> None: ...
+    def close_now(self) -> None:
+        """Close the write connection only (the read side never started)."""
+        ...
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One registered backend: its name and title (for messages), the URL schemes that name its
+    stores (`sqlite:///` …), how a URL is written (for a refusal's hint), whether its stores are
+    files (the URL's rest is a path, shown as itself; a server's URL is shown without its
+    password), and the module that implements it."""
+
+    name: str
+    title: str
+    schemes: tuple[str, ...]
+    example: str
+    files: bool
+    module: str
+
+    def load(self) -> type[Backend]:
+        backend: type[Backend] = importlib.import_module(self.module).BACKEND
+        return backend
+
+
+BACKENDS: tuple[BackendSpec, ...] = (
+    BackendSpec(
+        "sqlite", "SQLite", ("sqlite:///",), "sqlite:///PATH", True,
+        "loopwarden.ledger.storage.sqlite",
+    ),
+    BackendSpec(
+        "postgresql", "PostgreSQL", ("postgresql://", "postgres://"), "postgresql://…", False,
+        "loopwarden.ledger.storage.postgres",
+    ),
+)  # fmt: skip
+"""Every backend. The first is the default: a plain path is one of its files."""
+DEFAULT = BACKENDS[0]

@@ -1,0 +1,105 @@
+"""The stored records that are not projection rows: receipts in the journal, checkpoints,
+tokens, idempotency records, outsiders' refusals and the Merkle log's state.
+
+The projection's rows (loops, todos, turns, approvals) are in `ledger/state/rows.py`, where the
+fold makes them; the table each record is stored in is described in `schema.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+@dataclass(frozen=True)
+class JournalRow:
+    leaf_index: int
+    loop_id: str
+    seq: int
+    kind: str
+    receipt_id: str
+    digest: str
+    at: str
+    turn_id: str | None
+    envelope: bytes
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    size: int
+    root: bytes
+    note: str
+    key_id: str
+    signed_at: str
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    token_hash: str
+    token_id: str
+    agent: str
+    role: str
+    created_at: str
+    revoked_at: str | None
+    expires_at: str | None = None
+    mac: bytes | None = None
+
+    def live_at(self, now: str) -> bool:
+        """Neither revoked nor expired at `now` (a `format_time` string)."""
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+    def mac_values(self) -> list[object]:
+        """What the row's MAC covers: every column but the MAC, in column order."""
+        return [
+            self.token_hash,
+            self.token_id,
+            self.agent,
+            self.role,
+            self.created_at,
+            self.revoked_at,
+            self.expires_at,
+        ]
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord:
+    """The response recorded for a principal's idempotency key (`response`: its JSON text)."""
+
+    principal: str
+    key: str
+    operation: str
+    request_digest: str
+    response: str
+    created_at: str
+    mac: bytes | None = None
+
+    def mac_values(self) -> list[object]:
+        """What the record's MAC covers: who, which key, the call and its response text."""
+        return [self.principal, self.key, self.operation, self.request_digest, self.response]
+
+
+@dataclass(frozen=True)
+class OutsiderRefusal:
+    """A refusal sealed for an outsider (receipt `seq` of the loop), and how many were answered
+    after it without being sealed."""
+
+    loop_id: str
+    seq: int
+    principal: str
+    at: str
+    suppressed: int
+
+
+class OutsiderCounts(NamedTuple):
+    """A loop's refusals of outsiders: sealed in its journal, and answered but not sealed."""
+
+    sealed: int
+    suppressed: int
+
+
+class LogState(NamedTuple):
+    """The Merkle log as stored: its size (leaves) and its frontier (the perfect subtrees' roots,
+    largest first)."""
+
+    size: int
+    frontier: list[bytes]

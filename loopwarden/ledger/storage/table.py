@@ -1,0 +1,239 @@
+"""What a table is, as data (the idea of sqlite-utils, which treats a schema as data).
+
+A `Table` lists its columns in their stored order, each with its SQL type (`SqlType`, which
+each backend's dialect spells through its type map), whether it may be NULL, its default, the
+schema version that added it and its codec (how a row field's value is stored); then its key,
+its other unique column sets, its indexes and the row type its rows decode to. From one
+description come both dialects' DDL (`dialect.py`), the readers' column lists and decoders, the
+write path's upserts and row keys, the copies and the reads of an older schema.
+
+A row's *stored values* are its row columns (the columns that hold a field of its row type) in
+column order: what its state-tree leaf and its MAC hash. That order is part of every proof in
+every existing database, so an existing column never moves and a new one is added last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from functools import cached_property
+from operator import attrgetter
+from typing import Any, Generic, TypeVar
+
+R = TypeVar("R")
+
+
+class SqlType(StrEnum):
+    """What a column holds; each dialect's type map says how it is declared."""
+
+    TEXT = "text"  # compared and ordered byte-wise: ids, names, statuses, times, digests
+    DOCUMENT = "document"  # free text or JSON, stored as given, never compared or ordered
+    INTEGER = "integer"  # 64-bit
+    SMALL_INTEGER = "small integer"  # tree levels, the one-row tables' constant id
+    BYTES = "bytes"
+    COMPRESSED = "compressed"  # zlib-compressed text (`Txn.remember`)
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How a row field's value is stored: `encode` makes the stored value, `decode` reads it
+    back; None for a side that keeps the value as it is (an enum is stored as its string)."""
+
+    encode: Callable[[Any], Any] | None
+    decode: Callable[[Any], Any] | None
+
+
+@dataclass(frozen=True)
+class Group:
+    """A row field stored in several columns (a loop's `totals`): `build(*values)` makes the
+    field from its columns' values in column order, `split(value)` gives them back."""
+
+    build: Callable[..., Any]
+    split: Callable[[Any], Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column. `default` is a SQL literal's value (text or integer): the value an added
+    column gives existing rows, and what a read of a schema older than `since` returns for it.
+    `field`: the row field the column holds, when not its own name (the columns of a `Group`)."""
+
+    name: str
+    type: SqlType
+    null: bool = False
+    default: str | int | None = None
+    codec: Codec | None = None
+    since: int = 1
+    field: str | None = None
+
+    @property
+    def holds(self) -> str:
+        return self.field or self.name
+
+    @property
+    def default_sql(self) -> str:
+        """The default as a SQL literal (NULL if none)."""
+        if self.default is None:
+            return "NULL"
+        if isinstance(self.default, int):
+            return str(self.default)
+        return "'" + self.default.replace("'", "''") + "'"
+
+
+@dataclass(frozen=True)
+class Index:
+    name: str
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Table(Generic[R]):
+    """One table. `key`: the columns that identify a row (the primary key, unless `rowid` is
+    one); `rowid`: an integer column that numbers the rows where a backend numbers them (SQLite's
+    rowid; elsewhere it is one more unique column); `clustered`: rows are stored in key order
+    where a backend can do that (SQLite's WITHOUT ROWID); `check`: a condition on every row.
+    `row`: the record its rows decode to (None for a table read column by column)."""
+
+    name: str
+    row: type[R] | None
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    unique: tuple[tuple[str, ...], ...] = ()
+    indexes: tuple[Index, ...] = ()
+    rowid: str | None = None
+    clustered: bool = False
+    check: str | None = None
+    groups: Mapping[str, Group] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = self.names
+        assert len(set(names)) == len(names), f"{self.name}: a column is named twice"
+        for part in (self.key, *self.unique, *(i.columns for i in self.indexes)):
+            assert set(part) <= set(names), f"{self.name}: {part} names no column"
+        if self.row is not None:
+            wanted = {f.name for f in fields(self.row)}  # type: ignore[arg-type]
+            held = {c.holds for c in self.columns}
+            assert wanted <= held, f"{self.name}: no column holds {wanted - held}"
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def column(self, name: str) -> Column:
+        return next(c for c in self.columns if c.name == name)
+
+    @cached_property
+    def key_of(self) -> Callable[[R], tuple[Any, ...]]:
+        """A row's key values (from its fields of the key's names)."""
+        getter = attrgetter(*self.key)
+        if len(self.key) > 1:
+            return getter
+        return lambda row: (getter(row),)
+
+    @cached_property
+    def order(self) -> tuple[str, ...]:
+        """The columns rows are listed in (a copy, a comparison): the rowid, else the key."""
+        return (self.rowid,) if self.rowid else self.key
+
+    @cached_property
+    def row_columns(self) -> tuple[Column, ...]:
+        """The columns that hold the row type's fields, in column order (the stored values)."""
+        if self.row is None:
+            return self.columns
+        wanted = {f.name for f in fields(self.row)}  # type: ignore[arg-type]
+        return tuple(c for c in self.columns if c.holds in wanted)
+
+    @cached_property
+    def row_names(self) -> str:
+        """The row columns as a SQL column list."""
+        return ", ".join(c.name for c in self.row_columns)
+
+    def selected(self, as_of: int | None = None) -> str:
+        """The row columns as a SELECT list; with `as_of`, a schema version, those added after
+        it read as their defaults (what that schema's rows mean)."""
+        if as_of is None:
+            return self.row_names
+        return ", ".join(c.name if c.since <= as_of else c.default_sql for c in self.row_columns)
+
+    def fields_since(self, version: int) -> frozenset[str]:
+        """The row fields held by columns added after `version`."""
+        return frozenset(c.holds for c in self.row_columns if c.since > version)
+
+    @cached_property
+    def _plan(self) -> _RowPlan:
+        return _RowPlan(self)
+
+    def decode(self, values: Sequence[Any]) -> R:
+        """A row from its stored values (as `selected` lists them)."""
+        row: R = self._plan.decode(values)
+        return row
+
+    def encode(self, row: R) -> tuple[Any, ...]:
+        """A row's stored values, in column order: what its leaf and MAC cover."""
+        return self._plan.encode(row)
+
+
+class _RowPlan:
+    """A table's decoder and encoder, worked out once: which positions carry a codec, which
+    fields span several columns. Rows are plain frozen dataclasses without `__post_init__`, so
+    a row is made by filling its field dict (as `rows.replace` does), field by field by name."""
+
+    def __init__(self, table: Table[Any]) -> None:
+        columns = table.row_columns
+        assert table.row is not None, f"{table.name} has no row type"
+        self.row = table.row
+        self.order = [f.name for f in fields(self.row)]
+        self.plain: list[tuple[str, int]] = []
+        self.decoded: list[tuple[str, int, Callable[[Any], Any]]] = []
+        self.built: list[tuple[str, int, int, Callable[..., Any]]] = []
+        held: list[str] = []  # the fields, in column order (a group's once)
+        encoders: list[tuple[int, Callable[[Any], Any]]] = []
+        splits: list[tuple[int, Callable[[Any], Sequence[Any]]]] = []
+        i = 0
+        while i < len(columns):
+            column = columns[i]
+            name = column.holds
+            if name in table.groups:
+                end = i
+                while end < len(columns) and columns[end].holds == name:
+                    end += 1
+                self.built.append((name, i, end, table.groups[name].build))
+                splits.append((len(held), table.groups[name].split))
+                i = end
+            else:
+                codec = column.codec
+                if codec is not None and codec.decode is not None:
+                    self.decoded.append((name, i, codec.decode))
+                else:
+                    self.plain.append((name, i))
+                if codec is not None and codec.encode is not None:
+                    encoders.append((len(held), codec.encode))
+                i += 1
+            held.append(name)
+        self.getter = attrgetter(*held)
+        self.encoders = encoders
+        self.splits = splits[::-1]  # from the right, so that earlier positions stay put
+
+    def decode(self, values: Sequence[Any]) -> Any:
+        found = dict.fromkeys(self.order)
+        for name, i in self.plain:
+            found[name] = values[i]
+        for name, i, decode in self.decoded:
+            found[name] = decode(values[i])
+        for name, start, end, build in self.built:
+            found[name] = build(*values[start:end])
+        row = object.__new__(self.row)
+        row.__dict__.update(found)
+        return row
+
+    def encode(self, row: Any) -> tuple[Any, ...]:
+        values: tuple[Any, ...] = self.getter(row)
+        if not self.encoders and not self.splits:
+            return values
+        out = list(values)
+        for i, encode in self.encoders:
+            out[i] = encode(out[i])
+        for i, split in self.splits:
+            out[i : i + 1] = split(out[i])
+        return tuple(out)
