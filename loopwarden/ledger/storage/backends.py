@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from loopwarden.errors import StoreError
 from loopwarden.ledger.log.integrity import Integrity
@@ -25,6 +25,11 @@ from loopwarden.ledger.storage.table import Table
 T = TypeVar("T")
 Synchronous = Literal["full", "normal"]
 """How durable a SQLite commit is before it returns (PostgreSQL's server decides its own)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """A driver error's first line (PostgreSQL's go on with details and hints)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 class StoreClosed(StoreError):
@@ -41,31 +46,19 @@ class Backend(Protocol):
     `begin` makes this the only writer until `commit` or `rollback` (across every process or
     replica sharing the database)."""
 
-    @property
-    def dialect(self) -> Dialect: ...
-    @property
-    def errors(self) -> tuple[type[BaseException], ...]:
-        """The driver's exceptions (the store turns them into `StoreError`)."""
-        ...
+    dialect: ClassVar[Dialect]
+    errors: ClassVar[tuple[type[BaseException], ...]]
+    """The driver's exceptions (the store turns them into `StoreError`)."""
+    tables: ClassVar[tuple[Table[Any], ...]]
+    """Every table a store of this backend has: the shared ones, and any of its own."""
+    history: ClassVar[Mapping[int, Sequence[str]]]
+    """The upgrade statements of schema versions older than every other backend's stores."""
+    origin_prefix: ClassVar[str]
+    """A new store's origin (named in its checkpoints) is this and random hex."""
 
     @property
     def writer(self) -> Connection:
         """The write connection (the writer thread's alone)."""
-        ...
-
-    @property
-    def tables(self) -> tuple[Table[Any], ...]:
-        """Every table a store of this backend has: the shared ones, and any of its own."""
-        ...
-
-    @property
-    def history(self) -> Mapping[int, Sequence[str]]:
-        """The upgrade statements of schema versions older than every other backend's stores."""
-        ...
-
-    @property
-    def origin_prefix(self) -> str:
-        """A new store's origin (named in its checkpoints) is this and random hex."""
         ...
 
     @classmethod
@@ -76,8 +69,8 @@ class Backend(Protocol):
     @classmethod
     def snapshot(cls, target: str) -> AbstractContextManager[Connection]:
         """A read-only connection inside one consistent read transaction, for audits and
-        exports; the backend's errors inside it become `StoreError`, a store that does not
-        exist is `NotFound`."""
+        exports; `NotFound` if there is no database at `target` (the store's `snapshot` checks
+        that one holds a store it can read)."""
         ...
 
     @staticmethod

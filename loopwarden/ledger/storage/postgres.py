@@ -44,7 +44,7 @@ import psycopg
 from loopwarden.clock import format_time
 from loopwarden.errors import StoreError
 from loopwarden.ledger.log.integrity import Integrity
-from loopwarden.ledger.storage.backends import Backend, StoreClosed, Synchronous
+from loopwarden.ledger.storage.backends import Backend, StoreClosed, Synchronous, first_line
 from loopwarden.ledger.storage.dialect import Connection, Dialect
 from loopwarden.ledger.storage.location import redact
 from loopwarden.ledger.storage.schema import META, TABLES
@@ -138,12 +138,8 @@ def connect(url: str, *, application: str = "loopwarden") -> PgConnection:
             url, autocommit=True, connect_timeout=CONNECT_TIMEOUT, application_name=application
         )
     except psycopg.Error as exc:
-        raise StoreError(f"cannot open the database {redact(url)}: {_first_line(exc)}") from None
+        raise StoreError(f"cannot open the database {redact(url)}: {first_line(exc)}") from None
     return PgConnection(raw)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 COMMITS: Table[Any] = Table(
@@ -177,11 +173,11 @@ def check_secret(conn: PgConnection, integrity: Integrity) -> None:
 class PostgresBackend:
     """The database at `url`: the writer's connection and the reader threads."""
 
-    dialect: Dialect = POSTGRESQL
-    errors: tuple[type[BaseException], ...] = (psycopg.Error,)
-    tables: tuple[Table[Any], ...] = (*TABLES, COMMITS)
-    history: Mapping[int, Sequence[str]] = MappingProxyType({})  # PostgreSQL stores began at 5
-    origin_prefix = "loopwarden.pg"
+    dialect: ClassVar[Dialect] = POSTGRESQL
+    errors: ClassVar[tuple[type[BaseException], ...]] = (psycopg.Error,)
+    tables: ClassVar[tuple[Table[Any], ...]] = (*TABLES, COMMITS)
+    history: ClassVar[Mapping[int, Sequence[str]]] = MappingProxyType({})  # stores began at 5
+    origin_prefix: ClassVar[str] = "loopwarden.pg"
 
     def __init__(self, url: str, *, readers: int = READERS) -> None:
         self.url = url
@@ -280,7 +276,7 @@ class PostgresBackend:
         if found is None:
             raise StoreError(
                 f"the database connection was lost before the write committed; nothing was "
-                f"written ({_first_line(lost)})",
+                f"written ({first_line(lost)})",
                 code="store_unavailable",
             ) from lost
 
@@ -340,7 +336,7 @@ class PostgresBackend:
                 if not conn.lost and conn.in_transaction:
                     conn.execute("ROLLBACK")
         except psycopg.Error as exc:
-            raise StoreError(f"database error: {_first_line(exc)}") from exc
+            raise StoreError(f"database error: {first_line(exc)}") from exc
 
     def close_now(self) -> None:
         if not self.writer.raw.closed:
@@ -363,8 +359,6 @@ class PostgresBackend:
         try:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             yield conn
-        except psycopg.Error as exc:
-            raise StoreError(f"cannot read the database: {_first_line(exc)}") from None
         finally:
             conn.close()
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
@@ -132,11 +132,11 @@ def _rollback(conn: sqlite3.Connection) -> None:
 class SqliteBackend:
     """The file at `path`: the writer's connection and the aiosqlite reader."""
 
-    dialect: Dialect = SQLITE
-    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
-    tables: tuple[Table[Any], ...] = TABLES
-    history = SQLITE_UPGRADES
-    origin_prefix = "loopwarden.local"
+    dialect: ClassVar[Dialect] = SQLITE
+    errors: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.Error,)
+    tables: ClassVar[tuple[Table[Any], ...]] = TABLES
+    history: ClassVar[Mapping[int, Sequence[str]]] = SQLITE_UPGRADES
+    origin_prefix: ClassVar[str] = "loopwarden.local"
 
     def __init__(self, path: Path, synchronous: Synchronous) -> None:
         self.path = path
@@ -241,8 +241,6 @@ class SqliteBackend:
         try:
             conn.execute("BEGIN")  # one snapshot for the whole read
             yield conn
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot read the database: {exc}") from None
         finally:
             conn.close()
 

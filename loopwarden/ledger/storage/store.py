@@ -35,7 +35,7 @@ from loopwarden.errors import IntegrityError, NotFound, StoreError
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import Keyring, KeyStore, Signer
-from loopwarden.ledger.storage.backends import Backend, StoreClosed, Synchronous
+from loopwarden.ledger.storage.backends import Backend, StoreClosed, Synchronous, first_line
 from loopwarden.ledger.storage.location import Location, parse_location
 from loopwarden.ledger.storage.migrations import migrate
 from loopwarden.ledger.storage.reader import PolicyCache, Reader
@@ -339,16 +339,19 @@ def snapshot(location: Path | str | Location) -> Iterator[Reader]:
     """
     where = parse_location(location)
     backend = where.backend.load()
-    with backend.snapshot(where.target) as conn:
-        version = backend.version_of(conn)
-        if version == 0:
-            raise NotFound(f"there is no loopwarden store in {where}")
-        if not LEGACY_SCHEMA <= version <= SCHEMA_VERSION:
-            raise StoreError(
-                f"the database has schema version {version}; this loopwarden reads versions "
-                f"{LEGACY_SCHEMA} to {SCHEMA_VERSION}"
-            )
-        yield Reader(conn, legacy=version < SCHEMA_VERSION)
+    try:
+        with backend.snapshot(where.target) as conn:
+            version = backend.version_of(conn)
+            if version == 0:
+                raise NotFound(f"there is no loopwarden store in {where}")
+            if not LEGACY_SCHEMA <= version <= SCHEMA_VERSION:
+                raise StoreError(
+                    f"the database has schema version {version}; this loopwarden reads "
+                    f"versions {LEGACY_SCHEMA} to {SCHEMA_VERSION}"
+                )
+            yield Reader(conn, legacy=version < SCHEMA_VERSION)
+    except backend.errors as exc:
+        raise StoreError(f"cannot read the database: {first_line(exc)}") from None
 
 
 def startup_check(reader: Reader) -> None:
