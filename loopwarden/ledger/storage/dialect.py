@@ -27,10 +27,6 @@ class Connection(Protocol):
     def close(self) -> None: ...
 
 
-def dialect_of(conn: Connection) -> Dialect:
-    return conn.dialect
-
-
 def qmarks(count: int) -> str:
     """`?, ?, …`: `count` placeholders."""
     return ", ".join("?" * count)

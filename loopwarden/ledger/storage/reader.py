@@ -13,7 +13,7 @@ from typing import Any
 from loopwarden.canonical import digest_of
 from loopwarden.errors import IntegrityError
 from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, LoopView, TodoRow, Touched, TurnRow
-from loopwarden.ledger.storage.dialect import Connection, dialect_of
+from loopwarden.ledger.storage.dialect import Connection
 from loopwarden.ledger.storage.records import (
     CheckpointRow,
     IdempotencyRecord,
@@ -92,7 +92,7 @@ class Reader:
         self, conn: Connection, policies: PolicyCache | None = None, *, legacy: bool = False
     ) -> None:
         self.conn = conn
-        self.dialect = dialect_of(conn)
+        self.dialect = conn.dialect
         self.policies = policies or PolicyCache()
         self.legacy = legacy
         as_of = LEGACY_SCHEMA if legacy else None
