@@ -2,7 +2,7 @@
 store URL's scheme.
 
 Each backend is one module (`sqlite.py`, `postgres.py`) that defines its dialect (with its type
-map) and a class `BACKEND` implementing `Backend`; the registry names the module, which is
+map) and its class implementing `Backend`, named `BACKEND`; the registry names the module, which is
 imported only when a store of its kind is opened (psycopg loads only for PostgreSQL). What is
 common to every backend — creating and upgrading the schema, the snapshot's version check, the
 write transaction's group commit — is written once over this interface (`migrations.py`,

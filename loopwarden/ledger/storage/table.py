@@ -120,9 +120,6 @@ class Table(Generic[R]):
     def names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
 
-    def column(self, name: str) -> Column:
-        return next(c for c in self.columns if c.name == name)
-
     @cached_property
     def key_of(self) -> Callable[[R], tuple[Any, ...]]:
         """A row's key values (from its fields of the key's names)."""
