@@ -552,6 +552,7 @@ async def test_a_version_5_store_is_migrated_to_6_and_its_rows_proved_again(
 ):
     from loopwarden.hooks.handle import handle
     from loopwarden.ledger.audit.database import audit
+    from loopwarden.ledger.storage.migrations import UPGRADES
     from loopwarden.ledger.storage.schema import SCHEMA_VERSION
 
     keys = KeyStore(home)
@@ -570,21 +571,20 @@ async def test_a_version_5_store_is_migrated_to_6_and_its_rows_proved_again(
         assert "builder" in attached
     finally:
         await store.close()
-    # Back to version 5, as a store written before the hooks left it: no hook columns.
+    # Back to version 5, as a store written before the hooks left it: no hook columns (and
+    # none a later version added).
     version = (
         "PRAGMA user_version = 5"
         if backend == "sqlite"
         else "UPDATE meta SET value = '5' WHERE key = 'schema_version'"
     )
-    _raw_sql(
-        backend,
-        store_url,
-        "ALTER TABLE turns DROP COLUMN observed",
-        "ALTER TABLE turns DROP COLUMN reported",
-        "ALTER TABLE turns DROP COLUMN refusals",
-        "ALTER TABLE loops DROP COLUMN hosts",
-        version,
-    )
+    dropped = [
+        f"ALTER TABLE {step.table} DROP COLUMN {step.column.name}"
+        for number in sorted(UPGRADES, reverse=True)
+        for step in UPGRADES[number]
+    ]
+    assert "ALTER TABLE loops DROP COLUMN hosts" in dropped
+    _raw_sql(backend, store_url, *dropped, version)
     store = await opened()
     try:
         assert (await store.read(lambda r: r.loop_row("L1"))).hosts == attached  # from receipts

@@ -10,7 +10,7 @@ SQL spells.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol
 
 from loopwarden.ledger.storage.table import Column, SqlType, Table
@@ -110,24 +110,29 @@ class Dialect:
 
     def insert(self, table: Table[Any], columns: tuple[str, ...] | None = None) -> str:
         """Insert a row's `columns` (default: every column)."""
-        return self._cached("insert", table, columns, self._insert)
+        sql = self._cache.get(("insert", table, columns))
+        return sql or self._spell("insert", table, columns, self._insert)
 
     def upsert(self, table: Table[Any], columns: tuple[str, ...] | None = None) -> str:
         """Insert a row's `columns` (default: every column), or replace them in the row with
         its key."""
-        return self._cached("upsert", table, columns, self._upsert)
+        sql = self._cache.get(("upsert", table, columns))
+        return sql or self._spell("upsert", table, columns, self._upsert)
 
     def insert_new(self, table: Table[Any], columns: tuple[str, ...] | None = None) -> str:
         """Insert a row unless one with the same key exists (that one is kept as it is)."""
-        return self._cached("insert_new", table, columns, self._insert_new)
+        sql = self._cache.get(("insert_new", table, columns))
+        return sql or self._spell("insert_new", table, columns, self._insert_new)
 
-    def _cached(
-        self, what: str, table: Table[Any], columns: tuple[str, ...] | None, make: Any
+    def _spell(
+        self,
+        what: str,
+        table: Table[Any],
+        columns: tuple[str, ...] | None,
+        make: Callable[[Table[Any], tuple[str, ...]], str],
     ) -> str:
-        key = (what, table, columns)
-        sql = self._cache.get(key)
-        if sql is None:
-            sql = self._cache[key] = make(table, columns or table.names)
+        """Spell a statement once (then it is cached)."""
+        sql = self._cache[(what, table, columns)] = make(table, columns or table.names)
         return sql
 
     @staticmethod

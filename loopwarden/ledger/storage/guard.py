@@ -20,6 +20,7 @@ row" (the audit reports it), and which open todo comes first is the database's a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 from typing import Any
 
 from loopwarden.errors import IntegrityError
@@ -30,7 +31,6 @@ from loopwarden.ledger.storage.dialect import Connection
 from loopwarden.ledger.storage.reader import PolicyCache, Reader, frontier_of
 from loopwarden.ledger.storage.records import IdempotencyRecord, LogState
 from loopwarden.ledger.storage.schema import LOOPS, ROW_TABLES
-from loopwarden.ledger.storage.table import Table
 from loopwarden.statuses import TodoStatus, TurnStatus
 
 
@@ -39,17 +39,12 @@ def loop_mac_values(loop: LoopRow, root: bytes) -> list[object]:
     return [*LOOPS.encode(loop), root.hex()]
 
 
-RowKey = tuple[str, ...]
-"""A row's key in a transaction's rows: its table's key values ((loop id, todo id) for a todo,
-whose id is per loop; (turn id,) for a turn)."""
-
-
-def _lookup_key(table: Table[Any], loop_id: str | None, row_id: str) -> RowKey:
-    """The key of row `row_id` (of loop `loop_id`, for a table keyed by loop and id)."""
-    if len(table.key) == 1:
-        return (row_id,)
-    assert loop_id is not None, f"{table.name} rows are found by loop and id"
-    return (loop_id, row_id)
+RowKey = tuple[str, str] | str
+"""A row's key in a transaction's rows: its table's key ((loop id, todo id) for a todo, whose
+id is per loop; a turn's or an approval's id)."""
+_KEY = {name: attrgetter(*table.key) for name, table in ROW_TABLES.items()}
+_PER_LOOP = {name: len(table.key) == 2 for name, table in ROW_TABLES.items()}
+"""Tables whose rows are keyed by loop and id (their ids are per loop)."""
 
 
 def row_leaf(table: str, row: TodoRow | TurnRow | ApprovalRow) -> bytes:
@@ -120,9 +115,9 @@ class GuardedReader(Reader):
         """`rows` (id → row, as read from the database), each proved once per transaction: a
         row read again must equal the one proved (or written) before, and is that object (the
         fold tells the rows it changed by identity)."""
-        known, description = self._rows[table], ROW_TABLES[table]
+        known, key_of = self._rows[table], _KEY[table]
         for key, row in rows.items():
-            row_key = description.key_of(row)
+            row_key = key_of(row)
             held = known.get(row_key)
             if held is not None and held == row:
                 rows[key] = held
@@ -145,8 +140,13 @@ class GuardedReader(Reader):
     ) -> dict[str, Any]:
         """The rows of `ids` that exist: those this transaction has read or written already,
         and the others loaded with `load(their ids)` and proved."""
-        known, description = self._rows[table], ROW_TABLES[table]
-        keys = {i: _lookup_key(description, loop_id, i) for i in ids}
+        known = self._rows[table]
+        keys: dict[str, RowKey]
+        if _PER_LOOP[table]:
+            assert loop_id is not None, f"{table} rows are found by loop and id"
+            keys = {i: (loop_id, i) for i in ids}
+        else:
+            keys = {i: i for i in ids}
         missing = [i for i, key in keys.items() if key not in known]
         if missing:
             self._prove(table, load(missing))
@@ -156,9 +156,9 @@ class GuardedReader(Reader):
 
     def keep(self, table: str, rows: Iterable[Any]) -> None:
         """Rows this transaction has written: what its later reads return."""
-        known, description = self._rows[table], ROW_TABLES[table]
+        known, key_of = self._rows[table], _KEY[table]
         for row in rows:
-            known[description.key_of(row)] = row
+            known[key_of(row)] = row
 
     # --- rows ---------------------------------------------------------------------------------
 

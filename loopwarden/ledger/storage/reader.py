@@ -64,6 +64,17 @@ def _placeholders(values: Iterable[object]) -> str:
     return ",".join("?" for _ in values)
 
 
+_SELECTED = {
+    legacy: tuple(
+        table.selected(LEGACY_SCHEMA if legacy else None)
+        for table in (LOOPS, TODOS, TURNS, APPROVALS, TOKENS, IDEMPOTENCY)
+    )
+    for legacy in (False, True)
+}
+"""The columns a reader selects of the tables whose schema changed, as the current schema and
+the legacy one store them."""
+
+
 def frontier_of(stored: bytes) -> list[bytes]:
     """A stored Merkle frontier: its 32-byte hashes."""
     return [stored[i : i + 32] for i in range(0, len(stored), 32)]
@@ -95,13 +106,14 @@ class Reader:
         self.dialect = conn.dialect
         self.policies = policies or PolicyCache()
         self.legacy = legacy
-        as_of = LEGACY_SCHEMA if legacy else None
-        self._loop_columns = LOOPS.selected(as_of)
-        self._todo_columns = TODOS.selected(as_of)
-        self._turn_columns = TURNS.selected(as_of)
-        self._approval_columns = APPROVALS.selected(as_of)
-        self._token_columns = TOKENS.selected(as_of)
-        self._idempotency_columns = IDEMPOTENCY.selected(as_of)
+        (
+            self._loop_columns,
+            self._todo_columns,
+            self._turn_columns,
+            self._approval_columns,
+            self._token_columns,
+            self._idempotency_columns,
+        ) = _SELECTED[legacy]
 
     def _one(self, sql: str, params: Row = ()) -> Row | None:
         row: Row | None = self.conn.execute(sql, params).fetchone()

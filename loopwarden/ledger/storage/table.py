@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from functools import cached_property
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Generic, TypeVar
 
 R = TypeVar("R")
@@ -105,6 +105,10 @@ class Table(Generic[R]):
     clustered: bool = False
     check: str | None = None
     groups: Mapping[str, Group] = field(default_factory=dict)
+    decode: Callable[[Sequence[Any]], R] = field(init=False, repr=False)
+    """A row from its stored values (as `selected` lists them)."""
+    encode: Callable[[R], tuple[Any, ...]] = field(init=False, repr=False)
+    """A row's stored values, in column order: what its leaf and MAC cover."""
 
     def __post_init__(self) -> None:
         names = self.names
@@ -115,18 +119,19 @@ class Table(Generic[R]):
             wanted = {f.name for f in fields(self.row)}  # type: ignore[arg-type]
             held = {c.holds for c in self.columns}
             assert wanted <= held, f"{self.name}: no column holds {wanted - held}"
+            plan = _RowPlan(self)
+            object.__setattr__(self, "decode", plan.decode)
+            object.__setattr__(self, "encode", plan.encode)
+        else:
+            object.__setattr__(self, "decode", self._no_row)
+            object.__setattr__(self, "encode", self._no_row)
+
+    def _no_row(self, _: object) -> Any:
+        raise TypeError(f"the {self.name} table has no row type: read it column by column")
 
     @cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
-
-    @cached_property
-    def key_of(self) -> Callable[[R], tuple[Any, ...]]:
-        """A row's key values (from its fields of the key's names)."""
-        getter = attrgetter(*self.key)
-        if len(self.key) > 1:
-            return getter
-        return lambda row: (getter(row),)
 
     @cached_property
     def order(self) -> tuple[str, ...]:
@@ -157,19 +162,6 @@ class Table(Generic[R]):
         """The row fields held by columns added after `version`."""
         return frozenset(c.holds for c in self.row_columns if c.since > version)
 
-    @cached_property
-    def _plan(self) -> _RowPlan:
-        return _RowPlan(self)
-
-    def decode(self, values: Sequence[Any]) -> R:
-        """A row from its stored values (as `selected` lists them)."""
-        row: R = self._plan.decode(values)
-        return row
-
-    def encode(self, row: R) -> tuple[Any, ...]:
-        """A row's stored values, in column order: what its leaf and MAC cover."""
-        return self._plan.encode(row)
-
 
 class _RowPlan:
     """A table's decoder and encoder, worked out once: which positions carry a codec, which
@@ -181,7 +173,7 @@ class _RowPlan:
         assert table.row is not None, f"{table.name} has no row type"
         self.row = table.row
         self.order = [f.name for f in fields(self.row)]
-        self.plain: list[tuple[str, int]] = []
+        plain: list[tuple[str, int]] = []
         self.decoded: list[tuple[str, int, Callable[[Any], Any]]] = []
         self.built: list[tuple[str, int, int, Callable[..., Any]]] = []
         held: list[str] = []  # the fields, in column order (a group's once)
@@ -203,19 +195,21 @@ class _RowPlan:
                 if codec is not None and codec.decode is not None:
                     self.decoded.append((name, i, codec.decode))
                 else:
-                    self.plain.append((name, i))
+                    plain.append((name, i))
                 if codec is not None and codec.encode is not None:
                     encoders.append((len(held), codec.encode))
                 i += 1
             held.append(name)
+        self.plain_names = [name for name, _ in plain]
+        assert len(plain) > 1, f"{table.name}: a row of one plain column is read otherwise"
+        self.plain_values = itemgetter(*(i for _, i in plain))
         self.getter = attrgetter(*held)
         self.encoders = encoders
         self.splits = splits[::-1]  # from the right, so that earlier positions stay put
 
     def decode(self, values: Sequence[Any]) -> Any:
         found = dict.fromkeys(self.order)
-        for name, i in self.plain:
-            found[name] = values[i]
+        found.update(zip(self.plain_names, self.plain_values(values), strict=True))
         for name, i, decode in self.decoded:
             found[name] = decode(values[i])
         for name, start, end, build in self.built:

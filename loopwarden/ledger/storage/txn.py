@@ -26,6 +26,7 @@ from loopwarden.ledger.state.events import Fact, LoopOpened, ReceiptBody, Receip
 from loopwarden.ledger.state.fold import apply, touched
 from loopwarden.ledger.state.registry import make_body
 from loopwarden.ledger.state.rows import LoopRow, LoopView
+from loopwarden.ledger.state.rows import replace as with_fields
 from loopwarden.ledger.storage.dialect import Connection
 from loopwarden.ledger.storage.guard import GuardedReader, loop_mac_values, row_leaf
 from loopwarden.ledger.storage.reader import PolicyCache
@@ -276,14 +277,14 @@ class Txn(ProjectionWriter):
         stored zlib-compressed: a full update result shrinks about fourfold.
         """
         record = IdempotencyRecord(principal, key, operation, request_digest, text, self.now)
-        record = replace(record, mac=self.integrity.mac(RECORD_MAC, record.mac_values()))
+        record = with_fields(record, mac=self.integrity.mac(RECORD_MAC, record.mac_values()))
         self.conn.execute(self.dialect.insert(IDEMPOTENCY), IDEMPOTENCY.encode(record))
 
     def add_token(
         self, token_hash: str, token_id: str, agent: str, role: str, expires_at: str | None = None
     ) -> None:
         token = TokenRow(token_hash, token_id, agent, role, self.now, None, expires_at)
-        token = replace(token, mac=self.integrity.mac(TOKEN_MAC, token.mac_values()))
+        token = with_fields(token, mac=self.integrity.mac(TOKEN_MAC, token.mac_values()))
         self.conn.execute(self.dialect.insert(TOKENS), TOKENS.encode(token))
 
     def revoke_token(self, token_id: str) -> bool:
