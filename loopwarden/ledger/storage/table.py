@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from functools import cached_property
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Any, Generic, TypeVar
 
 R = TypeVar("R")
@@ -164,12 +164,16 @@ class Table(Generic[R]):
 
 
 class _RowPlan:
-    """A table's decoder and encoder, worked out once: which positions carry a codec, which
-    fields span several columns. Rows are plain frozen dataclasses without `__post_init__`, so
-    a row is made by filling its field dict (as `rows.replace` does), field by field by name."""
+    """A table's decoder and encoder, worked out once from its description.
+
+    Decoding: rows are plain frozen dataclasses without `__post_init__`, so a row is made by
+    filling its field dict by name (as `rows.replace` does), each value through its column's
+    codec. Encoding is on every write's hot path (each changed row's leaf, its upsert, a loop's
+    MAC), so the encoder is compiled from the description once, the way `dataclasses` compiles
+    an `__init__`: one tuple of the row's fields in column order, each through its codec, a
+    group's field spread over its columns — what a hand-written encoder would be."""
 
     def __init__(self, table: Table[Any]) -> None:
-        columns = table.row_columns
         assert table.row is not None, f"{table.name} has no row type"
         self.row = table.row
         self.order = [f.name for f in fields(self.row)]
@@ -177,37 +181,51 @@ class _RowPlan:
         self.decoded: list[tuple[str, int, Callable[[Any], Any]]] = []
         self.built: list[tuple[str, int, int, Callable[..., Any]]] = []
         held: list[str] = []  # the fields, in column order (a group's once)
-        encoders: list[tuple[int, Callable[[Any], Any]]] = []
-        splits: list[tuple[int, Callable[[Any], Sequence[Any]]]] = []
-        i = 0
+        parts: list[str] = []  # the encoder's expression for each
+        env: dict[str, Any] = {}
+        columns, i = table.row_columns, 0
         while i < len(columns):
-            column = columns[i]
-            name = column.holds
+            name = columns[i].holds
             if name in table.groups:
                 end = i
                 while end < len(columns) and columns[end].holds == name:
                     end += 1
                 self.built.append((name, i, end, table.groups[name].build))
-                splits.append((len(held), table.groups[name].split))
+                env[f"split_{name}"] = table.groups[name].split
+                parts.append(f"*split_{name}(row.{name})")
                 i = end
             else:
-                codec = column.codec
+                codec = columns[i].codec
                 if codec is not None and codec.decode is not None:
                     self.decoded.append((name, i, codec.decode))
                 else:
                     plain.append((name, i))
                 if codec is not None and codec.encode is not None:
-                    encoders.append((len(held), codec.encode))
+                    env[f"encode_{name}"] = codec.encode
+                    parts.append(f"encode_{name}(row.{name})")
+                else:
+                    parts.append(f"row.{name}")
                 i += 1
             held.append(name)
-        self.plain_names = [name for name, _ in plain]
         assert len(plain) > 1, f"{table.name}: a row of one plain column is read otherwise"
+        self.plain_names = [name for name, _ in plain]
         self.plain_values = itemgetter(*(i for _, i in plain))
-        self.getter = attrgetter(*held)
-        self.encoders = encoders
-        self.splits = splits[::-1]  # from the right, so that earlier positions stay put
+        # Most tables hold their row's fields one column each, in field order: read by zipping.
+        in_order = not self.built and held == self.order
+        self.decode: Callable[[Sequence[Any]], Any] = self._in_order if in_order else self._by_field
+        exec(f"def encode(row):\n    return ({', '.join(parts)},)\n", env)
+        self.encode: Callable[[Any], tuple[Any, ...]] = env["encode"]
 
-    def decode(self, values: Sequence[Any]) -> Any:
+    def _in_order(self, values: Sequence[Any]) -> Any:
+        if self.decoded:
+            values = list(values)
+            for _, i, decode in self.decoded:
+                values[i] = decode(values[i])
+        row = object.__new__(self.row)
+        row.__dict__.update(zip(self.order, values, strict=True))
+        return row
+
+    def _by_field(self, values: Sequence[Any]) -> Any:
         found = dict.fromkeys(self.order)
         found.update(zip(self.plain_names, self.plain_values(values), strict=True))
         for name, i, decode in self.decoded:
@@ -217,14 +235,3 @@ class _RowPlan:
         row = object.__new__(self.row)
         row.__dict__.update(found)
         return row
-
-    def encode(self, row: Any) -> tuple[Any, ...]:
-        values: tuple[Any, ...] = self.getter(row)
-        if not self.encoders and not self.splits:
-            return values
-        out = list(values)
-        for i, encode in self.encoders:
-            out[i] = encode(out[i])
-        for i, split in self.splits:
-            out[i : i + 1] = split(out[i])
-        return tuple(out)
