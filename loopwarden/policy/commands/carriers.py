@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from loopwarden.policy.commands import configs, shells
 from loopwarden.policy.commands import launchers as table
 from loopwarden.policy.commands.launchers import Launcher
-from loopwarden.policy.commands.options import Scan, scan
+from loopwarden.policy.commands.options import Scan, grammar, scan
 from loopwarden.policy.commands.programs import program_name, spec_of
 from loopwarden.policy.commands.runs import TERMINAL, Run, Stdin, Tail
 from loopwarden.policy.commands.words import Word, filled, joined
@@ -189,7 +189,7 @@ def _source(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
 
 
 def _trap(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    found = scan(table.grammar(), run.argv, 1)
+    found = scan(grammar(), run.argv, 1)
     operands = [w for _, w in found.operands]
     if len(operands) >= 2 and operands[0].text not in ("-", ""):
         reading.line(operands[0], "bash", "trap", run)
@@ -208,7 +208,7 @@ def _alias(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
 
 def _hash(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     """`hash -p PATH NAME` makes NAME run PATH: like an alias, a later NAME is a doubt."""
-    found = scan(table.grammar(values="-p", optional=""), run.argv, 1)
+    found = scan(grammar(values="-p", optional=""), run.argv, 1)
     if found.has("-p"):
         for _, word in found.operands:
             if word.text is not None:
@@ -237,7 +237,7 @@ def _find(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
 def _parallel(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     """GNU parallel: the command (joined, run by a shell) with arguments after `:::`, or
     from input; without a command, each argument is a command line."""
-    g = table.grammar(
+    g = grammar(
         values="-j --jobs -S --sshlogin -a --arg-file -d --delimiter -E -I -N -n --max-args "
         "--timeout --delay --joblog --results --tmpdir -C --colsep --env --sshloginfile",
         permute=False,

@@ -9,7 +9,7 @@ import re
 from typing import TYPE_CHECKING
 
 from loopwarden.policy.commands import launchers as table
-from loopwarden.policy.commands.options import scan
+from loopwarden.policy.commands.options import grammar, scan
 from loopwarden.policy.commands.runs import Run, Stdin
 from loopwarden.policy.commands.words import PROCESS, Word, joined
 
@@ -123,7 +123,7 @@ def interpreter(
 def awk(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     from loopwarden.policy.commands.scripts import awk_runs_code
 
-    g = table.grammar(values="-F -v -f --file -e --source -i --include -l --load -E --exec -W")
+    g = grammar(values="-F -v -f --file -e --source -i --include -l --load -E --exec -W")
     found = scan(g, run.argv, 1, stop=True)
     if found.has("-l", "--load"):
         reading.doubt(run, f"`{name} -l` loads an extension", True)
@@ -141,7 +141,7 @@ def awk(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
 def sed(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     from loopwarden.policy.commands.scripts import sed_runs_code
 
-    g = table.grammar(values="-e --expression -f --file -l --line-length", optional="-i --in-place")
+    g = grammar(values="-e --expression -f --file -l --line-length", optional="-i --in-place")
     found = scan(g, run.argv, 1)
     if found.has("--sandbox"):
         return
