@@ -32,6 +32,7 @@ class TodoStatus(StrEnum):
     CLAIMED = "claimed"
     DONE = "done"
     BLOCKED = "blocked"
+    CANCELLED = "cancelled"  # by an operator; never claimed again, and no longer owed
 
 
 TODO_STATUSES: tuple[TodoStatus, ...] = tuple(TodoStatus)

@@ -342,8 +342,14 @@ def test_loop_list_json_shape_and_table(home, policy_file):
             "todos",
         }
         assert isinstance(item["receipts"], int) and isinstance(item["opened_at"], str)
-        assert set(item["todos"]) == {"open", "claimed", "done", "blocked"}
-    assert by_id["L1"]["todos"] == {"open": 1, "claimed": 0, "done": 1, "blocked": 0}
+        assert set(item["todos"]) == {"open", "claimed", "done", "blocked", "cancelled"}
+    assert by_id["L1"]["todos"] == {
+        "open": 1,
+        "claimed": 0,
+        "done": 1,
+        "blocked": 0,
+        "cancelled": 0,
+    }
     assert (by_id["L1"]["receipts"], by_id["L2"]["receipts"]) == (3, 1)
     assert (by_id["L2"]["status"], by_id["L2"]["stop_reason"]) == ("active", None)
     table = cli(f"loop list --home {home}")
@@ -362,7 +368,9 @@ def test_loop_show_human_output_has_status_budgets_todos_and_receipts(home, loop
     assert "objective: ship it" in out
     assert "budgets" in out and "turns" in out and "cost_usd" in out
     assert "█" in out  # a used/limit bar
-    assert "todos (open 1, claimed 0, done 1, blocked 0)" in one_line(out)  # title wraps
+    assert "todos (open 1, claimed 0, done 1, blocked 0, cancelled 0)" in one_line(
+        out
+    )  # title wraps
     assert "first" in out and "second" in out
     assert "recent receipts" in out and "turn.reported" in out and "loop.opened" in out
     assert "head: seq 3" in out

@@ -18,10 +18,10 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import BUILDER
+from conftest import BUILDER, OPERATOR
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import scale
+from support import control_loop, scale
 from test_hooks import (
     HOOKED,
     LOOP,
@@ -34,15 +34,17 @@ from test_hooks import (
     say,
 )
 from test_hooks import report as honest_report
+from test_judge import objections
 
 from loopwarden.clock import ManualClock
 from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import LeaseExpired, ToolObserved, TurnReport
+from loopwarden.ledger.state.events import LeaseExpired, LoopStopped, ToolObserved, TurnReport
 from loopwarden.ledger.state.registry import parse_body
 from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.claim import ClaimRequest, claim
+from loopwarden.operations.loops import LoopControlRequest
 from loopwarden.operations.update import update
 
 pytestmark = pytest.mark.anyio
@@ -80,6 +82,86 @@ async def test_no_tool_runs_on_a_turn_whose_lease_ran_out(store, clock):
     clock.advance(3)
     _, out = await say(store, bash("pytest -q"))
     assert "lease on turn" in denied(out) and "claim" in denied(out)
+    await judged_clean(store)
+
+
+async def _calls(store: Store, n: int) -> None:
+    for _ in range(n):
+        _, out = await say(store, bash("pytest -q"))
+        assert denied(out) is None
+        await say(store, fixture("claude-code", "PostToolUse-bash"))
+
+
+async def _charged_calls(store: Store) -> int:
+    return (await store.read(lambda r: r.loop_row(LOOP))).totals.tool_calls
+
+
+async def test_letting_a_lease_expire_does_not_escape_max_tool_calls(store, clock):
+    policy = {**HOOKED, "budgets": {"max_turns": 20, "max_tool_calls": 4}}
+    await opened(store, {**policy, "claims": {"lease_seconds": 2}})
+    await attached_claim(store)
+    await _calls(store, 3)
+    clock.advance(3)
+    await say(store, fixture("claude-code", "SessionStart-startup", session_id=SESSION_B))
+    again = await claim(store, BUILDER, ClaimRequest(loop_id=LOOP))
+    assert again.granted, "the claim sweeps the expired turn: its observed calls are charged"
+    assert await _charged_calls(store) == 3
+    await _calls(store, 1)
+    _, out = await say(store, bash("pytest -q"))
+    assert "tool_calls budget is used up (4 of 4" in denied(out)
+    expired = [
+        r for r in await store.read(lambda r: r.loop_journal(LOOP)) if r.kind == "lease.expired"
+    ]
+    body = parse_body(open_envelope(expired[0].envelope, None).body)
+    assert body.data.tool_calls_charged == 3
+    await judged_clean(store)
+    journal = [
+        parse_body(open_envelope(r.envelope, None).body)
+        for r in await store.read(lambda r: r.loop_journal(LOOP))
+    ]
+    i = next(n for n, b in enumerate(journal) if b.kind == "lease.expired")
+    waived = journal[i].data.model_copy(update={"tool_calls_charged": 0})
+    forged = [*journal[:i], journal[i].model_copy(update={"data": waived}), *journal[i + 1 :]]
+    assert any(o.endswith(": charge") for o in objections(forged)), objections(forged)
+
+
+async def test_a_corrected_report_charges_the_observed_calls_once(store):
+    await opened(store)
+    granted = await attached_claim(store)
+    await _calls(store, 3)
+    missing = honest_report(granted, "u1", {"shell.run": 3}, usage={"tool_calls": 3})
+    missing.evidence = []  # completing needs evidence: refused, the turn stays open
+    first = await update(store, BUILDER, missing)
+    assert not first.accepted and first.turn_status == "open"
+    assert await _charged_calls(store) == 3
+    fixed = honest_report(granted, "u2", {"shell.run": 3})  # no usage since the refused one
+    assert (await update(store, BUILDER, fixed)).accepted
+    assert await _charged_calls(store) == 3, "3 calls are charged as 3, not 6"
+    await judged_clean(store)
+
+
+async def test_a_report_on_a_turn_a_refusal_closed_is_not_charged_again(store):
+    await opened(store)
+    granted = await attached_claim(store)
+    await _calls(store, 2)
+    under = await update(store, BUILDER, honest_report(granted, "u1", {}, usage={"cost_usd": 1}))
+    assert not under.accepted and under.turn_status == "refused", "the answer says it closed"
+    totals = (await store.read(lambda r: r.loop_row(LOOP))).totals
+    assert (totals.tool_calls, totals.cost_micros) == (2, 1_000_000)
+    again = await update(
+        store, BUILDER, honest_report(granted, "u2", {"shell.run": 2}, usage={"cost_usd": 1})
+    )
+    assert not again.accepted and again.turn_status == "refused"
+    assert (await store.read(lambda r: r.loop_row(LOOP))).totals == totals
+    await judged_clean(store)
+
+
+async def test_closing_a_loop_charges_its_open_turns_observed_calls(store):
+    await opened(store)
+    await attached_claim(store)
+    await _calls(store, 2)
+    await control_loop(store, OPERATOR, "cancel", LoopControlRequest(loop_id=LOOP))
+    assert await _charged_calls(store) == 2
     await judged_clean(store)
 
 
@@ -135,8 +217,10 @@ def _charged(bodies: list[Any]) -> int:
             total += data.tool_calls
         elif isinstance(data, ToolObserved) and data.charged:
             total += 1
-        elif isinstance(data, LeaseExpired) and getattr(data, "tool_calls_charged", None):
-            total += data.tool_calls_charged
+        elif isinstance(data, LeaseExpired):
+            total += data.tool_calls_charged or 0
+        elif isinstance(data, LoopStopped):
+            total += sum(c.tool_calls_charged or 0 for c in data.closed_turns)
     return total
 
 

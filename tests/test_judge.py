@@ -303,6 +303,18 @@ EDITS = {
         lambda j: [*j[:2], _report_with(j[2], evidence=[]), *j[3:]],
         "evidence_required",
     ),
+    "a report that says its turn was charged before when it was not": (
+        lambda j: [*j[:2], _report_with(j[2], tool_calls_before=5), *j[3:]],
+        "charge",
+    ),
+    "a report charging less than it lists": (
+        lambda j: [
+            *j[:2],
+            _report_with(j[2], tools_used=[{"name": "fs.read", "count": 2}], tool_calls_charged=1),
+            *j[3:],
+        ],
+        "charge",
+    ),
     "a report with a stale fence, accepted": (
         lambda j: [*j[:4], _report_with(j[4], fence=7), j[5]],
         "stale_fence",

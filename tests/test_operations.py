@@ -503,9 +503,25 @@ async def test_update_same_key_different_arguments_is_idempotency_conflict(store
     )
     assert not conflict.accepted and codes(conflict) == {"idempotency_conflict"}
     body = await body_of(store, conflict.receipt_id)
-    # A refusal of the owner's own report is charged, whatever the reason: the work happened.
-    assert body["kind"] == "turn.refused" and body["data"]["charged"] is True
-    assert (await view(store)).loop.totals.cost_micros == 200_000
+    # The accepted report settled the turn: its usage is charged once, so a refusal of another
+    # report on it is not charged again, and the answer says the turn is over.
+    assert body["kind"] == "turn.refused" and body["data"]["charged"] is False
+    assert conflict.turn_status == "reported"
+    assert (await view(store)).loop.totals.cost_micros == 100_000
+
+
+async def test_a_refusal_on_an_open_turn_is_charged_and_says_the_turn_is_open(store):
+    await open_test_loop(store)
+    first = granted(await claim_as(store, BUILDER))
+    await report(store, BUILDER, first, "progress", usage=Usage(cost_usd=0.1), key="u-1")
+    second = granted(await claim_as(store, BUILDER))
+    refused = await report(
+        store, BUILDER, second, "completed", usage=Usage(cost_usd=0.2), evidence=[], key="u-2"
+    )  # completing needs evidence
+    assert not refused.accepted and refused.turn_status == "open"
+    body = await body_of(store, refused.receipt_id)
+    assert body["data"]["charged"] is True
+    assert (await view(store)).loop.totals.cost_micros == 300_000
 
 
 async def test_update_by_non_owner_is_refused_and_not_charged(store):
@@ -866,7 +882,9 @@ async def test_budget_reached_stops_loop_and_closes_other_open_turns(store):
     rows = await store.read(lambda r: r.loop_journal("L1", kind="loop.stopped"))
     assert len(rows) == 1
     stopped = await body_of(store, rows[0].receipt_id)
-    assert stopped["data"]["closed_turns"] == [{"turn_id": other.turn_id, "todo_id": other.todo_id}]
+    assert stopped["data"]["closed_turns"] == [
+        {"turn_id": other.turn_id, "todo_id": other.todo_id, "tool_calls_charged": 0}
+    ]
     state = await view(store)
     assert state.turns[other.turn_id].status == "closed"  # type: ignore[index]
     assert state.todos[other.todo_id].status == "open"  # type: ignore[index]
@@ -1157,7 +1175,7 @@ async def test_projection_attention_agent_when_work_is_ready(store):
     await open_test_loop(store)
     result = await projection(store, BUILDER, ProjectionRequest(loop_id="L1"))
     assert result.attention.who == "agent" and "a" in result.attention.why
-    assert result.todo_counts == {"open": 3, "claimed": 0, "done": 0, "blocked": 0}
+    assert result.todo_counts == {"open": 3, "claimed": 0, "done": 0, "blocked": 0, "cancelled": 0}
 
 
 async def test_projection_attention_human_when_approval_pending(store):

@@ -139,7 +139,7 @@ def assert_open_turns_match_claimed_todos(stored: LoopView) -> None:
             assert by_todo[todo.todo_id] == 0, f"{todo.status} todo {todo.todo_id} has an open turn"
     counts = Counter(t.status for t in stored.todos.values())
     assert stored.loop.todo_counts == tuple(
-        counts[s] for s in ("open", "claimed", "done", "blocked")
+        counts[s] for s in ("open", "claimed", "done", "blocked", "cancelled")
     )
 
 

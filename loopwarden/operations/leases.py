@@ -7,6 +7,7 @@ from datetime import timedelta
 from loopwarden.clock import format_time, parse_time
 from loopwarden.ledger.state.events import Fence, LeaseExpired, LeaseRenewed, ReceiptKind, TurnId
 from loopwarden.ledger.state.rows import TurnRow
+from loopwarden.ledger.state.rules import unsettled_calls
 from loopwarden.ledger.storage.store import Appended, Txn
 from loopwarden.operations.operation import Call
 from loopwarden.operations.refusals import refuse_on_turn
@@ -34,6 +35,7 @@ def expire_leases(tx: Txn, loop_id: str, who: Principal) -> list[Appended]:
                     turn_id=turn.turn_id,
                     todo_id=turn.todo_id,
                     lease_expires_at=turn.lease_expires_at,
+                    tool_calls_charged=unsettled_calls(turn),
                 ),
                 decision=Decision("allow", (reason,)),
                 turn_id=turn.turn_id,

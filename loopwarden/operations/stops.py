@@ -6,7 +6,7 @@ from datetime import datetime
 
 from loopwarden.ledger.state.events import ClosedTurn, LoopStopped, ReceiptKind
 from loopwarden.ledger.state.rows import LoopRow
-from loopwarden.ledger.state.rules import stop_facts
+from loopwarden.ledger.state.rules import stop_facts, unsettled_calls
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Appended, Txn
 from loopwarden.policy.decision import Decision, Reason, ReasonCode
@@ -20,7 +20,7 @@ def close_loop(
 ) -> Appended:
     """Seal `loop.stopped` / `loop.completed` / `loop.cancelled`, closing every open turn."""
     closed = tuple(
-        ClosedTurn(turn_id=t.turn_id, todo_id=t.todo_id)
+        ClosedTurn(turn_id=t.turn_id, todo_id=t.todo_id, tool_calls_charged=unsettled_calls(t))
         for t in tx.loop_turns(loop_id, TurnStatus.OPEN)
     )
     decision = Decision("allow" if reason.code == ReasonCode.ALL_TODOS_DONE else "deny", (reason,))

@@ -23,7 +23,7 @@ from loopwarden.ledger.state.events import (
     check_evidence_size,
 )
 from loopwarden.ledger.state.rows import TurnRow
-from loopwarden.ledger.state.rules import report_facts, tool_calls_charged
+from loopwarden.ledger.state.rules import report_facts, tool_calls_due
 from loopwarden.ledger.storage.store import Appended, Txn
 from loopwarden.operations.admission import Route, route_for
 from loopwarden.operations.leases import expire_leases
@@ -94,6 +94,12 @@ class UpdateResult(Model):
     loop_id: str
     turn_id: str
     todo_status: TodoStatus | None = Field(description="The todo's status after this update.")
+    turn_status: TurnStatus | None = Field(
+        default=None,
+        description="The turn's status after this update: open means you may correct the "
+        "report and send it again (with the usage since); any other status means the turn is "
+        "over (claim again).",
+    )
     receipt_id: str
     seq: int
     digest: str
@@ -102,8 +108,11 @@ class UpdateResult(Model):
     )
 
 
-def _report(req: UpdateRequest, turn: TurnRow, *, owner: bool = True) -> TurnReport:
-    charged = tool_calls_charged(req, req.usage.tool_calls, turn) if owner else None
+def _report(req: UpdateRequest, turn: TurnRow, *, owner: bool, charged: bool) -> TurnReport:
+    """The report as sealed. The owner's records what the turn was charged before it and what
+    it charges now (nothing, when it is not charged); another agent's records neither."""
+    before = turn.tool_calls_charged if owner else None
+    due = tool_calls_due(req, req.usage.tool_calls, turn) if owner and charged else 0
     return TurnReport(
         turn_id=turn.turn_id,
         todo_id=turn.todo_id,
@@ -115,7 +124,8 @@ def _report(req: UpdateRequest, turn: TurnRow, *, owner: bool = True) -> TurnRep
         summary=req.summary,
         failure_signature=req.failure_signature,
         approval_ids=tuple(dict.fromkeys(req.approval_ids)),
-        tool_calls_charged=charged,
+        tool_calls_charged=due if owner else None,
+        tool_calls_before=before,
     )
 
 
@@ -128,9 +138,9 @@ def _seal(
     charged: bool = True,
     closes: bool = False,
 ) -> Appended:
-    turn = call.turn
+    turn = call.tx.turn(call.turn.turn_id) or call.turn  # as it is now (a sweep may close it)
     owner = call.who.id == turn.agent
-    report = dict(_report(req, turn, owner=owner))  # the validated parts, as they are
+    report = dict(_report(req, turn, owner=owner, charged=charged))  # validated, as they are
     data: TurnReported | TurnRefused
     if accepted:
         kind, data = ReceiptKind.TURN_REPORTED, TurnReported(**report)
@@ -162,6 +172,7 @@ def _foreign(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateR
         loop_id=call.turn.loop_id,
         turn_id=call.turn.turn_id,
         todo_status=None,
+        turn_status=None,
         receipt_id=sealed.receipt_id,
         seq=sealed.seq,
         digest=sealed.sealed.digest,
@@ -174,7 +185,7 @@ def _refuse(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateRe
     caller holds the turn (the work happened), otherwise a foreign refusal."""
     if call.turn.agent != call.who.id:
         return _foreign(call, req, decision)
-    sealed = _seal(call, req, decision, accepted=False)
+    sealed = _seal(call, req, decision, accepted=False, charged=not call.turn.settled)
     return _result(call, False, decision, sealed)
 
 
@@ -194,7 +205,7 @@ def update(call: Call[Txn], req: UpdateRequest) -> UpdateResult:
 
     Every turn you claim must end with exactly one accepted update. Budgets are charged from
     `usage` (tool calls: the largest of usage.tool_calls, the sum of tools_used counts and what
-    your host's hooks observed); tools are checked against the loop's policy (a forbidden tool
+    your host's hooks observed, less what the turn was already charged); tools are checked against the loop's policy (a forbidden tool
     is refused and may stop the loop). If the loop observes your host, list every tool it ran
     under the name the refusal or warning gives (e.g. shell.run for Bash). Completing a todo
     may require evidence. Then follow `route`: continue (claim again), wait,
@@ -210,7 +221,10 @@ def update(call: Call[Txn], req: UpdateRequest) -> UpdateResult:
       the answer says nothing about the loop);
     - every other refusal is charged: the usage in a report happened, whatever is wrong with
       the report, so budgets always hold. A corrected report for a turn that stays open
-      carries only the usage since the refused one;
+      carries only the usage since the refused one; a closed turn's usage is charged once (by
+      the report that closed it, or the first one after its lease expired or its loop
+      closed), so later reports on it are refused uncharged. The answer's `turn_status` says
+      whether the turn is still open;
     - a tool violation (a denied or not-allowed tool, or an approval-gated tool without a valid
       cited approval) closes the turn if it is still open, releases its todo, and with
       `on_violation = "stop_loop"` stops the loop (`policy_violation`) — whatever else is
@@ -231,15 +245,17 @@ def update(call: Call[Txn], req: UpdateRequest) -> UpdateResult:
 
 
 def _refused(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateResult:
-    """Every refusal of the owner's report is charged; a violation also closes the turn (if
-    still open) and applies `on_violation`."""
+    """Every refusal of the owner's report is charged unless its turn is settled; a violation
+    also closes the turn (if still open) and applies `on_violation`."""
     tx, turn = call.tx, call.turn
     found = set(decision.codes)
     if ReasonCode.LEASE_EXPIRED in found:
         expire_leases(tx, turn.loop_id, call.who)  # releases this turn (and any other stale one)
-    still_open = (tx.turn(turn.turn_id) or turn).status == TurnStatus.OPEN
+    now = tx.turn(turn.turn_id) or turn
+    still_open = now.status == TurnStatus.OPEN
     violation = bool(found & VIOLATIONS)
-    sealed = _seal(call, req, decision, accepted=False, closes=violation and still_open)
+    closes = violation and still_open
+    sealed = _seal(call, req, decision, accepted=False, charged=not now.settled, closes=closes)
     policy = tx.policy(call.loop.policy_digest)
     if violation and policy.stop.on_violation == "stop_loop" and not call.loop.status.closed:
         reason = Reason(ReasonCode.POLICY_VIOLATION, "; ".join(r.message for r in decision.reasons))
@@ -265,6 +281,7 @@ def _result(call: Call[Txn], accepted: bool, decision: Decision, sealed: Appende
         loop_id=turn.loop_id,
         turn_id=turn.turn_id,
         todo_status=todo.status if todo else None,
+        turn_status=(tx.turn(turn.turn_id) or turn).status,
         receipt_id=sealed.receipt_id,
         seq=sealed.seq,
         digest=sealed.sealed.digest,

@@ -113,6 +113,8 @@ class TodoSpec(Fact):
 class ClosedTurn(Fact):
     turn_id: TurnId
     todo_id: TodoId
+    # The calls the host observed in the turn beyond what it was charged (absent before 0.2.0).
+    tool_calls_charged: Count | None = None
 
 
 # --- data per kind ---------------------------------------------------------------------------
@@ -185,6 +187,8 @@ class LeaseExpired(Fact):
     turn_id: TurnId
     todo_id: TodoId
     lease_expires_at: Timestamp
+    # The calls the host observed in the turn beyond what it was charged (absent before 0.2.0).
+    tool_calls_charged: Count | None = None
 
 
 class TurnReport(Fact):
@@ -200,10 +204,13 @@ class TurnReport(Fact):
     summary: str = Field(max_length=MAX_SUMMARY)
     failure_signature: str | None = Field(default=None, max_length=200)
     approval_ids: tuple[ApprovalId, ...] = Field(default=(), max_length=MAX_TOOLS_USED)
-    # What the server charged against max_tool_calls: the largest of usage.tool_calls, the sum
-    # of tools_used counts and the calls the host observed in the turn. Absent in receipts of
-    # release 0.1.0, which charged usage.tool_calls alone (the fold does the same for them).
+    # What the server charged against max_tool_calls (`rules.tool_calls_due`). Absent in
+    # receipts of release 0.1.0, which charged usage.tool_calls alone (the fold does the same).
     tool_calls_charged: Count | None = None
+    # What the turn had been charged before this report (its earlier reports, its lease's
+    # expiry, its loop's close). Absent before 0.2.0, whose reports charged the largest of
+    # usage.tool_calls, the tools_used sum and the observed calls, whatever came before.
+    tool_calls_before: Count | None = None
 
     @property
     def tool_calls(self) -> int:

@@ -49,7 +49,7 @@ def _counted(view: LoopView, old: TodoStatus | None, new: TodoStatus) -> None:
     if old is not None:
         counts[TODO_STATUSES.index(old)] -= 1
     counts[TODO_STATUSES.index(new)] += 1
-    view.loop = replace(view.loop, todo_counts=(counts[0], counts[1], counts[2], counts[3]))
+    view.loop = replace(view.loop, todo_counts=tuple(counts))
 
 
 def set_todo(view: LoopView, todo: TodoRow, **changes: Any) -> TodoRow:
@@ -120,10 +120,25 @@ def close_turn(
 
 def close_turns(view: LoopView, closed: Iterable[ClosedTurn], at: str) -> None:
     for item in closed:
+        charge_calls(view, item.turn_id, item.tool_calls_charged or 0)
         close_turn(view, item.turn_id, TurnStatus.CLOSED, at)
         release(view, item.todo_id, failed=False)
 
 
 def charge(view: LoopView, report: TurnReport) -> None:
+    """Charge a report's usage to its loop, and its tool calls to its turn's running charge."""
     charged = usage_totals(report.usage, report.tool_calls)
     view.loop = replace(view.loop, totals=view.loop.totals.plus(charged))
+    _turn_charged(view, report.turn_id, report.tool_calls)
+
+
+def charge_calls(view: LoopView, turn_id: str, calls: int) -> None:
+    """Charge `calls` observed tool calls of a turn (its lease's expiry, its loop's close)."""
+    view.loop = replace(view.loop, totals=view.loop.totals.plus(Totals(tool_calls=calls)))
+    _turn_charged(view, turn_id, calls)
+
+
+def _turn_charged(view: LoopView, turn_id: str, calls: int) -> None:
+    turn = view.turns.get(turn_id)
+    if turn is not None and calls:
+        view.turns[turn_id] = replace(turn, tool_calls_charged=turn.tool_calls_charged + calls)

@@ -170,18 +170,54 @@ def report_codes(
 
 
 def charged(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict]:
-    """A report that records its tool-call charge must charge what the rules say (receipts of
-    0.1.0 record none and charged usage.tool_calls, which the fold repeats)."""
+    """A report that records its tool-call charge must charge what the rules say, from what
+    its turn was charged before (receipts of 0.1.0 record no charge and charged
+    usage.tool_calls, which the fold repeats; those of 0.1.x record no `tool_calls_before`)."""
     turn = view.turns.get(data.turn_id)
     if data.tool_calls_charged is None or turn is None or body.principal.id != turn.agent:
         return []
-    expected = rules.tool_calls_charged(data, data.usage.tool_calls, turn)
+    if data.tool_calls_before is None:
+        expected = rules.legacy_tool_calls_charged(data, data.usage.tool_calls, turn)
+    elif data.tool_calls_before != turn.tool_calls_charged:
+        return [
+            Verdict(
+                VerdictRule.CHARGE,
+                f"says the turn had {data.tool_calls_before} tool calls charged where it had "
+                f"{turn.tool_calls_charged}",
+            )
+        ]
+    elif isinstance(data, TurnRefused) and not data.charged:
+        expected = 0
+    else:
+        expected = rules.tool_calls_due(data, data.usage.tool_calls, turn)
     if data.tool_calls_charged == expected:
         return []
     return [
         Verdict(
             VerdictRule.CHARGE,
             f"charged {data.tool_calls_charged} tool calls where the rules say {expected}",
+        )
+    ]
+
+
+def charges_refusal(view: LoopView, data: TurnRefused) -> bool:
+    """Whether the owner's refused report is charged: always in receipts of 0.1.x; since
+    0.2.0, unless its turn is settled (a report's usage already charged on the closed turn)."""
+    turn = view.turns.get(data.turn_id)
+    return data.tool_calls_before is None or turn is None or not turn.settled
+
+
+def calls_charged(turn: TurnRow, recorded: int | None) -> list[Verdict]:
+    """A lease's expiry or a loop's close charges the calls observed in the turn beyond what
+    it was charged (receipts before 0.2.0 record no charge, and charged none)."""
+    expected = rules.unsettled_calls(turn)
+    if recorded is None or recorded == expected:
+        return []
+    return [
+        Verdict(
+            VerdictRule.CHARGE,
+            f"closing turn {turn.turn_id} charged {recorded} observed tool calls where the "
+            f"rules say {expected}",
         )
     ]
 

@@ -27,7 +27,7 @@ class LoopRow:
     opened_at: str
     opened_by: str
     totals: Totals
-    todo_counts: tuple[int, int, int, int]  # by TODO_STATUSES: open, claimed, done, blocked
+    todo_counts: tuple[int, ...]  # by TODO_STATUSES: open, claimed, done, blocked, cancelled
     failure_signature: str | None
     failure_streak: int
     head_seq: int
@@ -83,6 +83,12 @@ class TurnRow:
     observed: dict[str, tuple[int, int]] = field(default_factory=dict)
     reported: dict[str, int] = field(default_factory=dict)  # the accepted report's tools_used
     refusals: int = 0
+    # Tool calls charged against max_tool_calls for this turn so far (by its reports, its lease's
+    # expiry or its loop's close): a later charge is only what goes beyond it.
+    tool_calls_charged: int = 0
+    # A report's usage has been charged on the closed turn (the report that closed it, or the
+    # first late one after an expiry or a close): later reports on it are not charged again.
+    settled: bool = False
 
     def observed_calls(self, tool: str) -> int:
         """Calls of `tool` the host saw: admitted or ran, whichever hook saw more."""

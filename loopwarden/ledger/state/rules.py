@@ -16,7 +16,7 @@ from loopwarden.ledger.state.events import Evidence, ToolUse
 from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.policy.decision import Reason, ReasonCode
 from loopwarden.policy.evaluate import ClaimFacts, ReportFacts, StopFacts, ToolCallFacts
-from loopwarden.statuses import ApprovalStatus, TodoStatus
+from loopwarden.statuses import ApprovalStatus, TodoStatus, TurnStatus
 
 
 class ReportLike(Protocol):
@@ -69,11 +69,32 @@ def observed_counts(turn: TurnRow) -> tuple[tuple[str, int], ...]:
     return tuple((tool, turn.observed_calls(tool)) for tool in sorted(turn.observed))
 
 
-def tool_calls_charged(report: ReportLike, usage_tool_calls: int, turn: TurnRow) -> int:
-    """What a report charges against max_tool_calls: the largest of the reported usage, the
-    sum of the reported counts, and what the host observed in the turn."""
+def tool_calls_due(report: ReportLike, usage_tool_calls: int, turn: TurnRow) -> int:
+    """What a report charges against max_tool_calls beyond what its turn was charged before
+    (`turn.tool_calls_charged`: earlier reports, its lease's expiry, its loop's close).
+
+    The turn's total becomes the largest of what the report claims, the sum of its listed
+    counts (which name every call of the turn) and what the host observed in it. On an open
+    turn a report's usage is what came since the last report, so it claims the total charged
+    so far plus that usage; on a closed one (the first report after an expiry or a close) it
+    is the whole turn's. What was charged before is never charged again."""
+    listed = sum(t.count for t in report.tools_used)
+    before = turn.tool_calls_charged
+    claimed = usage_tool_calls + (before if turn.status == TurnStatus.OPEN else 0)
+    return max(claimed, listed, turn.observed_total, before) - before
+
+
+def legacy_tool_calls_charged(report: ReportLike, usage_tool_calls: int, turn: TurnRow) -> int:
+    """What a report of release 0.1.x charged (no `tool_calls_before`): the largest of the
+    usage, the listed counts and the observed calls, whatever the turn was charged before."""
     listed = sum(t.count for t in report.tools_used)
     return max(usage_tool_calls, listed, turn.observed_total)
+
+
+def unsettled_calls(turn: TurnRow) -> int:
+    """The calls the host observed in `turn` beyond what the turn was charged: what its
+    lease's expiry or its loop's close charges, and what the pre-tool check counts as spent."""
+    return max(0, turn.observed_total - turn.tool_calls_charged)
 
 
 def stop_facts(loop: LoopRow, now: datetime) -> StopFacts:
@@ -198,7 +219,7 @@ def tool_call_facts(
         host_tool=host_tool,
         command=command,
         approved=approved,
-        tool_calls=loop.totals.tool_calls + sum(t.observed_total for t in open_turns),
+        tool_calls=loop.totals.tool_calls + sum(unsettled_calls(t) for t in open_turns),
         lease_expired=turn is not None and turn.lease_expires_at < now_text,
         internal=internal,
     )

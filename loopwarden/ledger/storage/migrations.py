@@ -51,6 +51,14 @@ UPGRADES: dict[int, tuple[Step, ...]] = {
         AddColumn("turns", Column("refusals", INTEGER, default=0)),
         AddColumn("loops", Column("hosts", DOCUMENT, default="{}")),
     ),
+    # version 7: charges that hold (operations/update.py, leases.py). Each turn row keeps the
+    # tool calls charged for it so far and whether a report's usage was charged once it
+    # closed; each loop row counts its cancelled todos (todo_cancel).
+    7: (
+        AddColumn("loops", Column("todos_cancelled", INTEGER, default=0)),
+        AddColumn("turns", Column("tool_calls_charged", INTEGER, default=0)),
+        AddColumn("turns", Column("settled", INTEGER, default=0)),
+    ),
 }
 assert max(UPGRADES) == SCHEMA_VERSION, "a new schema version needs its upgrade here"
 

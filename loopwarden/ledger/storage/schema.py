@@ -30,12 +30,12 @@ from loopwarden.ledger.storage.table import Codec, Column, Group, Index, SqlType
 from loopwarden.policy.budgets import Totals
 from loopwarden.statuses import ApprovalStatus, LoopStatus, TodoStatus, TurnStatus
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 LEGACY_SCHEMA = 3
 """The last schema without the proof fields (loopwarden 0.1.0): still readable by an audit."""
-REBUILT_AT = 6
+REBUILT_AT = 7
 """Upgrading an existing database to this version or past it re-derives its projection (and
-its proofs) from the journal: the rows' columns changed at 4 and 6."""
+its proofs) from the journal: the rows' columns changed at 4, 6 and 7."""
 
 TEXT, DOCUMENT, INTEGER = SqlType.TEXT, SqlType.DOCUMENT, SqlType.INTEGER
 SMALL_INTEGER, BYTES, COMPRESSED = SqlType.SMALL_INTEGER, SqlType.BYTES, SqlType.COMPRESSED
@@ -82,12 +82,14 @@ OBSERVED = Codec(
 )
 COUNTS = Codec(_json_object, json.loads)
 BLOB = Codec(None, bytes)
+FLAG = Codec(int, bool)
 RESPONSE = Codec(lambda text: zlib.compress(text.encode(), 6), unpack_response)
 
 TOTALS = ("turns", "model_calls", "input_tokens", "output_tokens", "tool_calls",
           "cost_micros", "wall_micros")  # fmt: skip
 assert tuple(f.name for f in fields(Totals)) == TOTALS, "a loop's totals columns are its Totals"
 TODO_COUNTS = ("todos_open", "todos_claimed", "todos_done", "todos_blocked")  # TODO_STATUSES order
+# ... and `todos_cancelled`, added at version 7 (last, as every added column).
 
 
 def _text(name: str, **kw: Any) -> Column:
@@ -193,6 +195,7 @@ LOOPS = Table(
         Column("state_root", BYTES, null=True, since=4),
         _mac(),
         Column("hosts", DOCUMENT, default="{}", since=6, codec=HOSTS),
+        _int("todos_cancelled", default=0, since=7, field="todo_counts"),
     ),
     key=("loop_id",),
     clustered=True,
@@ -243,6 +246,8 @@ TURNS = Table(
         Column("observed", DOCUMENT, default="{}", since=6, codec=OBSERVED),
         Column("reported", DOCUMENT, default="{}", since=6, codec=COUNTS),
         _int("refusals", default=0, since=6),
+        _int("tool_calls_charged", default=0, since=7),
+        _int("settled", default=0, since=7, codec=FLAG),
     ),
     key=("turn_id",),
     clustered=True,

@@ -179,9 +179,9 @@ class _RowPlan:
         self.order = [f.name for f in fields(self.row)]
         plain: list[tuple[str, int]] = []
         self.decoded: list[tuple[str, int, Callable[[Any], Any]]] = []
-        self.built: list[tuple[str, int, int, Callable[..., Any]]] = []
+        runs: dict[str, list[tuple[int, int]]] = {}  # a group's columns, in runs side by side
         held: list[str] = []  # the fields, in column order (a group's once)
-        parts: list[str] = []  # the encoder's expression for each
+        parts: list[str] = []  # the encoder's expression for each run of columns
         env: dict[str, Any] = {}
         columns, i = table.row_columns, 0
         while i < len(columns):
@@ -190,9 +190,10 @@ class _RowPlan:
                 end = i
                 while end < len(columns) and columns[end].holds == name:
                     end += 1
-                self.built.append((name, i, end, table.groups[name].build))
+                done = sum(b - a for a, b in runs.get(name, ()))  # a column added later sits last
+                runs.setdefault(name, []).append((i, end))
                 env[f"split_{name}"] = table.groups[name].split
-                parts.append(f"*split_{name}(row.{name})")
+                parts.append(f"*g_{name}[{done}:{done + end - i}]")
                 i = end
             else:
                 codec = columns[i].codec
@@ -206,14 +207,19 @@ class _RowPlan:
                 else:
                     parts.append(f"row.{name}")
                 i += 1
-            held.append(name)
+            if name not in held:
+                held.append(name)
+        self.built: list[tuple[str, list[tuple[int, int]], Callable[..., Any]]] = [
+            (name, spans, table.groups[name].build) for name, spans in runs.items()
+        ]
         assert len(plain) > 1, f"{table.name}: a row of one plain column is read otherwise"
         self.plain_names = [name for name, _ in plain]
         self.plain_values = itemgetter(*(i for _, i in plain))
         # Most tables hold their row's fields one column each, in field order: read by zipping.
         in_order = not self.built and held == self.order
         self.decode: Callable[[Sequence[Any]], Any] = self._in_order if in_order else self._by_field
-        exec(f"def encode(row):\n    return ({', '.join(parts)},)\n", env)
+        split = "".join(f"    g_{name} = split_{name}(row.{name})\n" for name in runs)
+        exec(f"def encode(row):\n{split}    return ({', '.join(parts)},)\n", env)
         self.encode: Callable[[Any], tuple[Any, ...]] = env["encode"]
 
     def _in_order(self, values: Sequence[Any]) -> Any:
@@ -230,8 +236,8 @@ class _RowPlan:
         found.update(zip(self.plain_names, self.plain_values(values), strict=True))
         for name, i, decode in self.decoded:
             found[name] = decode(values[i])
-        for name, start, end, build in self.built:
-            found[name] = build(*values[start:end])
+        for name, spans, build in self.built:
+            found[name] = build(*(v for start, end in spans for v in values[start:end]))
         row = object.__new__(self.row)
         row.__dict__.update(found)
         return row

@@ -13,7 +13,7 @@ from loopwarden.ledger.state.events import (
     ReceiptKind,
 )
 from loopwarden.ledger.state.folding import FoldError, add_todo, close_turns
-from loopwarden.ledger.state.judging import Judging, Verdict, VerdictRule
+from loopwarden.ledger.state.judging import Judging, Verdict, VerdictRule, calls_charged
 from loopwarden.ledger.state.rows import LoopRow, LoopView, Touched, replace
 from loopwarden.ledger.state.rules import todo_graph_problem
 from loopwarden.ledger.state.spec import AGENTS, OPERATORS, KindSpec, Opening
@@ -22,7 +22,7 @@ from loopwarden.policy.decision import ReasonCode
 from loopwarden.policy.evaluate import evaluate_stop
 from loopwarden.policy.loader import policy_from_data
 from loopwarden.policy.model import LoopPolicy
-from loopwarden.statuses import LoopStatus
+from loopwarden.statuses import TODO_STATUSES, LoopStatus
 
 # --- loop.opened -------------------------------------------------------------------------------
 
@@ -38,7 +38,7 @@ def _opened(body: ReceiptBody, facts: LoopOpened) -> LoopView:
         opened_at=body.at,
         opened_by=body.principal.id,
         totals=Totals(),
-        todo_counts=(0, 0, 0, 0),
+        todo_counts=(0,) * len(TODO_STATUSES),
         failure_signature=None,
         failure_streak=0,
         head_seq=0,
@@ -132,11 +132,21 @@ def _for_violation(ctx: Judging, body: ReceiptBody, data: LoopStopped) -> list[V
     return [Verdict(VerdictRule.STOP_REASON, "stopped for a violation no refusal recorded")]
 
 
+def _close_charges(view: LoopView, data: LoopStopped) -> list[Verdict]:
+    """Each turn a close ends is charged the calls observed in it beyond its charge."""
+    return [
+        v
+        for c in data.closed_turns
+        if c.turn_id in view.turns
+        for v in calls_charged(view.turns[c.turn_id], c.tool_calls_charged)
+    ]
+
+
 def _judge_cancelled(
     ctx: Judging, view: LoopView, body: ReceiptBody, data: LoopStopped
 ) -> list[Verdict]:
     violation = _for_violation(ctx, body, data)
-    return violation if violation is not None else []
+    return (violation or []) + _close_charges(view, data)
 
 
 def _judge_stopped(
@@ -145,13 +155,13 @@ def _judge_stopped(
     """A stop or completion that is not a violation's is a stop rule's, which must fire now."""
     violation = _for_violation(ctx, body, data)
     if violation is not None:
-        return violation
+        return violation + _close_charges(view, data)
     due = evaluate_stop(view.policy, rules.stop_facts(view.loop, parse_time(body.at)))
     if due is None or due.code != data.reason:
         return [Verdict(VerdictRule.STOP_REASON, f"stopped for {data.reason}, which had not fired")]
     if (body.kind == ReceiptKind.LOOP_COMPLETED) != (data.reason == ReasonCode.ALL_TODOS_DONE):
         return [Verdict(VerdictRule.STOP_REASON, f"{body.kind} for {data.reason}")]
-    return []
+    return _close_charges(view, data)
 
 
 SPECS = (

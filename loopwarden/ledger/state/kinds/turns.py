@@ -20,6 +20,7 @@ from loopwarden.ledger.state.events import (
 from loopwarden.ledger.state.folding import (
     FoldError,
     charge,
+    charge_calls,
     close_turn,
     next_slot,
     open_turn,
@@ -32,7 +33,9 @@ from loopwarden.ledger.state.judging import (
     Owed,
     Verdict,
     VerdictRule,
+    calls_charged,
     charged,
+    charges_refusal,
     claim_facts,
     codes_of,
     refusal_first,
@@ -170,6 +173,7 @@ def _judge_renewed(
 
 
 def _expired(view: LoopView, body: ReceiptBody, f: LeaseExpired) -> None:
+    charge_calls(view, f.turn_id, f.tool_calls_charged or 0)
     close_turn(view, f.turn_id, TurnStatus.EXPIRED, body.at)
     release(view, f.todo_id, failed=True)
 
@@ -183,7 +187,7 @@ def _judge_expired(
         return [
             Verdict(VerdictRule.LEASE_LIVE, f"turn {turn.turn_id} was expired while its lease held")
         ]
-    return []
+    return calls_charged(turn, data.tool_calls_charged)
 
 
 # --- reports -----------------------------------------------------------------------------------
@@ -212,7 +216,8 @@ def _reported(view: LoopView, body: ReceiptBody, f: TurnReported) -> None:
         raise FoldError(f"todo {f.todo_id!r} is not held by turn {f.turn_id}")
     charge(view, f)
     closed = close_turn(view, f.turn_id, TurnStatus.REPORTED, body.at, f.outcome)
-    view.turns[f.turn_id] = replace(closed, reported={t.name: t.count for t in f.tools_used})
+    reported = {t.name: t.count for t in f.tools_used}
+    view.turns[f.turn_id] = replace(closed, reported=reported, settled=True)
     if f.outcome == "completed":
         set_todo(view, todo, status=TodoStatus.DONE)
     elif f.outcome == "blocked":
@@ -244,6 +249,9 @@ def _refused(view: LoopView, body: ReceiptBody, f: TurnRefused) -> None:
     if f.closes_turn:
         close_turn(view, f.turn_id, TurnStatus.REFUSED, body.at, f.outcome)
         release(view, f.todo_id, failed=True)
+    turn = view.turns.get(f.turn_id)
+    if f.charged and turn is not None and turn.status != TurnStatus.OPEN:
+        view.turns[f.turn_id] = replace(turn, settled=True)  # its usage is charged: once
 
 
 def _judge_refused(
@@ -257,8 +265,15 @@ def _judge_refused(
         return [Verdict(VerdictRule.UNKNOWN_TURN, "a refused report names no turn of the loop")]
     uncharged = (
         []
-        if data.charged
-        else [Verdict(VerdictRule.CHARGED, "the owner's refused report was not charged")]
+        if data.charged == charges_refusal(view, data)
+        else [
+            Verdict(
+                VerdictRule.CHARGED,
+                "the owner's refused report was not charged"
+                if data.charged
+                else "a refused report on a settled turn was charged again",
+            )
+        ]
     )
     return (
         same(body, report_codes(view, body, data, turn), "report")
