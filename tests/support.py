@@ -456,20 +456,63 @@ class Replay:
     kinds: Counter[str] = field(default_factory=Counter)
 
 
-def _charge(report: dict[str, Any]) -> Totals:
-    """What a report charges, computed apart from the server: tool calls are the larger of the
-    reported usage and the sum of tools_used counts (no host observes these runs), and a
-    receipt that records its charge must record exactly that."""
+class CallCharges:
+    """The tool calls each turn is charged, replayed apart from the server's rules: a turn's
+    listed counts and the calls its host saw (per tool, admitted or ran, whichever hook saw
+    more) each bound its calls from below; a report on an open turn claims what the turn was
+    charged before plus its usage, on a closed one (after an expiry or a loop's close) its
+    usage is the whole turn's; an expiry or a close charges the observed calls beyond what was
+    charged; nothing is charged twice."""
+
+    def __init__(self) -> None:
+        self.before: Counter[str] = Counter()  # turn → tool calls charged so far
+        self.closed: set[str] = set()
+        self.seen: dict[tuple[str, str], list[int]] = {}  # (turn, tool) → [admitted, ran]
+
+    def hook(self, kind: str, turn_id: str | None, data: dict[str, Any]) -> int:
+        """A hook's receipt: counted on its turn; a call observed outside any turn charges 1."""
+        if turn_id is None:
+            return 1 if kind == "tool.observed" and data.get("charged") else 0
+        if kind in ("tool.admitted", "tool.observed"):
+            seen = self.seen.setdefault((turn_id, data["tool"]), [0, 0])
+            seen[kind == "tool.observed"] += 1
+        return 0
+
+    def observed(self, turn_id: str) -> int:
+        return sum(max(seen) for (turn, _), seen in self.seen.items() if turn == turn_id)
+
+    def report(self, data: dict[str, Any]) -> int:
+        """What a charged report adds, checking what its receipt records against it."""
+        turn, before = data["turn_id"], self.before[data["turn_id"]]
+        if data.get("tool_calls_before") is not None:
+            assert data["tool_calls_before"] == before, f"{turn}: charged before misstated"
+        usage = data.get("usage", {}).get("tool_calls", 0)
+        listed = sum(t.get("count", 1) for t in data.get("tools_used", []))
+        claimed = usage + (0 if turn in self.closed else before)
+        due = max(claimed, listed, self.observed(turn), before) - before
+        recorded = data.get("tool_calls_charged", due)
+        assert recorded == due, f"{turn}: charged {recorded} tool calls, expected {due}"
+        self.before[turn] += due
+        return due
+
+    def close(self, turn_id: str, charged: int | None = None) -> int:
+        """The turn closes by an expiry or a loop's close, charging `charged` calls (None in
+        receipts before charges were recorded: nothing)."""
+        due = max(0, self.observed(turn_id) - self.before[turn_id]) if charged is not None else 0
+        assert (charged or 0) == due, f"{turn_id}: closing charged {charged}, expected {due}"
+        self.closed.add(turn_id)
+        self.before[turn_id] += due
+        return due
+
+
+def _charge(report: dict[str, Any], calls: CallCharges) -> Totals:
+    """What a report charges, computed apart from the server."""
     usage = report.get("usage", {})
-    listed = sum(t.get("count", 1) for t in report.get("tools_used", []))
-    tool_calls = max(usage.get("tool_calls", 0), listed)
-    recorded = report.get("tool_calls_charged", tool_calls)
-    assert recorded == tool_calls, f"charged {recorded} tool calls, expected {tool_calls}"
     return Totals(
         model_calls=usage.get("model_calls", 0),
         input_tokens=usage.get("input_tokens", 0),
         output_tokens=usage.get("output_tokens", 0),
-        tool_calls=tool_calls,
+        tool_calls=calls.report(report),
         cost_micros=to_micros(usage.get("cost_usd", 0.0)),
         wall_micros=to_micros(usage.get("wall_seconds", 0.0)),
     )
@@ -485,6 +528,7 @@ def replay_grants(entries: list[Entry], *, chain: bool = True) -> Replay:
     - budget charges are summed from `turn.reported` and charged `turn.refused` usage.
     """
     out = Replay()
+    calls = CallCharges()
     open_turn: dict[str, str] = {}  # todo → open turn
     turn_todo: dict[str, str] = {}
     fence: dict[str, int] = defaultdict(int)
@@ -517,20 +561,24 @@ def replay_grants(entries: list[Entry], *, chain: bool = True) -> Replay:
         elif body.kind == "turn.reported":
             close(data["turn_id"], data["todo_id"])
             out.reports[data["turn_id"]] += 1
-            out.charged = out.charged.plus(_charge(data))
+            out.charged = out.charged.plus(_charge(data, calls))
             if data["outcome"] == "completed":
                 out.completed[data["todo_id"]] += 1
         elif body.kind == "turn.refused":
             if data["charged"]:
-                out.charged = out.charged.plus(_charge(data))
+                out.charged = out.charged.plus(_charge(data, calls))
             if data["closes_turn"]:
                 close(data["turn_id"], data["todo_id"])
         elif body.kind == "lease.expired":
             close(data["turn_id"], data["todo_id"])
+            due = calls.close(data["turn_id"], data.get("tool_calls_charged"))
+            out.charged = out.charged.plus(Totals(tool_calls=due))
             out.expired += 1
         elif body.kind in ("loop.stopped", "loop.completed", "loop.cancelled"):
             for closed in data.get("closed_turns", ()):
                 close(closed["turn_id"], closed["todo_id"])
+                due = calls.close(closed["turn_id"], closed.get("tool_calls_charged"))
+                out.charged = out.charged.plus(Totals(tool_calls=due))
     return out
 
 

@@ -167,6 +167,25 @@ def test_a_post_without_the_sessions_csrf_token_is_refused_and_pauses_nothing(se
         assert paused.status_code == 303 and "status-paused" in http.get("/loops/csrf-http").text
 
 
+def test_an_operator_cancels_a_todo_from_the_board_once_confirmed(server, tokens):
+    open_by_cli(server, "cancel-http")
+    with client(server) as http:
+        sign_in(http, tokens["alice"].token)
+        page = http.get("/loops/cancel-http").text
+        assert 'action="/loops/cancel-http/todos/t1/cancel"' in page
+        unconfirmed = {"csrf": page_csrf(http), "reason": "out of scope"}
+        assert http.post("/loops/cancel-http/todos/t1/cancel", data=unconfirmed).status_code == 303
+        assert "status-active" in http.get("/loops/cancel-http").text, "nothing without confirm"
+        confirmed = {**unconfirmed, "csrf": page_csrf(http), "confirm": "yes"}
+        done = http.post("/loops/cancel-http/todos/t1/cancel", data=confirmed)
+        assert done.status_code == 303
+        page = http.get("/loops/cancel-http").text
+        assert "status-completed" in page, "the only owed todo is cancelled: the loop completes"
+        assert "/todos/t1/cancel" not in page
+    again = cli("loop", "cancel-todo", "cancel-http", "t1", "--home", str(server.home))
+    assert again.returncode != 0 and "completed" in again.stderr
+
+
 async def test_a_live_poll_is_204_until_the_journal_moves_then_gets_the_live_region(server, tokens):
     open_by_cli(server, "polled")
     with client(server) as http:

@@ -17,6 +17,7 @@ from support import codes, control_loop, make_policy
 
 from loopwarden.canonical import canonical_bytes
 from loopwarden.errors import Conflict, Forbidden, InvalidInput, NotFound, PolicyError
+from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.checkpoints import open_checkpoint
 from loopwarden.ledger.log.receipts import open_envelope
@@ -1166,6 +1167,50 @@ async def test_receipt_of_unknown_id_is_not_found(store):
         await receipt(store, BUILDER, ReceiptRequest(receipt_id="rcpt-" + "0" * 24))
     with pytest.raises(NotFound):
         await receipt(store, BUILDER, ReceiptRequest(loop_id="L1", seq=99))
+
+
+# --- todo_cancel -----------------------------------------------------------------------------
+
+
+async def test_an_operator_cancels_an_open_todo_which_is_never_claimed_and_no_longer_owed(store):
+    from loopwarden.operations.todos import todo_cancel
+
+    await open_test_loop(store)
+    done = await todo_cancel(store, OPERATOR, {"loop_id": "L1", "todo_id": "a", "reason": "dup"})
+    assert done.todo_status == "cancelled" and done.status == "active"
+    state = await view(store)
+    assert state.todos["a"].status == "cancelled" and state.loop.count("cancelled") == 1
+    granted = await claim_as(store, BUILDER)
+    assert granted.granted and granted.todo_id != "a"
+    for todo in ("b", "c"):
+        if todo != granted.todo_id:
+            await todo_cancel(store, OPERATOR, {"loop_id": "L1", "todo_id": todo})
+    result = await report(store, BUILDER, granted, "completed")
+    assert result.status == "completed", "every todo is done or cancelled"
+    body = await body_of(store, done.receipt_id)
+    assert body["kind"] == "todo.cancelled" and body["data"] == {"todo_id": "a", "reason": "dup"}
+    report_ = await store.read(lambda r: audit(r, store.keyring, workers=0))
+    assert report_.findings == []
+
+
+async def test_todo_cancel_refuses_what_it_cannot_cancel_and_changes_nothing(store):
+    from loopwarden.operations.todos import todo_cancel
+
+    await open_test_loop(
+        store,
+        todos=[TodoInput(id="a", title="a"), TodoInput(id="b", title="b", depends_on=["a"])],
+    )
+    before = await journal_count(store)
+    with pytest.raises(Forbidden):
+        await todo_cancel(store, BUILDER, {"loop_id": "L1", "todo_id": "b"})
+    with pytest.raises(NotFound):
+        await todo_cancel(store, OPERATOR, {"loop_id": "L1", "todo_id": "zz"})
+    with pytest.raises(Conflict, match="dependency of b"):
+        await todo_cancel(store, OPERATOR, {"loop_id": "L1", "todo_id": "a"})
+    granted = await claim_as(store, BUILDER)
+    with pytest.raises(Conflict, match="is claimed"):
+        await todo_cancel(store, OPERATOR, {"loop_id": "L1", "todo_id": granted.todo_id})
+    assert await journal_count(store) == before + 1  # the claim only
 
 
 # --- projection ------------------------------------------------------------------------------

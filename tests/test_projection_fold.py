@@ -20,7 +20,7 @@ import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER, STRANGER
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import control_loop, make_policy, scale
+from support import CallCharges, control_loop, make_policy, scale
 
 from loopwarden.clock import ManualClock
 from loopwarden.errors import LoopwardenError, NotFound
@@ -55,7 +55,7 @@ from loopwarden.operations.loops import (
     TodoInput,
     open_loop,
 )
-from loopwarden.operations.todos import TodoAddRequest, todo_add
+from loopwarden.operations.todos import TodoAddRequest, TodoCancelRequest, todo_add, todo_cancel
 from loopwarden.operations.update import UpdateRequest, UpdateResult, update
 from loopwarden.principals import Principal
 
@@ -101,12 +101,22 @@ async def fold_check(store: Store, loop_id: str) -> tuple[list[ReceiptBody], Loo
 
 def assert_counters_are_sums(bodies: list[ReceiptBody], stored: LoopView) -> None:
     """turns == number of turn.claimed; every other total == the charged usage in receipts
-    (tool calls: what each report records it charged, never less than its usage or its listed
-    counts)."""
+    (tool calls: what each charged report, expiry and close records, each replayed apart from
+    the server by `CallCharges`)."""
     expected = Counter()
+    calls = CallCharges()
     for body in bodies:
+        data = body.data.model_dump(mode="json")
         if body.kind == "turn.claimed":
             expected["turns"] += 1
+        elif body.kind == "lease.expired":
+            expected["tool_calls"] += calls.close(data["turn_id"], data.get("tool_calls_charged"))
+        elif body.kind.startswith("tool."):
+            expected["tool_calls"] += calls.hook(body.kind, body.turn_id, data)
+        for closed in data.get("closed_turns", ()) if body.kind.startswith("loop.") else ():
+            expected["tool_calls"] += calls.close(
+                closed["turn_id"], closed.get("tool_calls_charged")
+            )
         charged = isinstance(body.data, TurnReported) or (
             isinstance(body.data, TurnRefused) and body.data.charged
         )
@@ -116,9 +126,7 @@ def assert_counters_are_sums(bodies: list[ReceiptBody], stored: LoopView) -> Non
             expected["model_calls"] += usage.model_calls
             expected["input_tokens"] += usage.input_tokens
             expected["output_tokens"] += usage.output_tokens
-            listed = sum(t.count for t in body.data.tools_used)
-            assert body.data.tool_calls >= max(usage.tool_calls, listed), "tools_used uncharged"
-            expected["tool_calls"] += body.data.tool_calls
+            expected["tool_calls"] += calls.report(data)
             expected["cost_micros"] += round(usage.cost_usd * MICRO)
             expected["wall_micros"] += round(usage.wall_seconds * MICRO)
     totals = stored.loop.totals.as_dict()
@@ -357,6 +365,8 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(store, clo
         update(store, BUILDER, _report(v1, "progress", "w1", tools_used=[ToolUse(name="fs.read")])),
     )
     assert reported.accepted and [r.code for r in reported.reasons] == ["tool_unreported"]
+    cancel = TodoCancelRequest(loop_id="L4", todo_id="b", reason="not needed")
+    assert (await step("L4", todo_cancel(store, OPERATOR, cancel))).todo_status == "cancelled"
 
     assert set(seen) == set(DATA_MODELS), f"kinds never exercised: {set(DATA_MODELS) - set(seen)}"
     report = await store.read(lambda r: audit(r, store.keyring, workers=0))

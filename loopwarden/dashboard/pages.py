@@ -7,6 +7,7 @@ renders a template; each action runs the operation an operator's CLI command run
 | `GET /` | every loop: status, attention, budgets, approvals waiting, open turns (`?status=`) |
 | `GET /loops/{id}` | one loop: board, live turns, budget charts, refusals, tools per turn |
 | `POST /loops/{id}/control` | pause, resume or cancel (`pause_loop`, …) |
+| `POST /loops/{id}/todos/{todo}/cancel` | cancel an open or blocked todo (`todo_cancel`) |
 | `GET /loops/{id}/journal` | its receipts (`?kind=&principal=&effect=&page=`) |
 | `GET /receipts/{id}` | one receipt: body, signature, inclusion proof (`receipt`) |
 | `GET /approvals`, `POST /approvals/{id}/decide` | the queue; approve or reject (`decide_approval`) |
@@ -52,6 +53,7 @@ from loopwarden.operations.approvals import decide_approval, list_approvals
 from loopwarden.operations.loops import CONTROLS, list_loops
 from loopwarden.operations.projection import projection
 from loopwarden.operations.receipt import receipt
+from loopwarden.operations.todos import todo_cancel
 from loopwarden.principals import Principal
 from loopwarden.server.tokens import TOKEN_PREFIX, token_hash
 from loopwarden.statuses import ApprovalStatus, LoopStatus
@@ -223,6 +225,22 @@ class Pages:
         ctx.session.say("ok", f"Loop {loop_id} is {result.status} (receipt {result.receipt_id}).")
         return RedirectResponse(f"/loops/{loop_id}", status_code=303)
 
+    async def cancel_todo(self, ctx: Ctx) -> Response:
+        loop_id = _match(ID_PATTERN, ctx.request.path_params["loop_id"], "loop id")
+        todo_id = _match(ID_PATTERN, ctx.request.path_params["todo_id"], "todo id")
+        form = await self.d.form(ctx)
+        if form.get("confirm") != "yes":
+            ctx.session.say("error", "Tick the box to confirm: a cancelled todo cannot reopen.")
+            return RedirectResponse(f"/loops/{loop_id}", status_code=303)
+        request = {"loop_id": loop_id, "todo_id": todo_id, "reason": form.get("reason", "")}
+        result = await todo_cancel(ctx.store, ctx.who, request)
+        ctx.session.say(
+            "ok",
+            f"Todo {todo_id} is cancelled (receipt {result.receipt_id}); the loop is "
+            f"{result.status}.",
+        )
+        return RedirectResponse(f"/loops/{loop_id}", status_code=303)
+
     async def journal(self, ctx: Ctx) -> Response:
         loop_id = _match(ID_PATTERN, ctx.request.path_params["loop_id"], "loop id")
         state = await projection(ctx.store, ctx.who, {"loop_id": loop_id})
@@ -324,6 +342,7 @@ def routes(d: Dashboard) -> list[Route]:
         Route("/", d.page(_global_head)(p.loops), methods=["GET"]),
         Route("/loops/{loop_id}", d.page(_loop_head)(p.loop), methods=["GET"]),
         Route("/loops/{loop_id}/control", d.page()(p.control), methods=["POST"]),
+        Route("/loops/{loop_id}/todos/{todo_id}/cancel", d.page()(p.cancel_todo), methods=["POST"]),
         Route("/loops/{loop_id}/journal", d.page(_loop_head)(p.journal), methods=["GET"]),
         Route("/receipts/{receipt_id}", d.page()(p.receipt), methods=["GET"]),
         Route("/approvals", d.page(_global_head)(p.approvals), methods=["GET"]),

@@ -15,7 +15,7 @@ from loopwarden.operations.operation import Operation
 from loopwarden.operations.projection import loop_policy, projection
 from loopwarden.operations.quota import quota
 from loopwarden.operations.receipt import receipt
-from loopwarden.operations.todos import todo_add
+from loopwarden.operations.todos import todo_add, todo_cancel
 from loopwarden.operations.update import update
 
 OPERATIONS: tuple[Operation[Any, Any], ...] = (
@@ -36,6 +36,7 @@ OPERATIONS: tuple[Operation[Any, Any], ...] = (
     pause_loop,
     resume_loop,
     cancel_loop,
+    todo_cancel,
     hook,
 )
 TOOLS: tuple[Operation[Any, Any], ...] = tuple(op for op in OPERATIONS if op.tool)

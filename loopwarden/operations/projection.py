@@ -181,7 +181,7 @@ def attention_for(
     if blocked:
         return (
             Attention(who="human", why=f"{blocked} todo(s) are blocked"),
-            "operator: unblock or cancel the loop",
+            "operator: cancel the blocked todo(s) (`loopwarden loop cancel-todo`) or the loop",
         )
     return Attention(who="none", why="nothing is claimable right now"), "wait"
 

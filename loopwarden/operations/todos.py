@@ -1,29 +1,33 @@
-"""Todos: the work items of a loop — the dependency graph rules, and `todo_add`."""
+"""Todos: the work items of a loop — the dependency graph rules, `todo_add` and `todo_cancel`."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from loopwarden.errors import InvalidInput
+from loopwarden.errors import Conflict, InvalidInput, NotFound
 from loopwarden.ledger.state.events import (
     MAX_DEPENDENCIES,
+    MAX_SUMMARY,
     MAX_TITLE,
     LoopId,
     OptionalKey,
     ReceiptKind,
     TodoAdded,
+    TodoCancelled,
     TodoId,
     TodoSpec,
 )
-from loopwarden.ledger.state.rules import todo_graph_problem
+from loopwarden.ledger.state.rules import cancel_problem, todo_graph_problem
 from loopwarden.ledger.storage.store import Txn
-from loopwarden.operations.operation import Call
+from loopwarden.operations.operation import OPERATOR_CALLERS, Call
 from loopwarden.operations.refusals import refuse_request
 from loopwarden.operations.results import Model, ReasonOut, reasons_out
 from loopwarden.operations.runner import operation
+from loopwarden.operations.stops import apply_stop_rules
 from loopwarden.operations.visibility import by_loop
-from loopwarden.policy.decision import Decision
+from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.policy.evaluate import TodoAddFacts, evaluate_todo_add
+from loopwarden.statuses import LoopStatus, TodoStatus
 
 
 def check_todo_graph(ids: list[str], deps: dict[str, tuple[str, ...]]) -> None:
@@ -121,4 +125,57 @@ def todo_add(call: Call[Txn], req: TodoAddRequest) -> TodoAddResult:
     )
     return TodoAddResult(
         added=True, reasons=[], loop_id=loop.loop_id, todo_id=spec.id, receipt_id=sealed.receipt_id
+    )
+
+
+class TodoCancelRequest(Model):
+    loop_id: LoopId
+    todo_id: TodoId
+    reason: str = Field(default="", max_length=MAX_SUMMARY, description="Why it is cancelled.")
+
+
+class TodoCancelResult(Model):
+    loop_id: str
+    todo_id: str
+    todo_status: TodoStatus
+    status: LoopStatus = Field(
+        description="The loop's status after it (cancelling the last owed todo completes the loop)."
+    )
+    receipt_id: str
+
+
+@operation(access="write", scope=by_loop, callers=OPERATOR_CALLERS, tool=False)
+def todo_cancel(call: Call[Txn], req: TodoCancelRequest) -> TodoCancelResult:
+    """Operator only: cancel an open or blocked todo (seals `todo.cancelled`).
+
+    A cancelled todo is never claimed again and no longer owed: the stop rule counts it with
+    the done ones, so cancelling the last owed todo completes the loop. A claimed, done or
+    cancelled todo, a closed loop, or a todo another unfinished todo depends on (cancel that
+    one first) is a `Conflict`; an unknown todo is `NotFound`.
+    """
+    tx, loop = call.tx, call.loop
+    if loop.status.closed:
+        raise Conflict(f"loop {loop.loop_id!r} is {loop.status}: its todos are final")
+    todo = tx.todo(loop.loop_id, req.todo_id)
+    if todo is None:
+        raise NotFound(f"loop {loop.loop_id!r} has no todo {req.todo_id!r}")
+    problem = cancel_problem(todo, tx.all_todos(loop.loop_id))
+    if problem is not None:
+        raise Conflict(problem)
+    reason = Reason(ReasonCode.CANCELLED, req.reason or f"cancelled by operator {call.who.id}")
+    sealed = tx.append(
+        loop.loop_id,
+        ReceiptKind.TODO_CANCELLED,
+        call.who,
+        TodoCancelled(todo_id=todo.todo_id, reason=req.reason),
+        decision=Decision("allow", (reason,)),
+        todo_id=todo.todo_id,
+    )
+    apply_stop_rules(tx, loop.loop_id, call.who)
+    return TodoCancelResult(
+        loop_id=loop.loop_id,
+        todo_id=todo.todo_id,
+        todo_status=TodoStatus.CANCELLED,
+        status=call.loop.status,
+        receipt_id=sealed.receipt_id,
     )

@@ -502,7 +502,7 @@ class StopFacts:
     totals: Totals
     open_turns: int
     todos_total: int
-    todos_done: int
+    todos_done: int  # done, or cancelled by an operator: no longer owed
     failure_streak: int
     now: datetime
 

@@ -1,4 +1,4 @@
-"""`loopwarden loop open | list | show | pause | resume | cancel`."""
+"""`loopwarden loop open | list | show | pause | resume | cancel | cancel-todo`."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from loopwarden.errors import InvalidInput, LoopwardenError
 from loopwarden.operations.loops import cancel_loop, list_loops, open_loop, pause_loop, resume_loop
 from loopwarden.operations.operation import Operation
 from loopwarden.operations.projection import projection
+from loopwarden.operations.todos import todo_cancel
 from loopwarden.policy.digest import policy_document
 
 app = typer.Typer(no_args_is_help=True, help="Open, inspect and control loops.")
@@ -205,3 +206,29 @@ def loop_cancel(
     Every open turn is closed; nothing more can happen in it.
     """
     _control(cancel_loop, loop_id, reason, home, store, json_out, who)
+
+
+@app.command("cancel-todo")
+def loop_cancel_todo(
+    loop_id: str,
+    todo_id: str,
+    reason: Reason = "",
+    home: Home = None,
+    store: Store = None,
+    json_out: Json = False,
+    who: As = None,
+) -> None:
+    """Cancel an open or blocked todo: it is never claimed again.
+
+    Refused while another unfinished todo depends on it (cancel that one first). Cancelling
+    the last owed todo completes the loop.
+    """
+    request = {"loop_id": loop_id, "todo_id": todo_id, "reason": reason}
+    result = operate(todo_cancel, request, home, store=store, who=who, as_json=json_out)
+    if json_out:
+        render.emit_json(result.model_dump(mode="json"))
+        return
+    render.console.print(
+        f"todo {result.todo_id} of loop {result.loop_id} is cancelled (receipt "
+        f"{result.receipt_id}); the loop is {render.status(result.status)}"
+    )

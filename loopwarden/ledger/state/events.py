@@ -132,6 +132,7 @@ class ReceiptKind(StrEnum):
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_DECIDED = "approval.decided"
     TODO_ADDED = "todo.added"
+    TODO_CANCELLED = "todo.cancelled"
     LOOP_PAUSED = "loop.paused"
     LOOP_RESUMED = "loop.resumed"
     LOOP_CANCELLED = "loop.cancelled"
@@ -256,6 +257,14 @@ class ApprovalDecided(Fact):
 
 class TodoAdded(Fact):
     todo: TodoSpec
+
+
+class TodoCancelled(Fact):
+    """An operator cancelled an open or blocked todo no unfinished todo depends on: it is never
+    claimed again and no longer owed (the stop rule counts it as settled)."""
+
+    todo_id: TodoId
+    reason: str = Field(default="", max_length=MAX_SUMMARY)
 
 
 if TYPE_CHECKING:

@@ -97,13 +97,31 @@ def unsettled_calls(turn: TurnRow) -> int:
     return max(0, turn.observed_total - turn.tool_calls_charged)
 
 
+CANCELLABLE = (TodoStatus.OPEN, TodoStatus.BLOCKED)
+SETTLED = (TodoStatus.DONE, TodoStatus.CANCELLED)
+"""A todo no longer owed: done, or cancelled by an operator."""
+
+
+def cancel_problem(todo: TodoRow, todos: Iterable[TodoRow]) -> str | None:
+    """Why `todo` cannot be cancelled (None if it can): only an open or blocked todo can, and
+    only while no unfinished todo depends on it (cancel those first)."""
+    if todo.status not in CANCELLABLE:
+        return f"todo {todo.todo_id!r} is {todo.status}: only an open or blocked todo is cancelled"
+    waiting = sorted(
+        t.todo_id for t in todos if todo.todo_id in t.depends_on and t.status not in SETTLED
+    )
+    if waiting:
+        return f"todo {todo.todo_id!r} is a dependency of {', '.join(waiting)}: cancel those first"
+    return None
+
+
 def stop_facts(loop: LoopRow, now: datetime) -> StopFacts:
     return StopFacts(
         status=loop.status,
         totals=loop.totals,
         open_turns=len(loop.open_turns),
         todos_total=loop.todo_total,
-        todos_done=loop.count(TodoStatus.DONE),
+        todos_done=loop.count(TodoStatus.DONE) + loop.count(TodoStatus.CANCELLED),
         failure_streak=loop.failure_streak,
         now=now,
     )

@@ -1,13 +1,16 @@
-"""Todos: added to a loop after it opened (by an operator, or an agent the policy lets)."""
+"""Todos: added to a loop after it opened (by an operator, or an agent the policy lets), and
+cancelled by an operator."""
 
 from __future__ import annotations
 
-from loopwarden.ledger.state.events import ReceiptBody, ReceiptKind, TodoAdded
-from loopwarden.ledger.state.folding import FoldError, add_todo
+from loopwarden.ledger.state.events import ReceiptBody, ReceiptKind, TodoAdded, TodoCancelled
+from loopwarden.ledger.state.folding import FoldError, add_todo, row_of, set_todo
 from loopwarden.ledger.state.judging import Judging, Verdict, todo_facts, verdicts
 from loopwarden.ledger.state.rows import LoopView, Touched
-from loopwarden.ledger.state.spec import AGENTS, KindSpec
+from loopwarden.ledger.state.rules import cancel_problem
+from loopwarden.ledger.state.spec import AGENTS, OPERATORS, KindSpec
 from loopwarden.policy.evaluate import evaluate_todo_add
+from loopwarden.statuses import TodoStatus
 
 
 def _touches_added(body: ReceiptBody, data: TodoAdded) -> Touched:
@@ -26,6 +29,25 @@ def _judge_added(ctx: Judging, view: LoopView, body: ReceiptBody, data: TodoAdde
     return verdicts(found, "todo added")
 
 
+def _touches_cancelled(body: ReceiptBody, data: TodoCancelled) -> Touched:
+    return Touched(todos=frozenset([data.todo_id]))
+
+
+def _cancelled(view: LoopView, body: ReceiptBody, f: TodoCancelled) -> None:
+    todo = row_of(view.todos, f.todo_id, "todo")
+    problem = cancel_problem(todo, view.todos.values())
+    if problem is not None:
+        raise FoldError(problem)
+    set_todo(view, todo, status=TodoStatus.CANCELLED)
+
+
+def _judge_cancelled(
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: TodoCancelled
+) -> list[Verdict]:
+    """An operator's act (who may is checked by the registry); the fold holds its terms."""
+    return []
+
+
 SPECS = (
     KindSpec(
         ReceiptKind.TODO_ADDED,
@@ -34,5 +56,13 @@ SPECS = (
         touches=_touches_added,
         fold=_added,
         judge=_judge_added,
+    ),
+    KindSpec(
+        ReceiptKind.TODO_CANCELLED,
+        TodoCancelled,
+        callers=OPERATORS,
+        touches=_touches_cancelled,
+        fold=_cancelled,
+        judge=_judge_cancelled,
     ),
 )
