@@ -550,17 +550,21 @@ def test_verify_clean_database_exits_0_with_the_documented_json(home, loop):
         "checkpoints",
         "tree_size",
         "root",
+        "trusted",
         "seconds",
         "findings",
         "notes",
     }
     assert (out["verdict"], out["findings"], out["notes"]) == ("clean", [], [])
+    assert out["trusted"].startswith("the key history: 1 key from genesis key ed25519-")
     assert (out["receipts"], out["loops"], out["tree_size"]) == (3, 1, 3)
     assert isinstance(out["checkpoints"], int) and isinstance(out["seconds"], int | float)
     assert len(bytes.fromhex(out["root"])) == 32
     human = cli(f"verify --home {home}")
     assert human.exit_code == 0
-    assert human.stdout.startswith("audit: clean — 3 receipts, 1 loop, ")
+    trusting, verdict = human.stdout.splitlines()[:2]
+    assert trusting == f"trusting {out['trusted']}"
+    assert verdict.startswith("audit: clean — 3 receipts, 1 loop, ")
 
 
 def test_verify_one_loop_exits_0_and_an_unknown_loop_exits_1(home, policy_file):
@@ -929,6 +933,71 @@ def test_keys_rotate_keeps_the_old_public_key_and_old_receipts_still_verify(home
     assert (out["verdict"], out["receipts"]) == ("clean", 2)
     receipts = ok_json(f"receipts {loop} --home {home}")["receipts"]
     assert [r["verified"] for r in receipts] == [True, True]
+
+
+def _history(home: Path) -> list[str]:
+    return [json.loads(line) for line in (home / "keys" / "history").read_text().splitlines()]
+
+
+def test_verify_says_first_what_it_trusts_and_follows_the_key_history_across_rotations(home, loop):
+    first = ok_json(f"keys export --home {home}")["key_id"]
+    ok_json(f"keys rotate --home {home}")
+    ok_json(f"loop pause {loop} --home {home}")
+    last = ok_json(f"keys rotate --home {home}")["active"]
+    ok_json(f"loop resume {loop} --home {home}")
+    notes = _history(home)
+    assert [n.splitlines()[0] for n in notes] == [
+        "loopwarden key genesis",
+        "loopwarden key rotation",
+        "loopwarden key rotation",
+    ]
+    assert notes[-1].count("\n\u2014 ") == 2, "a rotation is signed by the old key and the new"
+    text = cli(f"verify --home {home}")
+    assert text.exit_code == 0, text.stdout
+    basis = f"the key history: 3 keys from genesis key {first}"
+    assert text.stdout.splitlines()[0] == f"trusting {basis}"
+    out = ok_json(f"verify --home {home}")
+    assert (out["verdict"], out["trusted"], out["receipts"]) == ("clean", basis, 3)
+    assert last in notes[-1]
+
+
+def test_a_key_written_into_the_key_directory_is_reported_and_not_trusted(home, loop):
+    rogue = Signer.generate()
+    (home / "keys" / f"{rogue.key_id}.pub").write_text(public_key_b64(rogue.public_key) + "\n")
+    code, out = cli_json(f"verify --home {home}")
+    assert (code, out["verdict"]) == (3, "tampered")
+    assert [(f["code"], rogue.key_id in f["message"]) for f in out["findings"]] == [
+        ("key_unvouched", True)
+    ]
+
+
+def test_an_edited_rotation_statement_vouches_for_nothing(home, loop):
+    new = ok_json(f"keys rotate --home {home}")["active"]
+    ok_json(f"loop pause {loop} --home {home}")  # signed by the new key
+    notes = _history(home)
+    notes[-1] = notes[-1].replace("Z\n", "1Z\n", 1)  # the statement's time, edited
+    (home / "keys" / "history").write_text("".join(json.dumps(n) + "\n" for n in notes))
+    code, out = cli_json(f"verify --home {home}")
+    assert code == 3
+    codes = {f["code"] for f in out["findings"]}
+    assert {"key_unvouched", "unknown_key"} <= codes, out["findings"]
+    assert any(f"rotation to {new} is not signed" in f["message"] for f in out["findings"])
+
+
+def test_a_home_without_a_key_history_is_trusted_whole_and_verify_says_so(home, loop):
+    ok_json(f"keys rotate --home {home}")
+    (home / "keys" / "history").unlink()
+    out = ok_json(f"verify --home {home}")
+    assert out["verdict"] == "clean"
+    assert out["trusted"].startswith(
+        "every key in the key directory (2 keys): it has no key history"
+    )
+
+
+def test_a_damaged_key_history_is_a_clean_failure(home, loop):
+    (home / "keys" / "history").write_text("not json\n")
+    code, out = cli_json(f"verify --home {home}")
+    assert code == 1 and "keys/history is damaged" in out["message"], out
 
 
 # --- policy ----------------------------------------------------------------------------------
@@ -1492,7 +1561,7 @@ def test_counts_of_one_are_singular(home, policy_file):
         ).stdout
     )
     ok_json(f"export ONE -o {home / 'one.json'} --home {home}")
-    audit_line = cli(f"verify --home {home}").stdout.splitlines()[0]
+    audit_line = cli(f"verify --home {home}").stdout.splitlines()[1]  # after "trusting …"
     assert "— 1 receipt, 1 loop, 1 checkpoint, tree size 1" in audit_line
     assert "loop ONE, 1 receipt," in cli(f"verify-bundle {home / 'one.json'}").stdout
     assert render.counted(0, "loop") == "0 loops" and render.counted(2, "todo") == "2 todos"

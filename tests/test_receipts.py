@@ -833,6 +833,10 @@ def test_concurrent_load_signer_on_a_fresh_home_yields_one_active_key(tmp_path, 
     assert key_ids == {store.active_id()}
     assert sorted(p.name for p in store.dir.glob("*.key")) == [f"{store.active_id()}.key"]
     assert store.keyring().ids() == [store.active_id()]
+    (genesis,) = store.statements()  # one history, begun by the key that won
+    assert genesis.startswith(
+        f"loopwarden key genesis\nloopwarden key history\n{store.active_id()} "
+    )
 
 
 def test_load_signer_loads_the_winner_when_another_process_publishes_first(tmp_path, monkeypatch):

@@ -348,14 +348,16 @@ def rows_reordered(db: Db) -> None:
     db.conn.execute("UPDATE journal SET leaf_index = 3 WHERE leaf_index = -1")
 
 
-def forged_receipt(db: Db, loop_id: str, seq: int, prev: str | None, kind_from=("beta", 4)):
+def forged_receipt(
+    db: Db, loop_id: str, seq: int, prev: str | None, kind_from=("beta", 4), signer=None
+):
     """A schema-valid receipt for `loop_id`/`seq`, signed by a key nobody trusts."""
     _, template = unpack(db.row(*kind_from)[1])
     body = {**template, "loop_id": loop_id, "seq": seq, "at": "2026-01-01T01:00:00.000000Z"}
     body.pop("prev", None)
     if prev is not None:
         body["prev"] = prev
-    return seal(body, Signer.generate()).envelope
+    return seal(body, signer or Signer.generate()).envelope
 
 
 def forged_receipt_appended(db: Db) -> None:
@@ -648,6 +650,22 @@ def test_audit_detects_tampering(pristine, tmp_path, case, pg):
         assert any(expected.matches(f) for f in report.findings), (
             f"{expected} not among:\n{describe(report)}"
         )
+
+
+def test_a_receipt_signed_by_a_key_planted_in_the_key_directory_is_not_trusted(pristine, tmp_path):
+    """Writing a key into keys/ is not enough to be trusted: only the key history vouches."""
+    rogue = Signer.generate()
+
+    def forged_by_planted_key(db: Db) -> None:
+        db.insert(len(LAYOUT), forged_receipt(db, "alpha", 10, db.row("alpha", 9)[2], signer=rogue))
+
+    copy = damaged_copy(pristine, tmp_path, forged_by_planted_key)
+    (copy.home / "keys" / f"{rogue.key_id}.pub").write_text(public_key_b64(rogue.public_key))
+    result = CliRunner().invoke(app, ["verify", "--json", "--home", str(copy.home)])
+    out = json.loads(result.stdout)
+    assert (result.exit_code, out["verdict"]) == (3, "tampered")
+    codes = {(f["code"], f.get("seq")) for f in out["findings"]}
+    assert {("unknown_key", 10), ("key_unvouched", None)} <= codes, out["findings"]
 
 
 def test_audit_reports_an_envelope_rewritten_as_text(pristine, tmp_path):

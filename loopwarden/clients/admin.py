@@ -11,6 +11,7 @@ from loopwarden.errors import KeyFileError, NotFound
 from loopwarden.ledger.homes import DB_NAME, home_source, private_dir, resolve_home, store_source
 from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import Keyring, KeyStore
+from loopwarden.ledger.log.rotations import Trust, directory_trust
 from loopwarden.ledger.storage.location import Location
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Store, snapshot
@@ -113,8 +114,13 @@ def open_reader(home: str | Path | None, *, store: str | None = None) -> Iterato
 
 
 def keyring_of(home: str | Path | None) -> Keyring:
-    """The public keys in `home`'s key directory (none if it has none; creates nothing)."""
-    return KeyStore(home_source(home)[0]).keyring()
+    """The keys `home`'s key directory vouches for (none if it has none; creates nothing)."""
+    return trust_of(home).keyring
+
+
+def trust_of(home: str | Path | None) -> Trust:
+    """What `home`'s key directory vouches for: its key history's chain (`rotations`)."""
+    return directory_trust(KeyStore(home_source(home)[0]))
 
 
 def integrity_of(home: str | Path | None) -> Integrity | None:

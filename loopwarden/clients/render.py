@@ -204,6 +204,8 @@ def table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 
 def audit(report: Report) -> None:
     verdict = "[green]clean[/green]" if report.clean else "[red]TAMPERED[/red]"
+    if report.trusted:
+        console.print(f"trusting {safe(report.trusted)}")
     console.print(
         f"audit: {verdict} — {counted(report.receipts, 'receipt')}, "
         f"{counted(report.loops, 'loop')}, {counted(report.checkpoints, 'checkpoint')}, "

@@ -19,6 +19,7 @@ from pathlib import Path
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.log.rotations import directory_trust
 from loopwarden.ledger.storage.location import STORE_ENV, parse_location
 from loopwarden.ledger.storage.store import snapshot
 
@@ -34,7 +35,7 @@ def main(argv: list[str]) -> int:
         return 2
     home = Path(argv[0])
     try:
-        keyring = KeyStore(home).keyring()
+        keyring = directory_trust(KeyStore(home)).keyring
         with snapshot(parse_location(os.environ[STORE_ENV])) as reader:
             _say({"progress": [0, reader.journal_count()]})
             report = audit(

@@ -25,9 +25,10 @@ from loopwarden.clock import format_time
 from loopwarden.errors import LoopwardenError, NotFound
 from loopwarden.ledger.audit.bundles import export_bundle, load_bundle, verify_bundle
 from loopwarden.ledger.audit.database import audit as run_audit
-from loopwarden.ledger.audit.findings import Report
+from loopwarden.ledger.audit.findings import FindingCode, Report
 from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import Keyring
+from loopwarden.ledger.log.rotations import Trust
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.visibility import missing_loop
@@ -41,10 +42,10 @@ TrustedKeys = Annotated[
 ]
 
 
-def home_keyring(home: Path | None, json_out: bool) -> Keyring:
-    """The trusted keys of `home`'s key directory; a broken key file is a clean failure."""
+def home_trust(home: Path | None, json_out: bool) -> Trust:
+    """What `home`'s key directory vouches for; a broken key file is a clean failure."""
     try:
-        return admin.keyring_of(home)
+        return admin.trust_of(home)
     except LoopwardenError as exc:
         fail(exc.message, as_json=json_out, error=exc.code)
 
@@ -54,6 +55,16 @@ def load_trusted(path: Path) -> Keyring:
         return read_key_file(path)
     except LoopwardenError as exc:
         fail(f"--trusted-keys: {exc.message}", EXIT_USAGE)
+
+
+def _trust(trusted_keys: Path | None, home: Path | None, json_out: bool) -> Trust:
+    if trusted_keys is None:
+        return home_trust(home, json_out)
+    keyring = load_trusted(trusted_keys)
+    return Trust(
+        keyring,
+        f"{render.counted(len(keyring.ids()), 'key')} of {trusted_keys.name} (--trusted-keys)",
+    )
 
 
 def _audit(
@@ -94,15 +105,18 @@ def verify(
     every checkpoint and their consistency, every decision judged against the loop's policy,
     every projection rebuilt from its receipts, and the row proofs and MACs the server relies on.
     """
-    keyring = load_trusted(trusted_keys) if trusted_keys else home_keyring(home, json_out)
+    trust = _trust(trusted_keys, home, json_out)
     try:
         with admin.open_reader(home, store=store) as reader:
             if loop is not None and reader.loop_row(loop) is None:
                 raise NotFound(missing_loop(reader, admin.operator(), loop))
             interactive = not json_out and sys.stderr.isatty()
-            report = _audit(reader, keyring, loop, interactive, admin.integrity_of(home))
+            report = _audit(reader, trust.keyring, loop, interactive, admin.integrity_of(home))
     except LoopwardenError as exc:
         fail(exc.message, as_json=json_out, error=exc.code)
+    report.trusted = trust.basis
+    for problem in trust.problems:
+        report.add(FindingCode.KEY_UNVOUCHED, problem)
     if json_out:
         render.emit_json(report.as_dict())
     else:

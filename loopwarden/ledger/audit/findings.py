@@ -12,6 +12,7 @@ class FindingCode(StrEnum):
 
     SIGNATURE_INVALID = "signature_invalid"
     UNKNOWN_KEY = "unknown_key"
+    KEY_UNVOUCHED = "key_unvouched"  # a key in the key directory its history does not vouch for
     ENVELOPE_MALFORMED = "envelope_malformed"
     PAYLOAD_TYPE_MISMATCH = "payload_type_mismatch"
     PAYLOAD_MALFORMED = "payload_malformed"
@@ -92,6 +93,7 @@ class Report:
     stop_reason: str | None = None
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
+    trusted: str = ""  # what the signatures were checked against (a database's audit)
 
     @property
     def clean(self) -> bool:
@@ -113,6 +115,7 @@ class Report:
                 "checkpoints": self.checkpoints,
                 "tree_size": self.tree_size,
                 "root": self.root,
+                "trusted": self.trusted,
                 "seconds": round(self.seconds, 3),
                 "findings": findings,
                 "notes": self.notes,

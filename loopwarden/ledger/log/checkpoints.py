@@ -12,16 +12,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 from dataclasses import dataclass
 
-from loopwarden.ledger.log.keys import Keyring, Signer
-
-SIG_PREFIX = "\u2014 "  # em dash + space
-
-
-def note_key_hash(name: str, public_key: bytes) -> bytes:
-    return hashlib.sha256(name.encode() + b"\n" + b"\x01" + public_key).digest()[:4]
+from loopwarden.ledger.log.keys import SIG_PREFIX, Keyring, Signer, note_key_hash
 
 
 def checkpoint_body(origin: str, size: int, root: bytes) -> str:

@@ -4,29 +4,47 @@ Layout under `<home>/keys/` (directory 0700):
 - `<key_id>.key` — the 32-byte seed, base64, mode 0600; only the active key keeps one;
 - `<key_id>.pub` — the public key, base64; kept forever so old receipts stay verifiable;
 - `active` — the id of the key new receipts are signed with;
-- `integrity.key` — the secret the rows no signature covers are MAC'd with (0600).
+- `integrity.key` — the secret the rows no signature covers are MAC'd with (0600);
+- `history` — the key history: the genesis statement of the first key and one rotation
+  statement per later key, each a signed note (`rotations.py` reads and checks them), one JSON
+  string per line, appended and never rewritten.
 
-The keyring read from this directory is the audit's trust root: a receipt signed by a key that
-is not here is `unknown_key`, whatever the database claims.
+The audit trusts the keys the history vouches for (`rotations.directory_trust`): a key written
+into this directory by anything but `keys rotate` is reported, not trusted; a receipt signed by
+a key that is not trusted is `unknown_key`, whatever the database claims.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import stat
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import nacl.exceptions
 import nacl.signing
 
+from loopwarden.clock import format_time
 from loopwarden.errors import KeyFileError
 from loopwarden.ledger.log.integrity import SECRET_BYTES
 
 KEY_DIR_MODE = 0o700
 PRIVATE_MODE = 0o600
+
+
+SIG_PREFIX = "\u2014 "  # em dash + space: a signature line of a signed note (C2SP)
+HISTORY_ORIGIN = "loopwarden key history"  # the origin line of every key statement
+GENESIS = "loopwarden key genesis"
+ROTATION = "loopwarden key rotation"
+
+
+def note_key_hash(name: str, public_key: bytes) -> bytes:
+    """The 4-byte key hash a signed note's signature starts with (C2SP signed-note, Ed25519)."""
+    return hashlib.sha256(name.encode() + b"\n" + b"\x01" + public_key).digest()[:4]
 
 
 def key_id_for(public_key: bytes) -> str:
@@ -102,6 +120,38 @@ class Keyring:
         return True
 
 
+def signed_note(body: str, signers: list[Signer]) -> str:
+    """`body` (ending in a newline) as a signed note, one signature line per signer."""
+    lines = []
+    for signer in signers:
+        blob = note_key_hash(signer.key_id, signer.public_key) + signer.sign(body.encode())
+        lines.append(f"{SIG_PREFIX}{signer.key_id} {base64.b64encode(blob).decode('ascii')}\n")
+    return body + "\n" + "".join(lines)
+
+
+def statement_body(origin: str, previous: str | None, new: Signer, at: str) -> str:
+    """The body of a key statement: a genesis (no previous key) or a rotation."""
+    lines = [GENESIS if previous is None else ROTATION, origin]
+    if previous is not None:
+        lines.append(previous)
+    lines += [f"{new.key_id} {base64.b64encode(new.public_key).decode('ascii')}", at]
+    return "\n".join(lines) + "\n"
+
+
+def genesis(origin: str, signer: Signer, at: str) -> str:
+    """The statement naming `signer` as a store's first key (signed by it)."""
+    return signed_note(statement_body(origin, None, signer, at), [signer])
+
+
+def rotation(origin: str, old: Signer, new: Signer, at: str) -> str:
+    """The statement by which `old` hands over to `new` (signed by both)."""
+    return signed_note(statement_body(origin, old.key_id, new, at), [old, new])
+
+
+def _now() -> str:
+    return format_time(datetime.now(UTC))
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -161,6 +211,7 @@ class KeyStore:
             candidate = Signer.generate()
             self._write_pair(candidate)
             if self._publish_active(candidate.key_id):
+                self._start_history(candidate)
                 return candidate
             (self.dir / f"{candidate.key_id}.key").unlink(missing_ok=True)
             (self.dir / f"{candidate.key_id}.pub").unlink(missing_ok=True)
@@ -174,7 +225,50 @@ class KeyStore:
         signer = Signer.from_seed(_read_b64(private, 32))
         if signer.key_id != key_id:
             raise KeyFileError(f"private key file {private.name} does not match its id")
+        if not self.history.exists():
+            self._start_history(signer)  # a home made before the history was kept
         return signer
+
+    @property
+    def history(self) -> Path:
+        return self.dir / "history"
+
+    def statements(self) -> list[str]:
+        """The key history's statements in order (none if the directory has no history)."""
+        try:
+            text = self.history.read_text()
+        except FileNotFoundError:
+            return []
+        try:
+            notes = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as exc:
+            raise KeyFileError(f"the key history keys/history is damaged: {exc}") from None
+        if not all(isinstance(note, str) for note in notes):
+            raise KeyFileError("the key history keys/history is damaged: not a list of notes")
+        return notes
+
+    def _start_history(self, signer: Signer) -> None:
+        """Start the history with `signer`'s genesis, if the directory holds no other key and
+        no history (created exclusively: of processes starting at once, one writes it). A home
+        with retired keys and no history has none: its audit trusts the directory, and says so."""
+        if {path.stem for path in self.dir.glob("*.pub")} - {signer.key_id}:
+            return
+        staged = self.dir / f"history.{os.urandom(8).hex()}.tmp"
+        _write_new(staged, json.dumps(genesis(HISTORY_ORIGIN, signer, _now())), 0o644)
+        try:
+            os.link(staged, self.history)
+        except FileExistsError:
+            pass
+        finally:
+            staged.unlink(missing_ok=True)
+
+    def _append_statement(self, note: str) -> None:
+        fd = os.open(self.history, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(note) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def _publish_active(self, key_id: str) -> bool:
         """Point `active` at `key_id` unless another process already did; the pointer appears
@@ -195,16 +289,31 @@ class KeyStore:
         _write_new(self.dir / f"{signer.key_id}.key", _b64(seed), PRIVATE_MODE)
         _write_new(self.dir / f"{signer.key_id}.pub", _b64(signer.public_key), 0o644)
 
+    def _previous(self) -> Signer | None:
+        """The active signer before a rotation, or None if its private key is gone (then the
+        handover cannot be signed: the new key is outside the history, and audits say so)."""
+        try:
+            return self.load_signer()
+        except KeyFileError:
+            return None
+
     def rotate(self) -> tuple[str | None, Signer]:
         """Make a new active key; the old private key is deleted, its public key kept.
 
+        The key history records the handover, signed by the old key and the new one, before the
+        old private key goes (a home with no key yet gets the new key's genesis instead).
         Returns (retired key id or None, new signer). Running servers keep signing with the key
         they loaded until restarted; their receipts still verify because the public key stays.
         """
         self._ensure_dir()
         old = self.active_id()
+        previous = self._previous() if old is not None else None
         new = Signer.generate()
         self._write_pair(new)
+        if previous is None:
+            self._start_history(new)
+        elif self.history.exists():
+            self._append_statement(rotation(HISTORY_ORIGIN, previous, new, _now()))
         tmp = self.dir / "active.tmp"
         tmp.unlink(missing_ok=True)
         _write_new(tmp, new.key_id, 0o644)

@@ -27,11 +27,21 @@ import binascii
 from dataclasses import dataclass, field
 from typing import Literal
 
-from loopwarden.ledger.log.checkpoints import SIG_PREFIX, note_key_hash
-from loopwarden.ledger.log.keys import Keyring, Signer, key_id_for
+from loopwarden.ledger.log.keys import (
+    GENESIS,
+    HISTORY_ORIGIN,
+    ROTATION,
+    SIG_PREFIX,
+    Keyring,
+    KeyStore,
+    genesis,
+    key_id_for,
+    note_key_hash,
+    rotation,
+)
 
-GENESIS = "loopwarden key genesis"
-ROTATION = "loopwarden key rotation"
+__all__ = ["KeyChain", "Trust", "directory_trust", "genesis", "parse_statement", "rotation"]
+
 Kind = Literal["genesis", "rotation"]
 
 
@@ -47,32 +57,6 @@ class KeyStatement:
     at: str
     note: str
     signatures: dict[str, bytes] = field(repr=False)  # key name → 68-byte blob
-
-
-def _body(kind: Kind, origin: str, previous: str | None, new: Signer, at: str) -> str:
-    lines = [GENESIS if kind == "genesis" else ROTATION, origin]
-    if previous is not None:
-        lines.append(previous)
-    lines += [f"{new.key_id} {base64.b64encode(new.public_key).decode('ascii')}", at]
-    return "\n".join(lines) + "\n"
-
-
-def _signed(body: str, signers: list[Signer]) -> str:
-    lines = []
-    for signer in signers:
-        blob = note_key_hash(signer.key_id, signer.public_key) + signer.sign(body.encode())
-        lines.append(f"{SIG_PREFIX}{signer.key_id} {base64.b64encode(blob).decode('ascii')}\n")
-    return body + "\n" + "".join(lines)
-
-
-def genesis(origin: str, signer: Signer, at: str) -> str:
-    """The statement naming `signer` as a store's first key."""
-    return _signed(_body("genesis", origin, None, signer, at), [signer])
-
-
-def rotation(origin: str, old: Signer, new: Signer, at: str) -> str:
-    """The statement by which `old` hands over to `new` (signed by both)."""
-    return _signed(_body("rotation", origin, old.key_id, new, at), [old, new])
 
 
 def parse_statement(note: str) -> KeyStatement | None:
@@ -166,3 +150,43 @@ class KeyChain:
             return False
         self.keys[statement.key_id] = statement.public_key
         return True
+
+
+def _keys(count: int) -> str:
+    return f"{count} key" if count == 1 else f"{count} keys"
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The keys an audit of a home trusts, what they rest on (one line), and what is wrong."""
+
+    keyring: Keyring
+    basis: str
+    problems: tuple[str, ...] = ()
+
+
+def directory_trust(keys: KeyStore) -> Trust:
+    """What a home's key directory vouches for: the chain its key history holds, every other
+    key in the directory reported and not trusted. A directory without a history (made before
+    it was kept, with keys retired since) is trusted whole, and the basis says so."""
+    directory = keys.keyring()
+    statements = keys.statements()
+    if not statements:
+        return Trust(
+            directory,
+            f"every key in the key directory ({_keys(len(directory.ids()))}): it has no key history "
+            "(made before one was kept); pin its keys with --trusted-keys",
+        )
+    chain = KeyChain(HISTORY_ORIGIN)
+    for note in statements:
+        chain.add(note)
+    unvouched = [
+        f"key {key_id} is in the key directory but not in its key history: not trusted"
+        for key_id in directory.ids()
+        if key_id not in chain.keys
+    ]
+    return Trust(
+        chain.keyring(),
+        f"the key history: {_keys(len(chain.keys))} from genesis key {chain.first}",
+        tuple(chain.problems + unvouched),
+    )
