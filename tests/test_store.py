@@ -31,9 +31,12 @@ from loopwarden.ledger.log.receipts import open_envelope
 from loopwarden.ledger.state.events import Evidence, ReceiptBody, TodoAdded, TodoSpec
 from loopwarden.ledger.state.fold import rebuild
 from loopwarden.ledger.state.registry import parse_body
+from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Store, startup_check
 from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.operations.runner import run_now
+from loopwarden.operations.todos import todo_add
 from loopwarden.operations.update import UpdateRequest, update
 from loopwarden.principals import Principal
 
@@ -263,6 +266,35 @@ async def test_startup_check_accepts_an_undamaged_store(home):
         await store.read(startup_check)
     finally:
         await store.close()
+
+
+@pytest.mark.backends
+async def test_a_store_opening_while_another_writer_commits_checks_one_snapshot(
+    home, store_url, monkeypatch
+):
+    """The start-up check reads the log and the journal in one snapshot: a receipt committed
+    by another process between its reads is not a damaged store (it once refused to serve:
+    "the journal holds 22 receipts but the Merkle log has 21 leaves")."""
+    keys = KeyStore(home)
+    writer = Store.open_now(store_url, keys.load_signer(), key_dir=home)
+    try:
+        request = {"objective": "o", "policy": BASIC_POLICY, "loop_id": "L"}
+        run_now(open_loop, writer, OPERATOR, request)
+        counted = Reader.journal_count
+        commits = []
+
+        def count_after_a_commit(reader: Reader) -> int:
+            if not commits:  # another writer commits between the check's two reads
+                todo = {"loop_id": "L", "title": "late"}
+                commits.append(run_now(todo_add, writer, OPERATOR, todo))
+            return counted(reader)
+
+        monkeypatch.setattr(Reader, "journal_count", count_after_a_commit)
+        opened = Store.open_now(store_url, keys.load_signer(), key_dir=home)
+        opened.close_now()
+        assert commits, "the writer committed while the check ran"
+    finally:
+        writer.close_now()
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE.values()), ids=list(DAMAGE))

@@ -188,8 +188,9 @@ class Store:
             migrate(backend, integrity)
             backend.check_secret(integrity)
             store = cls(backend, where, signer, trusted, integrity, clock, checkpoint_every)
-            if check:
-                startup_check(Reader(backend.writer))
+            if check:  # on one snapshot: a writer committing meanwhile cannot skew its counts
+                with type(backend).snapshot(where.target) as conn:
+                    startup_check(Reader(conn))
             return store
         except BaseException as exc:
             _close_quietly(backend)
