@@ -41,11 +41,13 @@ from support import loopwarden as loopwarden_process
 from typer.testing import CliRunner
 
 import loopwarden
+from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.clients import admin, demo, render
 from loopwarden.clients.cli import app
 from loopwarden.clock import parse_time
 from loopwarden.ledger.homes import DB_NAME
 from loopwarden.ledger.log.keys import Signer, public_key_b64
+from loopwarden.ledger.log.receipts import open_envelope
 from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
 from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.approvals import ApprovalRequest, request_approval
@@ -1482,6 +1484,58 @@ def test_receipts_follow_prints_one_header_and_stops_when_the_loop_closes(home, 
         "loop.cancelled",
     ]
     columns_line_up(every[1:])
+
+
+# --- events: receipts as CloudEvents ----------------------------------------------------------
+
+
+def _events(command: str) -> list[dict[str, Any]]:
+    result = cli(command)
+    assert result.exit_code == 0, result.stdout
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_events_prints_every_receipt_as_a_cloudevent_in_log_order_and_resumes_after(home, loop):
+    agent_report(home, agent_claim(home, loop))
+    ok_json(f"loop pause {loop} --home {home}")
+    every = _events(f"events --home {home}")
+    journal = ok_json(f"receipts {loop} --home {home}")["receipts"]
+    assert [e["id"] for e in every] == [r["receipt_id"] for r in journal]  # one loop: log order
+    assert [e["loopwardenindex"] for e in every] == list(range(len(journal)))
+    keyring = admin.keyring_of(home)
+    for event, line in zip(every, journal, strict=True):
+        assert event["specversion"] == "1.0" and event["source"].startswith("loopwarden:")
+        assert event["type"] == "io.github.loopwarden.receipt." + line["kind"]
+        assert (event["subject"], event["loopwardenseq"]) == (loop, line["seq"])
+        data, stored = event["data"], ok_json(f"receipt {event['id']} --home {home}")
+        assert (data["log_index"], data["digest"]) == (stored["leaf_index"], stored["digest"])
+        envelope = canonical_bytes(data["envelope"])
+        assert sha256_digest(envelope) == data["digest"]  # the envelope as stored, byte for byte
+        assert open_envelope(envelope, keyring).verified
+    assert _events(f"events --after 1 --home {home}") == every[2:]
+    assert _events(f"events --after {len(every) - 1} --home {home}") == []
+    code, out = cli_json(f"events --after -2 --home {home}")
+    assert code == 2 and "--after -2" in out["message"]
+
+
+def test_events_follow_prints_new_receipts_as_they_are_sealed(home, loop, tmp_path):
+    with (tmp_path / "events.err").open("w") as errors:
+        follower = subprocess.Popen(
+            loopwarden_process("events", "--follow", "--home", str(home)),
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env=cli_env(),
+        )
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=read_into, args=(follower, lines), daemon=True).start()
+    try:
+        assert json.loads(next_line(lines))["type"].endswith(".loop.opened")
+        paused = ok_json(f"loop pause {loop} --home {home}")
+        assert json.loads(next_line(lines))["id"] == paused["receipt_id"]
+    finally:
+        follower.kill()
+        follower.wait()
 
 
 def read_into(process: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:

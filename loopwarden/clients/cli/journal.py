@@ -1,9 +1,11 @@
-"""`loopwarden receipts LOOP [--follow]` and `loopwarden receipt RID`: the journal."""
+"""`loopwarden receipts LOOP [--follow]`, `loopwarden receipt RID` and `loopwarden events`:
+the journal."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +15,8 @@ from rich.markup import escape
 
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import Home, Json, Store, exit_code, fail, operate
-from loopwarden.errors import LoopwardenError
+from loopwarden.errors import InvalidInput, LoopwardenError
+from loopwarden.ledger.audit.cloudevents import cloudevent
 from loopwarden.ledger.state.events import ReceiptKind
 from loopwarden.operations.journal import MAX_LINES, JournalResult, ReceiptLine, journal
 from loopwarden.operations.receipt import receipt as receipt_op
@@ -160,3 +163,54 @@ def receipt(
     )
     render.console.print(f"[dim]{result.digest}[/dim]")
     render.console.print(render.json_text(result.body), markup=False)
+
+
+EVENTS_PAGE = 500  # receipts read per snapshot by `events`
+
+
+def events(
+    after: Annotated[
+        int,
+        typer.Option(
+            "--after",
+            help="Start after this log index (the last event's loopwardenindex): resume a feed.",
+        ),
+    ] = -1,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing receipts as they are sealed.")
+    ] = False,
+    home: Home = None,
+    store: Store = None,
+    json_out: Json = False,
+) -> None:
+    """Print every receipt of the store as CloudEvents 1.0, one JSON line each, in log order.
+
+    The feed for a SIEM or a log pipeline: each event's id is the receipt id (dedupe on it),
+    its data holds the loop, seq, log index, digest and the signed envelope. --after resumes
+    where a consumer stopped; --follow keeps printing until interrupted. The output is JSON
+    lines with or without --json (which makes errors JSON too).
+    """
+    try:
+        if after < -1:
+            raise InvalidInput(f"--after {after}: a log index is -1 (from the start) or more")
+        while True:
+            after = _print_events(home, store, after)
+            if not follow:
+                return
+            time.sleep(FOLLOW_SECONDS)
+    except LoopwardenError as exc:
+        fail(exc.message, exit_code(exc), as_json=json_out, error=exc.code)
+
+
+def _print_events(home: Path | None, store: str | None, after: int) -> int:
+    """Print the events after log index `after`, page by page; the last index printed."""
+    while True:
+        with admin.open_reader(home, store=store) as reader:
+            origin = reader.meta("origin") or "loopwarden.local/unknown"
+            rows = reader.journal_page(after, EVENTS_PAGE)
+        for row in rows:
+            print(json.dumps(cloudevent(row, origin), separators=(",", ":")))
+        sys.stdout.flush()  # a live feed: each page reaches a pipe at once
+        if len(rows) < EVENTS_PAGE:
+            return rows[-1].leaf_index if rows else after
+        after = rows[-1].leaf_index

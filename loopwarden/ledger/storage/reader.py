@@ -387,18 +387,19 @@ class Reader:
         )
         return OutsiderCounts(sealed=r[0], suppressed=r[1]) if r else OutsiderCounts(0, 0)
 
+    def journal_page(self, after: int, limit: int) -> list[JournalRow]:
+        """Up to `limit` receipts in leaf order, from the leaf after `after` (-1: the first)."""
+        rows = self.conn.execute(
+            f"SELECT {JOURNAL.row_names} FROM journal WHERE leaf_index > ? "
+            "ORDER BY leaf_index LIMIT ?",
+            (after, limit),
+        ).fetchall()
+        return [JOURNAL.decode(r) for r in rows]
+
     def iter_journal(self, batch: int = 2048) -> Iterator[JournalRow]:
         """Every receipt in leaf order, streamed in batches."""
         after = -1
-        while True:
-            rows = self.conn.execute(
-                f"SELECT {JOURNAL.row_names} FROM journal WHERE leaf_index > ? "
-                "ORDER BY leaf_index LIMIT ?",
-                (after, batch),
-            ).fetchall()
-            if not rows:
-                return
-            receipts = [JOURNAL.decode(r) for r in rows]
+        while receipts := self.journal_page(after, batch):
             yield from receipts
             after = receipts[-1].leaf_index
 
