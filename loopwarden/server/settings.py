@@ -109,6 +109,7 @@ class Settings:
     oauth: OAuthSettings | None = None  # HTTP: JWT access tokens from an issuer, beside tokens
     public_url: str | None = None  # the dashboard as users reach it (approval links)
     approval_webhook: str | None = None  # new approvals are posted here, with their link
+    otel: bool = False  # `serve --otel`: export traces even without an OTEL_* endpoint variable
 
     @property
     def dashboard_url(self) -> str | None:
@@ -147,6 +148,7 @@ class Settings:
         oauth: OAuthSettings | None = None,
         public_url: str | None = None,
         approval_webhook: str | None = None,
+        otel: bool = False,
     ) -> Settings:
         """Validate a serve configuration. Identity comes from here (launch configuration),
         never from a tool argument: `--agent`/`LOOPWARDEN_AGENT`, `--role`/`LOOPWARDEN_ROLE`."""
@@ -191,6 +193,7 @@ class Settings:
             oauth=oauth,
             public_url=public_url,
             approval_webhook=approval_webhook,
+            otel=otel,
         )
 
 
