@@ -9,6 +9,8 @@ its batch queue is flushed: no waiting on a timer.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,15 +26,30 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from prometheus_client.parser import text_string_to_metric_families
-from support import EVIDENCE, Served, cli_env, connect_http, mint_tokens, start_server, stop_server
+from support import (
+    EVIDENCE,
+    Served,
+    cli_env,
+    codes,
+    connect_http,
+    mint_tokens,
+    start_server,
+    stop_server,
+)
 from test_hooks_live import POLICY, bash, event
 
 from loopwarden.clients.admin import open_store
+from loopwarden.errors import NotFound
+from loopwarden.observe import tracing_wanted
+from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.principals import Principal
 
 LOOP = "watched"
+POLICY_LEASE = 900  # seconds: the default lease of a policy that names none
 SUMMARY = "summary-text-that-must-stay-home-7f3a"
 COMMAND = "pytest -q --secret-flag-that-must-stay-home-91c2"
+PUSH = "git push origin main-secret-branch-5d1e"  # denied by the policy's command rules
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLAIM_PARENT = "00f067aa0ba902b7"
 HOOK_PARENT = "b7ad6b7169203331"
@@ -165,6 +182,10 @@ async def _governed_turn(served: Served, agent: str, observer: str) -> dict[str,
             },
         )
         assert hook.status_code == 200, hook.text
+        refused = await http.post(
+            hooks, json=bash(PUSH), headers={"Authorization": f"Bearer {observer}"}
+        )
+        assert "deny" in refused.text, refused.text
         update = await me.update(
             turn["turn_id"],
             turn["fence"],
@@ -256,7 +277,9 @@ def test_the_claim_continues_the_clients_trace_from_the_request_meta(watched):
 
 
 def test_a_hook_event_exports_its_phase_and_host_under_the_hosts_traceparent(watched):
-    (event,) = spans_named(watched, "loopwarden.hook.pre_tool")
+    pre_tool = spans_named(watched, "loopwarden.hook.pre_tool")
+    assert len(pre_tool) == 2  # the allowed command and the refused push
+    (event,) = [s for s in pre_tool if s.trace_id.hex() == TRACE_ID]
     (decision,) = [
         s for s in spans_named(watched, "loopwarden.hook") if s.trace_id == event.trace_id
     ]
@@ -268,10 +291,29 @@ def test_a_hook_event_exports_its_phase_and_host_under_the_hosts_traceparent(wat
     assert attributes(decision)["loopwarden.role"] == "observer"
 
 
+def test_a_refused_hook_event_exports_its_deny_and_reason_codes_in_span_and_metrics(watched):
+    refusals = [
+        attributes(s)
+        for s in spans_named(watched, "loopwarden.hook")
+        if attributes(s)["loopwarden.decision.effect"] == "deny"
+    ]
+    assert len(refusals) == 1 and refusals[0]["loopwarden.decision.reasons"], refusals
+    counted = decisions(watched["after"].text)
+    for code in refusals[0]["loopwarden.decision.reasons"]:
+        assert counted[("hook", "deny", code)] >= 1, counted
+
+
 def test_no_summary_command_or_token_reaches_the_exported_bytes(watched):
     exported = b"".join(watched["receiver"].bodies)
     assert b"loopwarden.update" in exported  # the bytes searched are the spans
-    secrets = [SUMMARY, COMMAND, "secret-flag", *(t.token for t in watched["tokens"].values())]
+    secrets = [
+        SUMMARY,
+        COMMAND,
+        "secret-flag",
+        PUSH,
+        "secret-branch",
+        *(t.token for t in watched["tokens"].values()),
+    ]
     for secret in secrets:
         assert secret.encode() not in exported, secret
 
@@ -297,3 +339,81 @@ def test_a_metrics_scrape_without_an_operator_token_is_refused(watched):
     for who, response in watched["refusals"].items():
         assert response.status_code == 401, who
         assert "loopwarden_decisions" not in response.text, who
+
+
+# --- in process: lease expiries, when tracing is on, and nothing loaded when it is off ----------
+
+
+@pytest.mark.anyio
+async def test_a_swept_lease_counts_one_expiry_and_each_decision_by_reason(store, clock):
+    from loopwarden.observe.telemetry import Telemetry
+
+    telemetry = Telemetry(tracing=False, metrics=True, version="test")
+    store.observer = telemetry
+    policy = {**POLICY, "observe": {"mode": "off"}}
+    await open_loop(
+        store,
+        OPERATOR,
+        OpenLoopRequest(objective="o", policy=policy, loop_id="E", todos=[TodoInput(title="a")]),
+    )
+    builder, reviewer = Principal(id="builder", role="agent"), Principal(id="rev", role="agent")
+    assert (await claim(store, builder, ClaimRequest(loop_id="E"))).granted
+    busy = await claim(store, builder, ClaimRequest(loop_id="E"))  # nothing left to claim
+    clock.advance(POLICY_LEASE + 1)
+    with pytest.raises(NotFound):  # an outsider: counted as an error by its code
+        await claim(store, reviewer, ClaimRequest(loop_id="E"))
+    again = await claim(store, builder, ClaimRequest(loop_id="E"))  # sweeps the lease first
+    assert again.granted
+    exposition = telemetry.metrics()
+    assert exposition is not None
+    text = exposition[0].decode()
+    counted = decisions(text)
+    assert counted[("claim", "allow", "")] == 2
+    for code in codes(busy):
+        assert counted[("claim", "deny", code)] == 1
+    assert counted[("claim", "error", "not_found")] == 1
+    assert _value(text, "loopwarden_lease_expiries_total") == 1
+    assert histogram_count(text, "claim") == 4
+
+
+def _value(text: str, name: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"no sample {name}")
+
+
+@pytest.mark.parametrize(
+    ("flag", "environ", "wanted"),
+    [
+        (False, {}, False),
+        (True, {}, True),
+        (False, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
+        (False, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://collector:4318/v1/traces"}, True),
+        (False, {"OTEL_TRACES_EXPORTER": "otlp"}, True),
+        (False, {"OTEL_EXPORTER_OTLP_ENDPOINT": ""}, False),
+        (True, {"OTEL_TRACES_EXPORTER": "none"}, False),
+        (True, {"OTEL_SDK_DISABLED": "true"}, False),
+        (False, {"OTEL_SDK_DISABLED": "TRUE", "OTEL_TRACES_EXPORTER": "otlp"}, False),
+    ],
+)
+def test_tracing_is_on_with_the_flag_or_an_otel_exporter_and_off_when_disabled(
+    flag, environ, wanted
+):
+    assert tracing_wanted(flag, environ) is wanted
+
+
+def test_with_telemetry_off_a_hook_process_loads_neither_sdk(tmp_path):
+    script = (
+        "import sys\n"
+        "import loopwarden.clients.hook_command, loopwarden.hooks.handle\n"
+        "from loopwarden.observe import NOBODY, watching\n"
+        "assert watching(tracing=False, metrics=False, version='x') is NOBODY\n"
+        "loaded = [m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'prometheus'))]\n"
+        "print(loaded)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout
