@@ -148,7 +148,6 @@ class Settings:
         oauth: OAuthSettings | None = None,
         public_url: str | None = None,
         approval_webhook: str | None = None,
-        otel: bool = False,
     ) -> Settings:
         """Validate a serve configuration. Identity comes from here (launch configuration),
         never from a tool argument: `--agent`/`LOOPWARDEN_AGENT`, `--role`/`LOOPWARDEN_ROLE`."""
@@ -193,7 +192,6 @@ class Settings:
             oauth=oauth,
             public_url=public_url,
             approval_webhook=approval_webhook,
-            otel=otel,
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
@@ -171,7 +172,7 @@ def _settings(flags: dict[str, Any]) -> Settings:
             header_seconds=flags["header_timeout"],
             body_seconds=flags["body_timeout"],
         )
-        return Settings.create(
+        settings = Settings.create(
             home=flags["home"],
             store=flags["store"],
             agent=flags["agent"],
@@ -184,10 +185,10 @@ def _settings(flags: dict[str, Any]) -> Settings:
             oauth=oauth,
             public_url=flags["public_url"],
             approval_webhook=flags["approval_webhook"],
-            otel=flags["otel"],
         )
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE)
+    return dataclasses.replace(settings, otel=flags["otel"])  # no check: a switch
 
 
 def demo(home: Home = None, json_out: Json = False) -> None:
