@@ -27,6 +27,7 @@ class Watch:
     effect: str = "error"  # until the runner says what was decided
     reasons: tuple[str, ...] = ()
     expired_leases: int = 0
+    active: bool = True  # False: nobody looks, so the runner need not describe the result
 
     def decided(self, effect: str, reasons: tuple[str, ...]) -> None:
         self.effect, self.reasons = effect, reasons
@@ -42,7 +43,7 @@ class Observer:
     @contextmanager
     def watch(self, name: str, attributes: Mapping[str, Attribute]) -> Iterator[Watch]:
         """A watch over one call named `name` (`claim`, `hook.pre_tool`), closed on exit."""
-        yield Watch(name)
+        yield Watch(name, active=False)
 
     @contextmanager
     def span(self, name: str, attributes: Mapping[str, Attribute]) -> Iterator[None]:

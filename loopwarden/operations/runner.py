@@ -145,6 +145,8 @@ def observed(watch: Watch, req: Any, result: Any) -> None:
     """What `result` decided, as identifiers and codes on `watch`: the loop, the effect
     (`granted`/`accepted`/`decision`; `ok` for a call that decides nothing), the reason
     codes, the receipt id and seq."""
+    if not watch.active:
+        return
     effect = "ok"
     for flag in ("granted", "accepted"):
         value = getattr(result, flag, None)
