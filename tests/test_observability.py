@@ -9,6 +9,7 @@ its batch queue is flushed: no waiting on a timer.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -32,6 +33,7 @@ from support import (
     cli_env,
     codes,
     connect_http,
+    free_port,
     mint_tokens,
     start_server,
     stop_server,
@@ -417,3 +419,34 @@ def test_with_telemetry_off_a_hook_process_loads_neither_sdk(tmp_path):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_collector_that_is_down_changes_no_decision(tmp_path):
+    """Export runs beside the decisions: with nothing listening at the OTLP endpoint, a claim
+    is answered as it would be, and the server still stops cleanly when told (its last flush
+    bounded by the standard `OTEL_EXPORTER_OTLP_TIMEOUT`)."""
+    home = tmp_path / "home"
+    _open(home)
+    tokens = mint_tokens(home, [("builder", "agent")])
+    env = cli_env(
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}",
+        OTEL_EXPORTER_OTLP_TIMEOUT="2",
+    )
+    served = start_server(home, tmp_path / "logs", "--otel", env=env)
+    try:
+
+        async def claim_one() -> dict[str, Any]:
+            async with connect_http(served.url, tokens["builder"].token) as me:
+                # the loop asks for hooks: a claim is refused until a host attaches
+                result = await me.client.call_tool("claim", {"loop_id": LOOP})
+                assert result.structured_content is not None
+                return result.structured_content
+
+        answer = anyio.run(claim_one)
+    finally:
+        stop_server(served)
+    assert answer["loop_id"] == LOOP and [r["code"] for r in answer["reasons"]] == [
+        "host_not_attached"
+    ]
+    # uvicorn ends a graceful stop by re-raising SIGTERM; a hung flush would have been SIGKILLed
+    assert served.process.returncode == -signal.SIGTERM, served.stderr()
