@@ -13,11 +13,13 @@ from loopwarden import hosts
 from loopwarden.errors import LoopwardenError, describe_validation
 from loopwarden.hosts.host import MAX_EVENT, Event, MalformedEvent, Reply
 from loopwarden.ledger.storage.store import Store
+from loopwarden.observe.observer import Attribute
 from loopwarden.operations.hooks import HookAnswer, HookEvent, hook
 from loopwarden.operations.runner import run_now
 from loopwarden.principals import Principal
 
 log = logging.getLogger("loopwarden.hooks")
+SPAN_OF_PHASE = {"session": "session_start", "pre": "pre_tool", "post": "post_tool", "stop": "stop"}
 
 
 def read_event(host: str, raw: bytes) -> Event:
@@ -65,6 +67,20 @@ class _Call:
         self.request = HookEvent(loop_id=loop_id, host=host, servers=servers, **self.event.__dict__)
         self.observer = Principal(id=agent, role="observer")
 
+    @property
+    def span_name(self) -> str:
+        """The event's span: `hook.pre_tool`, `hook.post_tool`, `hook.session_start`, `hook.stop`."""
+        return f"hook.{SPAN_OF_PHASE[self.event.phase]}"
+
+    @property
+    def span_attributes(self) -> dict[str, Attribute]:
+        """Who and where, never what: the event's tool input and text stay out of spans."""
+        return {
+            "loopwarden.host": self.host,
+            "loopwarden.loop_id": self.loop_id,
+            "loopwarden.agent": self.agent,
+        }
+
     def reply(self, answer: HookAnswer) -> Reply:
         return hosts.get(self.host).reply(self.event.phase, answer.block, answer.message)
 
@@ -90,7 +106,8 @@ async def handle(
     if not isinstance(call, _Call):
         return call
     try:
-        return call.reply(await hook(store, call.observer, call.request))
+        with store.observer.span(call.span_name, call.span_attributes):
+            return call.reply(await hook(store, call.observer, call.request))
     except Exception as exc:
         return call.failed(exc)
 

@@ -18,13 +18,22 @@ import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from loopwarden.errors import Forbidden, InvalidInput, NotFound, describe_validation
+from loopwarden.errors import (
+    Forbidden,
+    InvalidInput,
+    LoopwardenError,
+    NotFound,
+    describe_validation,
+)
+from loopwarden.ledger.state.events import ReceiptKind
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Store, Txn
+from loopwarden.observe import Watch
+from loopwarden.observe.observer import Attribute
 from loopwarden.operations.idempotency import prior, remember, request_digest
 from loopwarden.operations.operation import (
     AGENT_CALLERS,
@@ -46,6 +55,7 @@ from loopwarden.operations.visibility import visible
 from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.principals import Principal, Role
 
+T = TypeVar("T")
 CONFLICT = Decision(
     "deny",
     (
@@ -91,16 +101,68 @@ async def run(
     op: Operation[Req, Res], store: Store, who: Principal, request: Req | dict[str, Any]
 ) -> Res:
     """Run `op` for `who` (see the module docstring for the order). Policy refusals are
-    results; `InvalidInput`, `Forbidden`, `NotFound`, `Conflict` and store errors raise."""
-    req = parse(op, request)
-    check_role(op, who)
-    if op.access == "write":
-        outcome: Any = await store.write(lambda tx: _write(op, store, who, req, tx))
-    else:
-        outcome = await _read(op, store, who, req)
-    if isinstance(outcome, _Hidden):
-        raise NotFound(outcome.message + await _hint(op, store, who, req))
-    return outcome
+    results; `InvalidInput`, `Forbidden`, `NotFound`, `Conflict` and store errors raise.
+
+    The call is watched by the store's observer (a span `loopwarden.<op>`, metrics) with the
+    identifiers and codes of what was decided, never the request's content."""
+    with store.observer.watch(op.name, caller_attributes(op, who)) as watch:
+        try:
+            req = parse(op, request)
+            check_role(op, who)
+            if op.access == "write":
+                outcome: Any = await store.write(
+                    lambda tx: _counted(watch, tx, lambda: _write(op, store, who, req, tx))
+                )
+            else:
+                outcome = await _read(op, store, who, req)
+            if isinstance(outcome, _Hidden):
+                raise NotFound(outcome.message + await _hint(op, store, who, req))
+        except LoopwardenError as exc:
+            watch.decided("error", (exc.code,))
+            raise
+        observed(watch, req, outcome)
+        return outcome
+
+
+def caller_attributes(op: Operation[Any, Any], who: Principal) -> dict[str, Attribute]:
+    """A watch's first attributes: the operation and who calls it."""
+    return {
+        "loopwarden.operation": op.name,
+        "loopwarden.agent": who.id,
+        "loopwarden.role": who.role,
+    }
+
+
+def _counted(watch: Watch, tx: Txn, body: Callable[[], T]) -> T:
+    """`body()`, with the lease expiries it sealed counted on `watch` (set, not added: a
+    retried body counts once)."""
+    result = body()
+    watch.expired_leases = tx.kinds.count(ReceiptKind.LEASE_EXPIRED)
+    return result
+
+
+def observed(watch: Watch, req: Any, result: Any) -> None:
+    """What `result` decided, as identifiers and codes on `watch`: the loop, the effect
+    (`granted`/`accepted`/`decision`; `ok` for a call that decides nothing), the reason
+    codes, the receipt id and seq."""
+    if not watch.active:
+        return
+    effect = "ok"
+    for flag in ("granted", "accepted"):
+        value = getattr(result, flag, None)
+        if isinstance(value, bool):
+            watch.attributes[f"loopwarden.{flag}"] = value
+            effect = "allow" if value else "deny"
+    decision = getattr(result, "decision", None)
+    if decision in ("allow", "deny"):
+        effect = decision
+    codes = (getattr(r, "code", None) for r in getattr(result, "reasons", None) or ())
+    reasons = tuple(str(getattr(c, "value", c)) for c in codes if c is not None)
+    watch.decided(effect, reasons)
+    for name in ("loop_id", "receipt_id", "seq"):
+        value = getattr(result, name, None) or getattr(req, name, None)
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            watch.attributes[f"loopwarden.{name}"] = value
 
 
 async def _hint(op: Operation[Req, Res], store: Store, who: Principal, req: Req) -> str:
@@ -121,10 +183,18 @@ def run_now(
         raise TypeError(f"{op.name} is not a write operation")
     req = parse(op, request)
     check_role(op, who)
-    outcome: Any = store.write_now(lambda tx: _write(op, store, who, req, tx))
-    if isinstance(outcome, _Hidden):
-        raise NotFound(outcome.message)
-    return outcome
+    with store.observer.watch(op.name, caller_attributes(op, who)) as watch:
+        try:
+            outcome: Any = store.write_now(
+                lambda tx: _counted(watch, tx, lambda: _write(op, store, who, req, tx))
+            )
+            if isinstance(outcome, _Hidden):
+                raise NotFound(outcome.message)
+        except LoopwardenError as exc:
+            watch.decided("error", (exc.code,))
+            raise
+        observed(watch, req, outcome)
+        return outcome
 
 
 def _write(

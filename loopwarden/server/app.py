@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -12,6 +13,7 @@ from pydantic import AnyHttpUrl
 
 from loopwarden import __version__
 from loopwarden.clock import Clock, system_clock
+from loopwarden.observe import tracing_wanted, watching
 from loopwarden.server.auth import StoreTokenVerifier
 from loopwarden.server.elicitation import ApprovalLinks, with_approval_links
 from loopwarden.server.notifications import ChangeFeed, CountingBus, subscribe_handlers
@@ -40,7 +42,9 @@ def build_server(settings: Settings, *, clock: Clock = system_clock) -> MCPServe
 
 def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer, Runtime]:
     """The MCP server and the runtime that holds its store (what an HTTP dashboard reads)."""
-    runtime = Runtime(settings=settings, clock=clock)
+    tracing = tracing_wanted(settings.otel, os.environ)
+    observer = watching(tracing=tracing, metrics=settings.http is not None, version=__version__)
+    runtime = Runtime(settings=settings, clock=clock, observer=observer)
 
     bus = CountingBus()
     feed = ChangeFeed(runtime, bus)

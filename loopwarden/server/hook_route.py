@@ -95,4 +95,5 @@ async def _answer(request: Request, runtime: Runtime, host: str, raw: bytes) -> 
     if store is None:
         return failure(host, raw, "the server is starting or stopping")
     servers = request.query_params.getlist("server") or ["loopwarden"]
-    return await handle(store, host, raw, loop_id=loop_id, agent=agent, servers=servers)
+    with runtime.observer.continuing(request.headers.get("traceparent")):  # the caller's trace
+        return await handle(store, host, raw, loop_id=loop_id, agent=agent, servers=servers)

@@ -11,6 +11,7 @@ from loopwarden.clock import Clock, system_clock
 from loopwarden.errors import StoreError
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.storage.store import Store
+from loopwarden.observe import NOBODY, Observer
 from loopwarden.principals import Principal
 from loopwarden.server.auth import principal_from_token
 from loopwarden.server.settings import Settings
@@ -25,6 +26,7 @@ class Runtime:
     clock: Clock = system_clock
     store: Store | None = field(default=None)
     jwts: JwtVerifier | None = None  # OAuth: the access-token verifier (`oauth.py`)
+    observer: Observer = NOBODY  # spans and metrics of every call (`observe/`)
 
     def principal(self) -> Principal:
         """Over HTTP the verified bearer token's principal; otherwise the launch configuration's."""
@@ -51,9 +53,11 @@ class Runtime:
             checkpoint_every=self.settings.checkpoint_every,
             synchronous=self.settings.synchronous,
         )
+        store.observer = self.observer
         self.store = store
         try:
             yield self
         finally:
             self.store = None
             await store.close()
+            self.observer.shutdown()  # what is still queued for export, within its timeout

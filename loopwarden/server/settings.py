@@ -109,6 +109,7 @@ class Settings:
     oauth: OAuthSettings | None = None  # HTTP: JWT access tokens from an issuer, beside tokens
     public_url: str | None = None  # the dashboard as users reach it (approval links)
     approval_webhook: str | None = None  # new approvals are posted here, with their link
+    otel: bool = False  # `serve --otel`: export traces even without an OTEL_* endpoint variable
 
     @property
     def dashboard_url(self) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
@@ -97,6 +98,9 @@ def serve(
     oauth_config: OAuthConfig = None,
     public_url: PublicUrl = None,
     approval_webhook: ApprovalWebhook = None,
+    otel: Annotated[
+        bool, typer.Option("--otel", help="Export OpenTelemetry traces (OTEL_* variables).")
+    ] = False,
 ) -> None:
     """Run the MCP server (stdio by default).
 
@@ -115,6 +119,7 @@ def _run(settings: Settings) -> None:
     from loopwarden.dashboard.site import dashboard_mount
     from loopwarden.server.app import build
     from loopwarden.server.hook_route import hook_route
+    from loopwarden.server.metrics_route import metrics_route
     from loopwarden.server.settings import url_host
     from loopwarden.server.transports import listen, serve_http, serve_stdio, transport_security
 
@@ -147,7 +152,9 @@ def _run(settings: Settings) -> None:
         render.err.print(f"operator dashboard on {base}/ (sign in with an operator token)")
         render.err.print(f"host hooks on {base}/hooks/HOST?loop=ID (observer tokens)")
         security = transport_security(host, settings.allowed_hosts)  # /mcp's, on every route
-        mounts = [hook_route(runtime, security), dashboard_mount(runtime, security)]
+        render.err.print(f"metrics on {base}/metrics (operator tokens)")
+        routes = [hook_route(runtime, security), metrics_route(runtime)]
+        mounts = [*routes, dashboard_mount(runtime, security)]
         anyio.run(serve_http, server, settings, sock, mounts)
 
 
@@ -165,7 +172,7 @@ def _settings(flags: dict[str, Any]) -> Settings:
             header_seconds=flags["header_timeout"],
             body_seconds=flags["body_timeout"],
         )
-        return Settings.create(
+        settings = Settings.create(
             home=flags["home"],
             store=flags["store"],
             agent=flags["agent"],
@@ -181,6 +188,7 @@ def _settings(flags: dict[str, Any]) -> Settings:
         )
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE)
+    return dataclasses.replace(settings, otel=flags["otel"])  # no check: a switch
 
 
 def demo(home: Home = None, json_out: Json = False) -> None:

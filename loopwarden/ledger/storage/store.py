@@ -43,6 +43,7 @@ from loopwarden.ledger.storage.schema import LEGACY_SCHEMA, SCHEMA_VERSION
 from loopwarden.ledger.storage.sqlite import connect, make_private
 from loopwarden.ledger.storage.txn import Appended, Txn
 from loopwarden.ledger.storage.worker import Job, Worker
+from loopwarden.observe import NOBODY, Observer
 
 __all__ = [
     "Appended",
@@ -81,6 +82,7 @@ class Store:
         self.integrity = integrity
         self.clock = clock
         self.checkpoint_every = checkpoint_every
+        self.observer: Observer = NOBODY  # a server sets its telemetry here (`observe/`)
         self.policies = PolicyCache()
         self.origin = Reader(backend.writer).meta("origin") or "loopwarden.local/unknown"
         self._writer = Worker("loopwarden-writer", self._commit_group)

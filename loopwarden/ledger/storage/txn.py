@@ -142,6 +142,7 @@ class Txn(ProjectionWriter):
         self._store = store
         self.now_dt = now
         self.now = format_time(now)
+        self.kinds: list[ReceiptKind] = []  # what this transaction sealed, in order (observers)
 
     # --- receipts -----------------------------------------------------------------------------
 
@@ -200,7 +201,9 @@ class Txn(ProjectionWriter):
                 self.dialect.insert_new(POLICIES),
                 (policy_digest, canonical_bytes(body.data.policy).decode()),
             )
-        return Appended(sealed, body, leaf_index, self._fold(body, sealed.digest))
+        appended = Appended(sealed, body, leaf_index, self._fold(body, sealed.digest))
+        self.kinds.append(kind)
+        return appended
 
     def _append_leaf(self, body: ReceiptBody, sealed: Sealed) -> int:
         size, frontier = self.log_state()

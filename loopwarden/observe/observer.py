@@ -1,0 +1,86 @@
+"""The observer a store carries: a no-op unless `serve` builds telemetry (`telemetry.py`).
+
+A call is watched as one `Watch`: the runner opens it with the operation's name and caller,
+fills in what was decided (effect, reason codes, receipt id, seq, lease expiries) and closes
+it; the observer turns that into a span and metric samples. Only identifiers, codes and counts
+are ever handed over — never a tool input, command text, summary or token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+Attribute = str | int | bool | list[str]
+
+# What turns tracing on without `--otel` (the OpenTelemetry SDK's own variables).
+TRACING_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+
+@dataclass
+class Watch:
+    """One call as it is observed: attributes (identifiers and codes only) and counts."""
+
+    name: str
+    attributes: dict[str, Attribute] = field(default_factory=dict)
+    effect: str = "error"  # until the runner says what was decided
+    reasons: tuple[str, ...] = ()
+    expired_leases: int = 0
+    active: bool = True  # False: nobody looks, so the runner need not describe the result
+
+    def decided(self, effect: str, reasons: tuple[str, ...]) -> None:
+        self.effect, self.reasons = effect, reasons
+        self.attributes["loopwarden.decision.effect"] = effect
+        self.attributes["loopwarden.decision.reasons"] = list(reasons)
+
+
+class Observer:
+    """Observes nothing: what every store has until a server installs telemetry."""
+
+    tracing = False
+
+    @contextmanager
+    def watch(self, name: str, attributes: Mapping[str, Attribute]) -> Iterator[Watch]:
+        """A watch over one call named `name` (`claim`, `hook.pre_tool`), closed on exit."""
+        yield Watch(name, active=False)
+
+    @contextmanager
+    def span(self, name: str, attributes: Mapping[str, Attribute]) -> Iterator[None]:
+        """A span `loopwarden.<name>` around calls watched inside it (counted by theirs)."""
+        yield
+
+    @contextmanager
+    def continuing(self, traceparent: str | None) -> Iterator[None]:
+        """Spans opened inside continue the W3C trace `traceparent` (ignored if malformed)."""
+        yield
+
+    def metrics(self) -> tuple[bytes, str] | None:
+        """The Prometheus exposition (body, content type), None if metrics are off."""
+        return None
+
+    def shutdown(self) -> None:
+        """Flush what is queued for export and stop (bounded by the exporter's timeout)."""
+
+
+NOBODY = Observer()
+
+
+def tracing_wanted(flag: bool, environ: Mapping[str, str]) -> bool:
+    """Tracing is on with `serve --otel`, an OTLP endpoint, or `OTEL_TRACES_EXPORTER` naming
+    an exporter; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turns it off."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter == "none":
+        return False
+    return flag or bool(exporter) or any(environ.get(name) for name in TRACING_ENV)
+
+
+def watching(*, tracing: bool, metrics: bool, version: str) -> Observer:
+    """The observer for a server: `NOBODY` when both are off, else telemetry (loaded now)."""
+    if not tracing and not metrics:
+        return NOBODY
+    from loopwarden.observe.telemetry import Telemetry
+
+    return Telemetry(tracing=tracing, metrics=metrics, version=version)
