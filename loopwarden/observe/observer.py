@@ -75,12 +75,3 @@ def tracing_wanted(flag: bool, environ: Mapping[str, str]) -> bool:
     if exporter == "none":
         return False
     return flag or bool(exporter) or any(environ.get(name) for name in TRACING_ENV)
-
-
-def watching(*, tracing: bool, metrics: bool, version: str) -> Observer:
-    """The observer for a server: `NOBODY` when both are off, else telemetry (loaded now)."""
-    if not tracing and not metrics:
-        return NOBODY
-    from loopwarden.observe.telemetry import Telemetry
-
-    return Telemetry(tracing=tracing, metrics=metrics, version=version)

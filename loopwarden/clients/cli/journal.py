@@ -183,7 +183,9 @@ def events(
     store: Store = None,
     json_out: Json = False,
 ) -> None:
-    """Print every receipt of the store as CloudEvents 1.0, one JSON line each, in log order.
+    """Every receipt of the store as CloudEvents, in log order.
+
+    One CloudEvents 1.0 JSON line per receipt.
 
     The feed for a SIEM or a log pipeline: each event's id is the receipt id (dedupe on it),
     its data holds the loop, seq, log index, digest and the signed envelope. --after resumes
