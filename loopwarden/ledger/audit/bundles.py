@@ -24,6 +24,7 @@ from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.checkpoints import Checkpoint, open_checkpoint
 from loopwarden.ledger.log.keys import Keyring, Signer, decode_public_key, public_key_b64
 from loopwarden.ledger.log.receipts import Opened, open_envelope, pae
+from loopwarden.ledger.state.events import ReceiptBody
 from loopwarden.ledger.state.fold import FoldError, apply, chain_problem
 from loopwarden.ledger.state.judge import Judge, Verdict
 from loopwarden.ledger.state.registry import parse_body
@@ -239,6 +240,28 @@ class _Replayed:
     ending: list[Verdict]  # the judge's verdicts on the end of the receipts (a stop owed)
 
 
+def _chains(
+    report: Report,
+    position: int,
+    previous: str | None,
+    body: ReceiptBody,
+    after_altered: LoopView | None,
+    where: dict[str, int],
+) -> bool:
+    """Whether receipt #`position` continues the chain (a finding if not). `after_altered` is
+    the view when its predecessor was altered and already reported: then `prev` names the
+    genuine receipt, which is not in the bundle to check, so its word is taken for the head."""
+    broken = chain_problem(position - 1, previous, body)
+    if broken == "prev_mismatch" and after_altered is not None and body.prev:
+        after_altered.loop = replace(after_altered.loop, head_digest=body.prev)
+        return True
+    if broken is not None:
+        what = f"has seq {body.seq}" if broken == "seq_gap" else "does not chain to its predecessor"
+        report.add(broken, f"receipt #{position} {what}", **where)
+        return False
+    return True
+
+
 def _replay(parts: _Parts, signed: Checkpoint, report: Report) -> _Replayed:
     """Check, judge and fold the receipts in order; the first one that breaks the chain ends
     the replay (what follows it cannot be judged).
@@ -271,19 +294,7 @@ def _replay(parts: _Parts, signed: Checkpoint, report: Report) -> _Replayed:
                 f"receipt #{position} belongs to loop {body.loop_id}",
                 **where,
             )
-        broken = chain_problem(position - 1, previous, body)
-        if broken == "prev_mismatch" and follows_altered and view and body.prev:
-            # Its predecessor was altered and already reported; `prev` names the genuine one,
-            # which is not in the bundle to check. Take its word for the head and go on.
-            broken = None
-            view.loop = replace(view.loop, head_digest=body.prev)
-        if broken is not None:
-            what = (
-                f"has seq {body.seq}"
-                if broken == "seq_gap"
-                else "does not chain to its predecessor"
-            )
-            report.add(broken, f"receipt #{position} {what}", **where)
+        if not _chains(report, position, previous, body, view if follows_altered else None, where):
             break
         previous = digest
         if not item.altered:  # an altered receipt is reported already; its decision is not its
