@@ -1,4 +1,4 @@
-"""The lifecycle statuses of loops, todos, turns and approvals: closed sets, defined once.
+"""The lifecycle statuses of loops, pools, todos, turns and approvals: closed sets, defined once.
 
 They live here, below every package, because the pure policy evaluator needs loop and turn
 statuses and sits below the ledger that stores them. Each is a `StrEnum`: it compares equal to
@@ -25,6 +25,11 @@ class LoopStatus(StrEnum):
 
 
 CLOSED_LOOP_STATUSES = frozenset({LoopStatus.COMPLETED, LoopStatus.STOPPED, LoopStatus.CANCELLED})
+
+
+class PoolStatus(StrEnum):
+    ACTIVE = "active"
+    PAUSED = "paused"  # by an operator: its loops' claims are refused until it is resumed
 
 
 class TodoStatus(StrEnum):

@@ -632,6 +632,22 @@ def raw_sql(home: Path, *statements: str) -> None:
         conn.close()
 
 
+def raw_sql_url(backend: str, store_url: str, *statements: str) -> None:
+    """Run `statements` on a store's database (SQLite or PostgreSQL) outside loopwarden, each
+    one committed on its own."""
+    if backend == "sqlite":
+        conn = sqlite3.connect(store_url, isolation_level=None)
+    else:
+        from loopwarden.ledger.storage.postgres import connect
+
+        conn = connect(store_url)  # type: ignore[assignment]
+    try:
+        for statement in statements:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
 async def control_loop(store: Any, who: Principal, action: str, request: Any) -> Any:
     """Pause, resume or cancel by action name (the operations are `pause_loop` and so on)."""
     from loopwarden.operations.loops import CONTROLS

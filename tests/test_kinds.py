@@ -1,7 +1,8 @@
 """The kind registry: every receipt kind is declared once, with a fold step and a judge rule,
 and a kind the judge has no rule for is a finding, never a pass.
 
-- every `ReceiptKind` has exactly one spec, which folds (or opens a loop) and is judged;
+- every `ReceiptKind` has exactly one spec, which folds (or opens a loop, or folds into a
+  budget pool) and is judged;
 - the sets the fold and the audit ask about are the registry's flags, nothing kept by hand;
 - a journal holding a kind whose rule is missing draws `unjudged`, from the judge and from
   `verify` (a forged receipt of such a kind is never judged legal).
@@ -28,6 +29,8 @@ def test_every_receipt_kind_has_one_spec_that_folds_and_is_judged():
         assert spec.kind == kind
         if spec.opens is not None:
             assert spec.fold is None and spec.opens.judge is not None, kind
+        elif spec.pool is not None:  # a budget pool's kind: its own fold step and judge rule
+            assert spec.fold is None and spec.pool.fold and spec.pool.judge, kind
         else:
             assert spec.fold is not None and spec.judge is not None, kind
         assert spec.callers and spec.callers <= set(ROLES), kind

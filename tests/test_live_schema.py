@@ -271,8 +271,8 @@ async def test_a_version_5_postgresql_store_upgraded_has_exactly_the_described_s
     await _used(home, pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what version 5 made
         for version in sorted(UPGRADES, reverse=True):
-            for step in UPGRADES[version]:
-                conn.execute(f"ALTER TABLE {step.table} DROP COLUMN {step.column.name}")
+            for step in reversed(UPGRADES[version]):
+                conn.execute(step.undo())
         conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
     await _used(home, pg_url)
     assert_pg_schema(pg_url)

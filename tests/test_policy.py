@@ -924,8 +924,8 @@ def test_ten_charges_of_a_tenth_exhaust_a_one_dollar_budget_exactly():
     total = Totals()
     for _ in range(10):
         total = total.plus(Totals(cost_micros=to_micros(0.1)))
-    assert exhausted(policy, total) == ["cost_usd"]
-    assert exhausted(policy, Totals(cost_micros=total.cost_micros - 1)) == []
+    assert exhausted(policy.budgets, total) == ["cost_usd"]
+    assert exhausted(policy.budgets, Totals(cost_micros=total.cost_micros - 1)) == []
 
 
 @pytest.mark.parametrize(
@@ -950,7 +950,7 @@ def test_budget_lines_report_limit_used_and_remaining_per_dimension():
 def test_exhausted_lists_dimensions_in_display_order():
     policy = _policy(CLAIM_POLICY)
     totals = Totals(turns=10, wall_micros=3600 * MICRO, model_calls=100)
-    assert exhausted(policy, totals) == ["turns", "model_calls", "wall_seconds"]
+    assert exhausted(policy.budgets, totals) == ["turns", "model_calls", "wall_seconds"]
 
 
 # --- properties: deny wins, empty allow allows nothing ---------------------------------------
@@ -1078,6 +1078,7 @@ SCALAR_CHANGES = [
     (None, "agents", ["builder", "reviewer", "tester"]),
     ("tools", "commands", {"deny": ["git push*"]}),
     (None, "observe", {"mode": "record"}),
+    (None, "pools", ["team-a"]),
 ]
 
 

@@ -55,6 +55,13 @@ from loopwarden.operations.loops import (
     TodoInput,
     open_loop,
 )
+from loopwarden.operations.pools import (
+    PoolControlRequest,
+    PoolDefineRequest,
+    pool_define,
+    pool_pause,
+    pool_resume,
+)
 from loopwarden.operations.todos import TodoAddRequest, TodoCancelRequest, todo_add, todo_cancel
 from loopwarden.operations.update import UpdateRequest, UpdateResult, update
 from loopwarden.principals import Principal
@@ -367,6 +374,26 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(store, clo
     assert reported.accepted and [r.code for r in reported.reasons] == ["tool_unreported"]
     cancel = TodoCancelRequest(loop_id="L4", todo_id="b", reason="not needed")
     assert (await step("L4", todo_cancel(store, OPERATOR, cancel))).todo_status == "cancelled"
+
+    # L5: a loop drawing from a budget pool, which an operator defines, pauses and resumes.
+    team = PoolDefineRequest(name="team", policy={"budgets": {"max_turns": 5}})
+    await pool_define(store, OPERATOR, team)
+    await pool_pause(store, OPERATOR, PoolControlRequest(name="team"))
+    await pool_resume(store, OPERATOR, PoolControlRequest(name="team"))
+    pooled = {**_policy(), "pools": ["team"]}
+    await step(
+        "L5",
+        open_loop(
+            store,
+            OPERATOR,
+            OpenLoopRequest(objective="o", policy=pooled, todos=todos, loop_id="L5"),
+        ),
+    )
+    x1 = await step("L5", claim(store, BUILDER, req("L5")))
+    await step("L5", update(store, BUILDER, _report(x1, "completed", "p1")))
+    seen.update(
+        await store.read(lambda r: [j.kind for j in r.iter_journal() if j.loop_id == "pool:team"])
+    )
 
     assert set(seen) == set(DATA_MODELS), f"kinds never exercised: {set(DATA_MODELS) - set(seen)}"
     report = await store.read(lambda r: audit(r, store.keyring, workers=0))

@@ -21,6 +21,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER
+from support import raw_sql_url
 
 import loopwarden
 from loopwarden.errors import IntegrityError, LoopwardenError
@@ -564,21 +565,6 @@ async def test_a_version_1_database_is_migrated_in_place_and_keeps_working(home)
 HOOK_FIXTURES = Path(__file__).parent / "fixtures" / "hooks" / "claude-code"
 
 
-def _raw_sql(backend: str, store_url: str, *statements: str) -> None:
-    """Run `statements` on the store's database outside loopwarden (each one stands)."""
-    if backend == "sqlite":
-        conn = sqlite3.connect(store_url, isolation_level=None)
-    else:
-        from loopwarden.ledger.storage.postgres import connect
-
-        conn = connect(store_url)  # type: ignore[assignment]
-    try:
-        for statement in statements:
-            conn.execute(statement)
-    finally:
-        conn.close()
-
-
 async def test_a_version_5_store_is_migrated_to_6_and_its_rows_proved_again(
     home, backend, store_url
 ):
@@ -611,12 +597,12 @@ async def test_a_version_5_store_is_migrated_to_6_and_its_rows_proved_again(
         else "UPDATE meta SET value = '5' WHERE key = 'schema_version'"
     )
     dropped = [
-        f"ALTER TABLE {step.table} DROP COLUMN {step.column.name}"
+        step.undo()
         for number in sorted(UPGRADES, reverse=True)
-        for step in UPGRADES[number]
+        for step in reversed(UPGRADES[number])
     ]
     assert "ALTER TABLE loops DROP COLUMN hosts" in dropped
-    _raw_sql(backend, store_url, *dropped, version)
+    raw_sql_url(backend, store_url, *dropped, version)
     store = await opened()
     try:
         assert (await store.read(lambda r: r.loop_row("L1"))).hosts == attached  # from receipts

@@ -12,6 +12,7 @@ from loopwarden.operations.journal import journal
 from loopwarden.operations.leases import heartbeat
 from loopwarden.operations.loops import cancel_loop, list_loops, open_loop, pause_loop, resume_loop
 from loopwarden.operations.operation import Operation
+from loopwarden.operations.pools import pool_define, pool_pause, pool_resume, pools
 from loopwarden.operations.projection import loop_policy, projection
 from loopwarden.operations.quota import quota
 from loopwarden.operations.receipt import receipt
@@ -37,6 +38,10 @@ OPERATIONS: tuple[Operation[Any, Any], ...] = (
     resume_loop,
     cancel_loop,
     todo_cancel,
+    pool_define,
+    pool_pause,
+    pool_resume,
+    pools,
     hook,
 )
 TOOLS: tuple[Operation[Any, Any], ...] = tuple(op for op in OPERATIONS if op.tool)

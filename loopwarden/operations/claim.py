@@ -17,6 +17,7 @@ from loopwarden.ledger.state.events import (
     TurnClaimed,
     new_id,
 )
+from loopwarden.ledger.state.pools import claim_reasons, pool_refs
 from loopwarden.ledger.state.rows import LoopRow, TodoRow
 from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.admission import claim_facts, nothing_to_claim
@@ -133,7 +134,8 @@ def claim(call: Call[Txn], req: ClaimRequest) -> ClaimResult:
     Admit one turn, or refuse it with every reason.
 
     In one transaction: sweep expired leases (`lease.expired`), apply stop rules, evaluate
-    admission (loop active, agent allowed, budgets with open turns counted, rate, lease limits),
+    admission (loop active, agent allowed, budgets with open turns counted, rate, lease limits,
+    and every budget pool it draws from: not paused, budget left in its window, a turn free),
     pick the todo (the requested one or the next eligible: open, dependencies done), then seal
     `turn.claimed` with a fresh turn id, fence = todo fence + 1 and the lease expiry. A policy
     refusal is sealed as `claim.refused`; having nothing to claim is a plain result with no
@@ -148,6 +150,9 @@ def claim(call: Call[Txn], req: ClaimRequest) -> ClaimResult:
     decision = evaluate_claim(
         policy, claim_facts(tx, loop, policy, who.id, tx.now_dt), digest=loop.policy_digest
     )
+    pooled = claim_reasons(tx, policy, who.id, tx.now_dt)  # the pools it draws from have room?
+    if pooled:
+        decision = Decision("deny", (*decision.reasons, *pooled), decision.policy_digest)
     if not decision.allowed:
         return _refuse(call, req, decision)
     todo = _pick(tx, loop, req)
@@ -170,6 +175,7 @@ def _grant(
         lease_expires_at=lease,
         allowed_tools=policy.tools.allow,
         approval_tools=policy.tools.approval,
+        pools=pool_refs(tx, policy, call.who.id),
     )
     sealed = tx.append(
         loop_id,

@@ -97,6 +97,12 @@ def open_loop(call: Call[Txn], req: OpenLoopRequest) -> OpenLoopResult:
         raise PolicyError(
             f"{len(specs)} todos exceed the policy's todos.max_todos ({policy.todos.max_todos})"
         )
+    unknown = [name for name in policy.pools or () if name not in call.tx.pools()]
+    if unknown:
+        raise PolicyError(
+            f"pools: no pool named {', '.join(map(repr, unknown))}; create it first "
+            "(`loopwarden pool create NAME …`)"
+        )
     digest = policy_digest(policy)
     loop_id = req.loop_id or f"loop-{secrets.token_hex(4)}"
     if call.tx.loop_row(loop_id) is not None:

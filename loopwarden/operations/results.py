@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from loopwarden.ledger.state.rows import LoopRow
-from loopwarden.policy.budgets import budget_lines
+from loopwarden.policy.budgets import Totals, budget_lines
 from loopwarden.policy.decision import Reason
-from loopwarden.policy.model import LoopPolicy
+from loopwarden.policy.model import Budgets, LoopPolicy
 
 
 class Model(BaseModel):
@@ -65,6 +65,15 @@ def budgets_out(policy: LoopPolicy, loop: LoopRow) -> dict[str, BudgetOut]:
     return {
         dim: BudgetOut(limit=line.limit, used=line.used, remaining=line.remaining)
         for dim, line in budget_lines(policy, loop.totals).items()
+    }
+
+
+def budgets_out_of(budgets: Budgets, totals: Totals | None) -> dict[str, BudgetOut]:
+    """A pool's budget lines: the dimensions it limits, with what its window used."""
+    return {
+        dim: BudgetOut(limit=line.limit, used=line.used, remaining=line.remaining)
+        for dim, line in budget_lines(budgets, totals or Totals()).items()
+        if line.limit is not None
     }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from loopwarden.policy.model import BUDGET_DIMENSIONS, LoopPolicy
+from loopwarden.policy.model import BUDGET_DIMENSIONS, Budgets, LoopPolicy
 
 MICRO = 1_000_000
 _MICRO_DIMENSIONS = {"cost_usd": "cost_micros", "wall_seconds": "wall_micros"}
@@ -51,6 +51,13 @@ class Totals:
             self.wall_micros + other.wall_micros,
         )
 
+    def minus(self, other: Totals) -> Totals:
+        """What `self` counts beyond `other`, per field (never below zero)."""
+        return Totals(*(max(a - b, 0) for a, b in zip(self.values(), other.values(), strict=True)))
+
+    def values(self) -> tuple[int, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
@@ -63,9 +70,9 @@ _DIMENSIONS = tuple(
 counted in, and whether that count is in micro-units (asked several times a turn)."""
 
 
-def exhausted(policy: LoopPolicy, totals: Totals) -> list[str]:
+def exhausted(budgets: Budgets, totals: Totals) -> list[str]:
     """Dimensions whose used amount has reached the limit, in display order."""
-    budgets, out = policy.budgets, []
+    out = []
     for dimension, limit_field, units_field, micro in _DIMENSIONS:
         limit = getattr(budgets, limit_field)
         if limit is None:
@@ -82,9 +89,10 @@ class BudgetLine:
     remaining: int | float | None
 
 
-def budget_lines(policy: LoopPolicy, totals: Totals) -> dict[str, BudgetLine]:
+def budget_lines(policy: LoopPolicy | Budgets, totals: Totals) -> dict[str, BudgetLine]:
     """Every dimension: limit (None = no limit), used, remaining (never negative)."""
-    budgets, lines = policy.budgets, {}
+    budgets = policy.budgets if isinstance(policy, LoopPolicy) else policy
+    lines = {}
     for dimension, limit_field, units_field, micro in _DIMENSIONS:
         limit = getattr(budgets, limit_field)
         units = getattr(totals, units_field)

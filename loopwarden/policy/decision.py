@@ -48,6 +48,11 @@ class ReasonCode(StrEnum):
     )
     TOOL_UNREPORTED = "tool_unreported"  # the same, as a warning (record mode)
     TOOL_UNOBSERVED = "tool_unobserved"  # reported, never observed: a warning
+    # a budget pool the claim draws from (policy/pools.py) has no room
+    POOL_PAUSED = "pool_paused"
+    POOL_EXHAUSTED = "pool_exhausted"
+    POOL_BUSY = "pool_busy"
+    POOL_UNKNOWN = "pool_unknown"
     # a budget used up, by dimension (policy.model.BUDGET_DIMENSIONS)
     BUDGET_EXHAUSTED_TURNS = "budget_exhausted:turns"
     BUDGET_EXHAUSTED_MODEL_CALLS = "budget_exhausted:model_calls"

@@ -152,7 +152,7 @@ def claim_reasons(policy: LoopPolicy, facts: ClaimFacts) -> list[Reason]:
                 ReasonCode.AGENT_NOT_ALLOWED, f"agent {facts.agent!r} is not in the policy's agents"
             )
         )
-    for dimension in exhausted(policy, facts.totals):
+    for dimension in exhausted(policy.budgets, facts.totals):
         reasons.append(
             Reason(
                 budget_code(dimension),
@@ -528,7 +528,7 @@ def _stop_reason(policy: LoopPolicy, facts: StopFacts) -> Reason | None:
         return None
     if facts.todos_total and facts.todos_done == facts.todos_total:
         return Reason(ReasonCode.ALL_TODOS_DONE, f"all {facts.todos_total} todos are done")
-    for dimension in exhausted(policy, facts.totals):
+    for dimension in exhausted(policy.budgets, facts.totals):
         if dimension != "turns":
             return Reason(
                 budget_code(dimension),

@@ -59,6 +59,32 @@ def _check_patterns(values: tuple[str, ...]) -> tuple[str, ...]:
     return values
 
 
+POOL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,47}$")
+
+
+def check_pool_name(name: str) -> str:
+    if not POOL_NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"invalid pool name {name[:60]!r}: use 1-48 lowercase letters, digits and '_.-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def _check_pool_names(values: tuple[str, ...]) -> tuple[str, ...]:
+    for name in values:
+        check_pool_name(name)
+    return values
+
+
+PoolNames = Annotated[
+    tuple[str, ...],
+    Field(max_length=32),
+    AfterValidator(_sorted_unique),
+    AfterValidator(_check_pool_names),
+]
+
+
 MAX_PATTERNS = 1_000
 MAX_AGENTS = 1_000
 
@@ -268,6 +294,9 @@ class LoopPolicy(_Section):
     stop: StopRules = StopRules()
     todos: TodoRules = TodoRules()
     observe: ObserveRules | None = None  # None (the default) is `off`, and keeps older digests
+    pools: PoolNames | None = Field(
+        default=None, description="The budget pools the loop draws from (policy/pools.py)."
+    )  # None (the default) draws from none, and keeps older digests
 
     @model_validator(mode="after")
     def _some_budget(self) -> LoopPolicy:

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from loopwarden.canonical import sha256_digest
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger.audit.findings import ENVELOPE_PROBLEMS, FindingCode, Report
+from loopwarden.ledger.audit.pools import check_pools
 from loopwarden.ledger.audit.proofs import Node, NodeCheck, check_loop, check_records
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.checkpoints import open_checkpoint
@@ -39,10 +40,18 @@ from loopwarden.ledger.log.receipts import (
     signature_problem,
 )
 from loopwarden.ledger.state.events import ReceiptBody
-from loopwarden.ledger.state.fold import FoldError, apply, chain_problem
+from loopwarden.ledger.state.fold import FoldError, apply, chain_problem, touched
 from loopwarden.ledger.state.judge import Judge, Verdict
 from loopwarden.ledger.state.judging import VerdictRule
-from loopwarden.ledger.state.registry import parse_body, parse_payload
+from loopwarden.ledger.state.pools import (
+    PoolLedger,
+    before,
+    charge,
+    charges,
+    fold_pool,
+    pool_of,
+)
+from loopwarden.ledger.state.registry import KINDS, parse_body, parse_payload
 from loopwarden.ledger.state.rows import LoopView, diff_views
 from loopwarden.ledger.storage.reader import LEGACY_FIELDS, CheckpointRow, JournalRow, Reader
 
@@ -157,7 +166,9 @@ class _Audit:
         self.size = 0  # leaves hashed into the recomputed tree
         self.expected = 0  # the next leaf index the journal should hold
         self.keys = keyring.public_keys()
-        self.judge = Judge(keys_known=loop_id is None)
+        # Budget pools are replayed only with the whole journal (a loop's share is not enough).
+        self.pools = PoolLedger() if loop_id is None else None
+        self.judge = Judge(keys_known=loop_id is None, pools=self.pools)
 
     def in_scope(self, row: JournalRow) -> bool:
         return self.loop_id is None or row.loop_id == self.loop_id
@@ -247,12 +258,21 @@ class _Audit:
         if chain.broken:
             return
         judged(self.report, self.judge, chain.view, body, **_where(row))
+        pools = self.pools
         try:
+            if KINDS[body.kind].pool is not None:
+                if pools is not None:
+                    name = pool_of(body.loop_id) or ""
+                    pools.put_pool(fold_pool(pools.rows.get(name), body, digest))
+                return
+            prior = before(chain.view, touched(body).turns) if pools and pools.rows else None
             chain.view = apply(chain.view, body, digest)
         except FoldError as exc:
             add(FindingCode.PROJECTION_MISMATCH, f"the receipt does not fold: {exc}", **_where(row))
             chain.broken = True
             return
+        if prior is not None and pools is not None:
+            charge(pools, charges(prior, chain.view, body, pools), body.at)
         self.judge.after(chain.view, body)
 
     def finish(self) -> None:
@@ -281,7 +301,10 @@ class _Audit:
                     FindingCode.DECISION_ILLEGAL, verdict.message, loop_id=lid, rule=verdict.rule
                 )
         _check_checkpoints(self.checkpoints, self.reader, self.keyring, self.report)
-        _check_projection(self.reader, self.chains, self.loop_id, self.report, self.integrity)
+        loops = {lid: c for lid, c in self.chains.items() if pool_of(lid) is None}
+        _check_projection(self.reader, loops, self.loop_id, self.report, self.integrity)
+        if self.pools is not None:
+            check_pools(self.reader, self.pools, self.report, self.integrity)
         self.nodes.finish()
         if self.reader.legacy:
             self.report.notes.append(
@@ -293,7 +316,7 @@ class _Audit:
             )
         elif self.loop_id is None:
             check_records(self.reader, self.integrity, self.report)
-        self.report.loops = len(self.chains)
+        self.report.loops = len(loops)
         self.report.checkpoints = len(self.checkpoints)
         self.report.tree_size = self.size
         self.report.root = merkle.root_from_frontier(self.frontier).hex()

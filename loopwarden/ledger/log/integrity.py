@@ -20,6 +20,8 @@ LOOP_MAC = "loopwarden.loop/v1"
 LOG_MAC = "loopwarden.log/v1"
 RECORD_MAC = "loopwarden.idempotency/v1"
 TOKEN_MAC = "loopwarden.token/v1"
+POOL_MAC = "loopwarden.pool/v1"
+POOL_USAGE_MAC = "loopwarden.pool-usage/v1"
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str).encode
 
 

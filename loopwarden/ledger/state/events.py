@@ -43,6 +43,9 @@ MAX_COUNTER = 10**12
 MAX_FLOAT = 1e9
 
 LoopId = Annotated[str, Field(pattern=ID_PATTERN, description="Loop id.")]
+POOL_CHAIN_PATTERN = r"^pool:[a-z0-9][a-z0-9_.-]{0,47}$"
+ChainId = Annotated[str, Field(pattern=rf"{ID_PATTERN}|{POOL_CHAIN_PATTERN}")]
+"""The chain a receipt belongs to: a loop's id, or `pool:<name>` for a budget pool's."""
 TodoId = Annotated[str, Field(pattern=ID_PATTERN, description="Todo id.")]
 TurnId = Annotated[str, Field(pattern=TURN_ID_PATTERN, description="Turn id from claim.")]
 ApprovalId = Annotated[str, Field(pattern=APPROVAL_ID_PATTERN, description="Approval id.")]
@@ -142,12 +145,28 @@ class ReceiptKind(StrEnum):
     TOOL_ADMITTED = "tool.admitted"
     TOOL_REFUSED = "tool.refused"
     TOOL_OBSERVED = "tool.observed"
+    POOL_DEFINED = "pool.defined"
+    POOL_PAUSED = "pool.paused"
+    POOL_RESUMED = "pool.resumed"
+
+
+POOL_KINDS = frozenset(
+    {ReceiptKind.POOL_DEFINED, ReceiptKind.POOL_PAUSED, ReceiptKind.POOL_RESUMED}
+)
+"""The kinds of a budget pool's chain (`pool:<name>`); every other kind is a loop's."""
 
 
 class LoopOpened(Fact):
     objective: str = Field(min_length=1, max_length=MAX_OBJECTIVE)
     policy: dict[str, Any]
     todos: tuple[TodoSpec, ...]
+
+
+class PoolRef(Fact):
+    """A budget pool a claim was checked against, and the policy it had then."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,47}$")
+    policy_digest: Digest
 
 
 class TurnClaimed(Fact):
@@ -157,6 +176,8 @@ class TurnClaimed(Fact):
     lease_expires_at: Timestamp
     allowed_tools: tuple[str, ...]
     approval_tools: tuple[str, ...]
+    # The budget pools the turn draws from (absent when none, and before pools existed).
+    pools: tuple[PoolRef, ...] | None = None
 
 
 class ClaimRefused(Fact):
@@ -328,6 +349,19 @@ class ToolObserved(Fact):
     agent_type: HostAgent | None = None
 
 
+class PoolDefined(Fact):
+    """An operator created a budget pool, or changed its policy (`policy/pools.py`); the
+    body's `policy_digest` is this policy's."""
+
+    policy: dict[str, Any]
+
+
+class PoolStatusChanged(Fact):
+    """An operator paused or resumed a pool: a paused pool admits no claim of its loops."""
+
+    reason: str = Field(default="", max_length=MAX_SUMMARY)
+
+
 class LoopStatusChanged(Fact):
     """A pause or resume; `reason` is the operator's note."""
 
@@ -369,7 +403,7 @@ class ReceiptBody(Fact):
 
     schema_: Literal["loopwarden.receipt/v1"] = Field(default=RECEIPT_SCHEMA, alias="schema")
     kind: ReceiptKind
-    loop_id: LoopId
+    loop_id: ChainId  # a loop's id, or `pool:<name>` for a pool's receipts
     seq: int = Field(ge=1)
     at: Timestamp
     principal: PrincipalRef
@@ -386,7 +420,12 @@ class ReceiptBody(Fact):
     def _chain_starts_once(self) -> ReceiptBody:
         if (self.seq == 1) != (self.prev is None):
             raise ValueError("prev is null exactly for seq 1")
-        if (self.kind == ReceiptKind.LOOP_OPENED) != (self.seq == 1):
+        if (self.kind in POOL_KINDS) != self.loop_id.startswith("pool:"):
+            raise ValueError("a pool's receipts, and only they, chain under pool:<name>")
+        if self.kind in POOL_KINDS:
+            if self.seq == 1 and self.kind != ReceiptKind.POOL_DEFINED:
+                raise ValueError("pool.defined is the first receipt of a pool")
+        elif (self.kind == ReceiptKind.LOOP_OPENED) != (self.seq == 1):
             raise ValueError("loop.opened is exactly the first receipt of a loop")
         return self
 

@@ -52,6 +52,8 @@ def apply(view: LoopView | None, body: ReceiptBody, digest: str) -> LoopView:
     that state.
     """
     spec = KINDS[body.kind]
+    if spec.pool is not None:
+        raise FoldError(f"{body.kind} belongs to a pool's chain, not to a loop")
     if spec.opens is not None:
         if view is not None:
             raise FoldError(f"loop {body.loop_id!r} is opened twice")
@@ -80,5 +82,6 @@ def rebuild(receipts: Iterable[tuple[ReceiptBody, str]]) -> dict[str, LoopView]:
     """Replay (body, digest) pairs in journal order into whole views, one per loop."""
     views: dict[str, LoopView] = {}
     for body, digest in receipts:
-        views[body.loop_id] = apply(views.get(body.loop_id), body, digest)
+        if KINDS[body.kind].pool is None:  # a pool's receipts fold into its row (pools.py)
+            views[body.loop_id] = apply(views.get(body.loop_id), body, digest)
     return views

@@ -30,6 +30,7 @@ from loopwarden.ledger.state.judging import (
     missing_stop,
     outsider,
 )
+from loopwarden.ledger.state.pools import PoolBook
 from loopwarden.ledger.state.registry import KINDS
 from loopwarden.ledger.state.rows import LoopView
 from loopwarden.ledger.state.spec import KindSpec
@@ -42,20 +43,25 @@ class Judge:
     """Judges receipts in journal order: `step(view, body)` before the receipt is folded into
     `view`, `after(view, body)` once it is, `end(views)` when the journal ends."""
 
-    def __init__(self, *, keys_known: bool = True) -> None:
+    def __init__(self, *, keys_known: bool = True, pools: PoolBook | None = None) -> None:
         # keys_known: every receipt of the database is judged (not one bundle's loop), so a
-        # refusal for a reused idempotency key must follow that key's first use.
+        # refusal for a reused idempotency key must follow that key's first use. `pools`: the
+        # budget pools as replayed so far, when the replay is the whole journal.
         self.keys_known = keys_known
+        self.pools = pools
         self._loops: dict[str, LoopRecord] = {}
         self._keys: set[tuple[str, str]] = set()
 
     def _context(self, body: ReceiptBody) -> Judging:
         record = self._loops.setdefault(body.loop_id, LoopRecord())
-        return Judging(record, self._keys, self.keys_known)
+        return Judging(record, self._keys, self.keys_known, pools=self.pools)
 
     def step(self, view: LoopView | None, body: ReceiptBody) -> list[Verdict]:
-        ctx = self._context(body)
         spec = KINDS[body.kind]
+        if spec.pool is not None:
+            found = [Verdict(VerdictRule.POOL, problem) for problem in spec.pool.judge(body)]
+            return _role(spec, body) + found + self._key(body)
+        ctx = self._context(body)
         if view is None or spec.opens is not None:
             return self._opening(spec, body) + self._key(body)
         owed = ctx.record.owed

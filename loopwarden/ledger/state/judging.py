@@ -15,6 +15,7 @@ from enum import StrEnum
 from loopwarden.clock import format_time, parse_time
 from loopwarden.ledger.state import rules
 from loopwarden.ledger.state.events import ReceiptBody, TurnRefused, TurnReport
+from loopwarden.ledger.state.pools import PoolBook, claim_reasons
 from loopwarden.ledger.state.rows import LoopView, TurnRow
 from loopwarden.policy.decision import Reason, ReasonCode
 from loopwarden.policy.evaluate import (
@@ -53,6 +54,8 @@ class VerdictRule(StrEnum):
     OBSERVE_OFF = "observe_off"
     OUTSIDER = "outsider"
     POLICY_DIGEST = "policy_digest"
+    POOL = "pool"
+    POOL_TERMS = "pool_terms"
     ROLE = "role"
     STOP_DUE = "stop_due"
     STOP_MISSING = "stop_missing"
@@ -114,6 +117,9 @@ class Judging:
     keys: set[tuple[str, str]]
     keys_known: bool
     violation_owed: bool = False
+    # The budget pools replayed so far (None when the replay is not the whole journal, as for
+    # one loop's bundle: then what pools decided cannot be judged).
+    pools: PoolBook | None = None
 
     def remember_claim(self, at: str) -> None:
         bisect.insort(self.record.claims, at)
@@ -150,6 +156,14 @@ def claim_facts(record: LoopRecord, view: LoopView, body: ReceiptBody) -> ClaimF
         body.at,
         view.policy.claims.lease_seconds,
     )
+
+
+def pool_codes(ctx: Judging, view: LoopView, body: ReceiptBody) -> tuple[str, ...] | None:
+    """The reasons the claim's pools give against it (None when pools are not replayed)."""
+    if ctx.pools is None:
+        return None
+    reasons = claim_reasons(ctx.pools, view.policy, body.principal.id, parse_time(body.at))
+    return tuple(reason.code for reason in reasons)
 
 
 def todo_facts(view: LoopView, body: ReceiptBody) -> TodoAddFacts:

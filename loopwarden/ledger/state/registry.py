@@ -16,10 +16,10 @@ from typing import Annotated, Any, Literal, Union, cast
 from pydantic import Field, TypeAdapter, ValidationError, create_model
 
 from loopwarden.ledger.state.events import Fact, ReceiptBody, ReceiptKind
-from loopwarden.ledger.state.kinds import approvals, hosts, loops, requests, todos, turns
+from loopwarden.ledger.state.kinds import approvals, hosts, loops, pools, requests, todos, turns
 from loopwarden.ledger.state.spec import KindSpec
 
-FAMILIES = (loops, turns, approvals, todos, requests, hosts)
+FAMILIES = (loops, turns, approvals, todos, requests, hosts, pools)
 
 
 def _collect() -> dict[ReceiptKind, KindSpec]:
@@ -28,8 +28,8 @@ def _collect() -> dict[ReceiptKind, KindSpec]:
         for spec in family.SPECS:
             if spec.kind in specs:
                 raise TypeError(f"receipt kind {spec.kind} is declared twice")
-            if (spec.fold is None) == (spec.opens is None):
-                raise TypeError(f"receipt kind {spec.kind} needs exactly one of fold and opens")
+            if [spec.fold, spec.opens, spec.pool].count(None) != 2:
+                raise TypeError(f"receipt kind {spec.kind} needs one of fold, opens and pool")
             specs[spec.kind] = spec
     missing = [str(kind) for kind in ReceiptKind if kind not in specs]
     if missing:

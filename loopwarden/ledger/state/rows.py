@@ -12,7 +12,15 @@ from typing import Any, TypeVar
 
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.model import LoopPolicy
-from loopwarden.statuses import TODO_STATUSES, ApprovalStatus, LoopStatus, TodoStatus, TurnStatus
+from loopwarden.policy.pools import PoolPolicy
+from loopwarden.statuses import (
+    TODO_STATUSES,
+    ApprovalStatus,
+    LoopStatus,
+    PoolStatus,
+    TodoStatus,
+    TurnStatus,
+)
 
 R = TypeVar("R")
 
@@ -89,6 +97,7 @@ class TurnRow:
     # A report's usage has been charged on the closed turn (the report that closed it, or the
     # first late one after an expiry or a close): later reports on it are not charged again.
     settled: bool = False
+    pools: tuple[str, ...] = ()  # the budget pools its claim was admitted under (charged with it)
 
     def observed_calls(self, tool: str) -> int:
         """Calls of `tool` the host saw: admitted or ran, whichever hook saw more."""
@@ -118,6 +127,30 @@ class ApprovalRow:
     reason: str | None
     consumed_by: str | None
     slot: int = 0
+
+
+@dataclass(frozen=True)
+class PoolRow:
+    """A budget pool (its chain `pool:<name>`): its policy, status, and open turns now."""
+
+    name: str
+    policy: PoolPolicy
+    policy_digest: str
+    status: PoolStatus
+    created_at: str
+    updated_at: str
+    head_seq: int
+    head_digest: str
+    active_turns: int = 0  # open turns of the loops and agents drawing from it
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    """What one window of a pool has used (`window_start`: its first instant; "" for a total pool)."""
+
+    pool: str
+    window_start: str
+    totals: Totals
 
 
 @dataclass

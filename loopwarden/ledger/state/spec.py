@@ -52,9 +52,19 @@ class Opening:
 
 
 @dataclass(frozen=True)
+class PoolStep:
+    """How a pool's kind applies (to the pool's row, not a loop's view) and how it is judged:
+    `judge` returns what is wrong with the receipt's decision (its caller is checked apart)."""
+
+    fold: Callable[[Any, ReceiptBody, str], Any]  # (PoolRow | None, body, digest) -> PoolRow
+    judge: Callable[[ReceiptBody], list[str]]
+
+
+@dataclass(frozen=True)
 class KindSpec:
-    """One receipt kind: see the module docstring. Exactly one of `fold` and `opens` is set;
-    a spec without a `judge` rule (or an `opens.judge`) is judged `unjudged`, never legal."""
+    """One receipt kind: see the module docstring. Exactly one of `fold`, `opens` and `pool`
+    (a budget pool's kind) is set; a spec without a `judge` rule (or an `opens.judge`) is
+    judged `unjudged`, never legal."""
 
     kind: ReceiptKind
     data: type[Fact]
@@ -63,6 +73,7 @@ class KindSpec:
     fold: Fold | None = None
     judge: Rule | None = None
     opens: Opening | None = None
+    pool: PoolStep | None = None
     remember: Remember | None = None
     refusal: bool = False
     host: bool = False

@@ -24,13 +24,21 @@ from operator import attrgetter
 from typing import Any
 
 from loopwarden.errors import IntegrityError
-from loopwarden.ledger.log.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, Integrity
-from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
+from loopwarden.ledger.log.integrity import (
+    LOG_MAC,
+    LOOP_MAC,
+    POOL_MAC,
+    POOL_USAGE_MAC,
+    RECORD_MAC,
+    Integrity,
+)
+from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, PoolRow, TodoRow, TurnRow
 from loopwarden.ledger.storage import statetree as state
 from loopwarden.ledger.storage.dialect import Connection
 from loopwarden.ledger.storage.reader import PolicyCache, Reader, frontier_of
 from loopwarden.ledger.storage.records import IdempotencyRecord, LogState
-from loopwarden.ledger.storage.schema import LOOPS, ROW_TABLES
+from loopwarden.ledger.storage.schema import LOOPS, POOL_USAGE, POOLS, ROW_TABLES
+from loopwarden.policy.budgets import Totals
 from loopwarden.statuses import TodoStatus, TurnStatus
 
 
@@ -66,6 +74,8 @@ class GuardedReader(Reader):
         # Todo, turn and approval rows read (proved) or written, by table and `RowKey`; None for
         # a row that does not exist.
         self._rows: dict[str, dict[RowKey, Any]] = {t: {} for t in ROW_TABLES}
+        self._pools: dict[str, PoolRow] | None = None  # every pool, once read
+        self._usage: dict[tuple[str, str], Totals] = {}  # pool windows read or written
 
     # --- loops --------------------------------------------------------------------------------
 
@@ -262,6 +272,45 @@ class GuardedReader(Reader):
                 )
             self._log = LogState(size, frontier_of(frontier))
         return self._log
+
+    # --- budget pools (the write path's `PoolBook`, with `Txn`'s writes) ----------------------
+
+    def pools(self) -> dict[str, PoolRow]:
+        """Every pool, each proved by its MAC and by its chain's last receipt in the journal."""
+        if self._pools is None:
+            rows = self.conn.execute(
+                f"SELECT {POOLS.row_names}, mac, "
+                "(SELECT max(seq) FROM journal WHERE loop_id = 'pool:' || name) "
+                "FROM pools ORDER BY name"
+            )
+            self._pools = {}
+            for *values, mac, head_seq in rows:
+                pool = POOLS.decode(values)
+                what = f"the stored state of pool {pool.name!r}"
+                self.integrity.check(POOL_MAC, list(POOLS.encode(pool)), mac, what)
+                if head_seq != pool.head_seq:
+                    raise IntegrityError(f"{what} is not the state after its last receipt")
+                self._pools[pool.name] = pool
+        return self._pools
+
+    def usage(self, pool: str, window_start: str) -> Totals:
+        """What one window of `pool` used, proved by its MAC (zero for a window not begun)."""
+        key = (pool, window_start)
+        if key not in self._usage:
+            r = self._one(
+                f"SELECT {POOL_USAGE.row_names}, mac FROM pool_usage "
+                "WHERE pool = ? AND window_start = ?",
+                key,
+            )
+            totals = Totals()
+            if r is not None:
+                *values, mac = r
+                usage = POOL_USAGE.decode(values)
+                what = f"the stored usage of pool {pool!r}"
+                self.integrity.check(POOL_USAGE_MAC, list(POOL_USAGE.encode(usage)), mac, what)
+                totals = usage.totals
+            self._usage[key] = totals
+        return self._usage[key]
 
     def idempotency(self, principal: str, key: str) -> IdempotencyRecord | None:
         record = super().idempotency(principal, key)

@@ -14,14 +14,22 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from loopwarden.errors import StoreError
 from loopwarden.ledger.log.integrity import LOG_MAC, Integrity
 from loopwarden.ledger.storage.backends import Backend
 from loopwarden.ledger.storage.dialect import Connection, Dialect
 from loopwarden.ledger.storage.rebuild import rebuild_projection
-from loopwarden.ledger.storage.schema import LOG_STATE, META, REBUILT_AT, SCHEMA_VERSION
-from loopwarden.ledger.storage.table import Column, SqlType
+from loopwarden.ledger.storage.schema import (
+    LOG_STATE,
+    META,
+    POOL_USAGE,
+    POOLS,
+    REBUILT_AT,
+    SCHEMA_VERSION,
+)
+from loopwarden.ledger.storage.table import Column, SqlType, Table
 
 
 @dataclass(frozen=True)
@@ -34,8 +42,25 @@ class AddColumn:
     def statements(self, dialect: Dialect) -> list[str]:
         return [dialect.add_column(self.table, self.column)]
 
+    def undo(self) -> str:
+        """The statement that takes the step back (the tests rebuild older stores with it)."""
+        return f"ALTER TABLE {self.table} DROP COLUMN {self.column.name}"
 
-Step = AddColumn
+
+@dataclass(frozen=True)
+class CreateTable:
+    """Add a table, as its description spells it at the version that added it."""
+
+    table: Table[Any]
+
+    def statements(self, dialect: Dialect) -> list[str]:
+        return dialect.create(self.table)
+
+    def undo(self) -> str:
+        return f"DROP TABLE {self.table.name}"
+
+
+Step = AddColumn | CreateTable
 """One schema change a dialect spells (more kinds join as versions need them)."""
 
 DOCUMENT, INTEGER = SqlType.DOCUMENT, SqlType.INTEGER
@@ -58,6 +83,13 @@ UPGRADES: dict[int, tuple[Step, ...]] = {
         AddColumn("loops", Column("todos_cancelled", INTEGER, default=0)),
         AddColumn("turns", Column("tool_calls_charged", INTEGER, default=0)),
         AddColumn("turns", Column("settled", INTEGER, default=0)),
+    ),
+    # version 8: budget pools (ledger/state/pools.py). Each pool and what each window of it
+    # used; each turn row keeps the pools its claim was admitted under.
+    8: (
+        AddColumn("turns", Column("pools", DOCUMENT, default="[]")),
+        CreateTable(POOLS),
+        CreateTable(POOL_USAGE),
     ),
 }
 assert max(UPGRADES) == SCHEMA_VERSION, "a new schema version needs its upgrade here"

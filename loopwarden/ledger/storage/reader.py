@@ -12,7 +12,16 @@ from typing import Any
 
 from loopwarden.canonical import digest_of
 from loopwarden.errors import IntegrityError
-from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, LoopView, TodoRow, Touched, TurnRow
+from loopwarden.ledger.state.rows import (
+    ApprovalRow,
+    LoopRow,
+    LoopView,
+    PoolRow,
+    PoolUsage,
+    TodoRow,
+    Touched,
+    TurnRow,
+)
 from loopwarden.ledger.storage.dialect import Connection
 from loopwarden.ledger.storage.records import (
     CheckpointRow,
@@ -32,6 +41,8 @@ from loopwarden.ledger.storage.schema import (
     LEGACY_SCHEMA,
     LOOPS,
     OUTSIDER_REFUSALS,
+    POOL_USAGE,
+    POOLS,
     TODOS,
     TOKENS,
     TURNS,
@@ -441,6 +452,26 @@ class Reader:
             (principal, key),
         )
         return IDEMPOTENCY.decode(r) if r else None
+
+    # --- budget pools -------------------------------------------------------------------------
+
+    def pools(self) -> dict[str, PoolRow]:
+        """Every budget pool, by name (none in a store older than pools)."""
+        if self.legacy:
+            return {}
+        rows = self.conn.execute(f"SELECT {POOLS.row_names} FROM pools ORDER BY name")
+        return {row.name: row for row in map(POOLS.decode, rows)}
+
+    def pool_usage(self, pool: str, window_start: str | None = None) -> list[PoolUsage]:
+        """What the windows of `pool` used, oldest first (only `window_start`'s if given)."""
+        if self.legacy:
+            return []
+        sql = f"SELECT {POOL_USAGE.row_names} FROM pool_usage WHERE pool = ?"
+        params: tuple[str, ...] = (pool,)
+        if window_start is not None:
+            sql, params = sql + " AND window_start = ?", (pool, window_start)
+        rows = self.conn.execute(sql + " ORDER BY window_start", params)
+        return [POOL_USAGE.decode(r) for r in rows]
 
     def token(self, token_hash: str) -> TokenRow | None:
         r = self._one(

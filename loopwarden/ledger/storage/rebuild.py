@@ -15,7 +15,7 @@ from loopwarden.errors import IntegrityError
 from loopwarden.ledger.log.integrity import LOG_MAC, RECORD_MAC, TOKEN_MAC, Integrity
 from loopwarden.ledger.log.receipts import open_envelope
 from loopwarden.ledger.state.fold import FoldError, apply
-from loopwarden.ledger.state.registry import parse_body
+from loopwarden.ledger.state.registry import KINDS, parse_body
 from loopwarden.ledger.state.rows import LoopView, diff_views
 from loopwarden.ledger.storage.dialect import Connection
 from loopwarden.ledger.storage.reader import PolicyCache, Reader
@@ -34,6 +34,8 @@ def _fold_journal(reader: Reader) -> dict[str, LoopView]:
     for row in reader.iter_journal():
         try:
             body = parse_body(open_envelope(row.envelope, None, canonical=False).body)
+            if KINDS[body.kind].pool is not None:
+                continue  # a pool's rows are not the loops' projection: they stay as they are
             views[body.loop_id] = apply(views.get(body.loop_id), body, row.digest)
         except (FoldError, ValueError) as exc:
             raise IntegrityError(

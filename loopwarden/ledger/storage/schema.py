@@ -18,7 +18,14 @@ from operator import attrgetter
 from typing import Any
 
 from loopwarden.errors import IntegrityError
-from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
+from loopwarden.ledger.state.rows import (
+    ApprovalRow,
+    LoopRow,
+    PoolRow,
+    PoolUsage,
+    TodoRow,
+    TurnRow,
+)
 from loopwarden.ledger.storage.records import (
     CheckpointRow,
     IdempotencyRecord,
@@ -28,14 +35,15 @@ from loopwarden.ledger.storage.records import (
 )
 from loopwarden.ledger.storage.table import Codec, Column, Group, Index, SqlType, Table
 from loopwarden.policy.budgets import Totals
-from loopwarden.statuses import ApprovalStatus, LoopStatus, TodoStatus, TurnStatus
+from loopwarden.policy.pools import PoolPolicy
+from loopwarden.statuses import ApprovalStatus, LoopStatus, PoolStatus, TodoStatus, TurnStatus
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 LEGACY_SCHEMA = 3
 """The last schema without the proof fields (loopwarden 0.1.0): still readable by an audit."""
-REBUILT_AT = 7
+REBUILT_AT = 8
 """Upgrading an existing database to this version or past it re-derives its projection (and
-its proofs) from the journal: the rows' columns changed at 4, 6 and 7."""
+its proofs) from the journal: the rows' columns changed at 4, 6, 7 and 8."""
 
 TEXT, DOCUMENT, INTEGER = SqlType.TEXT, SqlType.DOCUMENT, SqlType.INTEGER
 SMALL_INTEGER, BYTES, COMPRESSED = SqlType.SMALL_INTEGER, SqlType.BYTES, SqlType.COMPRESSED
@@ -83,6 +91,10 @@ OBSERVED = Codec(
 COUNTS = Codec(_json_object, json.loads)
 BLOB = Codec(None, bytes)
 FLAG = Codec(int, bool)
+POOL_POLICY = Codec(
+    lambda policy: json.dumps(policy.model_dump(mode="json", exclude_none=True), sort_keys=True),
+    PoolPolicy.model_validate_json,
+)
 RESPONSE = Codec(lambda text: zlib.compress(text.encode(), 6), unpack_response)
 
 TOTALS = ("turns", "model_calls", "input_tokens", "output_tokens", "tool_calls",
@@ -248,6 +260,7 @@ TURNS = Table(
         _int("refusals", default=0, since=6),
         _int("tool_calls_charged", default=0, since=7),
         _int("settled", default=0, since=7, codec=FLAG),
+        Column("pools", DOCUMENT, default="[]", since=8, codec=STRINGS),
     ),
     key=("turn_id",),
     clustered=True,
@@ -289,6 +302,41 @@ STATE_NODES: Table[Any] = Table(
     clustered=True,
 )
 """The blobs of every loop's state tree (statetree.py)."""
+
+POOLS = Table(
+    "pools",
+    PoolRow,
+    (
+        _text("name", since=8),
+        Column("policy", DOCUMENT, codec=POOL_POLICY, since=8),
+        _text("policy_digest", since=8),
+        _text("status", codec=_enum(PoolStatus), since=8),
+        _text("created_at", since=8),
+        _text("updated_at", since=8),
+        _int("head_seq", since=8),
+        _text("head_digest", since=8),
+        _int("active_turns", since=8),
+        _mac(since=8),
+    ),
+    key=("name",),
+    clustered=True,
+)
+"""Every budget pool (ledger/state/pools.py), each under its MAC; its receipts chain under
+`pool:<name>` in the journal."""
+POOL_USAGE = Table(
+    "pool_usage",
+    PoolUsage,
+    (
+        _text("pool", since=8),
+        _text("window_start", since=8),
+        *(_int(name, field="totals", since=8) for name in TOTALS),
+        _mac(since=8),
+    ),
+    key=("pool", "window_start"),
+    clustered=True,
+    groups={"totals": Group(Totals, attrgetter(*TOTALS))},
+)
+"""What each window of each pool has used, under its MAC."""
 
 ROW_TABLES: dict[str, Table[Any]] = {"todos": TODOS, "turns": TURNS, "approvals": APPROVALS}
 """The tables of a loop's rows, by the name a `LoopView` keeps them under."""
@@ -355,5 +403,7 @@ TABLES: tuple[Table[Any], ...] = (
     IDEMPOTENCY,
     TOKENS,
     OUTSIDER_REFUSALS,
+    POOLS,
+    POOL_USAGE,
 )
 """Every table of every backend (a backend may keep tables of its own besides)."""

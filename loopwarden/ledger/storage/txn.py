@@ -19,13 +19,23 @@ from loopwarden.clock import format_time
 from loopwarden.errors import Conflict, NotFound
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.checkpoints import sign_checkpoint
-from loopwarden.ledger.log.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC, Integrity
+from loopwarden.ledger.log.integrity import (
+    LOG_MAC,
+    LOOP_MAC,
+    POOL_MAC,
+    POOL_USAGE_MAC,
+    RECORD_MAC,
+    TOKEN_MAC,
+    Integrity,
+)
 from loopwarden.ledger.log.keys import Signer
 from loopwarden.ledger.log.receipts import Sealed, seal
+from loopwarden.ledger.state import pools as pool_state
 from loopwarden.ledger.state.events import Fact, LoopOpened, ReceiptBody, ReceiptKind
 from loopwarden.ledger.state.fold import apply, touched
+from loopwarden.ledger.state.pools import chain_of, fold_pool
 from loopwarden.ledger.state.registry import make_body
-from loopwarden.ledger.state.rows import LoopRow, LoopView
+from loopwarden.ledger.state.rows import LoopRow, LoopView, PoolRow, PoolUsage
 from loopwarden.ledger.state.rows import replace as with_fields
 from loopwarden.ledger.storage.dialect import Connection
 from loopwarden.ledger.storage.guard import GuardedReader, loop_mac_values, row_leaf
@@ -46,6 +56,8 @@ from loopwarden.ledger.storage.schema import (
     MERKLE_NODES,
     OUTSIDER_REFUSALS,
     POLICIES,
+    POOL_USAGE,
+    POOLS,
     ROW_TABLES,
     STATE_NODES,
     TOKENS,
@@ -65,6 +77,22 @@ class Sealer(Protocol):
 
 _LOOP_WRITE = (*(c.name for c in LOOPS.row_columns), "state_root", "mac")
 """A loop row's upsert: its stored values, then its proofs."""
+_POOL_WRITE = (*(c.name for c in POOLS.row_columns), "mac")
+_USAGE_WRITE = (*(c.name for c in POOL_USAGE.row_columns), "mac")
+
+
+@dataclass(frozen=True)
+class PoolAppended:
+    """A pool's receipt made durable by its transaction, and the pool's row after it."""
+
+    sealed: Sealed
+    body: ReceiptBody
+    leaf_index: int
+    pool: PoolRow
+
+    @property
+    def receipt_id(self) -> str:
+        return self.sealed.receipt_id
 
 
 @dataclass(frozen=True)
@@ -179,23 +207,21 @@ class Txn(ProjectionWriter):
                 raise NotFound(f"loop {loop_id!r} does not exist")
             seq, prev, policy_digest = loop.head_seq + 1, loop.head_digest, loop.policy_digest
             at = max(at, loop.updated_at)
-        body = make_body(
+        body, sealed, leaf_index = self._seal(
+            loop_id,
             kind,
-            loop_id=loop_id,
-            seq=seq,
-            at=at,
-            principal={"id": principal.id, "role": principal.role},
+            seq,
+            prev,
+            at,
+            principal,
+            data,
+            decision=decision,
+            policy_digest=policy_digest,
             turn_id=turn_id,
             todo_id=todo_id,
             approval_id=approval_id,
-            decision=(decision or Decision("allow")).as_dict(),
-            policy_digest=policy_digest,
-            data=data,
-            prev=prev,
             idempotency_key=idempotency_key,
         )
-        sealed = seal(body.as_json(), self._store.signer)
-        leaf_index = self._append_leaf(body, sealed)
         if isinstance(body.data, LoopOpened):
             self.conn.execute(
                 self.dialect.insert_new(POLICIES),
@@ -204,6 +230,75 @@ class Txn(ProjectionWriter):
         appended = Appended(sealed, body, leaf_index, self._fold(body, sealed.digest))
         self.kinds.append(kind)
         return appended
+
+    def _seal(
+        self,
+        chain: str,
+        kind: ReceiptKind,
+        seq: int,
+        prev: str | None,
+        at: str,
+        principal: Principal,
+        data: Fact,
+        *,
+        decision: Decision | None,
+        policy_digest: str | None,
+        **refs: str | None,
+    ) -> tuple[ReceiptBody, Sealed, int]:
+        """Make, sign and log one receipt of `chain` (a loop, or a pool's `pool:<name>`)."""
+        body = make_body(
+            kind,
+            loop_id=chain,
+            seq=seq,
+            at=at,
+            principal={"id": principal.id, "role": principal.role},
+            decision=(decision or Decision("allow")).as_dict(),
+            policy_digest=policy_digest,
+            data=data,
+            prev=prev,
+            **refs,
+        )
+        sealed = seal(body.as_json(), self._store.signer)
+        return body, sealed, self._append_leaf(body, sealed)
+
+    def append_pool(
+        self,
+        name: str,
+        kind: ReceiptKind,
+        principal: Principal,
+        data: Fact,
+        policy_digest: str,
+        *,
+        decision: Decision | None = None,
+    ) -> PoolAppended:
+        """Seal one receipt of a budget pool's chain and fold it into the pool's row (a new
+        pool for its first `pool.defined`). `FoldError` if it does not fit the pool's state."""
+        row = self.pools().get(name)
+        seq, prev, at = 1, None, self.now
+        if row is not None:
+            seq, prev, at = row.head_seq + 1, row.head_digest, max(self.now, row.updated_at)
+        body, sealed, leaf_index = self._seal(
+            chain_of(name), kind, seq, prev, at, principal, data,
+            decision=decision, policy_digest=policy_digest,
+        )  # fmt: skip
+        row = fold_pool(row, body, sealed.digest)
+        self.put_pool(row)
+        self.kinds.append(kind)
+        return PoolAppended(sealed, body, leaf_index, row)
+
+    def put_pool(self, row: PoolRow) -> None:
+        """Write a pool's row under its MAC."""
+        values = POOLS.encode(row)
+        mac = self.integrity.mac(POOL_MAC, list(values))
+        self.conn.execute(self.dialect.upsert(POOLS, _POOL_WRITE), (*values, mac))
+        self.pools()[row.name] = row
+
+    def put_usage(self, usage: PoolUsage) -> None:
+        """Write what one window of a pool used, under its MAC."""
+        values = POOL_USAGE.encode(usage)
+        mac = self.integrity.mac(POOL_USAGE_MAC, list(values))
+        self.conn.execute(self.dialect.upsert(POOL_USAGE, _USAGE_WRITE), (*values, mac))
+        self._usage[(usage.pool, usage.window_start)] = usage.totals
 
     def _append_leaf(self, body: ReceiptBody, sealed: Sealed) -> int:
         size, frontier = self.log_state()
@@ -236,7 +331,9 @@ class Txn(ProjectionWriter):
         self._log = LogState(size, frontier)
 
     def _fold(self, body: ReceiptBody, digest: str) -> LoopView:
-        before = self.view(body.loop_id, touched(body))
+        touch = touched(body)
+        before = self.view(body.loop_id, touch)
+        prior = pool_state.before(before, touch.turns) if self.pools() else None
         # The rows as loaded: the fold replaces the rows it changes, so identity tells which.
         old: dict[str, dict[str, Any]] = (
             {}
@@ -249,6 +346,8 @@ class Txn(ProjectionWriter):
         )
         after = apply(before, body, digest)
         self.save(after, old)
+        if prior is not None:  # what it added to the loop, charged to the pools it draws from
+            pool_state.charge(self, pool_state.charges(prior, after, body, self), body.at)
         return after
 
     # --- checkpoints --------------------------------------------------------------------------

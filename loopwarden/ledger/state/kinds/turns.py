@@ -38,6 +38,7 @@ from loopwarden.ledger.state.judging import (
     charges_refusal,
     claim_facts,
     codes_of,
+    pool_codes,
     refusal_first,
     refused_turn,
     report_codes,
@@ -45,6 +46,7 @@ from loopwarden.ledger.state.judging import (
     turn_problems,
     verdicts,
 )
+from loopwarden.ledger.state.pools import pool_refs
 from loopwarden.ledger.state.rows import LoopView, TodoRow, Touched, TurnRow, replace
 from loopwarden.ledger.state.spec import AGENTS, KindSpec
 from loopwarden.policy.budgets import Totals
@@ -82,8 +84,23 @@ def _claimed(view: LoopView, body: ReceiptBody, f: TurnClaimed) -> None:
         outcome=None,
         slot=next_slot(view),
         number=totals.turns,
+        pools=tuple(ref.name for ref in f.pools or ()),
     )
     view.loop = replace(view.loop, totals=totals, open_turns=(*view.loop.open_turns, f.turn_id))
+
+
+def _judge_pools(
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: TurnClaimed
+) -> list[Verdict]:
+    """A grant its pools refuse, or one that records other pools than it drew from."""
+    if ctx.pools is None:
+        return []
+    denied = pool_codes(ctx, view, body) or ()
+    if denied:
+        return verdicts(denied, "granted")
+    if data.pools != pool_refs(ctx.pools, view.policy, body.principal.id):
+        return [Verdict(VerdictRule.POOL_TERMS, "the grant records other pools than it drew from")]
+    return []
 
 
 def _judge_claimed(
@@ -102,6 +119,9 @@ def _judge_claimed(
     denied = evaluate_claim(policy, claim_facts(ctx.record, view, body), digest="").codes
     if denied:
         return verdicts(denied, "granted")
+    pooled = _judge_pools(ctx, view, body, data)
+    if pooled:
+        return pooled
     todo = view.todos[data.todo_id]
     if todo.status != TodoStatus.OPEN:
         return [
@@ -144,7 +164,11 @@ def _judge_claim_refused(
     if first is not None:
         return first
     expected = evaluate_claim(view.policy, claim_facts(ctx.record, view, body), digest="").codes
-    return same(body, expected, "claim")
+    pooled = pool_codes(ctx, view, body)
+    if pooled is None:  # pools not replayed: their reasons cannot be judged, the rest can
+        recorded = codes_of(body)
+        pooled = tuple(code for code in recorded if code.startswith("pool_"))
+    return same(body, expected + pooled, "claim")
 
 
 # --- leases ------------------------------------------------------------------------------------

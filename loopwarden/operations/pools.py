@@ -1,0 +1,188 @@
+"""Budget pools: an operator defines (creates or changes), pauses and resumes them; anyone
+with an operator's view lists them with their usage. A loop draws from the pools its policy
+names; a claim is admitted only if every one has room (`claim.py`, `ledger/state/pools.py`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import Field
+
+from loopwarden.canonical import digest_of
+from loopwarden.errors import Conflict, NotFound, PolicyError
+from loopwarden.ledger.state.events import MAX_SUMMARY, PoolDefined, PoolStatusChanged, ReceiptKind
+from loopwarden.ledger.state.rows import PoolRow
+from loopwarden.ledger.storage.reader import Reader
+from loopwarden.ledger.storage.store import Txn
+from loopwarden.operations.operation import OPERATOR_CALLERS, Call, Operation
+from loopwarden.operations.results import BudgetOut, Model, budgets_out_of
+from loopwarden.operations.runner import operation
+from loopwarden.policy.decision import Decision, Reason, ReasonCode
+from loopwarden.policy.model import POOL_NAME_RE
+from loopwarden.policy.pools import PoolPolicy, Window, window_end, window_start
+from loopwarden.statuses import PoolStatus
+
+PoolName = Field(pattern=POOL_NAME_RE.pattern, description="The pool's name, e.g. team-a.")
+
+
+class PoolDefineRequest(Model):
+    name: str = PoolName
+    policy: dict[str, Any] = Field(
+        description="budgets (max_cost_usd, max_turns, …), window (total, 1h or 1d, UTC), "
+        "max_concurrent_turns, agents (bound in every loop)."
+    )
+    create_only: bool = Field(default=False, description="Refuse if the pool exists already.")
+
+
+class PoolOut(Model):
+    name: str
+    status: PoolStatus
+    policy_digest: str
+    window: Window
+    window_start: str | None = Field(description="The current window's start (None: total).")
+    resets_at: str | None = Field(description="When the current window ends (None: never).")
+    budgets: dict[str, BudgetOut] = Field(description="The current window's usage.")
+    active_turns: int
+    max_concurrent_turns: int | None
+    agents: list[str] = Field(description="Agents drawing from the pool in every loop.")
+    loops: list[str] = Field(description="Open loops whose policy names the pool.")
+    updated_at: str
+
+
+class PoolDefineResult(Model):
+    pool: PoolOut
+    created: bool
+    changed: bool = Field(description="False when the policy was already this one.")
+    receipt_id: str | None
+
+
+def _policy(data: dict[str, Any]) -> PoolPolicy:
+    try:
+        return PoolPolicy.model_validate(data)
+    except ValueError as exc:
+        raise PolicyError(f"invalid pool policy: {exc}") from None
+
+
+def pool_out(reader: Reader, row: PoolRow, now: datetime) -> PoolOut:
+    """A pool's state as the operator reads it: the current window's usage, its loops."""
+    policy = row.policy
+    start = window_start(policy.window, now)
+    used = reader.pool_usage(row.name, start)
+    end = window_end(policy.window, now)
+    loops = [
+        loop.loop_id
+        for loop in reader.loops()
+        if not loop.status.closed and row.name in (reader.policy(loop.policy_digest).pools or ())
+    ]
+    return PoolOut(
+        name=row.name,
+        status=row.status,
+        policy_digest=row.policy_digest,
+        window=policy.window,
+        window_start=start or None,
+        resets_at=end.strftime("%Y-%m-%dT%H:%M:%SZ") if end is not None else None,
+        budgets=budgets_out_of(policy.budgets, used[0].totals if used else None),
+        active_turns=row.active_turns,
+        max_concurrent_turns=policy.max_concurrent_turns,
+        agents=list(policy.agents),
+        loops=loops,
+        updated_at=row.updated_at,
+    )
+
+
+@operation(access="write", callers=OPERATOR_CALLERS, tool=False)
+def pool_define(call: Call[Txn], req: PoolDefineRequest) -> PoolDefineResult:
+    """Operator only: create a budget pool, or change its policy.
+    \f
+    Seals `pool.defined` under `pool:<name>` with the normalized policy and its digest. The
+    same policy again seals nothing (`changed` false). An invalid policy is `PolicyError`; an
+    existing pool with `create_only` is `Conflict`.
+    """
+    policy = _policy(req.policy)
+    document = policy.model_dump(mode="json", exclude_none=True)
+    digest = digest_of(document)
+    tx = call.tx
+    existing = tx.pools().get(req.name)
+    if existing is not None and req.create_only:
+        raise Conflict(f"pool {req.name!r} exists already (change it with `pool set`)")
+    if existing is not None and existing.policy_digest == digest:
+        return PoolDefineResult(
+            pool=pool_out(tx, existing, tx.now_dt), created=False, changed=False, receipt_id=None
+        )
+    sealed = tx.append_pool(
+        req.name, ReceiptKind.POOL_DEFINED, call.who, PoolDefined(policy=document), digest
+    )
+    return PoolDefineResult(
+        pool=pool_out(tx, sealed.pool, tx.now_dt),
+        created=existing is None,
+        changed=True,
+        receipt_id=sealed.receipt_id,
+    )
+
+
+class PoolControlRequest(Model):
+    name: str = PoolName
+    reason: str = Field(default="", max_length=MAX_SUMMARY, description="The operator's note.")
+
+
+class PoolControlResult(Model):
+    name: str
+    status: PoolStatus
+    receipt_id: str
+
+
+def _control(kind: ReceiptKind, action: str, source: PoolStatus) -> Operation[Any, Any]:
+    """Pause and resume differ only in the transition they seal."""
+    code = ReasonCode.PAUSED if kind == ReceiptKind.POOL_PAUSED else ReasonCode.RESUMED
+
+    def body(call: Call[Txn], req: PoolControlRequest) -> PoolControlResult:
+        row = call.tx.pools().get(req.name)
+        if row is None:
+            raise NotFound(f"no pool named {req.name!r}")
+        if row.status != source:
+            raise Conflict(f"cannot {action} pool {req.name!r}: it is {row.status}")
+        reason = Reason(code, req.reason or f"{action} by operator {call.who.id}")
+        sealed = call.tx.append_pool(
+            req.name,
+            kind,
+            call.who,
+            PoolStatusChanged(reason=req.reason),
+            row.policy_digest,
+            decision=Decision("allow", (reason,)),
+        )
+        return PoolControlResult(
+            name=req.name, status=sealed.pool.status, receipt_id=sealed.receipt_id
+        )
+
+    body.__doc__ = f"Operator only: {action} a budget pool (seals `{kind}`)."
+    declare = operation(name=f"pool_{action}", access="write", callers=OPERATOR_CALLERS, tool=False)
+    return declare(body)
+
+
+pool_pause = _control(ReceiptKind.POOL_PAUSED, "pause", PoolStatus.ACTIVE)
+pool_resume = _control(ReceiptKind.POOL_RESUMED, "resume", PoolStatus.PAUSED)
+
+
+class PoolsRequest(Model):
+    name: str | None = Field(default=None, description="Only this pool.")
+
+
+class PoolList(Model):
+    pools: list[PoolOut]
+
+
+@operation(access="read", callers=OPERATOR_CALLERS, tool=False)
+def pools(call: Call[Reader], req: PoolsRequest) -> PoolList:
+    """Operator only: the budget pools, each with its current window's usage and its loops.
+    \f
+    `NotFound` for a named pool that does not exist.
+    """
+    rows = call.tx.pools()
+    if req.name is not None:
+        if req.name not in rows:
+            raise NotFound(f"no pool named {req.name!r}")
+        rows = {req.name: rows[req.name]}
+    now = call.now
+    return PoolList(pools=[pool_out(call.tx, row, now) for row in rows.values()])
