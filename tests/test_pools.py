@@ -264,3 +264,53 @@ async def test_a_pool_row_changed_outside_loopwarden_is_refused_and_reported(
     found = {(f.code, f.loop_id) for f in report.findings}
     assert ("mac_invalid", "pool:team-a") in found
     assert ("projection_mismatch", "pool:team-a") in found
+
+
+# --- what agents and operators see ----------------------------------------------------------
+
+
+async def test_quota_shows_the_pool_lines_and_projection_says_the_pool_blocks(store, clock):
+    from loopwarden.operations.projection import ProjectionRequest, projection
+    from loopwarden.operations.quota import QuotaRequest, quota
+
+    clock.set(datetime(2026, 5, 4, 10, 0, tzinfo=UTC))
+    await define(store, "team-a", budgets={"max_cost_usd": 0.5}, window="1d")
+    await open_in(store, "L1", pools=["team-a"])
+    before = await quota(store, BUILDER, QuotaRequest(loop_id="L1"))
+    assert before.allowed and [p.name for p in before.pools] == ["team-a"]
+    await finish(store, BUILDER, await claim(store, BUILDER, ClaimRequest(loop_id="L1")), cost=0.5)
+    after = await quota(store, BUILDER, QuotaRequest(loop_id="L1"))
+    assert not after.allowed and codes(after) == {"pool_exhausted"}
+    line = after.pools[0]
+    assert line.budgets["cost_usd"].remaining == 0 and line.resets_at == "2026-05-05T00:00:00Z"
+    seen = await projection(store, BUILDER, ProjectionRequest(loop_id="L1"))
+    assert seen.attention.who == "human"
+    assert "team-a" in seen.attention.why and "resets at 2026-05-05 00:00 UTC" in seen.attention.why
+
+
+async def test_observed_tool_calls_charge_the_pools_in_and_outside_turns(store):
+    from loopwarden.operations.hooks import HookEvent, hook
+    from loopwarden.principals import Principal
+
+    await define(store, "calls", budgets={"max_tool_calls": 3})
+    watched = {"observe": {"mode": "record"}, "tools": {"allow": ["fs.*"]}, "pools": ["calls"]}
+    await open_in(store, "L1", **watched)
+    observer = Principal(id="builder", role="observer")
+
+    async def ran(use_id: str) -> None:
+        post = HookEvent(
+            loop_id="L1", host="claude-code", phase="post", session_id="s", host_tool="Read",
+            tool_use_id=use_id, input_digest="sha256:" + "1" * 64,
+            response_digest="sha256:" + "2" * 64,
+        )  # fmt: skip
+        await hook(store, observer, post)
+
+    await ran("outside")  # no turn: charged when observed (record mode let it run)
+    assert (await pool_state(store, "calls")).budgets["tool_calls"].used == 1
+    granted = await claim(store, BUILDER, ClaimRequest(loop_id="L1"))
+    for n in range(3):
+        await ran(f"u{n}")
+    await finish(store, BUILDER, granted)  # the report charges what the host saw: 3 calls
+    assert (await pool_state(store, "calls")).budgets["tool_calls"].used == 4
+    assert codes(await claim(store, BUILDER, ClaimRequest(loop_id="L1"))) == {"pool_exhausted"}
+    assert (await verified(store)).clean

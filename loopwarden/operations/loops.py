@@ -21,6 +21,7 @@ from loopwarden.ledger.state.events import (
     TodoId,
     TodoSpec,
 )
+from loopwarden.ledger.state.pools import claim_reasons
 from loopwarden.ledger.state.rows import LoopRow
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Txn
@@ -152,13 +153,17 @@ def loop_summary(reader: Reader, loop: LoopRow, now: datetime) -> LoopSummary:
     ]
     pending = reader.loop_approvals(loop.loop_id, ApprovalStatus.PENDING)
     eligible = reader.next_eligible_todo(loop.loop_id) if loop.status == LoopStatus.ACTIVE else None
-    attention, _ = attention_for(loop, pending, live, eligible, due_stop(reader, loop, now))
+    policy = reader.policy(loop.policy_digest)
+    blocked = claim_reasons(reader, policy, "", now) if eligible is not None else []  # its pools
+    attention, _ = attention_for(
+        loop, pending, live, eligible, due_stop(reader, loop, now), next(iter(blocked), None)
+    )
     return from_row(
         LoopSummary,
         loop,
         turns=loop.totals.turns,
         todos=loop.counts_by_status(),
-        budgets=budgets_out(reader.policy(loop.policy_digest), loop),
+        budgets=budgets_out(policy, loop),
         attention=attention,
         pending_approvals=len(pending),
         open_turns=len(live),

@@ -11,8 +11,9 @@ from typing import Any
 from pydantic import Field
 
 from loopwarden.canonical import digest_of
-from loopwarden.errors import Conflict, NotFound, PolicyError
+from loopwarden.errors import Conflict, NotFound
 from loopwarden.ledger.state.events import MAX_SUMMARY, PoolDefined, PoolStatusChanged, ReceiptKind
+from loopwarden.ledger.state.pools import PoolReads, drawn
 from loopwarden.ledger.state.rows import PoolRow
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Txn
@@ -20,8 +21,9 @@ from loopwarden.operations.operation import OPERATOR_CALLERS, Call, Operation
 from loopwarden.operations.results import BudgetOut, Model, budgets_out_of
 from loopwarden.operations.runner import operation
 from loopwarden.policy.decision import Decision, Reason, ReasonCode
-from loopwarden.policy.model import POOL_NAME_RE
-from loopwarden.policy.pools import PoolPolicy, Window, window_end, window_start
+from loopwarden.policy.loader import pool_policy_from_data
+from loopwarden.policy.model import POOL_NAME_RE, LoopPolicy
+from loopwarden.policy.pools import Window, window_end, window_start
 from loopwarden.statuses import PoolStatus
 
 PoolName = Field(pattern=POOL_NAME_RE.pattern, description="The pool's name, e.g. team-a.")
@@ -36,16 +38,23 @@ class PoolDefineRequest(Model):
     create_only: bool = Field(default=False, description="Refuse if the pool exists already.")
 
 
-class PoolOut(Model):
+class PoolLine(Model):
+    """A budget pool as a loop's agent sees it (quota): its window's usage and open turns."""
+
     name: str
     status: PoolStatus
-    policy_digest: str
     window: Window
-    window_start: str | None = Field(description="The current window's start (None: total).")
     resets_at: str | None = Field(description="When the current window ends (None: never).")
     budgets: dict[str, BudgetOut] = Field(description="The current window's usage.")
     active_turns: int
     max_concurrent_turns: int | None
+
+
+class PoolOut(PoolLine):
+    """A budget pool as an operator sees it."""
+
+    policy_digest: str
+    window_start: str | None = Field(description="The current window's start (None: total).")
     agents: list[str] = Field(description="Agents drawing from the pool in every loop.")
     loops: list[str] = Field(description="Open loops whose policy names the pool.")
     updated_at: str
@@ -58,35 +67,43 @@ class PoolDefineResult(Model):
     receipt_id: str | None
 
 
-def _policy(data: dict[str, Any]) -> PoolPolicy:
-    try:
-        return PoolPolicy.model_validate(data)
-    except ValueError as exc:
-        raise PolicyError(f"invalid pool policy: {exc}") from None
+def pool_line(reader: PoolReads, row: PoolRow, now: datetime) -> PoolLine:
+    """A pool's current window, as `quota` shows it beside the loop's budgets."""
+    policy = row.policy
+    end = window_end(policy.window, now)
+    return PoolLine(
+        name=row.name,
+        status=row.status,
+        window=policy.window,
+        resets_at=end.strftime("%Y-%m-%dT%H:%M:%SZ") if end is not None else None,
+        budgets=budgets_out_of(
+            policy.budgets, reader.usage(row.name, window_start(policy.window, now))
+        ),
+        active_turns=row.active_turns,
+        max_concurrent_turns=policy.max_concurrent_turns,
+    )
+
+
+def drawn_lines(reader: Reader, policy: LoopPolicy, agent: str, now: datetime) -> list[PoolLine]:
+    """The pools a claim by `agent` in a loop with `policy` draws from, each as a line."""
+    rows = reader.pools()
+    return [
+        pool_line(reader, rows[name], now) for name in drawn(rows, policy, agent) if name in rows
+    ]
 
 
 def pool_out(reader: Reader, row: PoolRow, now: datetime) -> PoolOut:
     """A pool's state as the operator reads it: the current window's usage, its loops."""
-    policy = row.policy
-    start = window_start(policy.window, now)
-    used = reader.pool_usage(row.name, start)
-    end = window_end(policy.window, now)
     loops = [
         loop.loop_id
         for loop in reader.loops()
         if not loop.status.closed and row.name in (reader.policy(loop.policy_digest).pools or ())
     ]
     return PoolOut(
-        name=row.name,
-        status=row.status,
+        **pool_line(reader, row, now).model_dump(),
         policy_digest=row.policy_digest,
-        window=policy.window,
-        window_start=start or None,
-        resets_at=end.strftime("%Y-%m-%dT%H:%M:%SZ") if end is not None else None,
-        budgets=budgets_out_of(policy.budgets, used[0].totals if used else None),
-        active_turns=row.active_turns,
-        max_concurrent_turns=policy.max_concurrent_turns,
-        agents=list(policy.agents),
+        window_start=window_start(row.policy.window, now) or None,
+        agents=list(row.policy.agents),
         loops=loops,
         updated_at=row.updated_at,
     )
@@ -100,7 +117,7 @@ def pool_define(call: Call[Txn], req: PoolDefineRequest) -> PoolDefineResult:
     same policy again seals nothing (`changed` false). An invalid policy is `PolicyError`; an
     existing pool with `create_only` is `Conflict`.
     """
-    policy = _policy(req.policy)
+    policy = pool_policy_from_data(req.policy, f"pool {req.name}")
     document = policy.model_dump(mode="json", exclude_none=True)
     digest = digest_of(document)
     tx = call.tx

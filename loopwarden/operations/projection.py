@@ -10,6 +10,7 @@ from pydantic import Field
 
 from loopwarden.clock import format_time
 from loopwarden.ledger.state.events import LoopId
+from loopwarden.ledger.state.pools import claim_reasons
 from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.ledger.state.rules import observed_counts
 from loopwarden.ledger.storage.reader import Reader
@@ -138,11 +139,13 @@ def attention_for(
     live: list[TurnRow],
     eligible: TodoRow | None,
     stop_due: Reason | None = None,
+    pool_block: Reason | None = None,
 ) -> tuple[Attention, str]:
     """Who must act next, and the next action in one line.
 
     `stop_due` is a stop rule that fires now but is not sealed yet (the next claim or report
-    seals it): then nobody should start work, whatever todos are open."""
+    seals it): then nobody should start work, whatever todos are open. `pool_block`: why a
+    budget pool the loop draws from refuses claims now."""
     if stop_due is not None and not loop.status.closed:
         return (
             Attention(who="none", why=f"the loop is due to stop: {stop_due.message}"),
@@ -161,6 +164,12 @@ def attention_for(
         return (
             Attention(who="human", why=f"{len(pending)} approval(s) await a decision"),
             f"operator: approve or reject {ids}",
+        )
+    if eligible is not None and pool_block is not None:
+        return (
+            Attention(who="human", why=pool_block.message),
+            "operator: wait for the pool's window to reset, or raise its limit or resume it "
+            "(`loopwarden pool set` / `pool resume`)",
         )
     if eligible is not None:
         return (
@@ -275,8 +284,9 @@ def projection(call: Call[Reader], req: ProjectionRequest) -> ProjectionResult:
     approvals = _shown_approvals(reader, loop.loop_id, now_text)
     pending = [a for a in approvals if a.status == ApprovalStatus.PENDING]
     eligible = reader.next_eligible_todo(loop.loop_id) if loop.status == LoopStatus.ACTIVE else None
+    blocked = claim_reasons(reader, policy, call.who.id, now) if eligible is not None else []
     attention, next_action = attention_for(
-        loop, pending, live, eligible, due_stop(reader, loop, now)
+        loop, pending, live, eligible, due_stop(reader, loop, now), next(iter(blocked), None)
     )
     recent = reader.recent_turns(loop.loop_id, RECENT)
     return ProjectionResult(

@@ -8,11 +8,13 @@ from pydantic import Field
 
 from loopwarden.clock import format_time
 from loopwarden.ledger.state.events import LoopId
+from loopwarden.ledger.state.pools import claim_reasons
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.admission import claim_facts, nothing_to_claim
 from loopwarden.operations.leases import expire_leases
 from loopwarden.operations.operation import Call
+from loopwarden.operations.pools import PoolLine, drawn_lines
 from loopwarden.operations.results import (
     BudgetOut,
     Model,
@@ -43,6 +45,9 @@ class QuotaResult(Model):
     rate: RateOut
     active_leases: int
     policy_digest: str
+    pools: list[PoolLine] = Field(
+        default_factory=list, description="The budget pools a claim would draw from."
+    )
 
 
 @operation(access="read", scope=by_loop)
@@ -76,6 +81,7 @@ def _answer(reader: Reader, who: Principal, loop_id: str, now: datetime) -> Quot
     policy = reader.policy(loop.policy_digest)
     facts = claim_facts(reader, loop, policy, who.id, now)
     reasons = list(evaluate_claim(policy, facts, digest=loop.policy_digest).reasons)
+    reasons += claim_reasons(reader, policy, who.id, now)  # as claim decides: pools too
     if not reasons and reader.next_eligible_todo(loop.loop_id) is None:
         reasons.append(nothing_to_claim(loop))
     return QuotaResult(
@@ -87,4 +93,5 @@ def _answer(reader: Reader, who: Principal, loop_id: str, now: datetime) -> Quot
         rate=rate_out(policy, facts.claims_in_window),
         active_leases=facts.active,
         policy_digest=loop.policy_digest,
+        pools=drawn_lines(reader, policy, who.id, now),
     )

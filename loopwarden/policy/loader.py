@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from loopwarden.errors import PolicyError, clip, one_line
 from loopwarden.policy.model import LoopPolicy
+from loopwarden.policy.pools import PoolPolicy
 
 if TYPE_CHECKING:
     import yaml
@@ -74,6 +75,16 @@ def policy_from_data(data: Any, source: str = "policy") -> LoopPolicy:
         raise PolicyError(f"{source}: a policy must be a table/mapping at the top level")
     try:
         return LoopPolicy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(_describe(exc, source)) from None
+
+
+def pool_policy_from_data(data: Any, source: str = "pool policy") -> PoolPolicy:
+    """Validate already-decoded data (a mapping) as a budget pool's `PoolPolicy`."""
+    if not isinstance(data, dict):
+        raise PolicyError(f"{source}: a pool policy must be a mapping at the top level")
+    try:
+        return PoolPolicy.model_validate(data)
     except ValidationError as exc:
         raise PolicyError(_describe(exc, source)) from None
 

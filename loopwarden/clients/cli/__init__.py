@@ -22,6 +22,7 @@ from loopwarden.clients.cli import (
     keys,
     loops,
     policies,
+    pools,
     server,
     stores,
     tokens,
@@ -41,6 +42,7 @@ app.add_typer(tokens.app, name="token")
 app.add_typer(keys.app, name="keys")
 app.add_typer(policies.app, name="policy")
 app.add_typer(stores.app, name="store")
+app.add_typer(pools.app, name="pool")
 hooks.app.command("doctor")(doctor.doctor)
 app.add_typer(hooks.app, name="hook")
 app.command()(server.serve)

@@ -79,6 +79,7 @@ def operate(
     who: str | None = None,
     as_json: bool = False,
     check: bool = True,
+    create: bool | None = None,
 ) -> Res:
     """Run one operation as the operator, on the store `store` names, else `home`'s (the same
     runner as every edge).
@@ -87,8 +88,10 @@ def operate(
     one that reads, or acts on a loop or approval, needs an existing database and creates
     nothing (`admin.existing_home`): a mistyped home is an error, not a new empty store.
     `check=False` skips the store's startup check: `receipts` and `receipt` keep working on a
-    damaged store, so that an operator can look at what is there."""
-    create = op.access == "write" and op.scope is None
+    damaged store, so that an operator can look at what is there. `create` overrides which
+    operations may create the store (False for a write about something that must exist)."""
+    if create is None:
+        create = op.access == "write" and op.scope is None
 
     async def action() -> Res:
         async with admin.open_store(home, store=store, check=check, create=create) as opened:

@@ -44,14 +44,20 @@ def pool_of(chain_id: str) -> str | None:
     return chain_id[len(POOL_CHAIN) :] if chain_id.startswith(POOL_CHAIN) else None
 
 
-class PoolBook(Protocol):
-    """Where pool state is kept: the rows of one write transaction, or an audit's replay."""
+class PoolReads(Protocol):
+    """What a claim's pools are decided on: every pool, and what a window of one used."""
 
     def pools(self) -> dict[str, PoolRow]:
         """Every pool, by name (the caller does not change the dict)."""
         ...
 
-    def usage(self, pool: str, window: str) -> Totals: ...
+    def usage(self, pool: str, window_start: str) -> Totals: ...
+
+
+class PoolBook(PoolReads, Protocol):
+    """Where pool state is kept and charged: the rows of one write transaction, or an audit's
+    replay."""
+
     def put_pool(self, row: PoolRow) -> None: ...
     def put_usage(self, usage: PoolUsage) -> None: ...
 
@@ -104,7 +110,7 @@ def drawn(pools: dict[str, PoolRow], policy: LoopPolicy, agent: str) -> list[str
     return sorted(names)
 
 
-def claim_reasons(book: PoolBook, policy: LoopPolicy, agent: str, now: datetime) -> list[Reason]:
+def claim_reasons(book: PoolReads, policy: LoopPolicy, agent: str, now: datetime) -> list[Reason]:
     """Why a claim by `agent` in a loop with `policy` is refused by its pools (none: room)."""
     pools = book.pools()
     facts, reasons = [], []
@@ -121,7 +127,7 @@ def claim_reasons(book: PoolBook, policy: LoopPolicy, agent: str, now: datetime)
     return reasons + pool_reasons(facts, now)
 
 
-def pool_refs(book: PoolBook, policy: LoopPolicy, agent: str) -> tuple[PoolRef, ...] | None:
+def pool_refs(book: PoolReads, policy: LoopPolicy, agent: str) -> tuple[PoolRef, ...] | None:
     """The pools a granted claim draws from, as its receipt records them (None: none)."""
     pools = book.pools()
     refs = tuple(
@@ -212,8 +218,8 @@ class PoolLedger:
     def pools(self) -> dict[str, PoolRow]:
         return self.rows
 
-    def usage(self, pool: str, window: str) -> Totals:
-        return self.used.get((pool, window), Totals())
+    def usage(self, pool: str, window_start: str) -> Totals:
+        return self.used.get((pool, window_start), Totals())
 
     def put_pool(self, row: PoolRow) -> None:
         self.rows[row.name] = row

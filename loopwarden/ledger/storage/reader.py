@@ -48,6 +48,7 @@ from loopwarden.ledger.storage.schema import (
     TURNS,
     unpack_response,
 )
+from loopwarden.policy.budgets import Totals
 from loopwarden.policy.loader import policy_from_data
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import ApprovalStatus, TurnStatus
@@ -472,6 +473,11 @@ class Reader:
             sql, params = sql + " AND window_start = ?", (pool, window_start)
         rows = self.conn.execute(sql + " ORDER BY window_start", params)
         return [POOL_USAGE.decode(r) for r in rows]
+
+    def usage(self, pool: str, window_start: str) -> Totals:
+        """What one window of `pool` used (zero for a window not begun)."""
+        used = self.pool_usage(pool, window_start)
+        return used[0].totals if used else Totals()
 
     def token(self, token_hash: str) -> TokenRow | None:
         r = self._one(

@@ -357,6 +357,11 @@ def snapshot(location: Path | str | Location) -> Iterator[Reader]:
         raise StoreError(f"cannot read the database: {first_line(exc)}") from None
 
 
+def _chain(chain_id: str) -> str:
+    """A journal chain as a message names it: `loop L1`, or `pool team-a`."""
+    return f"pool {chain_id[5:]}" if chain_id.startswith("pool:") else f"loop {chain_id}"
+
+
 def startup_check(reader: Reader) -> None:
     """Cheap consistency checks run at open: O(loops + log n), never a journal scan.
 
@@ -388,11 +393,24 @@ def startup_check(reader: Reader) -> None:
                 f"loop {loop_id}: the projection head (seq {head_seq}) does not match the journal "
                 f"head (seq {seq})"
             )
+    pools = reader.conn.execute(
+        "SELECT p.name, p.head_seq, p.head_digest, j.seq, j.digest FROM pools p "
+        "LEFT JOIN (SELECT loop_id, max(seq) AS seq FROM journal GROUP BY loop_id) m "
+        "ON m.loop_id = 'pool:' || p.name "
+        "LEFT JOIN journal j ON j.loop_id = m.loop_id AND j.seq = m.seq"
+    ).fetchall()
+    for name, head_seq, head_digest, seq, digest in pools:
+        if head_seq != seq or head_digest != digest:
+            problems.append(
+                f"pool {name}: its stored head (seq {head_seq}) does not match the journal's "
+                f"(seq {seq})"
+            )
     orphans = reader.conn.execute(
-        "SELECT DISTINCT loop_id FROM journal WHERE loop_id NOT IN (SELECT loop_id FROM loops)"
+        "SELECT DISTINCT loop_id FROM journal WHERE loop_id NOT IN (SELECT loop_id FROM loops) "
+        "AND loop_id NOT IN (SELECT 'pool:' || name FROM pools)"
     ).fetchall()
     for (loop_id,) in orphans:
-        problems.append(f"loop {loop_id} has receipts but no projection")
+        problems.append(f"{_chain(loop_id)} has receipts but no projection")
     if problems:
         raise IntegrityError(
             "refusing to serve a damaged store: "

@@ -1,0 +1,162 @@
+"""`loopwarden pool create | set | show | list | pause | resume`: budget pools across loops."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from loopwarden.clients import render
+from loopwarden.clients.cli.common import Home, Json, Reason, Store, operate
+from loopwarden.operations.pools import PoolOut, pool_define, pool_pause, pool_resume, pools
+
+app = typer.Typer(no_args_is_help=True, help="Budget pools: limits that span loops.")
+
+Name = Annotated[str, typer.Argument(help="The pool's name, e.g. team-a.")]
+Int = Annotated[int | None, typer.Option(min=0)]
+Money = Annotated[float | None, typer.Option(min=0.0)]
+
+
+def _limits(**given: Any) -> dict[str, Any]:
+    return {key: value for key, value in given.items() if value is not None}
+
+
+def _policy(
+    window: str, concurrent: int | None, agents: list[str] | None, budgets: dict[str, Any]
+) -> dict[str, Any]:
+    policy: dict[str, Any] = {"budgets": budgets, "window": window, "agents": agents or []}
+    if concurrent is not None:
+        policy["max_concurrent_turns"] = concurrent
+    return policy
+
+
+def _define(name: str, policy: dict[str, Any], create_only: bool, *options: Any) -> None:
+    home, store, json_out = options
+    request = {"name": name, "policy": policy, "create_only": create_only}
+    result = operate(pool_define, request, home, store=store, as_json=json_out)
+    if json_out:
+        render.emit_json(result.model_dump(mode="json"))
+        return
+    what = "created" if result.created else "changed" if result.changed else "unchanged"
+    render.console.print(f"pool [bold]{render.safe(name)}[/bold] {what}")
+    _show(result.pool)
+
+
+def _command(create_only: bool, verb: str) -> Any:
+    def command(
+        name: Name,
+        max_cost_usd: Money = None,
+        max_turns: Annotated[int | None, typer.Option(min=1)] = None,
+        max_model_calls: Int = None,
+        max_tool_calls: Int = None,
+        max_input_tokens: Int = None,
+        max_output_tokens: Int = None,
+        max_wall_seconds: Money = None,
+        window: Annotated[
+            str, typer.Option("--window", help="total, 1h or 1d (UTC calendar hours or days).")
+        ] = "total",
+        max_concurrent_turns: Annotated[int | None, typer.Option(min=1)] = None,
+        agent: Annotated[
+            list[str] | None,
+            typer.Option("--agent", help="An agent that draws from it in every loop (repeat)."),
+        ] = None,
+        home: Home = None,
+        store: Store = None,
+        json_out: Json = False,
+    ) -> None:
+        budgets = _limits(
+            max_cost_usd=max_cost_usd,
+            max_turns=max_turns,
+            max_model_calls=max_model_calls,
+            max_tool_calls=max_tool_calls,
+            max_input_tokens=max_input_tokens,
+            max_output_tokens=max_output_tokens,
+            max_wall_seconds=max_wall_seconds,
+        )
+        policy = _policy(window, max_concurrent_turns, agent, budgets)
+        _define(name, policy, create_only, home, store, json_out)
+
+    command.__doc__ = (
+        f"{verb} a budget pool.\n\nEach limit is for the pool's window: --window total (never "
+        "resets), 1h or 1d (each UTC hour or day from its start). A loop draws from it with "
+        '`pools = ["NAME"]` in its policy; --agent binds an agent in every loop. Sealed as '
+        "pool.defined."
+        + (" The limits given replace the pool's whole policy." if not create_only else "")
+    )
+    return command
+
+
+app.command("create")(_command(True, "Create"))
+app.command("set")(_command(False, "Change (or create)"))
+
+
+def _show(pool: PoolOut) -> None:
+    head = (
+        f"[bold]{render.safe(pool.name)}[/bold]  {render.status(pool.status)}  window {pool.window}"
+    )
+    if pool.resets_at:
+        head += f" (resets {pool.resets_at})"
+    render.console.print(head)
+    for dimension, line in pool.budgets.items():
+        bar = render.bar(float(line.used), float(line.limit) if line.limit is not None else None)
+        render.console.print(f"  {dimension:<14} {bar} {line.used} / {line.limit}")
+    if pool.max_concurrent_turns is not None:
+        render.console.print(f"  open turns     {pool.active_turns} / {pool.max_concurrent_turns}")
+    if pool.agents:
+        render.console.print(f"  agents         {', '.join(map(render.safe, pool.agents))}")
+    loops = ", ".join(map(render.safe, pool.loops)) or "-"
+    render.console.print(f"  loops          {loops}")
+
+
+@app.command("show")
+def pool_show(name: Name, home: Home = None, store: Store = None, json_out: Json = False) -> None:
+    """Show one pool: its window's usage and its loops."""
+    result = operate(pools, {"name": name}, home, store=store, as_json=json_out)
+    if json_out:
+        render.emit_json(result.pools[0].model_dump(mode="json"))
+        return
+    _show(result.pools[0])
+
+
+@app.command("list")
+def pool_list(home: Home = None, store: Store = None, json_out: Json = False) -> None:
+    """List the budget pools and what their windows used."""
+    result = operate(pools, {}, home, store=store, as_json=json_out)
+    if json_out:
+        render.emit_json(result.model_dump(mode="json"))
+        return
+    rows = []
+    for pool in result.pools:
+        used = ", ".join(f"{d} {b.used}/{b.limit}" for d, b in pool.budgets.items()) or "-"
+        turns = f"{pool.active_turns}/{pool.max_concurrent_turns or '-'}"
+        rows.append([pool.name, pool.status, pool.window, used, turns, len(pool.loops)])
+    render.table("pools", ["name", "status", "window", "used", "open turns", "loops"], rows)
+
+
+def _control(action: str) -> Any:
+    op = pool_pause if action == "pause" else pool_resume
+
+    def command(
+        name: Name,
+        reason: Reason = "",
+        home: Home = None,
+        store: Store = None,
+        json_out: Json = False,
+    ) -> None:
+        request = {"name": name, "reason": reason}
+        result = operate(op, request, home, store=store, as_json=json_out, create=False)
+        if json_out:
+            render.emit_json(result.model_dump(mode="json"))
+            return
+        render.console.print(
+            f"pool [bold]{render.safe(name)}[/bold] {render.status(result.status)}"
+        )
+
+    command.__doc__ = f"{action.title()} a pool: its loops' claims are " + (
+        "refused until it is resumed." if action == "pause" else "admitted again."
+    )
+    return command
+
+
+app.command("pause")(_control("pause"))
+app.command("resume")(_control("resume"))
