@@ -12,13 +12,20 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import BUILDER, OPERATOR, REVIEWER
 from support import EVIDENCE, codes, make_policy
 
+import loopwarden
 from loopwarden.errors import Conflict, NotFound, PolicyError
 from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.state.events import ReceiptKind
@@ -314,3 +321,125 @@ async def test_observed_tool_calls_charge_the_pools_in_and_outside_turns(store):
     assert (await pool_state(store, "calls")).budgets["tool_calls"].used == 4
     assert codes(await claim(store, BUILDER, ClaimRequest(loop_id="L1"))) == {"pool_exhausted"}
     assert (await verified(store)).clean
+
+
+# --- many processes, one pool ---------------------------------------------------------------
+
+POOL_WORKER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+
+    import anyio
+
+    from loopwarden.ledger.log.keys import KeyStore
+    from loopwarden.ledger.state.events import Evidence, Usage
+    from loopwarden.ledger.storage.store import Store
+    from loopwarden.operations.claim import ClaimRequest, claim
+    from loopwarden.operations.update import UpdateRequest, update
+    from loopwarden.principals import Principal
+
+
+    async def agent(store, name, loops, deadline, done):
+        who, n = Principal(id=name, role="agent"), 0
+        while time.monotonic() < deadline:
+            refused = 0
+            for loop_id in loops:
+                granted = await claim(store, who, ClaimRequest(loop_id=loop_id))
+                if not granted.granted:
+                    refused += "pool_exhausted" in {r.code for r in granted.reasons}
+                    continue
+                n += 1
+                await anyio.sleep(0.02)  # hold the turn a moment: others claim meanwhile
+                await update(store, who, UpdateRequest(
+                    turn_id=granted.turn_id, fence=granted.fence, outcome="completed",
+                    usage=Usage(model_calls=1, cost_usd=0.01),
+                    evidence=[Evidence(kind="test", summary="ok")], summary="ok",
+                    idempotency_key=f"{name}-{n}",
+                ))
+            if refused == len(loops):  # the pool is spent for every loop
+                done.append(0)  # (this agent saw it spent)
+                break
+            await anyio.sleep(0.01)
+        done.append(n)
+
+
+    async def main(home, url, worker, loops):
+        keys = KeyStore(home)
+        store = await Store.open(url, keys.load_signer(), key_dir=home)
+        (home / f"ready-{worker}").touch()
+        deadline = time.monotonic() + 40
+        while not (home / "go").exists():
+            await anyio.sleep(0.01)
+        done = []
+        try:
+            async with anyio.create_task_group() as tg:
+                for a in range(8):
+                    order = loops[a % len(loops):] + loops[:a % len(loops)]
+                    tg.start_soon(agent, store, f"w{worker}a{a}", order, deadline, done)
+        finally:
+            await store.close()
+        print(sum(done), len(done))  # turns granted, agents done (8 + those that saw it spent)
+
+
+    anyio.run(main, Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4].split(","))
+    """
+)
+
+
+@pytest.mark.parametrize("limit", [60])
+async def test_processes_sharing_a_pool_never_overdraw_it_by_one_unit(
+    home, tmp_path, store, store_url, limit
+):
+    await define(store, "shared", budgets={"max_turns": limit}, max_concurrent_turns=3)
+    loops = [f"L{n}" for n in range(6)]
+    for loop_id in loops:
+        wide = {"max_turns": 100, "max_cost_usd": 100.0}  # only the pool limits them
+        await open_in(store, loop_id, todos=12, agents=["*"], budgets=wide, pools=["shared"])
+    script = tmp_path / "pool_worker.py"
+    script.write_text(POOL_WORKER)
+    env = {**os.environ, "PYTHONPATH": str(Path(loopwarden.__file__).resolve().parent.parent)}
+    workers = [str(n) for n in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(home), store_url, w, ",".join(loops)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for w in workers
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while not all((home / f"ready-{w}").exists() for w in workers):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [
+                p.stderr.read()
+                for p in procs
+                if p.poll() is not None  # type: ignore[union-attr]
+            ]
+            time.sleep(0.02)
+        (home / "go").touch()
+        outputs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err
+    per_worker = [tuple(map(int, out.split())) for out, _ in outputs]
+    assert sum(granted for granted, _ in per_worker) == limit, per_worker  # none past the limit
+    # Every agent of every process saw the pool spent: each decided on the others' writes.
+    assert all(agents == 16 for _, agents in per_worker), per_worker
+    claimers = await store.read(
+        lambda r: {j.turn_id and r.turn(j.turn_id).agent for j in r.iter_journal()
+                   if j.kind == "turn.claimed"}
+    )  # fmt: skip
+    assert len(claimers) >= 4, f"no real concurrency: {claimers}"
+    state = await pool_state(store, "shared")
+    assert state.budgets["turns"].used == limit and state.active_turns == 0
+    rows = await store.read(lambda r: [r.loop_row(loop_id) for loop_id in loops])
+    assert sum(row.totals.turns for row in rows) == limit  # the pool's count is the loops' sum
+    report = await verified(store)
+    assert report.clean, report.findings[:5]
