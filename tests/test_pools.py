@@ -443,3 +443,20 @@ async def test_processes_sharing_a_pool_never_overdraw_it_by_one_unit(
     assert sum(row.totals.turns for row in rows) == limit  # the pool's count is the loops' sum
     report = await verified(store)
     assert report.clean, report.findings[:5]
+
+
+async def test_a_bundle_of_a_pooled_loop_verifies_and_says_what_it_cannot_judge(store):
+    from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
+
+    await define(store, "team-a", budgets={"max_turns": 1})
+    await open_in(store, "L1", pools=["team-a"])
+    await finish(store, BUILDER, await claim(store, BUILDER, ClaimRequest(loop_id="L1")))
+    refused = await claim(store, BUILDER, ClaimRequest(loop_id="L1"))
+    assert codes(refused) == {"pool_exhausted"}
+    await store.write(lambda tx: tx.checkpoint())
+    bundle = await store.read(
+        lambda r: export_bundle(r, "L1", store.keyring, "2026-01-01T00:00:00.000000Z", store.signer)
+    )
+    report = verify_bundle(bundle, store.keyring)
+    assert report.clean, report.findings
+    assert any("budget pools (team-a)" in note for note in report.notes)

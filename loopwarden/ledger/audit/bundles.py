@@ -364,6 +364,12 @@ def verify_bundle(bundle: Any, trusted: Keyring | None = None) -> Report:
     if view is not None:
         report.status = str(view.loop.status)
         report.stop_reason = view.loop.stop_reason
+        pools = sorted({name for turn in view.turns.values() for name in turn.pools})
+        if pools:
+            report.notes.append(
+                f"the loop's turns drew from budget pools ({', '.join(pools)}): whether a pool "
+                "had room is judged with the whole journal (`loopwarden verify`), not one loop's"
+            )
     return report
 
 
