@@ -152,8 +152,10 @@ def _control(action: str) -> Any:
             f"pool [bold]{render.safe(name)}[/bold] {render.status(result.status)}"
         )
 
-    command.__doc__ = f"{action.title()} a pool: its loops' claims are " + (
-        "refused until it is resumed." if action == "pause" else "admitted again."
+    sealed = "pool.paused" if action == "pause" else "pool.resumed"
+    then = "are refused" if action == "pause" else "are admitted again"
+    command.__doc__ = (
+        f"{action.title()} a pool: its loops' claims {then}.\n\nSealed as {sealed}, with --reason."
     )
     return command
 
