@@ -287,7 +287,7 @@ class GuardedReader(Reader):
             for *values, mac, head_seq in rows:
                 pool = POOLS.decode(values)
                 what = f"the stored state of pool {pool.name!r}"
-                self.integrity.check(POOL_MAC, list(POOLS.encode(pool)), mac, what)
+                self.integrity.check(POOL_MAC, values, mac, what)  # the stored values, as MACed
                 if head_seq != pool.head_seq:
                     raise IntegrityError(f"{what} is not the state after its last receipt")
                 self._pools[pool.name] = pool
@@ -305,10 +305,9 @@ class GuardedReader(Reader):
             totals = Totals()
             if r is not None:
                 *values, mac = r
-                usage = POOL_USAGE.decode(values)
                 what = f"the stored usage of pool {pool!r}"
-                self.integrity.check(POOL_USAGE_MAC, list(POOL_USAGE.encode(usage)), mac, what)
-                totals = usage.totals
+                self.integrity.check(POOL_USAGE_MAC, values, mac, what)
+                totals = POOL_USAGE.decode(values).totals
             self._usage[key] = totals
         return self._usage[key]
 

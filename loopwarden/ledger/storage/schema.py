@@ -11,6 +11,7 @@ hash: an existing column never moves, a new one goes last.
 
 from __future__ import annotations
 
+import functools
 import json
 import zlib
 from dataclasses import fields
@@ -91,9 +92,13 @@ OBSERVED = Codec(
 COUNTS = Codec(_json_object, json.loads)
 BLOB = Codec(None, bytes)
 FLAG = Codec(int, bool)
+@functools.lru_cache(maxsize=1024)  # a frozen model: its text never changes
+def _pool_policy_text(policy: PoolPolicy) -> str:
+    return json.dumps(policy.model_dump(mode="json", exclude_none=True), sort_keys=True)
+
+
 POOL_POLICY = Codec(
-    lambda policy: json.dumps(policy.model_dump(mode="json", exclude_none=True), sort_keys=True),
-    PoolPolicy.model_validate_json,
+    _pool_policy_text, functools.lru_cache(maxsize=1024)(PoolPolicy.model_validate_json)
 )
 RESPONSE = Codec(lambda text: zlib.compress(text.encode(), 6), unpack_response)
 
