@@ -92,6 +92,8 @@ OBSERVED = Codec(
 COUNTS = Codec(_json_object, json.loads)
 BLOB = Codec(None, bytes)
 FLAG = Codec(int, bool)
+
+
 @functools.lru_cache(maxsize=1024)  # a frozen model: its text never changes
 def _pool_policy_text(policy: PoolPolicy) -> str:
     return json.dumps(policy.model_dump(mode="json", exclude_none=True), sort_keys=True)
