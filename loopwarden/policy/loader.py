@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -69,24 +69,26 @@ def _describe(exc: ValidationError, source: str) -> str:
     return f"{clip(source)}: invalid policy: " + one_line("; ".join(problems))
 
 
-def policy_from_data(data: Any, source: str = "policy") -> LoopPolicy:
-    """Validate already-decoded data (a mapping) as a `LoopPolicy`."""
+M = TypeVar("M", LoopPolicy, PoolPolicy)
+
+
+def _validated(model: type[M], data: Any, source: str) -> M:
     if not isinstance(data, dict):
         raise PolicyError(f"{source}: a policy must be a table/mapping at the top level")
     try:
-        return LoopPolicy.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise PolicyError(_describe(exc, source)) from None
+
+
+def policy_from_data(data: Any, source: str = "policy") -> LoopPolicy:
+    """Validate already-decoded data (a mapping) as a `LoopPolicy`."""
+    return _validated(LoopPolicy, data, source)
 
 
 def pool_policy_from_data(data: Any, source: str = "pool policy") -> PoolPolicy:
     """Validate already-decoded data (a mapping) as a budget pool's `PoolPolicy`."""
-    if not isinstance(data, dict):
-        raise PolicyError(f"{source}: a pool policy must be a mapping at the top level")
-    try:
-        return PoolPolicy.model_validate(data)
-    except ValidationError as exc:
-        raise PolicyError(_describe(exc, source)) from None
+    return _validated(PoolPolicy, data, source)
 
 
 def parse_policy(text: str, fmt: str, source: str = "policy") -> LoopPolicy:

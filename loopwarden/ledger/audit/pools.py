@@ -52,21 +52,15 @@ def check_pools(
 
 
 def _check_macs(reader: Reader, integrity: Integrity, report: Report) -> None:
-    rows = reader.conn.execute(f"SELECT {POOLS.row_names}, mac FROM pools")
-    for *values, mac in rows:
-        pool = POOLS.decode(values)
-        if not integrity.valid(POOL_MAC, list(POOLS.encode(pool)), mac):
-            report.add(
-                FindingCode.MAC_INVALID,
-                f"pool {pool.name}'s stored row was changed outside loopwarden",
-                loop_id=chain_of(pool.name),
-            )
-    rows = reader.conn.execute(f"SELECT {POOL_USAGE.row_names}, mac FROM pool_usage")
-    for *values, mac in rows:
-        usage = POOL_USAGE.decode(values)
-        if not integrity.valid(POOL_USAGE_MAC, list(POOL_USAGE.encode(usage)), mac):
-            report.add(
-                FindingCode.MAC_INVALID,
-                f"pool {usage.pool}'s stored usage was changed outside loopwarden",
-                loop_id=chain_of(usage.pool),
-            )
+    for table, kind, what in (
+        (POOLS, POOL_MAC, "stored row"),
+        (POOL_USAGE, POOL_USAGE_MAC, "stored usage"),
+    ):
+        for *values, mac in reader.conn.execute(f"SELECT {table.row_names}, mac FROM {table.name}"):
+            if not integrity.valid(kind, values, mac):  # over the stored values, as MACed
+                name = values[0]  # a pool's name, or the pool a usage row is of
+                report.add(
+                    FindingCode.MAC_INVALID,
+                    f"pool {name}'s {what} was changed outside loopwarden",
+                    loop_id=chain_of(name),
+                )

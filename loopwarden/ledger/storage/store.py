@@ -382,28 +382,18 @@ def startup_check(reader: Reader) -> None:
                 problems.append("the stored Merkle frontier does not match the stored tree nodes")
         except LookupError as exc:
             problems.append(str(exc))
-    rows = reader.conn.execute(
-        "SELECT l.loop_id, l.head_seq, l.head_digest, j.seq, j.digest FROM loops l "
+    heads = reader.conn.execute(  # every chain's stored head: loops, and budget pools
+        "SELECT h.chain, h.head_seq, h.head_digest, j.seq, j.digest FROM ("
+        "SELECT loop_id AS chain, head_seq, head_digest FROM loops UNION ALL "
+        "SELECT 'pool:' || name, head_seq, head_digest FROM pools) h "
         "LEFT JOIN (SELECT loop_id, max(seq) AS seq FROM journal GROUP BY loop_id) m "
-        "ON m.loop_id = l.loop_id LEFT JOIN journal j ON j.loop_id = m.loop_id AND j.seq = m.seq"
+        "ON m.loop_id = h.chain LEFT JOIN journal j ON j.loop_id = m.loop_id AND j.seq = m.seq"
     ).fetchall()
-    for loop_id, head_seq, head_digest, seq, digest in rows:
+    for chain, head_seq, head_digest, seq, digest in heads:
         if head_seq != seq or head_digest != digest:
             problems.append(
-                f"loop {loop_id}: the projection head (seq {head_seq}) does not match the journal "
-                f"head (seq {seq})"
-            )
-    pools = reader.conn.execute(
-        "SELECT p.name, p.head_seq, p.head_digest, j.seq, j.digest FROM pools p "
-        "LEFT JOIN (SELECT loop_id, max(seq) AS seq FROM journal GROUP BY loop_id) m "
-        "ON m.loop_id = 'pool:' || p.name "
-        "LEFT JOIN journal j ON j.loop_id = m.loop_id AND j.seq = m.seq"
-    ).fetchall()
-    for name, head_seq, head_digest, seq, digest in pools:
-        if head_seq != seq or head_digest != digest:
-            problems.append(
-                f"pool {name}: its stored head (seq {head_seq}) does not match the journal's "
-                f"(seq {seq})"
+                f"{_chain(chain)}: the projection head (seq {head_seq}) does not match the "
+                f"journal head (seq {seq})"
             )
     orphans = reader.conn.execute(
         "SELECT DISTINCT loop_id FROM journal WHERE loop_id NOT IN (SELECT loop_id FROM loops) "
