@@ -38,11 +38,19 @@ from loopwarden.clock import ManualClock, format_time
 from loopwarden.dashboard.charts import MAX_POINTS, budget_chart
 from loopwarden.dashboard.history import Histories, LoopHistory
 from loopwarden.dashboard.sessions import IDLE, Sessions
-from loopwarden.dashboard.views import FRESH, RECENT_RECEIPTS, by_attention, fresh_refusals
+from loopwarden.dashboard.views import (
+    FRESH,
+    OPEN_TURNS,
+    RECENT_RECEIPTS,
+    by_attention,
+    fresh_refusals,
+    loop_pools,
+)
 from loopwarden.operations.approvals import request_approval
 from loopwarden.operations.claim import claim
 from loopwarden.operations.journal import ReceiptLine
 from loopwarden.operations.loops import list_loops, open_loop, pause_loop
+from loopwarden.operations.pools import pool_define, pools
 from loopwarden.operations.projection import projection
 from loopwarden.operations.update import update
 
@@ -85,7 +93,7 @@ def client(served: Served) -> httpx2.Client:
 
 def test_every_page_needs_a_session_and_every_response_carries_the_strict_csp(server):
     with client(server) as http:
-        for path in ("/", "/loops/x", "/approvals", "/audit", "/receipts/rcpt-0"):
+        for path in ("/", "/loops/x", "/pools", "/approvals", "/audit", "/receipts/rcpt-0"):
             answer = http.get(path)
             assert answer.status_code == 303 and answer.headers["location"].startswith("/login")
         for answer in (http.get("/login"), http.get("/nope"), http.get("/static/htmx.min.js")):
@@ -199,6 +207,105 @@ async def test_a_live_poll_is_204_until_the_journal_moves_then_gets_the_live_reg
         moved = http.get("/loops/polled?since=1", headers={"HX-Request": "true"})
         assert moved.status_code == 200 and "<html" not in moved.text
         assert 'data-version="2"' in moved.text and "turn.claimed" in moved.text
+
+
+# --- budget pools ----------------------------------------------------------------------------
+
+
+def pool_by_cli(served: Served, name: str, *limits: str) -> None:
+    done = cli("pool", "create", name, *limits, "--home", str(served.home))
+    assert done.returncode == 0, done.stderr
+
+
+def open_in_pool(served: Served, loop_id: str, pool: str) -> None:
+    policy = served.home.parent / f"{loop_id}.json"
+    policy.write_text(json.dumps(make_policy(pools=[pool])))
+    done = cli(
+        "loop", "open", "--policy", str(policy), "--objective", "o", "--todo", "a", "--todo", "b",
+        "--id", loop_id, "--home", str(served.home),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def pool_panel(page: str, name: str) -> str:
+    found = re.search(rf'<section class="panel pool[^"]*" data-pool="{re.escape(name)}">(.*?)</section>', page, re.S)  # fmt: skip
+    assert found, page
+    return found.group(1)
+
+
+async def test_the_pools_page_shows_a_pools_usage_open_turns_and_the_loops_drawing_from_it(
+    server, tokens
+):
+    pool_by_cli(server, "page-pool", "--max-turns", "2", "--max-cost-usd", "1", "--max-concurrent-turns", "3")  # fmt: skip
+    open_in_pool(server, "pooled-http", "page-pool")
+    async with connect_http(server.url, tokens["builder"].token) as agent:
+        first = await agent.claim("pooled-http")
+        assert first.granted, first.reasons
+        done = await agent.update(
+            first.turn_id, first.fence, "completed", "s", "pp-1", usage={"cost_usd": 0.25},
+            evidence=EVIDENCE,
+        )  # fmt: skip
+        assert done.accepted, done.reasons
+        assert (await agent.claim("pooled-http")).granted  # open: 2 of 2 turns, 1 of 3 at once
+    with client(server) as http:
+        sign_in(http, tokens["alice"].token)
+        page = http.get("/pools")
+        assert page.status_code == 200 and 'href="/pools" aria-current="page"' in page.text
+        panel = pool_panel(page.text, "page-pool")
+        assert "status-active" in panel and "window <strong>total</strong>" in panel
+        assert "turns</span>" in panel and "2 / 2" in panel and "m-exhausted" in panel
+        assert "0.25 / 1" in panel and f"{OPEN_TURNS}</span>" in panel and "1 / 3" in panel
+        assert "Spent: turns" in panel and "pool_exhausted" in panel
+        assert '<a href="/loops/pooled-http">pooled-http</a>' in panel
+        assert 'action="/pools/page-pool/control"' in panel and 'value="pause"' in panel
+        loop_page = http.get("/loops/pooled-http").text
+        drawn = loop_page[loop_page.index('id="loop-pools"') :]
+        assert 'data-pool="page-pool"' in drawn and "spent: turns" in drawn.split("</section>")[0]
+
+
+def test_pausing_a_pool_from_its_page_needs_the_sessions_csrf_token(server, tokens):
+    pool_by_cli(server, "pause-pool", "--max-turns", "5")
+    target = "/pools/pause-pool/control"
+    with client(server) as http:
+        sign_in(http, tokens["alice"].token)
+        for data in ({"action": "pause"}, {"action": "pause", "csrf": "forged"}):
+            refused = http.post(target, data=data)
+            assert refused.status_code == 403 and "CSRF" in refused.text
+        assert "status-active" in pool_panel(http.get("/pools").text, "pause-pool")
+        form = {"action": "pause", "reason": "incident", "csrf": page_csrf(http, "/pools")}
+        paused = http.post(target, data=form)
+        assert paused.status_code == 303 and paused.headers["location"] == "/pools"
+        page = http.get("/pools").text
+        assert "Pool pause-pool is paused (receipt rcpt-" in page
+        assert "status-paused" in pool_panel(page, "pause-pool")
+        again = http.post(target, data={**form, "csrf": page_csrf(http, "/pools")})
+        assert again.status_code == 303
+        page = http.get("/pools").text
+        assert "Pool pause-pool was not changed: cannot pause pool" in page
+        assert "status-paused" in pool_panel(page, "pause-pool")
+        assert 'value="resume"' in pool_panel(page, "pause-pool")
+    shown = json.loads(
+        cli("pool", "show", "pause-pool", "--json", "--home", str(server.home)).stdout
+    )
+    assert shown["status"] == "paused"
+
+
+def test_only_a_signed_in_operator_reaches_the_pools_page_or_its_controls(server, tokens):
+    pool_by_cli(server, "guarded-pool", "--max-turns", "5")
+    with client(server) as http:
+        assert sign_in(http, tokens["builder"].token).status_code == 403  # an agent's token
+        answer = http.get("/pools")
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/login")
+        refused = http.post("/pools/guarded-pool/control", data={"action": "pause", "csrf": "x"})
+        assert refused.status_code == 403
+        sign_in(http, tokens["alice"].token)
+        for name, status in (("Bad%20Name", 400), ("no-such-pool", 404)):
+            form = {"action": "pause", "csrf": page_csrf(http, "/pools")}
+            assert http.post(f"/pools/{name}/control", data=form).status_code == status
+    shown = json.loads(
+        cli("pool", "show", "guarded-pool", "--json", "--home", str(server.home)).stdout
+    )
+    assert shown["status"] == "active"
 
 
 def test_unknown_ids_are_clean_error_pages_without_internals(server, tokens):
@@ -480,3 +587,24 @@ async def test_a_paused_loop_asks_the_operator_to_resume_it_before_any_approval(
     history = await Histories().get(store, OPERATOR, "held", state.head.seq)
     assert history.control is not None
     assert (history.control.kind, history.control.reason) == ("loop.paused", "freeze")
+
+
+async def test_a_loop_page_lists_the_pools_its_policy_names_and_those_its_agents_bind(store):
+    await pool_define(store, OPERATOR, {"name": "named", "policy": {"budgets": {"max_turns": 4}}})
+    bound = {"budgets": {"max_cost_usd": 2.0}, "agents": ["builder"]}
+    await pool_define(store, OPERATOR, {"name": "bound", "policy": bound})
+    other = {"max_concurrent_turns": 2, "agents": ["someone-else"]}
+    await pool_define(store, OPERATOR, {"name": "other", "policy": other})
+    await opened(store, "drawing", pools=["named"])
+    grant = await claim(store, BUILDER, {"loop_id": "drawing"})
+    await report(store, grant, "d-1", usage={"cost_usd": 2.0})
+    listed = (await pools(store, OPERATOR, {})).pools
+    views = loop_pools(listed, "drawing", ("builder", "reviewer"))
+    assert [(v.pool.name, v.via) for v in views] == [("named", None), ("bound", "builder")]
+    assert views[1].spent == ["cost_usd"] and views[1].fullest.state == "exhausted"
+    assert views[0].spent == [] and views[0].fullest.used == 1
+    assert [v.pool.name for v in loop_pools(listed, "drawing", ("*",))] == [
+        "named",
+        "bound",
+        "other",
+    ]

@@ -29,6 +29,7 @@ from support import (
     Token,
     bounded,
     cli,
+    codes,
     connect_http,
     dashboard_url,
     loopwarden,
@@ -99,10 +100,15 @@ def tokens(server: Served) -> dict[str, Token]:
 
 
 def open_loop_by_cli(
-    server: Served, root: Path, loop_id: str, todos: list[str], objective: str = "ship it"
+    server: Served,
+    root: Path,
+    loop_id: str,
+    todos: list[str],
+    objective: str = "ship it",
+    **sections: Any,
 ) -> None:
     policy = root / f"{loop_id}.json"
-    policy.write_text(json.dumps(make_policy(claims={"max_active_per_agent": 2})))
+    policy.write_text(json.dumps(make_policy(claims={"max_active_per_agent": 2}, **sections)))
     args = ["loop", "open", "--policy", str(policy), "--objective", objective, "--id", loop_id]
     for title in todos:
         args += ["--todo", title]
@@ -286,6 +292,69 @@ async def test_a_rejection_needs_a_reason_and_is_sealed_with_it(server, tokens, 
         assert f"{asked.approval_id} rejected" in await page.locator(".flash").inner_text()
         state = await agent.projection("rejected")
         assert not [a for a in state.approvals if a.approval_id == asked.approval_id]
+
+
+# --- budget pools ----------------------------------------------------------------------------
+
+
+@bounded(180)
+async def test_an_operator_sees_a_pool_run_out_live_and_pauses_it_from_the_pools_page(
+    server, tokens, root
+):
+    made = cli("pool", "create", "team-web", "--max-cost-usd", "1", "--window", "1d",
+               "--max-concurrent-turns", "2", "--home", str(server.home))  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    open_loop_by_cli(server, root, "pooled", ["a", "b", "c"], pools=["team-web"])
+    async with (
+        signed_in(server, tokens["alice"]) as page,
+        connect_http(server.url, tokens["builder"].token) as agent,
+    ):
+        await page.locator(".top nav a", has_text="Pools").click()
+        await page.wait_for_load_state()
+        panel = page.locator("section.pool[data-pool='team-web']")
+        cost = panel.locator(".meter", has_text="cost_usd")
+        assert "0 / 1" in await cost.inner_text()
+        assert "pooled" in await panel.locator("td.pool-loops").inner_text()
+        assert "resets" in await panel.locator(".pool-window").inner_text()
+        await page.evaluate("window.__notReloaded = true")
+        grant = await claim(agent, "pooled")
+        await expect(panel.locator(".meter", has_text="open turns")).to_contain_text(
+            "1 / 2", timeout=WAIT_MS
+        )
+        spent = await agent.update(
+            grant.turn_id, grant.fence, "completed", "spent it", "pool-1",
+            usage={"cost_usd": 1.0}, evidence=EVIDENCE,
+        )  # fmt: skip
+        assert spent.accepted, spent.reasons
+        await expect(panel.locator(".pool-spent-note")).to_contain_text(
+            "Spent: cost_usd", timeout=WAIT_MS
+        )  # live, without a reload
+        assert await page.evaluate("window.__notReloaded") is True
+        assert "m-exhausted" in (await cost.get_attribute("class") or "")
+        assert await cost.locator("progress").get_attribute("value") == "1000"
+        assert "1 / 1" in await cost.inner_text()
+        refused = await agent.claim("pooled")
+        assert not refused.granted and codes(refused) == {"pool_exhausted"}
+        await shoot(page, "pools-spent")
+
+        await panel.locator("input[name=reason]").fill("over budget for today")
+        await panel.locator("button[value=pause]").click()
+        await page.wait_for_load_state()
+        assert "Pool team-web is paused" in await page.locator(".flash").inner_text()
+        panel = page.locator("section.pool[data-pool='team-web']")
+        assert await panel.locator("h2 .badge").inner_text() == "paused"
+        assert "pool_paused" in await panel.locator(".pool-paused").inner_text()
+        assert await panel.locator("button[value=resume]").count() == 1
+        refused = await agent.claim("pooled")
+        assert not refused.granted and "pool_paused" in codes(refused), refused.reasons
+        await shoot(page, "pools-paused")
+
+        await panel.locator("td.pool-loops a", has_text="pooled").click()
+        await page.wait_for_load_state()
+        drawn = page.locator("#loop-pools .loop-pool[data-pool='team-web']")
+        text = await drawn.inner_text()
+        assert "paused" in text and "spent: cost_usd" in text, text
+        await shoot(page, "loop-pools")
 
 
 # --- hostile text, CSRF ----------------------------------------------------------------------
@@ -583,7 +652,7 @@ async def test_an_error_page_keeps_the_navigation(server, tokens):
             assert response is not None and response.status == 404
             assert words in await page.locator("#error-message").inner_text()
             links = await page.locator(".top nav a").all_inner_texts()
-            assert links == ["Loops", "Approvals", "Audit"], links
+            assert links == ["Loops", "Pools", "Approvals", "Audit"], links
             assert await page.locator(".top .who strong").inner_text() == "alice"
         await shoot(page, "error-404")
         await page.locator(".top nav a", has_text="Loops").click()

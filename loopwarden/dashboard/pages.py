@@ -10,6 +10,8 @@ renders a template; each action runs the operation an operator's CLI command run
 | `POST /loops/{id}/todos/{todo}/cancel` | cancel an open or blocked todo (`todo_cancel`) |
 | `GET /loops/{id}/journal` | its receipts (`?kind=&principal=&effect=&page=`) |
 | `GET /receipts/{id}` | one receipt: body, signature, inclusion proof (`receipt`) |
+| `GET /pools` | every budget pool: status, window, a bar per limit, open turns, agents, loops |
+| `POST /pools/{name}/control` | pause or resume a pool (`pool_pause`, `pool_resume`) |
 | `GET /approvals`, `POST /approvals/{id}/decide` | the queue; approve or reject (`decide_approval`) |
 | `GET /audit`, `POST /audit` | the full audit and its findings; the latest checkpoint |
 
@@ -35,25 +37,31 @@ from loopwarden.dashboard.views import (
     RECENT_LINES,
     RECENT_RECEIPTS,
     Fresh,
+    PoolView,
     board,
     by_attention,
     charts,
     fresh_refusals,
     is_violation,
     journal_page,
+    loop_pools,
     meters,
+    pool_view,
     recent_turns,
     totals_disagree,
     unused,
 )
-from loopwarden.errors import InvalidInput
+from loopwarden.errors import Conflict, InvalidInput
 from loopwarden.ledger.state.events import APPROVAL_ID_PATTERN, ID_PATTERN, RECEIPT_ID_PATTERN
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.operations.approvals import decide_approval, list_approvals
 from loopwarden.operations.loops import CONTROLS, list_loops
-from loopwarden.operations.projection import projection
+from loopwarden.operations.pools import POOL_CONTROLS
+from loopwarden.operations.pools import pools as list_pools
+from loopwarden.operations.projection import ProjectionResult, projection
 from loopwarden.operations.receipt import receipt
 from loopwarden.operations.todos import todo_cancel
+from loopwarden.policy.model import POOL_NAME_RE
 from loopwarden.principals import Principal
 from loopwarden.server.tokens import TOKEN_PREFIX, token_hash
 from loopwarden.statuses import ApprovalStatus, LoopStatus
@@ -209,7 +217,17 @@ class Pages:
             turns=recent_turns(history),
             pending=[a for a in state.approvals if a.status == ApprovalStatus.PENDING],
             expiries=list(EXPIRIES),
+            pools=await self._drawn_pools(ctx, state),
         )
+
+    @staticmethod
+    async def _drawn_pools(ctx: Ctx, state: ProjectionResult) -> list[PoolView]:
+        """The budget pools the loop draws from (by its policy, or through an agent it admits)."""
+        listed = (await list_pools(ctx.store, ctx.who, {})).pools
+        if not listed:
+            return []
+        agents = await ctx.store.read(lambda reader: reader.policy(state.policy_digest).agents)
+        return loop_pools(listed, state.loop_id, agents)
 
     async def control(self, ctx: Ctx) -> Response:
         loop_id = _match(ID_PATTERN, ctx.request.path_params["loop_id"], "loop id")
@@ -261,6 +279,36 @@ class Pages:
         result = await receipt(ctx.store, ctx.who, {"receipt_id": receipt_id})
         root_hex = base64.b64decode(result.checkpoint.root).hex()
         return self.d.render_page(ctx, "receipt.html", r=result, root_hex=root_hex)
+
+    # --- budget pools -------------------------------------------------------------------------
+
+    def _pools_probe(self, request: Request) -> Probe:
+        """The journal's size and the current UTC hour: a pool's use moves with the journal,
+        and a window (hourly or daily, from the hour) resets on an hour's turn."""
+
+        def version(reader: Reader) -> str:
+            return f"{reader.log_state()[0]}:{self.d.clock():%Y%m%d%H}"
+
+        return version
+
+    async def pools(self, ctx: Ctx) -> Response:
+        listed = (await list_pools(ctx.store, ctx.who, {})).pools
+        return self.d.render_page(ctx, "pools.html", pools=[pool_view(pool) for pool in listed])
+
+    async def pool_control(self, ctx: Ctx) -> Response:
+        name = _match(POOL_NAME_RE.pattern, ctx.request.path_params["name"], "pool name")
+        form = await self.d.form(ctx)
+        action = form.get("action", "")
+        if action not in POOL_CONTROLS:
+            raise InvalidInput(f"unknown action {action[:40]!r}: pause or resume")
+        request = {"name": name, "reason": form.get("reason", "")}
+        try:
+            result = await POOL_CONTROLS[action](ctx.store, ctx.who, request)
+        except Conflict as exc:  # paused or resumed meanwhile: say so, change nothing
+            ctx.session.say("error", f"Pool {name} was not changed: {exc.message}.")
+            return RedirectResponse("/pools", status_code=303)
+        ctx.session.say("ok", f"Pool {name} is {result.status} (receipt {result.receipt_id}).")
+        return RedirectResponse("/pools", status_code=303)
 
     # --- approvals ----------------------------------------------------------------------------
 
@@ -345,6 +393,8 @@ def routes(d: Dashboard) -> list[Route]:
         Route("/loops/{loop_id}/todos/{todo_id}/cancel", d.page()(p.cancel_todo), methods=["POST"]),
         Route("/loops/{loop_id}/journal", d.page(_loop_head)(p.journal), methods=["GET"]),
         Route("/receipts/{receipt_id}", d.page()(p.receipt), methods=["GET"]),
+        Route("/pools", d.page(p._pools_probe)(p.pools), methods=["GET"]),
+        Route("/pools/{name}/control", d.page()(p.pool_control), methods=["POST"]),
         Route("/approvals", d.page(_global_head)(p.approvals), methods=["GET"]),
         Route("/approvals/{approval_id}/decide", d.page()(p.decide), methods=["POST"]),
         *approval.routes(d),  # one approval's page, where approval links lead

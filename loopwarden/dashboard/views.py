@@ -14,6 +14,7 @@ from loopwarden.dashboard.history import Line, LoopHistory, TurnTools
 from loopwarden.ledger.state.registry import REFUSALS
 from loopwarden.ledger.storage.reader import JournalRow
 from loopwarden.operations.loops import LoopSummary
+from loopwarden.operations.pools import PoolOut
 from loopwarden.operations.projection import TodoOut
 from loopwarden.operations.results import BudgetOut
 from loopwarden.policy.decision import ReasonCode
@@ -190,3 +191,50 @@ def by_attention(loops: list[LoopSummary], fresh: dict[str, Fresh]) -> list[Loop
         newest_first,
         key=lambda lp: (ATTENTION_ORDER.get(lp.attention.who, 3), lp.loop_id not in fresh),
     )
+
+
+# --- budget pools: their bars, whether they are spent, which a loop draws from ---------------
+
+OPEN_TURNS = "open turns"  # the meter of a pool's open turns against max_concurrent_turns
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """A pool as a page shows it: a bar per limited budget and for its open turns (when capped),
+    the budgets its window has spent, and (on a loop's page) the agent that binds it there."""
+
+    pool: PoolOut
+    meters: list[Meter]
+    spent: list[str]  # budget dimensions used up in the current window
+    busy: bool  # as many open turns as max_concurrent_turns
+    via: str | None = None  # the agent binding the pool to a loop that does not name it
+
+    @property
+    def fullest(self) -> Meter | None:
+        """The bar nearest its limit (a loop page shows only this one)."""
+        return max(self.meters, key=lambda m: m.fraction, default=None)
+
+
+def pool_view(pool: PoolOut, via: str | None = None) -> PoolView:
+    bars = meters(pool.budgets, limited_only=True)
+    cap = pool.max_concurrent_turns
+    if cap is not None:
+        used = float(pool.active_turns)
+        bars.append(Meter(OPEN_TURNS, used, float(cap), min(used / cap, 1.0)))
+    spent = [m.dimension for m in bars if m.dimension != OPEN_TURNS and m.state == "exhausted"]
+    busy = cap is not None and pool.active_turns >= cap
+    return PoolView(pool, bars, spent, busy, via)
+
+
+def loop_pools(pools: list[PoolOut], loop_id: str, agents: tuple[str, ...]) -> list[PoolView]:
+    """The pools a loop draws from: those its policy names, then those binding an agent its
+    policy admits (any bound agent when it admits `*`), each with the agent that binds it."""
+    named = [pool_view(pool) for pool in pools if loop_id in pool.loops]
+    bound = []
+    for pool in pools:
+        if loop_id in pool.loops:
+            continue
+        binding = [a for a in pool.agents if "*" in agents or a in agents]
+        if binding:
+            bound.append(pool_view(pool, via=", ".join(binding)))
+    return named + bound

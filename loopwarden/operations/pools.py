@@ -181,6 +181,9 @@ def _control(kind: ReceiptKind, action: str, source: PoolStatus) -> Operation[An
 pool_pause = _control(ReceiptKind.POOL_PAUSED, "pause", PoolStatus.ACTIVE)
 pool_resume = _control(ReceiptKind.POOL_RESUMED, "resume", PoolStatus.PAUSED)
 
+POOL_CONTROLS: dict[str, Operation[Any, Any]] = {"pause": pool_pause, "resume": pool_resume}
+"""The operator's pool controls by action name."""
+
 
 class PoolsRequest(Model):
     name: str | None = Field(default=None, description="Only this pool.")
