@@ -460,3 +460,39 @@ async def test_a_bundle_of_a_pooled_loop_verifies_and_says_what_it_cannot_judge(
     report = verify_bundle(bundle, store.keyring)
     assert report.clean, report.findings
     assert any("budget pools (team-a)" in note for note in report.notes)
+
+
+# --- the admin CLI, in real processes -------------------------------------------------------
+
+
+def test_the_pool_commands_create_change_pause_and_show_a_pool(home, tmp_path):
+    from support import cli, cli_json, cli_open_loop
+
+    made = cli_json(
+        "pool", "create", "team-a", "--max-cost-usd", "200", "--window", "1d",
+        "--max-concurrent-turns", "5", "--as", "carol", "--home", str(home),
+    )  # fmt: skip
+    assert made["created"] and made["pool"]["budgets"]["cost_usd"]["limit"] == 200.0
+    again = cli("pool", "create", "team-a", "--max-turns", "3", "--home", str(home))
+    assert again.returncode == 1 and "exists already" in again.stderr
+    cli_open_loop(home, "L1", make_policy(pools=["team-a"]), ("a",))
+    changed = cli_json("pool", "set", "team-a", "--max-turns", "3", "--home", str(home))
+    assert changed["changed"] and changed["pool"]["budgets"] == {
+        "turns": {"limit": 3, "used": 0, "remaining": 3}
+    }
+    paused = cli_json("pool", "pause", "team-a", "--reason", "incident", "--home", str(home))
+    assert paused["status"] == "paused"
+    listed = cli_json("pool", "list", "--home", str(home))["pools"]
+    assert [(p["name"], p["status"], p["loops"]) for p in listed] == [("team-a", "paused", ["L1"])]
+    bad = cli("pool", "create", "team-b", "--window", "2d", "--max-turns", "1", "--home", str(home))
+    assert bad.returncode == 2 and "window" in bad.stderr
+    assert cli("verify", "--home", str(home)).returncode == 0
+
+
+def test_a_pool_command_on_a_missing_home_creates_nothing(tmp_path):
+    from support import cli
+
+    missing = tmp_path / "nowhere"
+    done = cli("pool", "pause", "team-a", "--home", str(missing))
+    assert done.returncode == 1 and "no loopwarden database" in done.stderr
+    assert not missing.exists()

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from loopwarden.clients import render
-from loopwarden.clients.cli.common import Home, Json, Reason, Store, operate
+from loopwarden.clients.cli.common import As, Home, Json, Reason, Store, operate
 from loopwarden.operations.pools import PoolOut, pool_define, pool_pause, pool_resume, pools
 
 app = typer.Typer(no_args_is_help=True, help="Budget pools: limits that span loops.")
@@ -31,9 +31,9 @@ def _policy(
 
 
 def _define(name: str, policy: dict[str, Any], create_only: bool, *options: Any) -> None:
-    home, store, json_out = options
+    home, store, json_out, who = options
     request = {"name": name, "policy": policy, "create_only": create_only}
-    result = operate(pool_define, request, home, store=store, as_json=json_out)
+    result = operate(pool_define, request, home, store=store, who=who, as_json=json_out)
     if json_out:
         render.emit_json(result.model_dump(mode="json"))
         return
@@ -63,6 +63,7 @@ def _command(create_only: bool, verb: str) -> Any:
         home: Home = None,
         store: Store = None,
         json_out: Json = False,
+        who: As = None,
     ) -> None:
         budgets = _limits(
             max_cost_usd=max_cost_usd,
@@ -74,7 +75,7 @@ def _command(create_only: bool, verb: str) -> Any:
             max_wall_seconds=max_wall_seconds,
         )
         policy = _policy(window, max_concurrent_turns, agent, budgets)
-        _define(name, policy, create_only, home, store, json_out)
+        _define(name, policy, create_only, home, store, json_out, who)
 
     command.__doc__ = (
         f"{verb} a budget pool.\n\nEach limit is for the pool's window: --window total (never "
@@ -142,9 +143,10 @@ def _control(action: str) -> Any:
         home: Home = None,
         store: Store = None,
         json_out: Json = False,
+        who: As = None,
     ) -> None:
         request = {"name": name, "reason": reason}
-        result = operate(op, request, home, store=store, as_json=json_out, create=False)
+        result = operate(op, request, home, store=store, who=who, as_json=json_out, create=False)
         if json_out:
             render.emit_json(result.model_dump(mode="json"))
             return
