@@ -34,7 +34,7 @@ async def main():
     async with open_store(sys.argv[1]) as store:  # WAL and -shm exist while it is open
         await store.write(lambda tx: issue_token(tx, principal("builder", "agent")))
         home = Path(sys.argv[1])
-        for name in ("loopwarden.db", "loopwarden.db-wal", "loopwarden.db-shm"):
+        for name in ("loopwarden.db", "loopwarden.db-wal", "loopwarden.db-shm", "loopwarden.db-waiting"):
             print(name, oct((home / name).stat().st_mode & 0o777))
 
 anyio.run(main)
@@ -56,6 +56,7 @@ def test_the_database_and_its_wal_are_created_0600_even_under_a_permissive_umask
         "loopwarden.db": "0o600",
         "loopwarden.db-wal": "0o600",
         "loopwarden.db-shm": "0o600",
+        "loopwarden.db-waiting": "0o600",  # the writers' waiting room (sqlite.py)
     }
 
 

@@ -350,7 +350,7 @@ POOL_WORKER = textwrap.dedent(
                     refused += "pool_exhausted" in {r.code for r in granted.reasons}
                     continue
                 n += 1
-                await anyio.sleep(0.02)  # hold the turn a moment: others claim meanwhile
+                await anyio.sleep(0.005)  # hold the turn a moment: others claim meanwhile
                 await update(store, who, UpdateRequest(
                     turn_id=granted.turn_id, fence=granted.fence, outcome="completed",
                     usage=Usage(model_calls=1, cost_usd=0.01),
@@ -360,7 +360,7 @@ POOL_WORKER = textwrap.dedent(
             if refused == len(loops):  # the pool is spent for every loop
                 done.append(0)  # (this agent saw it spent)
                 break
-            await anyio.sleep(0.01)
+            await anyio.sleep(0.002)
         done.append(n)
 
 
@@ -370,7 +370,7 @@ POOL_WORKER = textwrap.dedent(
         (home / f"ready-{worker}").touch()
         deadline = time.monotonic() + 40
         while not (home / "go").exists():
-            await anyio.sleep(0.01)
+            await anyio.sleep(0.002)
         done = []
         try:
             async with anyio.create_task_group() as tg:
@@ -432,11 +432,9 @@ async def test_processes_sharing_a_pool_never_overdraw_it_by_one_unit(
     assert sum(granted for granted, _ in per_worker) == limit, per_worker  # none past the limit
     # Every agent of every process saw the pool spent: each decided on the others' writes.
     assert all(agents == 16 for _, agents in per_worker), per_worker
-    claimers = await store.read(
-        lambda r: {j.turn_id and r.turn(j.turn_id).agent for j in r.iter_journal()
-                   if j.kind == "turn.claimed"}
-    )  # fmt: skip
-    assert len(claimers) >= 4, f"no real concurrency: {claimers}"
+    # ... and each was granted some: no process's writer starves the others (on SQLite, one
+    # whose queue never empties could take the file's write lock back at every commit).
+    assert all(granted for granted, _ in per_worker), f"a process was starved: {per_worker}"
     state = await pool_state(store, "shared")
     assert state.budgets["turns"].used == limit and state.active_turns == 0
     rows = await store.read(lambda r: [r.loop_row(loop_id) for loop_id in loops])

@@ -514,6 +514,95 @@ async def test_several_processes_share_one_store_without_breaking_invariants(hom
         await store.close()
 
 
+SATURATOR = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+
+    import anyio
+
+    from loopwarden.ledger.log.keys import KeyStore
+    from loopwarden.ledger.state.events import Evidence
+    from loopwarden.ledger.storage.store import Store
+    from loopwarden.operations.claim import ClaimRequest, claim
+    from loopwarden.operations.update import UpdateRequest, update
+    from loopwarden.principals import Principal
+
+
+    async def agent(store, name, turns, home):
+        who = Principal(id=name, role="agent")
+        for n in range(turns):
+            granted = await claim(store, who, ClaimRequest(loop_id="busy"))
+            assert granted.granted, granted.reasons
+            await update(store, who, UpdateRequest(
+                turn_id=granted.turn_id, fence=granted.fence, outcome="progress",
+                evidence=[Evidence(kind="test", summary="ok")], summary="busy",
+                idempotency_key=f"{name}-{n}",
+            ))
+            if n == 10:
+                (home / "running").touch()
+
+
+    async def main(home, turns):
+        store = await Store.open(home / "loopwarden.db", KeyStore(home).load_signer())
+        try:
+            async with anyio.create_task_group() as tg:  # 8 agents: the queue is never empty
+                for a in range(8):
+                    tg.start_soon(agent, store, f"busy{a}", turns, home)
+        finally:
+            await store.close()
+
+
+    anyio.run(main, Path(sys.argv[1]), int(sys.argv[2]))
+    """
+)
+
+
+async def test_a_process_writing_flat_out_does_not_starve_another_process(home, tmp_path):
+    """One process with 8 agents keeps its store's queue full, so it could take SQLite's write
+    lock back the moment it commits, for as long as it runs; another process's writes must
+    still land while it runs, not after it (the order in the log says which)."""
+    store = await open_store(home)
+    try:
+        policy = {**WIDE_POLICY, "agents": ["*"], "budgets": {"max_turns": 100_000}}
+        policy["claims"] = {**policy["claims"], "max_active": 8, "max_active_per_agent": 1}
+        await open_test_loop(store, 8, policy, loop_id="busy")
+        await open_test_loop(store, 8, policy, loop_id="other")
+        script = tmp_path / "saturator.py"
+        script.write_text(SATURATOR)
+        env = {**os.environ, "PYTHONPATH": str(Path(loopwarden.__file__).resolve().parent.parent)}
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(home), "150"],
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not (home / "running").exists():
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()  # type: ignore[union-attr]
+                await anyio.sleep(0.01)
+            for n in range(5):
+                assert await work_one(store, REVIEWER, "other", f"other-{n}")
+            _, err = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=120))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, err
+        leaves = await store.read(
+            lambda r: {
+                lid: [j.leaf_index for j in r.loop_journal(lid)] for lid in ("busy", "other")
+            }
+        )
+        busy_after = [leaf for leaf in leaves["busy"] if leaf > max(leaves["other"])]
+        assert len(busy_after) > 100, (
+            f"the other process waited for the busy one to end: {busy_after}"
+        )
+    finally:
+        await store.close()
+
+
 # --- schema migrations -----------------------------------------------------------------------
 
 

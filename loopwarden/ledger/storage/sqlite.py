@@ -1,7 +1,13 @@
 """The SQLite backend: one database file in WAL mode, shared safely by several processes.
 
 Writes: one connection, owned by the store's writer thread (`worker.py`); a write transaction
-is `BEGIN IMMEDIATE`, so writers in every process sharing the file take turns.
+is `BEGIN IMMEDIATE`, so writers in every process sharing the file take turns — fairly: SQLite's
+own busy handler sleeps ever longer between tries (up to 100 ms), so a process whose queue is
+never empty (group commit) takes the lock back the moment it commits and can starve the others
+for as long as it runs. Here a writer that finds the lock taken says so in a *waiting room* (a
+shared `flock` on a file beside the database) and tries again every fraction of a millisecond;
+a writer that commits while someone waits steps aside for a moment before its next `BEGIN`.
+Uncontended, that is one non-blocking `flock` per commit.
 
 Reads: an aiosqlite connection. aiosqlite runs its sqlite3 connection on a thread of its own,
 fed by a queue, which is what the async side wants; its public API is one await per statement.
@@ -19,7 +25,9 @@ On the writer thread no `await` can split one.
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -39,6 +47,78 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 30_000
 WAL_AUTOCHECKPOINT_PAGES = 4_000
+RETRY_SECONDS = (0.0002, 0.001)  # a waiting writer tries `BEGIN IMMEDIATE` again after this
+STEP_ASIDE_SECONDS = 0.002  # a committing writer pauses this long when another one waits
+
+
+class WaitingRoom:
+    """Writers of other processes waiting for the file's write lock: a shared `flock` on
+    `<database>-waiting` held while waiting; a free exclusive one means nobody waits. Where
+    there is no `flock` (Windows) nobody is ever seen waiting: SQLite's own order applies."""
+
+    def __init__(self, database: Path) -> None:
+        self._fd: int | None = None
+        try:
+            import fcntl
+
+            self._flock = fcntl.flock
+            self._shared, self._exclusive = fcntl.LOCK_SH, fcntl.LOCK_EX | fcntl.LOCK_NB
+            self._unlock = fcntl.LOCK_UN
+            path = database.with_name(database.name + "-waiting")
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except (ImportError, OSError):
+            self._fd = None
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        if self._fd is None:
+            yield
+            return
+        self._flock(self._fd, self._shared)
+        try:
+            yield
+        finally:
+            self._flock(self._fd, self._unlock)
+
+    def anyone_waiting(self) -> bool:
+        if self._fd is None:
+            return False
+        try:
+            self._flock(self._fd, self._exclusive)
+        except BlockingIOError:
+            return True
+        self._flock(self._fd, self._unlock)
+        return False
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def begin_immediate(conn: sqlite3.Connection, room: WaitingRoom) -> None:
+    """`BEGIN IMMEDIATE`, waiting in `room` for at most `BUSY_TIMEOUT_MS` (the connection's own
+    busy timeout is 0: the waiting is done here, trying often)."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        return
+    except sqlite3.OperationalError as exc:
+        if not _busy(exc):
+            raise
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    with room.waiting():
+        while True:
+            time.sleep(random.uniform(*RETRY_SECONDS))
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc) or time.monotonic() > deadline:
+                    raise
 
 
 class SqliteDialect(Dialect):
@@ -143,6 +223,8 @@ class SqliteBackend:
         self.synchronous = synchronous
         path.parent.mkdir(parents=True, exist_ok=True)
         self.writer: SqliteConnection = connect(path, synchronous=synchronous)
+        self.writer.execute("PRAGMA busy_timeout = 0")  # the write lock is waited for in `begin`
+        self._room = WaitingRoom(path)
         self._reader: aiosqlite.Connection | None = None
         self._reader_conn: sqlite3.Connection | None = None
 
@@ -162,7 +244,7 @@ class SqliteBackend:
     @contextmanager
     def migrating(self) -> Iterator[None]:
         """`BEGIN IMMEDIATE`: the file's one writer, in every process, until COMMIT."""
-        self.writer.execute("BEGIN IMMEDIATE")
+        begin_immediate(self.writer, self._room)
         try:
             yield
             self.writer.execute("COMMIT")
@@ -177,10 +259,12 @@ class SqliteBackend:
     # --- the write transaction (on the writer thread) ------------------------------------------
 
     def begin(self) -> None:
-        self.writer.execute("BEGIN IMMEDIATE")
+        begin_immediate(self.writer, self._room)
 
     def commit(self) -> None:
         self.writer.execute("COMMIT")
+        if self._room.anyone_waiting():  # let the writer that waits have its turn
+            time.sleep(STEP_ASIDE_SECONDS)
 
     def rollback(self) -> None:
         _rollback(self.writer)
@@ -222,9 +306,11 @@ class SqliteBackend:
 
     def close_now(self) -> None:
         self.writer.close()
+        self._room.close()
 
     async def close(self) -> None:
         self.writer.close()
+        self._room.close()
         if self._reader is not None:
             reader, self._reader = self._reader, None
             await reader.close()
