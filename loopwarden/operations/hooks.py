@@ -259,7 +259,7 @@ def _seal(
 def _attach(call: Call[Txn], req: HookEvent) -> None:
     """Seal `host.attached` for a session the loop has not seen from this agent."""
     seen = call.loop.hosts.get(call.who.id)
-    if seen is not None and (seen[0], seen[1]) == (req.host, req.session_id):
+    if seen is not None and (seen.host, seen.session_id) == (req.host, req.session_id):
         return
     call.tx.append(
         call.loop.loop_id,

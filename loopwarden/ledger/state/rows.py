@@ -8,7 +8,7 @@ the store persists exactly those values; the read side returns them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.model import LoopPolicy
@@ -23,6 +23,22 @@ from loopwarden.statuses import (
 )
 
 R = TypeVar("R")
+
+
+class HostSeen(NamedTuple):
+    """The host session an agent's hooks last spoke from, and when."""
+
+    host: str
+    session_id: str
+    at: str
+
+
+class Observed(NamedTuple):
+    """What a host's hooks saw of one policy tool in a turn: calls admitted before they ran,
+    calls seen after they ran."""
+
+    admitted: int
+    ran: int
 
 
 @dataclass(frozen=True)
@@ -43,8 +59,8 @@ class LoopRow:
     updated_at: str
     open_turns: tuple[str, ...] = ()  # ids of the open turns, in claim order (≤ claims.max_active)
     slots: int = 0  # rows created so far; each todo, turn and approval has its own slot
-    # Per agent, the host session its hooks last spoke from: (host, session id, time).
-    hosts: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    # Per agent, the host session its hooks last spoke from.
+    hosts: dict[str, HostSeen] = field(default_factory=dict)
 
     def count(self, status: TodoStatus) -> int:
         return self.todo_counts[TODO_STATUSES.index(status)]
@@ -86,9 +102,9 @@ class TurnRow:
     outcome: str | None
     slot: int = 0
     number: int = 0  # 1 for the loop's first claim, and so on (claims are numbered in time order)
-    # What the host's hooks saw in this turn, per policy tool name: (calls admitted before they
-    # ran, calls seen after they ran); `refusals`: tool calls refused before they ran.
-    observed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # What the host's hooks saw in this turn, per policy tool name; `refusals`: tool calls
+    # refused before they ran.
+    observed: dict[str, Observed] = field(default_factory=dict)
     reported: dict[str, int] = field(default_factory=dict)  # the accepted report's tools_used
     refusals: int = 0
     # Tool calls charged against max_tool_calls for this turn so far (by its reports, its lease's
@@ -101,8 +117,8 @@ class TurnRow:
 
     def observed_calls(self, tool: str) -> int:
         """Calls of `tool` the host saw: admitted or ran, whichever hook saw more."""
-        admitted, ran = self.observed.get(tool, (0, 0))
-        return max(admitted, ran)
+        seen = self.observed.get(tool, Observed(0, 0))
+        return max(seen.admitted, seen.ran)
 
     @property
     def observed_total(self) -> int:

@@ -61,7 +61,7 @@ def claim_facts(
 def host_attached(loop: LoopRow, agent: str, now: datetime, lease_seconds: int) -> bool:
     """Whether `agent`'s host hooks spoke for this loop within the last lease window."""
     seen = loop.hosts.get(agent)
-    return seen is not None and parse_time(seen[2]) >= now - timedelta(seconds=lease_seconds)
+    return seen is not None and parse_time(seen.at) >= now - timedelta(seconds=lease_seconds)
 
 
 def observed_counts(turn: TurnRow) -> tuple[tuple[str, int], ...]:

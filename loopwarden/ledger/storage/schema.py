@@ -21,7 +21,9 @@ from typing import Any
 from loopwarden.errors import IntegrityError
 from loopwarden.ledger.state.rows import (
     ApprovalRow,
+    HostSeen,
     LoopRow,
+    Observed,
     PoolRow,
     PoolUsage,
     TodoRow,
@@ -85,10 +87,8 @@ def _enum(kind: type) -> Codec:
 
 STRINGS = Codec(lambda v: json.dumps(list(v)), lambda s: tuple(json.loads(s)))
 """A tuple of strings as a JSON array."""
-HOSTS = Codec(_json_object, lambda s: {a: tuple(seen) for a, seen in json.loads(s).items()})
-OBSERVED = Codec(
-    _json_object, lambda s: {t: (seen[0], seen[1]) for t, seen in json.loads(s).items()}
-)
+HOSTS = Codec(_json_object, lambda s: {a: HostSeen(*seen) for a, seen in json.loads(s).items()})
+OBSERVED = Codec(_json_object, lambda s: {t: Observed(*seen) for t, seen in json.loads(s).items()})
 COUNTS = Codec(_json_object, json.loads)
 BLOB = Codec(None, bytes)
 FLAG = Codec(int, bool)

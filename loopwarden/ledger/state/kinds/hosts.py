@@ -15,7 +15,7 @@ from loopwarden.ledger.state.events import (
 )
 from loopwarden.ledger.state.folding import FoldError, open_turn
 from loopwarden.ledger.state.judging import Judging, Verdict, VerdictRule, codes_of, verdicts
-from loopwarden.ledger.state.rows import LoopView, Touched, TurnRow, replace
+from loopwarden.ledger.state.rows import HostSeen, LoopView, Observed, Touched, TurnRow, replace
 from loopwarden.ledger.state.spec import OBSERVERS, KindSpec
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.decision import ReasonCode
@@ -44,7 +44,7 @@ def _host_seen(
     view: LoopView, body: ReceiptBody, f: HostAttached | ToolCall | ToolObserved
 ) -> None:
     """Every hook receipt records the host session the agent's hooks speak from."""
-    hosts = {**view.loop.hosts, body.principal.id: (f.host, f.session_id, body.at)}
+    hosts = {**view.loop.hosts, body.principal.id: HostSeen(f.host, f.session_id, body.at)}
     view.loop = replace(view.loop, hosts=hosts)
 
 
@@ -70,8 +70,10 @@ def _tool_seen(view: LoopView, body: ReceiptBody, f: ToolCall | ToolObserved) ->
     if isinstance(f, ToolRefused):
         view.turns[turn.turn_id] = replace(turn, refusals=turn.refusals + 1)
         return
-    admitted, ran = turn.observed.get(f.tool, (0, 0))
-    seen = (admitted + 1, ran) if isinstance(f, ToolAdmitted) else (admitted, ran + 1)
+    admitted, ran = turn.observed.get(f.tool, Observed(0, 0))
+    seen = (
+        Observed(admitted + 1, ran) if isinstance(f, ToolAdmitted) else Observed(admitted, ran + 1)
+    )
     view.turns[turn.turn_id] = replace(turn, observed={**turn.observed, f.tool: seen})
 
 
