@@ -41,11 +41,6 @@ class LoopwardenError(Exception):
 
     code = "error"
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        if code is not None:
-            self.code = code
-
     @property
     def message(self) -> str:
         return str(self.args[0]) if self.args else self.code
@@ -91,6 +86,44 @@ class IntegrityError(StoreError):
     """The stored journal, Merkle log or projection disagree; the store refuses to serve."""
 
     code = "integrity_error"
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot take the request now (starting, stopping, closed, or its connection
+    lost before the write committed): nothing was written; retry."""
+
+    code = "store_unavailable"
+
+
+class StoreBusy(StoreError):
+    """The database's write lock could not be had in time: nothing was written; retry."""
+
+    code = "store_busy"
+
+
+class CommitUnknown(StoreError):
+    """The connection was lost while committing and the outcome could not be read back: retry
+    with the same idempotency key (a repeat returns the original result if it committed)."""
+
+    code = "commit_unknown"
+
+
+class SecretMismatch(StoreError):
+    """This process's integrity secret is not the one the database was opened with."""
+
+    code = "integrity_secret_mismatch"
+
+
+class AddressInUse(LoopwardenError):
+    """Another server listens on the address `serve` was given."""
+
+    code = "address_in_use"
+
+
+class BindFailed(LoopwardenError):
+    """`serve` could not listen on its address for another reason (the message says which)."""
+
+    code = "bind_failed"
 
 
 class KeyFileError(LoopwardenError):

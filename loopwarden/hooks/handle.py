@@ -10,7 +10,7 @@ import logging
 from pydantic import ValidationError
 
 from loopwarden import hosts
-from loopwarden.errors import LoopwardenError, describe_validation
+from loopwarden.errors import IntegrityError, LoopwardenError, StoreError, describe_validation
 from loopwarden.hosts.host import MAX_EVENT, Event, MalformedEvent, Reply
 from loopwarden.ledger.storage.store import Store
 from loopwarden.observe.observer import Attribute
@@ -50,7 +50,7 @@ def _failed(host: str, event: Event | None, exc: BaseException, loop_id: str, ag
     if isinstance(exc, ValidationError):
         return protocol.failure(phase, describe_validation(exc))
     if isinstance(exc, LoopwardenError):
-        if exc.code in ("integrity_error", "store_error"):
+        if isinstance(exc, IntegrityError) or type(exc) is StoreError:  # not a retryable one
             log.error("hook for %s in loop %s failed: %s", agent, loop_id, exc)
         return protocol.failure(phase, exc.message)
     # Fail closed, and never a traceback to the model.

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from loopwarden.clock import Clock, system_clock
-from loopwarden.errors import StoreError
+from loopwarden.errors import StoreUnavailable
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.storage.store import Store
 from loopwarden.observe import NOBODY, Observer
@@ -37,7 +37,7 @@ class Runtime:
 
     def require_store(self) -> Store:
         if self.store is None:
-            raise StoreError("the server is starting or stopping; retry", code="store_unavailable")
+            raise StoreUnavailable("the server is starting or stopping; retry")
         return self.store
 
     @asynccontextmanager

@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 
 from loopwarden.clock import format_time, system_clock
-from loopwarden.errors import LoopwardenError
+from loopwarden.errors import AddressInUse, BindFailed
 from loopwarden.ledger.storage.store import snapshot
 from loopwarden.server.connections import ConnectionGuard, connection_ceiling, guarded_protocol
 from loopwarden.server.oauth import BearerGate, metadata_routes
@@ -69,10 +69,8 @@ def listen(host: str, port: int) -> socket.socket:
         where = f"{url_host(host)}:{port}"
         if exc.errno == errno.EADDRINUSE:
             message = f"address in use: {where} (another server is listening there)"
-            raise LoopwardenError(message, code="address_in_use") from None
-        raise LoopwardenError(
-            f"cannot listen on {where}: {exc.strerror}", code="bind_failed"
-        ) from None
+            raise AddressInUse(message) from None
+        raise BindFailed(f"cannot listen on {where}: {exc.strerror}") from None
     return sock
 
 

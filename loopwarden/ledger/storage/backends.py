@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
-from loopwarden.errors import StoreError
+from loopwarden.errors import StoreUnavailable
 from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.storage.dialect import Connection, Dialect
 from loopwarden.ledger.storage.table import Table
@@ -32,10 +32,8 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-class StoreClosed(StoreError):
+class StoreClosed(StoreUnavailable):
     """The store (or its read side) is closed: nothing more can be read or written through it."""
-
-    code = "store_unavailable"
 
     def __init__(self, detail: str | None = None) -> None:
         super().__init__("the store is closed" + (f" ({detail})" if detail else ""))

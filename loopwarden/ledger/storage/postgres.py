@@ -42,7 +42,7 @@ from typing import Any, ClassVar, TypeVar
 import psycopg
 
 from loopwarden.clock import format_time
-from loopwarden.errors import StoreError
+from loopwarden.errors import CommitUnknown, SecretMismatch, StoreError, StoreUnavailable
 from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.storage.backends import Backend, StoreClosed, Synchronous, first_line
 from loopwarden.ledger.storage.dialect import Connection, Dialect
@@ -162,11 +162,10 @@ def check_secret(conn: PgConnection, integrity: Integrity) -> None:
     conn.execute(POSTGRESQL.insert_new(META), ("secret_check", expected))
     stored = conn.execute("SELECT value FROM meta WHERE key = 'secret_check'").fetchone()
     if stored is None or stored[0] != expected:
-        raise StoreError(
+        raise SecretMismatch(
             "this replica's integrity secret (keys/integrity.key) is not the one the database "
             "was opened with: every replica needs the same secret. Copy keys/integrity.key from "
-            "the first replica's home.",
-            code="integrity_secret_mismatch",
+            "the first replica's home."
         )
 
 
@@ -267,17 +266,15 @@ class PostgresBackend:
             self._settle(pid)
             found = self.writer.execute("SELECT 1 FROM commits WHERE id = ?", (marker,)).fetchone()
         except (psycopg.Error, StoreError):
-            raise StoreError(
+            raise CommitUnknown(
                 "the database connection was lost while committing, and whether the write "
                 "committed could not be read back; retry with the same idempotency key (a "
-                "repeat returns the original result if it did)",
-                code="commit_unknown",
+                "repeat returns the original result if it did)"
             ) from lost
         if found is None:
-            raise StoreError(
+            raise StoreUnavailable(
                 f"the database connection was lost before the write committed; nothing was "
-                f"written ({first_line(lost)})",
-                code="store_unavailable",
+                f"written ({first_line(lost)})"
             ) from lost
 
     def _settle(self, pid: int) -> None:
@@ -289,7 +286,7 @@ class PostgresBackend:
             "SELECT 1 FROM pg_stat_activity WHERE pid = ?", (pid,)
         ).fetchone():
             if time.monotonic() > deadline:
-                raise StoreError("the lost session did not end", code="commit_unknown")
+                raise CommitUnknown("the lost session did not end")
             if not asked:
                 self.writer.execute("SELECT pg_terminate_backend(?)", (pid,))
                 asked = True

@@ -31,7 +31,7 @@ import anyio
 import anyio.to_thread
 
 from loopwarden.clock import Clock, system_clock
-from loopwarden.errors import IntegrityError, NotFound, StoreError
+from loopwarden.errors import IntegrityError, NotFound, StoreBusy, StoreError, StoreUnavailable
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import Keyring, KeyStore, Signer
@@ -205,9 +205,7 @@ class Store:
         (no group commit, no event loop): the same transaction, committed whole or not at all.
         A store opened with `open` has a writer thread that owns its connection: `StoreError`."""
         if self._closed or self._started:
-            raise StoreError(
-                "write_now is for a store opened with open_now", code="store_unavailable"
-            )
+            raise StoreUnavailable("write_now is for a store opened with open_now")
         job = Job(fn, None, groupable=False)
         self._commit_group([job])
         if job.error is not None:
@@ -261,7 +259,7 @@ class Store:
         try:
             backend.begin()
         except BaseException as exc:
-            busy = StoreError(f"the database is unavailable: {exc}", code="store_busy")
+            busy = StoreBusy(f"the database is unavailable: {exc}")
             self._finish(batch, busy)
             return
         try:
