@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import anyio
 import anyio.to_thread
@@ -60,6 +60,19 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class OpenOptions(TypedDict, total=False):
+    """`Store.open`'s options: `Store.open_now`'s keyword arguments."""
+
+    keyring: Keyring | None
+    secret: bytes | None
+    key_dir: Path | None
+    clock: Clock
+    checkpoint_every: int
+    synchronous: Synchronous
+    check: bool
+    create: bool
 
 
 class Store:
@@ -100,18 +113,7 @@ class Store:
 
     @classmethod
     async def open(
-        cls,
-        location: Path | str | Location,
-        signer: Signer,
-        *,
-        keyring: Keyring | None = None,
-        secret: bytes | None = None,
-        key_dir: Path | None = None,
-        clock: Clock = system_clock,
-        checkpoint_every: int = 256,
-        synchronous: Synchronous = "full",
-        check: bool = True,
-        create: bool = True,
+        cls, location: Path | str | Location, signer: Signer, **options: Unpack[OpenOptions]
     ) -> Store:
         """Open (creating and migrating if needed) the store at `location`: a path or
         `sqlite:///PATH` for SQLite, `postgresql://…` for PostgreSQL (`location.py`).
@@ -122,22 +124,12 @@ class Store:
         file's directory, and a PostgreSQL store needs one of the two). With `check` (the
         default) the store refuses to serve a database whose journal head, Merkle frontier and
         projection disagree: `IntegrityError`, and `loopwarden verify` explains what is wrong.
-        With `create` false a store that does not exist yet is `NotFound`, and not made.
+        With `create` false a store that does not exist yet is `NotFound`, and not made. The
+        options and their defaults are `open_now`'s.
         """
 
         def _open() -> Store:
-            return cls.open_now(
-                location,
-                signer,
-                keyring=keyring,
-                secret=secret,
-                key_dir=key_dir,
-                clock=clock,
-                checkpoint_every=checkpoint_every,
-                synchronous=synchronous,
-                check=check,
-                create=create,
-            )
+            return cls.open_now(location, signer, **options)
 
         store = await anyio.to_thread.run_sync(_open)
         try:
