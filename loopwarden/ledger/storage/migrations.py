@@ -14,14 +14,21 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from loopwarden.errors import StoreError
 from loopwarden.ledger.log.integrity import LOG_MAC, Integrity
 from loopwarden.ledger.storage.backends import Backend
 from loopwarden.ledger.storage.dialect import Connection, Dialect
 from loopwarden.ledger.storage.rebuild import rebuild_projection
-from loopwarden.ledger.storage.schema import LOG_STATE, META, REBUILT_AT, SCHEMA_VERSION
-from loopwarden.ledger.storage.table import Column, SqlType
+from loopwarden.ledger.storage.schema import (
+    EXPORT_CURSORS,
+    LOG_STATE,
+    META,
+    REBUILT_AT,
+    SCHEMA_VERSION,
+)
+from loopwarden.ledger.storage.table import Column, SqlType, Table
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,19 @@ class AddColumn:
         return [dialect.add_column(self.table, self.column)]
 
 
-Step = AddColumn
+@dataclass(frozen=True)
+class CreateTable:
+    """Create a table, with its indexes, as the schema `version` describes it: the columns a
+    later version adds to it are that version's own steps, so this one never changes."""
+
+    table: Table[Any]
+    version: int
+
+    def statements(self, dialect: Dialect) -> list[str]:
+        return dialect.create(self.table.as_of(self.version))
+
+
+Step = AddColumn | CreateTable
 """One schema change a dialect spells (more kinds join as versions need them)."""
 
 DOCUMENT, INTEGER = SqlType.DOCUMENT, SqlType.INTEGER
@@ -59,6 +78,10 @@ UPGRADES: dict[int, tuple[Step, ...]] = {
         AddColumn("turns", Column("tool_calls_charged", INTEGER, default=0)),
         AddColumn("turns", Column("settled", INTEGER, default=0)),
     ),
+    # version 8: export sinks (server/sink.py). Each sink's cursor (the last leaf index its
+    # receiver acknowledged), its lease (which process sends), and its last success and error.
+    # Operational state beside the journal: nothing to re-derive.
+    8: (CreateTable(EXPORT_CURSORS, 8),),
 }
 assert max(UPGRADES) == SCHEMA_VERSION, "a new schema version needs its upgrade here"
 

@@ -21,6 +21,7 @@ from loopwarden.errors import IntegrityError
 from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.ledger.storage.records import (
     CheckpointRow,
+    ExportCursor,
     IdempotencyRecord,
     JournalRow,
     OutsiderRefusal,
@@ -30,7 +31,7 @@ from loopwarden.ledger.storage.table import Codec, Column, Group, Index, SqlType
 from loopwarden.policy.budgets import Totals
 from loopwarden.statuses import ApprovalStatus, LoopStatus, TodoStatus, TurnStatus
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 LEGACY_SCHEMA = 3
 """The last schema without the proof fields (loopwarden 0.1.0): still readable by an audit."""
 REBUILT_AT = 7
@@ -339,6 +340,24 @@ OUTSIDER_REFUSALS = Table(
 )
 """The receipts that are refusals of outsiders (operations/outsiders.py), and the refusals
 answered after each without being sealed."""
+EXPORT_CURSORS = Table(
+    "export_cursors",
+    ExportCursor,
+    (
+        _text("sink", since=8),
+        _int("exported", since=8),
+        _text("target", since=8),
+        _null("holder", since=8),
+        _null("lease_expires_at", since=8),
+        _null("succeeded_at", since=8),
+        _null("failed_at", since=8),
+        _null("error", since=8),
+        _int("sent", default=0, since=8),
+    ),
+    key=("sink",),
+)
+"""Each export sink's cursor and lease (`serve --export-webhook`, `server/sink.py`): operational
+state beside the journal, never part of a proof (the audit and the start-up check ignore it)."""
 
 TABLES: tuple[Table[Any], ...] = (
     META,
@@ -355,5 +374,6 @@ TABLES: tuple[Table[Any], ...] = (
     IDEMPOTENCY,
     TOKENS,
     OUTSIDER_REFUSALS,
+    EXPORT_CURSORS,
 )
 """Every table of every backend (a backend may keep tables of its own besides)."""
