@@ -17,7 +17,18 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import audit, backends, dashboard, hooks, kernel, memory, scale, startup, transport
+from bench import (
+    audit,
+    backends,
+    dashboard,
+    hooks,
+    kernel,
+    memory,
+    scale,
+    startup,
+    telemetry,
+    transport,
+)
 from bench import harness as h
 from bench.report import Section, console_summary, read_previous, render
 
@@ -32,6 +43,7 @@ FAMILIES = {
     "dashboard": (dashboard, 10, 60),
     "backends": (backends, 10, 60),
     "hooks": (hooks, 6, 30),
+    "telemetry": (telemetry, 5, 20),
 }
 BUDGET = {True: 50.0, False: 550.0}  # seconds: quick, full
 MAX_STRETCH = 1.5  # a family never gets more than this times its nominal share

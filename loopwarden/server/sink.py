@@ -175,7 +175,9 @@ class WebhookSink:
         status, error = await self._post(http, look.rows, look.origin)
         if status is not None and 200 <= status < 300:
             await self._delivered(look.rows)
-            return 0.0
+            # A full batch: more are waiting, send on. Else let the next batch gather for a
+            # poll interval: one POST and one cursor write per interval, not per receipt.
+            return 0.0 if len(look.rows) == self.pacing.batch else self.pacing.poll
         return await self._failed(failure(error, status))
 
     async def _post(
