@@ -494,3 +494,33 @@ def test_spans_dropped_by_a_full_queue_or_refused_by_the_collector_are_counted(m
     release.set()
     provider.shutdown()
     assert dropped["export_failed"] >= 1
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_server_exposes():
+    import json
+    import re
+    from pathlib import Path
+
+    from loopwarden.observe.telemetry import Telemetry
+
+    telemetry = Telemetry(tracing=False, metrics=True, version="test")
+    telemetry.gauge("writer_queue_depth", "queued writes", lambda: 0)
+    telemetry.exported("webhook", sent=1, failed=1, takeovers=1, lag=0)
+    telemetry._dropped("queue_full", 1)
+    exposition = telemetry.metrics()
+    assert exposition is not None
+    exposed = {
+        sample.name
+        for family in text_string_to_metric_families(exposition[0].decode())
+        for sample in family.samples
+    } | {"loopwarden_decisions_total", "loopwarden_decision_seconds_bucket"}
+    dashboard = json.loads(
+        (Path(__file__).parent.parent / "examples" / "grafana-dashboard.json").read_text()
+    )
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"loopwarden_\w+", target["expr"])
+    }
+    assert queried and queried <= exposed, queried - exposed
