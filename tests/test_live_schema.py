@@ -29,7 +29,6 @@ from loopwarden.ledger.storage.dialect import Dialect
 from loopwarden.ledger.storage.migrations import (
     SQLITE_VERSION_1,
     UPGRADES,
-    CreateTable,
     migrate,
 )
 from loopwarden.ledger.storage.schema import SCHEMA_VERSION
@@ -277,10 +276,7 @@ async def test_a_version_5_postgresql_store_upgraded_has_exactly_the_described_s
     with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what version 5 made
         for version in sorted(UPGRADES, reverse=True):
             for step in UPGRADES[version]:
-                if isinstance(step, CreateTable):
-                    conn.execute(f"DROP TABLE {step.table.name}")
-                else:
-                    conn.execute(f"ALTER TABLE {step.table} DROP COLUMN {step.column.name}")
+                conn.execute(step.reverted())
         conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
     await _used(home, pg_url)
     assert_pg_schema(pg_url)

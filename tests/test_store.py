@@ -611,9 +611,7 @@ async def test_a_version_5_store_is_migrated_to_6_and_its_rows_proved_again(
         else "UPDATE meta SET value = '5' WHERE key = 'schema_version'"
     )
     dropped = [
-        f"ALTER TABLE {step.table} DROP COLUMN {step.column.name}"
-        for number in sorted(UPGRADES, reverse=True)
-        for step in UPGRADES[number]
+        step.reverted() for number in sorted(UPGRADES, reverse=True) for step in UPGRADES[number]
     ]
     assert "ALTER TABLE loops DROP COLUMN hosts" in dropped
     _raw_sql(backend, store_url, *dropped, version)

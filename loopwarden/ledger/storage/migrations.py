@@ -41,6 +41,10 @@ class AddColumn:
     def statements(self, dialect: Dialect) -> list[str]:
         return [dialect.add_column(self.table, self.column)]
 
+    def reverted(self) -> str:
+        """The statement that takes the step back (how tests remake an older store)."""
+        return f"ALTER TABLE {self.table} DROP COLUMN {self.column.name}"
+
 
 @dataclass(frozen=True)
 class CreateTable:
@@ -52,6 +56,10 @@ class CreateTable:
 
     def statements(self, dialect: Dialect) -> list[str]:
         return dialect.create(self.table.as_of(self.version))
+
+    def reverted(self) -> str:
+        """The statement that takes the step back (how tests remake an older store)."""
+        return f"DROP TABLE {self.table.name}"
 
 
 Step = AddColumn | CreateTable
