@@ -27,6 +27,7 @@ from bench import (
     pools,
     scale,
     startup,
+    telemetry,
     transport,
 )
 from bench import harness as h
@@ -43,6 +44,7 @@ FAMILIES = {
     "dashboard": (dashboard, 10, 60),
     "backends": (backends, 10, 60),
     "hooks": (hooks, 6, 30),
+    "telemetry": (telemetry, 5, 20),
     "pools": (pools, 5, 25),
 }
 BUDGET = {True: 50.0, False: 550.0}  # seconds: quick, full

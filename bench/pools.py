@@ -1,4 +1,4 @@
-"""Family 10 — budget pools: what drawing from pools costs a governed turn.
+"""Family 11 — budget pools: what drawing from pools costs a governed turn.
 
 Two loops on one store, the same policy but for `pools`: one draws from none, the other from
 three (a total pool, a daily pool and one bound to the agent, so that every claim checks three
@@ -64,7 +64,7 @@ async def run(quick: bool, budget: float) -> Section:
     deadline = h.Deadline(budget)
     section = Section(
         family=NAME,
-        number=10,
+        number=11,
         title="Budget pools",
         how=(
             "one store (SQLite, synchronous=full), two loops with the same policy; `pooled` "

@@ -1518,6 +1518,47 @@ def test_events_prints_every_receipt_as_a_cloudevent_in_log_order_and_resumes_af
     assert code == 2 and "--after -2" in out["message"]
 
 
+def test_receipts_format_cloudevents_is_the_events_feed_of_the_store_or_of_one_loop(
+    home, loop, policy_file
+):
+    other = ok_json(f"loop open --policy {policy_file} --objective o --home {home}")["loop_id"]
+    ok_json(f"loop pause {loop} --home {home}")
+    every = _events(f"events --home {home}")
+    assert _events(f"receipts --format cloudevents --home {home}") == every
+    assert _events(f"receipts {loop} --format cloudevents --home {home}") == [
+        e for e in every if e["subject"] == loop
+    ]
+    paused = _events(f"receipts {loop} --format cloudevents --kind loop.paused --home {home}")
+    assert [e["type"] for e in paused] == ["io.github.loopwarden.receipt.loop.paused"]
+    assert {e["subject"] for e in every} == {loop, other}
+    code, out = cli_json(f"receipts --home {home}")
+    assert code == 2 and "--format cloudevents" in out["message"]
+
+
+def test_export_status_shows_each_sinks_cursor_lag_error_and_live_lease(home, loop):
+    async def sink() -> None:
+        async with admin.open_store(home) as store:
+            await store.write(
+                lambda tx: tx.take_export_lease("siem", "host/1/ab", "https://x", 600)
+            )
+            await store.write(lambda tx: tx.advance_export("siem", "host/1/ab", 0, 1, 600))
+            await store.write(lambda tx: tx.note_export_failure("siem", "host/1/ab", "HTTP 503"))
+
+    code, empty = cli_json(f"export-status --home {home}")
+    assert code == 0 and empty["sinks"] == [] and empty["log_size"] >= 1
+    anyio.run(sink)
+    code, status = cli_json(f"export-status --home {home}")
+    assert code == 0, status
+    (found,) = status["sinks"]
+    assert (found["sink"], found["target"], found["exported"]) == ("siem", "https://x", 0)
+    assert found["lag"] == status["log_size"] - 1 and found["sent"] == 1
+    assert (found["last_error"], found["lease_holder"]) == ("HTTP 503", "host/1/ab")
+    assert found["last_success"] and found["last_error_at"] and found["lease_expires_at"]
+    shown = cli(f"export-status --home {home}")
+    assert shown.exit_code == 0 and "siem" in shown.stdout and "HTTP 503" in shown.stdout
+    assert cli(f"export-status --home {home}/nowhere").exit_code == 1
+
+
 def test_events_follow_prints_new_receipts_as_they_are_sealed(home, loop, tmp_path):
     with (tmp_path / "events.err").open("w") as errors:
         follower = subprocess.Popen(

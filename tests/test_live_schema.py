@@ -26,7 +26,11 @@ from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.storage.backends import Backend
 from loopwarden.ledger.storage.dialect import Dialect
-from loopwarden.ledger.storage.migrations import SQLITE_VERSION_1, UPGRADES, migrate
+from loopwarden.ledger.storage.migrations import (
+    SQLITE_VERSION_1,
+    UPGRADES,
+    migrate,
+)
 from loopwarden.ledger.storage.schema import SCHEMA_VERSION
 from loopwarden.ledger.storage.store import Store
 from loopwarden.ledger.storage.table import Table
@@ -272,7 +276,7 @@ async def test_a_version_5_postgresql_store_upgraded_has_exactly_the_described_s
     with psycopg.connect(pg_url, autocommit=True) as conn:  # back to what version 5 made
         for version in sorted(UPGRADES, reverse=True):
             for step in reversed(UPGRADES[version]):
-                conn.execute(step.undo())
+                conn.execute(step.reverted())
         conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
     await _used(home, pg_url)
     assert_pg_schema(pg_url)
@@ -312,3 +316,31 @@ def test_the_shared_upgrade_steps_are_the_statements_their_versions_shipped_with
         "ALTER TABLE turns ADD COLUMN refusals BIGINT NOT NULL DEFAULT 0",
         "ALTER TABLE loops ADD COLUMN hosts TEXT NOT NULL DEFAULT '{}'",
     ]
+
+
+def test_version_8_creates_the_export_cursors_table_as_version_8_described_it():
+    from loopwarden.ledger.storage.sqlite import SQLITE
+
+    (step,) = UPGRADES[8]
+    assert step.statements(SQLITE) == [
+        "CREATE TABLE export_cursors (\n    sink TEXT PRIMARY KEY,\n    exported INTEGER NOT NULL,"
+        "\n    target TEXT NOT NULL,\n    holder TEXT,\n    lease_expires_at TEXT,"
+        "\n    succeeded_at TEXT,\n    failed_at TEXT,\n    error TEXT,"
+        "\n    sent INTEGER NOT NULL DEFAULT 0\n)"
+    ]
+
+
+async def test_a_version_7_sqlite_file_upgraded_gains_the_export_cursors_and_keeps_its_receipts(
+    home,
+):
+    await _used(home, str(home / "loopwarden.db"))
+    conn = sqlite3.connect(home / "loopwarden.db", isolation_level=None)
+    conn.execute("DROP TABLE export_cursors")
+    conn.execute("PRAGMA user_version = 7")
+    (before,) = conn.execute("SELECT count(*) FROM journal").fetchone()
+    conn.close()
+    await _used(home, str(home / "loopwarden.db"))
+    assert_sqlite_schema(home / "loopwarden.db")
+    conn = sqlite3.connect(home / "loopwarden.db")
+    assert conn.execute("SELECT count(*) FROM journal").fetchone()[0] == 2 * before
+    conn.close()

@@ -450,3 +450,77 @@ def test_a_collector_that_is_down_changes_no_decision(tmp_path):
     ]
     # uvicorn ends a graceful stop by re-raising SIGTERM; a hung flush would have been SIGKILLed
     assert served.process.returncode == -signal.SIGTERM, served.stderr()
+
+
+def test_the_writer_queue_depth_is_a_gauge_of_every_scrape(watched):
+    families = {f.name: f for f in text_string_to_metric_families(watched["after"].text)}
+    (sample,) = families["loopwarden_writer_queue_depth"].samples
+    assert sample.value >= 0
+
+
+def test_spans_dropped_by_a_full_queue_or_refused_by_the_collector_are_counted(monkeypatch):
+    """The export thread is held inside a collector call: the queue fills and the rest drop;
+    then the collector refuses what it is given. Both are counted, by reason."""
+    import threading as threads
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from loopwarden.observe.telemetry import CountingProcessor
+
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "4")
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")
+    release, entered = threads.Event(), threads.Event()
+
+    class Stuck(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            entered.set()
+            release.wait(30)
+            return SpanExportResult.FAILURE
+
+    dropped: dict[str, int] = {}
+    provider = TracerProvider()
+    provider.add_span_processor(
+        CountingProcessor(Stuck(), lambda why, n: dropped.__setitem__(why, dropped.get(why, 0) + n))
+    )
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("first"):
+        pass
+    assert entered.wait(30)  # the export thread is inside the collector call
+    for i in range(20):
+        with tracer.start_as_current_span(f"span-{i}"):
+            pass
+    assert dropped["queue_full"] >= 20 - 4
+    release.set()
+    provider.shutdown()
+    assert dropped["export_failed"] >= 1
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_server_exposes():
+    import json
+    import re
+    from pathlib import Path
+
+    from loopwarden.observe.telemetry import Telemetry
+
+    telemetry = Telemetry(tracing=False, metrics=True, version="test")
+    telemetry.gauge("writer_queue_depth", "queued writes", lambda: 0)
+    telemetry.exported("webhook", sent=1, failed=1, takeovers=1, lag=0)
+    telemetry._dropped("queue_full", 1)
+    exposition = telemetry.metrics()
+    assert exposition is not None
+    exposed = {
+        sample.name
+        for family in text_string_to_metric_families(exposition[0].decode())
+        for sample in family.samples
+    } | {"loopwarden_decisions_total", "loopwarden_decision_seconds_bucket"}
+    dashboard = json.loads(
+        (Path(__file__).parent.parent / "examples" / "grafana-dashboard.json").read_text()
+    )
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"loopwarden_\w+", target["expr"])
+    }
+    assert queried and queried <= exposed, queried - exposed

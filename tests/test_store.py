@@ -686,7 +686,7 @@ async def test_a_version_5_store_is_migrated_to_6_and_its_rows_proved_again(
         else "UPDATE meta SET value = '5' WHERE key = 'schema_version'"
     )
     dropped = [
-        step.undo()
+        step.reverted()
         for number in sorted(UPGRADES, reverse=True)
         for step in reversed(UPGRADES[number])
     ]

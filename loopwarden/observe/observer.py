@@ -8,7 +8,7 @@ are ever handed over — never a tool input, command text, summary or token.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -54,6 +54,22 @@ class Observer:
     def continuing(self, traceparent: str | None) -> Iterator[None]:
         """Spans opened inside continue the W3C trace `traceparent` (ignored if malformed)."""
         yield
+
+    def exported(
+        self,
+        sink: str,
+        *,
+        sent: int = 0,
+        failed: int = 0,
+        takeovers: int = 0,
+        lag: int | None = None,
+    ) -> None:
+        """An export sink's progress: receipts a receiver acknowledged, deliveries that failed,
+        leases taken over from a holder that let them expire, and the receipts still to send."""
+
+    def gauge(self, name: str, description: str, read: Callable[[], float]) -> None:
+        """A gauge `loopwarden_<name>` whose value is `read()` at each scrape (cheap, never
+        blocking: a queue's length)."""
 
     def metrics(self) -> tuple[bytes, str] | None:
         """The Prometheus exposition (body, content type), None if metrics are off."""

@@ -13,17 +13,22 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
 from loopwarden.observe.observer import Attribute, Observer, Watch
@@ -38,33 +43,100 @@ class Telemetry(Observer):
         self.tracing = tracing
         self._provider: TracerProvider | None = None
         self._tracer: trace.Tracer | None = None
+        self.registry: CollectorRegistry | None = CollectorRegistry() if metrics else None
+        self._gauges: dict[str, Gauge] = {}
+        if self.registry is not None:
+            self._instruments(self.registry)
         if tracing:
-            self._provider = _provider()
+            self._provider = _provider(self._dropped)
             # The process's provider too: the MCP SDK's own span of each request
             # (`tools/call claim`, continuing the trace of a `traceparent` in `_meta`) is then
             # exported, and the parent of ours. One server per process: `serve`.
             trace.set_tracer_provider(self._provider)
             self._tracer = self._provider.get_tracer("loopwarden", version)
-        self.registry: CollectorRegistry | None = CollectorRegistry() if metrics else None
+
+    def _instruments(self, registry: CollectorRegistry) -> None:
+        """The metrics. Labels are bounded sets: operations, effects, reason codes, a drop's
+        reason and the configured sinks' names."""
+        self.decisions = Counter(
+            "loopwarden_decisions",
+            "Decisions made, by operation, effect and reason code (one sample per code).",
+            ["operation", "effect", "reason"],
+            registry=registry,
+        )
+        self.expiries = Counter(
+            "loopwarden_lease_expiries", "Leases that ran out and were swept.", registry=registry
+        )
+        self.latency = Histogram(
+            "loopwarden_decision_seconds",
+            "Time from a call's arrival at the runner to its answer, by operation.",
+            ["operation"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.drops = Counter(
+            "loopwarden_telemetry_dropped",
+            "Spans dropped before export: the queue was full, or the collector refused them.",
+            ["reason"],
+            registry=registry,
+        )
+        self.sent = Counter(
+            "loopwarden_export_sent",
+            "Receipts an export sink's receiver acknowledged (at least once: a takeover may "
+            "send some again).",
+            ["sink"],
+            registry=registry,
+        )
+        self.failed = Counter(
+            "loopwarden_export_failures",
+            "Export deliveries that failed (connection error or a non-2xx answer); retried.",
+            ["sink"],
+            registry=registry,
+        )
+        self.takeovers = Counter(
+            "loopwarden_export_lease_takeovers",
+            "Export sink leases taken over from a holder that let them expire.",
+            ["sink"],
+            registry=registry,
+        )
+        self.lag = Gauge(
+            "loopwarden_export_lag_receipts",
+            "Receipts sealed but not yet acknowledged by the sink's receiver (as this server saw "
+            "it last).",
+            ["sink"],
+            registry=registry,
+        )
+
+    def _dropped(self, reason: str, count: int) -> None:
         if self.registry is not None:
-            self.decisions = Counter(
-                "loopwarden_decisions",
-                "Decisions made, by operation, effect and reason code (one sample per code).",
-                ["operation", "effect", "reason"],
-                registry=self.registry,
-            )
-            self.expiries = Counter(
-                "loopwarden_lease_expiries",
-                "Leases that ran out and were swept.",
-                registry=self.registry,
-            )
-            self.latency = Histogram(
-                "loopwarden_decision_seconds",
-                "Time from a call's arrival at the runner to its answer, by operation.",
-                ["operation"],
-                buckets=LATENCY_BUCKETS,
-                registry=self.registry,
-            )
+            self.drops.labels(reason).inc(count)
+
+    def exported(
+        self,
+        sink: str,
+        *,
+        sent: int = 0,
+        failed: int = 0,
+        takeovers: int = 0,
+        lag: int | None = None,
+    ) -> None:
+        if self.registry is None:
+            return
+        if sent:
+            self.sent.labels(sink).inc(sent)
+        if failed:
+            self.failed.labels(sink).inc(failed)
+        if takeovers:
+            self.takeovers.labels(sink).inc(takeovers)
+        if lag is not None:
+            self.lag.labels(sink).set(lag)
+
+    def gauge(self, name: str, description: str, read: Callable[[], float]) -> None:
+        if self.registry is None:
+            return
+        if name not in self._gauges:  # a store opened again reads through its new `read`
+            self._gauges[name] = Gauge(f"loopwarden_{name}", description, registry=self.registry)
+        self._gauges[name].set_function(read)
 
     @contextmanager
     def watch(self, name: str, attributes: Mapping[str, Attribute]) -> Iterator[Watch]:
@@ -130,7 +202,7 @@ class Telemetry(Observer):
             self._provider.shutdown()
 
 
-def _provider() -> TracerProvider:
+def _provider(dropped: Callable[[str, int], None]) -> TracerProvider:
     """A tracer provider from the `OTEL_*` environment (service name `loopwarden` unless
     `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` names one)."""
     named = "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get(
@@ -138,8 +210,46 @@ def _provider() -> TracerProvider:
     )
     resource = Resource.create({} if named else {"service.name": "loopwarden"})
     provider = TracerProvider(resource=resource)  # the sampler: OTEL_TRACES_SAMPLER
-    provider.add_span_processor(BatchSpanProcessor(_exporter()))
+    provider.add_span_processor(CountingProcessor(_exporter(), dropped))
     return provider
+
+
+class CountingExporter(SpanExporter):
+    """An exporter that counts the spans its collector did not take (`dropped`)."""
+
+    def __init__(self, inner: SpanExporter, dropped: Callable[[str, int], None]) -> None:
+        self._inner, self._dropped = inner, dropped
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        result = self._inner.export(spans)
+        if result is not SpanExportResult.SUCCESS:
+            self._dropped("export_failed", len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class CountingProcessor(BatchSpanProcessor):
+    """The SDK's batch processor, counting the spans it drops because its queue is full. The
+    SDK counts those only into its own metrics pipeline, so the queue is looked at here: its
+    bounded deque, read without a lock (if a later SDK hides it, nothing is counted)."""
+
+    def __init__(self, exporter: SpanExporter, dropped: Callable[[str, int], None]) -> None:
+        super().__init__(CountingExporter(exporter, dropped))
+        self._count_dropped = dropped
+        queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
+        self._queue = queue if getattr(queue, "maxlen", None) else None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        queue = self._queue
+        sampled = span.context is not None and span.context.trace_flags.sampled
+        if queue is not None and sampled and len(queue) >= (queue.maxlen or 0):
+            self._count_dropped("queue_full", 1)
+        super().on_end(span)
 
 
 def _exporter() -> SpanExporter:

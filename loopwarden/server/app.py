@@ -22,6 +22,7 @@ from loopwarden.server.request_state import request_state_security
 from loopwarden.server.resources import register_resources
 from loopwarden.server.runtime import Runtime
 from loopwarden.server.settings import Settings, url_host
+from loopwarden.server.sink import WebhookSink, sending
 from loopwarden.server.tools import build_tools
 
 INSTRUCTIONS = """\
@@ -53,7 +54,11 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
     @asynccontextmanager
     async def lifespan(server: MCPServer) -> AsyncIterator[Runtime]:
         async with runtime.open(), feed.running(), links.running():
-            yield runtime
+            export = settings.export
+            store = runtime.require_store()
+            sink = None if export is None else WebhookSink(store, export, observer=observer)
+            async with sending(sink):
+                yield runtime
 
     verifier: TokenVerifier | None = None
     auth = None

@@ -54,6 +54,11 @@ class Runtime:
             synchronous=self.settings.synchronous,
         )
         store.observer = self.observer
+        self.observer.gauge(
+            "writer_queue_depth",
+            "Write calls waiting for the store's writer thread (not yet in a commit).",
+            store.queue_depth,
+        )
         self.store = store
         try:
             yield self

@@ -18,6 +18,7 @@ from loopwarden.ledger.homes import DB_NAME, resolve_home, store_source, synchro
 from loopwarden.ledger.storage.backends import Synchronous
 from loopwarden.ledger.storage.location import Location, parse_location
 from loopwarden.principals import Principal, principal
+from loopwarden.server.exports import ExportTarget
 from loopwarden.server.identity import OAuthSettings, checked_url
 
 SERVE_ROLES = ("agent", "operator")  # an observer speaks through hooks, not tools
@@ -110,6 +111,7 @@ class Settings:
     public_url: str | None = None  # the dashboard as users reach it (approval links)
     approval_webhook: str | None = None  # new approvals are posted here, with their link
     otel: bool = False  # `serve --otel`: export traces even without an OTEL_* endpoint variable
+    export: ExportTarget | None = None  # `--export-webhook`: the receipt stream's receiver
 
     @property
     def dashboard_url(self) -> str | None:

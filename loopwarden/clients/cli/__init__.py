@@ -16,6 +16,7 @@ from loopwarden.clients.cli import (
     audits,
     dashboard,
     doctor,
+    exports,
     homes,
     hooks,
     journal,
@@ -51,6 +52,7 @@ app.command()(dashboard.dashboard)
 app.command()(journal.receipts)
 app.command()(journal.receipt)
 app.command()(journal.events)
+app.command("export-status")(exports.export_status)
 app.command()(audits.verify)
 app.command()(audits.export)
 app.command("verify-bundle")(audits.verify_bundle_cmd)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -14,10 +16,11 @@ import typer
 from rich.markup import escape
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import Home, Json, Store, exit_code, fail, operate
+from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, Store, exit_code, fail, operate
 from loopwarden.errors import InvalidInput, LoopwardenError
 from loopwarden.ledger.audit.cloudevents import cloudevent
 from loopwarden.ledger.state.events import ReceiptKind
+from loopwarden.ledger.storage.records import JournalRow
 from loopwarden.operations.journal import MAX_LINES, JournalResult, ReceiptLine, journal
 from loopwarden.operations.receipt import receipt as receipt_op
 
@@ -67,8 +70,17 @@ def _header(loop_id: str) -> None:
     render.console.print(_line([name for name, _ in COLUMNS]), soft_wrap=True)
 
 
+class Format(StrEnum):
+    """How `receipts` prints: a table (or --json), or CloudEvents JSON lines."""
+
+    TABLE = "table"
+    CLOUDEVENTS = "cloudevents"
+
+
 def receipts(
-    loop_id: str,
+    loop_id: Annotated[
+        str | None, typer.Argument(help="The loop (optional with --format cloudevents).")
+    ] = None,
     kind: Annotated[
         str | None, typer.Option("--kind", help="Only this kind, e.g. turn.refused.")
     ] = None,
@@ -79,13 +91,26 @@ def receipts(
     home: Home = None,
     store: Store = None,
     json_out: Json = False,
+    format_: Annotated[
+        Format,
+        typer.Option("--format", help="table (default), or cloudevents: the `events` feed."),
+    ] = Format.TABLE,
 ) -> None:
     """Print a loop's receipts, each signature checked.
 
     With --follow, new receipts are printed as they are sealed, under the same header, until
     the loop closes (completed, stopped or cancelled): then it exits 0. With --json, one JSON
     document (or with --follow, one JSON line per receipt).
+
+    With --format cloudevents, the CloudEvents feed of `loopwarden events`: the whole store's
+    without LOOP, else LOOP's receipts only; --follow keeps printing until interrupted.
     """
+    if format_ is Format.CLOUDEVENTS:
+        _feed(home, store, -1, follow, json_out, Only(loop_id, kind))
+        return
+    if loop_id is None:
+        message = "name a LOOP, or print the whole store's feed with --format cloudevents"
+        fail(message, EXIT_USAGE, as_json=json_out, error="invalid_input")
     if not follow:
         request = {"loop_id": loop_id, "kind": kind}
         result = operate(journal, request, home, store=store, as_json=json_out, check=False)
@@ -192,11 +217,32 @@ def events(
     where a consumer stopped; --follow keeps printing until interrupted. The output is JSON
     lines with or without --json (which makes errors JSON too).
     """
+    _feed(home, store, after, follow, json_out, Only())
+
+
+@dataclass(frozen=True)
+class Only:
+    """Which receipts a feed prints: of one loop, of one kind (None: every one)."""
+
+    loop_id: str | None = None
+    kind: str | None = None
+
+    def wants(self, row: JournalRow) -> bool:
+        return (self.loop_id is None or row.loop_id == self.loop_id) and (
+            self.kind is None or row.kind == self.kind
+        )
+
+
+def _feed(
+    home: Path | None, store: str | None, after: int, follow: bool, json_out: bool, only: Only
+) -> None:
+    """The CloudEvents feed of `events` and `receipts --format cloudevents`: the receipts
+    after log index `after` that `only` wants, then (with `follow`) every new one."""
     try:
         if after < -1:
             raise InvalidInput(f"--after {after}: a log index is -1 (from the start) or more")
         while True:
-            after = _print_events(home, store, after)
+            after = _print_events(home, store, after, only)
             if not follow:
                 return
             time.sleep(FOLLOW_SECONDS)
@@ -204,14 +250,15 @@ def events(
         fail(exc.message, exit_code(exc), as_json=json_out, error=exc.code)
 
 
-def _print_events(home: Path | None, store: str | None, after: int) -> int:
-    """Print the events after log index `after`, page by page; the last index printed."""
+def _print_events(home: Path | None, store: str | None, after: int, only: Only) -> int:
+    """Print the events after log index `after`, page by page; the last index read."""
     while True:
         with admin.open_reader(home, store=store) as reader:
             origin = reader.meta("origin") or "loopwarden.local/unknown"
             rows = reader.journal_page(after, EVENTS_PAGE)
         for row in rows:
-            print(json.dumps(cloudevent(row, origin), separators=(",", ":")))
+            if only.wants(row):
+                print(json.dumps(cloudevent(row, origin), separators=(",", ":")))
         sys.stdout.flush()  # a live feed: each page reaches a pipe at once
         if len(rows) < EVENTS_PAGE:
             return rows[-1].leaf_index if rows else after

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
@@ -63,6 +65,33 @@ ApprovalWebhook = Annotated[
     typer.Option(metavar="URL", help="POST each new approval's link here (e.g. a chat hook)."),
 ]
 
+# The receipt stream's webhook sink (server/exports.py, server/sink.py).
+ExportWebhook = Annotated[
+    str | None,
+    typer.Option(
+        metavar="URL",
+        help="POST every receipt, signed, to this URL (or $LOOPWARDEN_EXPORT_WEBHOOK).",
+    ),
+]
+ExportSecretFile = Annotated[
+    Path | None,
+    typer.Option(
+        metavar="FILE",
+        help="The webhook's HMAC secret (or $LOOPWARDEN_EXPORT_SECRET), 16 bytes or more.",
+    ),
+]
+ExportName = Annotated[
+    str | None,
+    typer.Option(metavar="NAME", help="The webhook sink's name, its cursor's key (webhook)."),
+]
+ExportLease = Annotated[
+    float | None,
+    typer.Option(
+        metavar="SECONDS",
+        help="How long a sender's lease lives (120): one replica sends at a time.",
+    ),
+]
+
 
 def serve(
     agent: Annotated[
@@ -101,6 +130,10 @@ def serve(
     otel: Annotated[
         bool, typer.Option("--otel", help="Export OpenTelemetry traces (OTEL_* variables).")
     ] = False,
+    export_webhook: ExportWebhook = None,
+    export_secret_file: ExportSecretFile = None,
+    export_name: ExportName = None,
+    export_lease: ExportLease = None,
 ) -> None:
     """Run the MCP server (stdio by default).
 
@@ -153,6 +186,9 @@ def _run(settings: Settings) -> None:
         render.err.print(f"host hooks on {base}/hooks/HOST?loop=ID (observer tokens)")
         security = transport_security(host, settings.allowed_hosts)  # /mcp's, on every route
         render.err.print(f"metrics on {base}/metrics (operator tokens)")
+        if settings.export is not None:
+            export = settings.export
+            render.err.print(f"receipts exported to {export.origin} (sink {export.name})")
         routes = [hook_route(runtime, security), metrics_route(runtime)]
         mounts = [*routes, dashboard_mount(runtime, security)]
         anyio.run(serve_http, server, settings, sock, mounts)
@@ -160,6 +196,7 @@ def _run(settings: Settings) -> None:
 
 def _settings(flags: dict[str, Any]) -> Settings:
     """`serve`'s flags as validated settings; a bad one exits 2 naming it."""
+    from loopwarden.server.exports import export_target
     from loopwarden.server.identity import oauth_settings
     from loopwarden.server.settings import HttpLimits, Settings
 
@@ -186,9 +223,16 @@ def _settings(flags: dict[str, Any]) -> Settings:
             public_url=flags["public_url"],
             approval_webhook=flags["approval_webhook"],
         )
+        export = export_target(
+            flags["export_webhook"],
+            flags["export_secret_file"],
+            flags["export_name"],
+            os.environ,
+            flags["export_lease"],
+        )
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE)
-    return dataclasses.replace(settings, otel=flags["otel"])  # no check: a switch
+    return dataclasses.replace(settings, otel=flags["otel"], export=export)
 
 
 def demo(home: Home = None, json_out: Json = False) -> None:

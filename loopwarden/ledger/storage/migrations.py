@@ -22,6 +22,7 @@ from loopwarden.ledger.storage.backends import Backend
 from loopwarden.ledger.storage.dialect import Connection, Dialect
 from loopwarden.ledger.storage.rebuild import rebuild_projection
 from loopwarden.ledger.storage.schema import (
+    EXPORT_CURSORS,
     LOG_STATE,
     META,
     POOL_USAGE,
@@ -42,21 +43,24 @@ class AddColumn:
     def statements(self, dialect: Dialect) -> list[str]:
         return [dialect.add_column(self.table, self.column)]
 
-    def undo(self) -> str:
-        """The statement that takes the step back (the tests rebuild older stores with it)."""
+    def reverted(self) -> str:
+        """The statement that takes the step back (how tests remake an older store)."""
         return f"ALTER TABLE {self.table} DROP COLUMN {self.column.name}"
 
 
 @dataclass(frozen=True)
 class CreateTable:
-    """Add a table, as its description spells it at the version that added it."""
+    """Create a table, with its indexes, as the schema `version` describes it: the columns a
+    later version adds to it are that version's own steps, so this one never changes."""
 
     table: Table[Any]
+    version: int
 
     def statements(self, dialect: Dialect) -> list[str]:
-        return dialect.create(self.table)
+        return dialect.create(self.table.as_of(self.version))
 
-    def undo(self) -> str:
+    def reverted(self) -> str:
+        """The statement that takes the step back (how tests remake an older store)."""
         return f"DROP TABLE {self.table.name}"
 
 
@@ -84,12 +88,15 @@ UPGRADES: dict[int, tuple[Step, ...]] = {
         AddColumn("turns", Column("tool_calls_charged", INTEGER, default=0)),
         AddColumn("turns", Column("settled", INTEGER, default=0)),
     ),
-    # version 8: budget pools (ledger/state/pools.py). Each pool and what each window of it
-    # used; each turn row keeps the pools its claim was admitted under.
+    # version 8: budget pools (ledger/state/pools.py) and export sinks (server/sink.py). Each
+    # pool and what each window of it used; each turn row keeps the pools its claim was admitted
+    # under. Each sink's cursor (the last leaf index its receiver acknowledged), its lease (which
+    # process sends), and its last success and error: operational state, nothing to re-derive.
     8: (
         AddColumn("turns", Column("pools", DOCUMENT, default="[]")),
-        CreateTable(POOLS),
-        CreateTable(POOL_USAGE),
+        CreateTable(POOLS, 8),
+        CreateTable(POOL_USAGE, 8),
+        CreateTable(EXPORT_CURSORS, 8),
     ),
 }
 assert max(UPGRADES) == SCHEMA_VERSION, "a new schema version needs its upgrade here"

@@ -25,6 +25,7 @@ from loopwarden.ledger.state.rows import (
 from loopwarden.ledger.storage.dialect import Connection
 from loopwarden.ledger.storage.records import (
     CheckpointRow,
+    ExportCursor,
     IdempotencyRecord,
     JournalRow,
     LogState,
@@ -35,6 +36,7 @@ from loopwarden.ledger.storage.records import (
 from loopwarden.ledger.storage.schema import (
     APPROVALS,
     CHECKPOINTS,
+    EXPORT_CURSORS,
     IDEMPOTENCY,
     JOURNAL,
     LEGACY_FIELDS,
@@ -57,6 +59,7 @@ __all__ = [
     "LEGACY_FIELDS",
     "LEGACY_SCHEMA",
     "CheckpointRow",
+    "ExportCursor",
     "IdempotencyRecord",
     "JournalRow",
     "LogState",
@@ -490,3 +493,23 @@ class Reader:
             f"SELECT {self._token_columns} FROM tokens ORDER BY created_at, token_id"
         )
         return [TOKENS.decode(r) for r in rows]
+
+    # --- export sinks -------------------------------------------------------------------------
+
+    def export_cursor(self, sink: str) -> ExportCursor | None:
+        """The cursor of the export sink named `sink`, or None if it never ran."""
+        if self.legacy:  # a store older than the export sinks has none
+            return None
+        r = self._one(
+            f"SELECT {EXPORT_CURSORS.row_names} FROM export_cursors WHERE sink = ?", (sink,)
+        )
+        return EXPORT_CURSORS.decode(r) if r else None
+
+    def export_cursors(self) -> list[ExportCursor]:
+        """Every export sink's cursor, by name."""
+        if self.legacy:
+            return []
+        rows = self.conn.execute(
+            f"SELECT {EXPORT_CURSORS.row_names} FROM export_cursors ORDER BY sink"
+        )
+        return [EXPORT_CURSORS.decode(r) for r in rows]

@@ -1,5 +1,6 @@
 """The stored records that are not projection rows: receipts in the journal, checkpoints,
-tokens, idempotency records, outsiders' refusals and the Merkle log's state.
+tokens, idempotency records, outsiders' refusals, the Merkle log's state and the export sinks'
+cursors.
 
 The projection's rows (loops, todos, turns, approvals) are in `ledger/state/rows.py`, where the
 fold makes them; the table each record is stored in is described in `schema.py`.
@@ -103,3 +104,23 @@ class LogState(NamedTuple):
 
     size: int
     frontier: list[bytes]
+
+
+@dataclass(frozen=True)
+class ExportCursor:
+    """Where one export sink (`serve --export-webhook`) stands: operational state, not a
+    receipt. `exported` is the last leaf index a receiver acknowledged (-1: none yet); the
+    sink's lease (`holder`, until `lease_expires_at`) says which server process sends, so only
+    one replica does at a time. `target` is the receiver's origin (scheme, host and port only:
+    never a path, a query or credentials); `error` a short, secret-free description of the last
+    failure ("HTTP 500", "connection failed"), cleared by the next success."""
+
+    sink: str
+    exported: int
+    target: str
+    holder: str | None
+    lease_expires_at: str | None
+    succeeded_at: str | None
+    failed_at: str | None
+    error: str | None
+    sent: int  # receipts acknowledged by the receiver, duplicates after a takeover included

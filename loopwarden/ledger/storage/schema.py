@@ -31,6 +31,7 @@ from loopwarden.ledger.state.rows import (
 )
 from loopwarden.ledger.storage.records import (
     CheckpointRow,
+    ExportCursor,
     IdempotencyRecord,
     JournalRow,
     OutsiderRefusal,
@@ -394,6 +395,24 @@ OUTSIDER_REFUSALS = Table(
 )
 """The receipts that are refusals of outsiders (operations/outsiders.py), and the refusals
 answered after each without being sealed."""
+EXPORT_CURSORS = Table(
+    "export_cursors",
+    ExportCursor,
+    (
+        _text("sink", since=8),
+        _int("exported", since=8),
+        _text("target", since=8),
+        _null("holder", since=8),
+        _null("lease_expires_at", since=8),
+        _null("succeeded_at", since=8),
+        _null("failed_at", since=8),
+        _null("error", since=8),
+        _int("sent", default=0, since=8),
+    ),
+    key=("sink",),
+)
+"""Each export sink's cursor and lease (`serve --export-webhook`, `server/sink.py`): operational
+state beside the journal, never part of a proof (the audit and the start-up check ignore it)."""
 
 TABLES: tuple[Table[Any], ...] = (
     META,
@@ -412,5 +431,6 @@ TABLES: tuple[Table[Any], ...] = (
     OUTSIDER_REFUSALS,
     POOLS,
     POOL_USAGE,
+    EXPORT_CURSORS,
 )
 """Every table of every backend (a backend may keep tables of its own besides)."""

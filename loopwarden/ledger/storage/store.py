@@ -192,6 +192,10 @@ class Store:
                 raise StoreError(f"cannot open the database: {exc}") from None
             raise
 
+    def queue_depth(self) -> int:
+        """Write calls waiting for the writer thread (not yet in a commit): cheap, lock-free."""
+        return self._writer.depth()
+
     def write_now(self, fn: Callable[[Txn], T]) -> T:
         """`write` for the one caller of a store opened with `open_now`, on the calling thread
         (no group commit, no event loop): the same transaction, committed whole or not at all.

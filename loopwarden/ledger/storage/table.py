@@ -158,6 +158,23 @@ class Table(Generic[R]):
             return self.row_names
         return ", ".join(c.name if c.since <= as_of else c.default_sql for c in self.row_columns)
 
+    def as_of(self, version: int) -> Table[Any]:
+        """The table as schema `version` made it: its columns of that version or older (a
+        description with no row type, for the DDL of an upgrade step that must never change)."""
+        columns = tuple(c for c in self.columns if c.since <= version)
+        kept = {c.name for c in columns}
+        return Table(
+            self.name,
+            None,
+            columns,
+            self.key,
+            unique=tuple(u for u in self.unique if set(u) <= kept),
+            indexes=tuple(i for i in self.indexes if set(i.columns) <= kept),
+            rowid=self.rowid,
+            clustered=self.clustered,
+            check=self.check,
+        )
+
     def fields_since(self, version: int) -> frozenset[str]:
         """The row fields held by columns added after `version`."""
         return frozenset(c.holds for c in self.row_columns if c.since > version)

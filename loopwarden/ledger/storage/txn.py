@@ -37,6 +37,7 @@ from loopwarden.ledger.state.pools import chain_of, fold_pool
 from loopwarden.ledger.state.registry import make_body
 from loopwarden.ledger.state.rows import LoopRow, LoopView, PoolRow, PoolUsage
 from loopwarden.ledger.state.rows import replace as with_fields
+from loopwarden.ledger.storage.cursors import CursorWriter
 from loopwarden.ledger.storage.dialect import Connection
 from loopwarden.ledger.storage.guard import GuardedReader, loop_mac_values, row_leaf
 from loopwarden.ledger.storage.reader import PolicyCache
@@ -154,9 +155,10 @@ class ProjectionWriter(GuardedReader):
         self.conn.execute(self.dialect.upsert(LOOPS, _LOOP_WRITE), (*LOOPS.encode(loop), root, mac))
 
 
-class Txn(ProjectionWriter):
+class Txn(ProjectionWriter, CursorWriter):
     """An open write transaction. Reads see everything appended so far in the same transaction,
-    and every row they return has been proved (see `guard.py`)."""
+    and every row they return has been proved (see `guard.py`); export sinks' cursors are
+    written here too (`cursors.py`)."""
 
     def __init__(
         self,

@@ -79,6 +79,10 @@ class Worker:
         ]
         self._stopped = False
 
+    def depth(self) -> int:
+        """Jobs queued and not yet taken (approximate: read without a lock)."""
+        return self._queue.qsize()
+
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
