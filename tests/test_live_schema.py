@@ -321,7 +321,7 @@ def test_the_shared_upgrade_steps_are_the_statements_their_versions_shipped_with
 def test_version_8_creates_the_export_cursors_table_as_version_8_described_it():
     from loopwarden.ledger.storage.sqlite import SQLITE
 
-    (step,) = UPGRADES[8]
+    step = UPGRADES[8][-1]  # version 8's budget pools come first
     assert step.statements(SQLITE) == [
         "CREATE TABLE export_cursors (\n    sink TEXT PRIMARY KEY,\n    exported INTEGER NOT NULL,"
         "\n    target TEXT NOT NULL,\n    holder TEXT,\n    lease_expires_at TEXT,"
@@ -335,7 +335,8 @@ async def test_a_version_7_sqlite_file_upgraded_gains_the_export_cursors_and_kee
 ):
     await _used(home, str(home / "loopwarden.db"))
     conn = sqlite3.connect(home / "loopwarden.db", isolation_level=None)
-    conn.execute("DROP TABLE export_cursors")
+    for step in reversed(UPGRADES[8]):  # back to what version 7 made
+        conn.execute(step.reverted())
     conn.execute("PRAGMA user_version = 7")
     (before,) = conn.execute("SELECT count(*) FROM journal").fetchone()
     conn.close()
