@@ -271,6 +271,18 @@ def test_a_claim_and_an_update_export_spans_with_ids_effects_and_reason_codes(wa
     assert watched["receiver"].services() == {"loopwarden-under-test"}  # OTEL_SERVICE_NAME
 
 
+def test_the_store_write_is_a_child_span_of_each_write_operation(watched):
+    (claim,) = spans_named(watched, "loopwarden.claim")
+    writes = spans_named(watched, "loopwarden.store.write")
+    (write,) = [s for s in writes if s.parent_span_id == claim.span_id]
+    assert write.trace_id == claim.trace_id
+    assert attributes(write) == {"db.system": "sqlite"}
+    assert write.start_time_unix_nano >= claim.start_time_unix_nano
+    assert write.end_time_unix_nano <= claim.end_time_unix_nano
+    (update,) = spans_named(watched, "loopwarden.update")
+    assert [s for s in writes if s.parent_span_id == update.span_id]
+
+
 def test_the_claim_continues_the_clients_trace_from_the_request_meta(watched):
     (server,) = spans_named(watched, "tools/call claim")  # the MCP SDK's span, then ours
     (claim,) = spans_named(watched, "loopwarden.claim")

@@ -110,9 +110,12 @@ async def run(
             req = parse(op, request)
             check_role(op, who)
             if op.access == "write":
-                outcome: Any = await store.write(
-                    lambda tx: _counted(watch, tx, lambda: _write(op, store, who, req, tx))
-                )
+                # The store write as a child span, named by its database (OpenTelemetry db.system).
+                database = {"db.system": store.location.backend.name}
+                with store.observer.span("store.write", database):
+                    outcome: Any = await store.write(
+                        lambda tx: _counted(watch, tx, lambda: _write(op, store, who, req, tx))
+                    )
             else:
                 outcome = await _read(op, store, who, req)
             if isinstance(outcome, _Hidden):
