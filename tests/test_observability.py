@@ -35,6 +35,7 @@ from support import (
     connect_http,
     free_port,
     mint_tokens,
+    raw_initialize,
     start_server,
     stop_server,
 )
@@ -157,9 +158,12 @@ def _open(home: Any) -> None:
     anyio.run(setup)
 
 
-async def _governed_turn(served: Served, agent: str, observer: str) -> dict[str, Any]:
+async def _governed_turn(
+    served: Served, agent: str, observer: str, operator: str
+) -> dict[str, Any]:
     """A claim continuing the client's trace (`_meta`), a hook event continuing the host's
-    (`traceparent` header), and the update; their results."""
+    (`traceparent` header), and the update; their results, and a scrape while the session
+    is open."""
     hooks = served.url.removesuffix("/mcp") + f"/hooks/claude-code?loop={LOOP}"
     async with httpx2.AsyncClient(timeout=30) as http, connect_http(served.url, agent) as me:
         started = await http.post(  # the host attaches: the loop's policy asks for hooks
@@ -197,7 +201,15 @@ async def _governed_turn(served: Served, agent: str, observer: str) -> dict[str,
             evidence=EVIDENCE,
             tools_used=[{"name": "shell.run", "count": 1}],
         )
-    return {"claim": turn, "update": update}
+        opened = await raw_initialize(  # a 2025-11-25 session (2026-07-28 requests have none)
+            served.url, "watcher", Authorization=f"Bearer {agent}"
+        )
+        assert opened.headers.get("mcp-session-id"), opened.text
+        during = await http.get(
+            served.url.removesuffix("/mcp") + "/metrics",
+            headers={"Authorization": f"Bearer {operator}"},
+        )
+    return {"claim": turn, "update": update, "during": during}
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +237,7 @@ def watched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             "bogus": scrape(served, "lw_not-a-real-token"),
         }
         results = anyio.run(
-            _governed_turn, served, tokens["builder"].token, tokens["observer"].token
+            _governed_turn, served, tokens["builder"].token, tokens["observer"].token, operator
         )
         after = scrape(served, operator)
     finally:
@@ -462,6 +474,19 @@ def test_a_collector_that_is_down_changes_no_decision(tmp_path):
     ]
     # uvicorn ends a graceful stop by re-raising SIGTERM; a hung flush would have been SIGKILLed
     assert served.process.returncode == -signal.SIGTERM, served.stderr()
+
+
+def test_store_writes_are_timed_by_operation_and_open_sessions_counted(watched):
+    during = {f.name: f for f in text_string_to_metric_families(watched["results"]["during"].text)}
+    (sessions,) = during["loopwarden_mcp_sessions"].samples
+    assert sessions.value >= 1  # the 2025-11-25 session, open while it scraped
+    writes = {
+        s.labels["operation"]: s.value
+        for s in during["loopwarden_store_write_seconds"].samples
+        if s.name == "loopwarden_store_write_seconds_count"
+    }
+    assert writes.get("claim", 0) >= 1 and writes.get("update", 0) >= 1
+    assert writes.get("hook", 0) >= 2  # the session start and the admitted command at least
 
 
 def test_the_writer_queue_depth_is_a_gauge_of_every_scrape(watched):

@@ -51,6 +51,12 @@ class Observer:
         yield
 
     @contextmanager
+    def store_write(self, operation: str, database: str) -> Iterator[None]:
+        """A write operation's store transaction, from being queued for the writer to its
+        commit: a child span `loopwarden.store.write` (`db.system`) and a latency sample."""
+        yield
+
+    @contextmanager
     def continuing(self, traceparent: str | None) -> Iterator[None]:
         """Spans opened inside continue the W3C trace `traceparent` (ignored if malformed)."""
         yield

@@ -74,6 +74,14 @@ class Telemetry(Observer):
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.write_latency = Histogram(
+            "loopwarden_store_write_seconds",
+            "A write operation's store transaction, from being queued for the writer thread to "
+            "its commit, by operation.",
+            ["operation"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.drops = Counter(
             "loopwarden_telemetry_dropped",
             "Spans dropped before export: the queue was full, or the collector refused them.",
@@ -170,6 +178,16 @@ class Telemetry(Observer):
             f"loopwarden.{name}", attributes=attributes, record_exception=False
         ):
             yield
+
+    @contextmanager
+    def store_write(self, operation: str, database: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            with self.span("store.write", {"db.system": database}):
+                yield
+        finally:
+            if self.registry is not None:
+                self.write_latency.labels(operation).observe(time.perf_counter() - started)
 
     def _count(self, watch: Watch, seconds: float) -> None:
         if self.registry is None:

@@ -110,9 +110,7 @@ async def run(
             req = parse(op, request)
             check_role(op, who)
             if op.access == "write":
-                # The store write as a child span, named by its database (OpenTelemetry db.system).
-                database = {"db.system": store.location.backend.name}
-                with store.observer.span("store.write", database):
+                with store.observer.store_write(op.name, store.location.backend.name):
                     outcome: Any = await store.write(
                         lambda tx: _counted(watch, tx, lambda: _write(op, store, who, req, tx))
                     )

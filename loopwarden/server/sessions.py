@@ -84,6 +84,10 @@ class SessionLimits:
         # whole coupling (pinned by tests/test_sessions.py against the SDK version in use).
         return self.manager._server_instances.get(session_id)
 
+    def open_sessions(self) -> int:
+        """Sessions admitted and still open (the `mcp_sessions` gauge)."""
+        return sum(1 for session_id in list(self._sessions) if self._open(session_id) is not None)
+
     def held(self, key: str) -> int:
         """Sessions `key` holds now (ended ones forgotten) plus those it is opening."""
         for session_id in [s for s, h in self._sessions.items() if h.key == key]:

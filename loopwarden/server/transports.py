@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute
 from loopwarden.clock import format_time, system_clock
 from loopwarden.errors import AddressInUse, BindFailed
 from loopwarden.ledger.storage.store import snapshot
+from loopwarden.observe import NOBODY, Observer
 from loopwarden.server.connections import ConnectionGuard, connection_ceiling, guarded_protocol
 from loopwarden.server.oauth import BearerGate, metadata_routes
 from loopwarden.server.sessions import SessionGate, SessionLimits
@@ -79,6 +80,7 @@ async def serve_http(
     settings: Settings,
     sock: socket.socket | None = None,
     mounts: Sequence[BaseRoute] = (),
+    observer: Observer = NOBODY,
 ) -> None:
     """Serve streamable HTTP at http://HOST:PORT/mcp until SIGINT/SIGTERM (on `sock` if given,
     a socket from `listen`), within `settings.limits` (sessions per principal, idle sessions,
@@ -103,6 +105,9 @@ async def serve_http(
         launch=None if settings.principal is None else settings.principal.id,
     )
     app.user_middleware.append(Middleware(SessionGate, limits=sessions))  # after authentication
+    observer.gauge(
+        "mcp_sessions", "Open MCP sessions over streamable HTTP.", sessions.open_sessions
+    )
     guard = ConnectionGuard(
         per_address=limits.connections_per_address,
         total=connection_ceiling(limits.connections_per_address),

@@ -191,7 +191,7 @@ def _run(settings: Settings) -> None:
             render.err.print(f"receipts exported to {export.origin} (sink {export.name})")
         routes = [hook_route(runtime, security), metrics_route(runtime)]
         mounts = [*routes, dashboard_mount(runtime, security)]
-        anyio.run(serve_http, server, settings, sock, mounts)
+        anyio.run(serve_http, server, settings, sock, mounts, runtime.observer)
 
 
 def _settings(flags: dict[str, Any]) -> Settings:
