@@ -22,6 +22,8 @@ import anyio
 import httpx2
 import pytest
 from conftest import OPERATOR
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -56,6 +58,8 @@ PUSH = "git push origin main-secret-branch-5d1e"  # denied by the policy's comma
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLAIM_PARENT = "00f067aa0ba902b7"
 HOOK_PARENT = "b7ad6b7169203331"
+QUOTA_PARENT = "53995c3f42cd8ad8"  # sent as the /mcp request's traceparent header, not in _meta
+TRACED_QUOTA = f"00-{TRACE_ID}-{QUOTA_PARENT}-01"
 
 
 @dataclass
@@ -201,6 +205,13 @@ async def _governed_turn(
             evidence=EVIDENCE,
             tools_used=[{"name": "shell.run", "count": 1}],
         )
+        traced = {"Authorization": f"Bearer {agent}", "traceparent": TRACED_QUOTA}
+        async with (
+            httpx2.AsyncClient(headers=traced, timeout=30) as plain,
+            Client(streamable_http_client(served.url, http_client=plain)) as client,
+        ):
+            asked = await client.call_tool("quota", {"loop_id": LOOP})
+            assert asked.structured_content is not None, asked
         opened = await raw_initialize(  # a 2025-11-25 session (2026-07-28 requests have none)
             served.url, "watcher", Authorization=f"Bearer {agent}"
         )
@@ -300,6 +311,13 @@ def test_the_claim_continues_the_clients_trace_from_the_request_meta(watched):
     (claim,) = spans_named(watched, "loopwarden.claim")
     assert server.trace_id.hex() == TRACE_ID and server.parent_span_id.hex() == CLAIM_PARENT
     assert claim.trace_id.hex() == TRACE_ID and claim.parent_span_id == server.span_id
+
+
+def test_a_call_continues_the_traceparent_header_of_its_mcp_request(watched):
+    (server,) = spans_named(watched, "tools/call quota")  # no _meta: the HTTP header's trace
+    (quota,) = spans_named(watched, "loopwarden.quota")
+    assert server.trace_id.hex() == TRACE_ID and server.parent_span_id.hex() == QUOTA_PARENT
+    assert quota.trace_id.hex() == TRACE_ID and quota.parent_span_id == server.span_id
 
 
 def test_a_hook_event_exports_its_phase_and_host_under_the_hosts_traceparent(watched):

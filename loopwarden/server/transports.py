@@ -14,6 +14,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loopwarden.clock import format_time, system_clock
 from loopwarden.errors import AddressInUse, BindFailed
@@ -75,6 +76,26 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+class TraceHeader:
+    """Continue the W3C trace of a request's `traceparent` header: the MCP SDK's span of a
+    call (`tools/call claim`) nests under it when the request's `_meta` carries none (the SDK
+    prefers `_meta`). Requests of a 2025-11-25 session are handled by the session's own task,
+    which began with the session's first request: they continue that request's trace."""
+
+    def __init__(self, app: ASGIApp, observer: Observer) -> None:
+        self.app, self.observer = app, observer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        header = None
+        if scope["type"] == "http":
+            header = next((v for k, v in scope["headers"] if k == b"traceparent"), None)
+        if header is None or not self.observer.tracing:
+            await self.app(scope, receive, send)
+            return
+        with self.observer.continuing(header.decode("latin-1")):
+            await self.app(scope, receive, send)
+
+
 async def serve_http(
     server: MCPServer,
     settings: Settings,
@@ -105,6 +126,7 @@ async def serve_http(
         launch=None if settings.principal is None else settings.principal.id,
     )
     app.user_middleware.append(Middleware(SessionGate, limits=sessions))  # after authentication
+    app.user_middleware.insert(0, Middleware(TraceHeader, observer=observer))  # outermost
     observer.gauge(
         "mcp_sessions", "Open MCP sessions over streamable HTTP.", sessions.open_sessions
     )
