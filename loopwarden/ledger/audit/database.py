@@ -258,19 +258,23 @@ class _Audit:
         if chain.broken:
             return
         judged(self.report, self.judge, chain.view, body, **_where(row))
-        pools = self.pools
         try:
-            if KINDS[body.kind].pool is not None:
-                if pools is not None:
-                    name = pool_of(body.loop_id) or ""
-                    pools.put_pool(fold_pool(pools.rows.get(name), body, digest))
-                return
-            prior = before(chain.view, touched(body).turns) if pools and pools.rows else None
-            chain.view = apply(chain.view, body, digest)
+            self._fold(chain, body, digest)
         except FoldError as exc:
             add(FindingCode.PROJECTION_MISMATCH, f"the receipt does not fold: {exc}", **_where(row))
             chain.broken = True
+
+    def _fold(self, chain: _LoopChain, body: ReceiptBody, digest: str) -> None:
+        """Fold one judged receipt: a pool's into the replayed pool (when pools are replayed),
+        a loop's into its view, charging the pools it draws from (`FoldError` if impossible)."""
+        pools = self.pools
+        if KINDS[body.kind].pool is not None:
+            if pools is not None:
+                name = pool_of(body.loop_id) or ""
+                pools.put_pool(fold_pool(pools.rows.get(name), body, digest))
             return
+        prior = before(chain.view, touched(body).turns) if pools and pools.rows else None
+        chain.view = apply(chain.view, body, digest)
         if prior is not None and pools is not None:
             charge(pools, charges(prior, chain.view, body, pools), body.at)
         self.judge.after(chain.view, body)
