@@ -160,6 +160,25 @@ async def test_max_concurrent_turns_counts_open_turns_across_loops(store):
     assert (await verified(store)).clean
 
 
+async def test_an_expired_lease_in_another_loop_frees_its_pool_slot_for_a_claim(store, clock):
+    from loopwarden.operations.quota import QuotaRequest, quota
+
+    await define(store, "team-a", max_concurrent_turns=1)
+    await open_in(store, "L1", pools=["team-a"])
+    await open_in(store, "L2", pools=["team-a"])
+    held = await claim(store, BUILDER, ClaimRequest(loop_id="L1"))  # its agent then goes away
+    assert codes(await claim(store, REVIEWER, ClaimRequest(loop_id="L2"))) == {"pool_busy"}
+    clock.advance(901)  # past the lease: nothing has happened in L1 since
+    assert (await quota(store, REVIEWER, QuotaRequest(loop_id="L2"))).allowed  # as claim will
+    granted = await claim(store, REVIEWER, ClaimRequest(loop_id="L2"))
+    assert granted.granted, granted.reasons
+    swept = await store.read(lambda r: [j.kind for j in r.loop_journal("L1")])
+    assert swept[-1] == ReceiptKind.LEASE_EXPIRED
+    assert (await store.read(lambda r: r.turn(held.turn_id))).status != "open"
+    assert (await pool_state(store, "team-a")).active_turns == 1
+    assert (await verified(store)).clean
+
+
 async def test_a_pool_bound_to_an_agent_charges_it_in_every_loop(store):
     await define(store, "builder-day", budgets={"max_turns": 2}, agents=["builder"])
     await open_in(store, "L1")

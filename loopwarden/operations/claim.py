@@ -21,7 +21,7 @@ from loopwarden.ledger.state.pools import claim_reasons, pool_refs
 from loopwarden.ledger.state.rows import LoopRow, TodoRow
 from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.admission import claim_facts, nothing_to_claim
-from loopwarden.operations.leases import expire_leases
+from loopwarden.operations.leases import expire_leases, sweep_pools
 from loopwarden.operations.operation import Call
 from loopwarden.operations.results import BudgetOut, Model, ReasonOut, budgets_out, reasons_out
 from loopwarden.operations.runner import operation
@@ -150,6 +150,7 @@ def claim(call: Call[Txn], req: ClaimRequest) -> ClaimResult:
     decision = evaluate_claim(
         policy, claim_facts(tx, loop, policy, who.id, tx.now_dt), digest=loop.policy_digest
     )
+    sweep_pools(tx, policy, who)  # a full pool's turns whose leases ran out, in any loop
     pooled = claim_reasons(tx, policy, who.id, tx.now_dt)  # the pools it draws from have room?
     if pooled:
         decision = Decision("deny", (*decision.reasons, *pooled), decision.policy_digest)

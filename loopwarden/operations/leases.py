@@ -6,8 +6,10 @@ from datetime import timedelta
 
 from loopwarden.clock import format_time, parse_time
 from loopwarden.ledger.state.events import Fence, LeaseExpired, LeaseRenewed, ReceiptKind, TurnId
+from loopwarden.ledger.state.pools import drawn
 from loopwarden.ledger.state.rows import TurnRow
 from loopwarden.ledger.state.rules import unsettled_calls
+from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Appended, Txn
 from loopwarden.operations.operation import Call
 from loopwarden.operations.refusals import refuse_on_turn
@@ -16,6 +18,7 @@ from loopwarden.operations.runner import operation
 from loopwarden.operations.visibility import by_turn
 from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.policy.evaluate import turn_reasons
+from loopwarden.policy.model import LoopPolicy
 from loopwarden.principals import Principal
 
 
@@ -43,6 +46,24 @@ def expire_leases(tx: Txn, loop_id: str, who: Principal) -> list[Appended]:
             )
         )
     return sealed
+
+
+def pool_sweeps_due(tx: Reader, policy: LoopPolicy, agent: str, now: str) -> list[str]:
+    """The loops whose expired leases hold a turn of a full pool this claim draws from: an
+    open turn counts against its pools until its lease is swept, in whichever loop it is."""
+    pools, loops = tx.pools(), set()
+    for name in drawn(pools, policy, agent):
+        row = pools.get(name)
+        limit = row.policy.max_concurrent_turns if row is not None else None
+        if row is not None and limit is not None and row.active_turns >= limit:
+            loops.update(tx.loops_with_expired_turns_in(name, now))
+    return sorted(loops)
+
+
+def sweep_pools(tx: Txn, policy: LoopPolicy, who: Principal) -> None:
+    """Before a claim decides on its pools, free the turns of theirs whose leases ran out."""
+    for loop_id in pool_sweeps_due(tx, policy, who.id, tx.now):
+        expire_leases(tx, loop_id, who)
 
 
 def turn_problems(tx: Txn, who: Principal, turn: TurnRow, fence: int) -> list[Reason]:

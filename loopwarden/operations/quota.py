@@ -9,10 +9,11 @@ from pydantic import Field
 from loopwarden.clock import format_time
 from loopwarden.ledger.state.events import LoopId
 from loopwarden.ledger.state.pools import claim_reasons
+from loopwarden.ledger.state.rows import LoopRow
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.admission import claim_facts, nothing_to_claim
-from loopwarden.operations.leases import expire_leases
+from loopwarden.operations.leases import expire_leases, pool_sweeps_due, sweep_pools
 from loopwarden.operations.operation import Call
 from loopwarden.operations.pools import PoolLine, drawn_lines
 from loopwarden.operations.results import (
@@ -68,11 +69,18 @@ def quota(call: Call[Reader], req: QuotaRequest) -> QuotaResult:
     if isinstance(call.tx, Txn) and call.predicting:
         expire_leases(call.tx, loop.loop_id, call.who)
         apply_stop_rules(call.tx, loop.loop_id, call.who)
-    elif call.tx.expired_turns(loop.loop_id, format_time(call.now)) or due_stop(
-        call.tx, loop, call.now
-    ):
+        sweep_pools(call.tx, call.tx.policy(loop.policy_digest), call.who)
+    elif _changes(call.tx, call.who, loop, call.now):
         raise NeedsPrediction
     return _answer(call.tx, call.who, loop.loop_id, call.now)
+
+
+def _changes(reader: Reader, who: Principal, loop: LoopRow, now: datetime) -> bool:
+    """Whether a claim would seal something before it decides (sweeps, a due stop)."""
+    text = format_time(now)
+    if reader.expired_turns(loop.loop_id, text) or due_stop(reader, loop, now):
+        return True
+    return bool(pool_sweeps_due(reader, reader.policy(loop.policy_digest), who.id, text))
 
 
 def _answer(reader: Reader, who: Principal, loop_id: str, now: datetime) -> QuotaResult:

@@ -477,6 +477,18 @@ class Reader:
         rows = self.conn.execute(sql + " ORDER BY window_start", params)
         return [POOL_USAGE.decode(r) for r in rows]
 
+    def loops_with_expired_turns_in(self, pool: str, now: str) -> list[str]:
+        """The loops holding an open turn admitted under `pool` whose lease ran out before
+        `now` (candidates only: the write path sweeps each through its proved rows)."""
+        if self.legacy:
+            return []
+        rows = self.conn.execute(
+            "SELECT DISTINCT loop_id FROM turns WHERE status = 'open' AND lease_expires_at < ? "
+            "AND pools LIKE ? ESCAPE '!' ORDER BY loop_id",
+            (now, '%"' + pool.replace("_", "!_") + '"%'),  # a name's `_` is no wildcard
+        )
+        return [loop_id for (loop_id,) in rows]
+
     def usage(self, pool: str, window_start: str) -> Totals:
         """What one window of `pool` used (zero for a window not begun)."""
         used = self.pool_usage(pool, window_start)
