@@ -49,10 +49,11 @@ from loopwarden.dashboard.views import (
 from loopwarden.operations.approvals import request_approval
 from loopwarden.operations.claim import claim
 from loopwarden.operations.journal import ReceiptLine
-from loopwarden.operations.loops import list_loops, open_loop, pause_loop
+from loopwarden.operations.loops import cancel_loop, list_loops, open_loop, pause_loop
 from loopwarden.operations.pools import pool_define, pools
 from loopwarden.operations.projection import projection
 from loopwarden.operations.update import update
+from loopwarden.policy.model import LoopPolicy
 
 pytestmark = pytest.mark.anyio
 CSRF_FIELD = re.compile(r'name="csrf" value="([^"]+)"')
@@ -599,11 +600,18 @@ async def test_a_loop_page_lists_the_pools_its_policy_names_and_those_its_agents
     grant = await claim(store, BUILDER, {"loop_id": "drawing"})
     await report(store, grant, "d-1", usage={"cost_usd": 2.0})
     listed = (await pools(store, OPERATOR, {})).pools
-    views = loop_pools(listed, "drawing", ("builder", "reviewer"))
+    policy = LoopPolicy.model_validate(make_policy(pools=["named"]))  # builder and reviewer
+    views = loop_pools(listed, policy)
     assert [(v.pool.name, v.via) for v in views] == [("named", None), ("bound", "builder")]
     assert views[1].spent == ["cost_usd"] and views[1].fullest.state == "exhausted"
     assert views[0].spent == [] and views[0].fullest.used == 1
-    assert [v.pool.name for v in loop_pools(listed, "drawing", ("*",))] == [
+    await cancel_loop(store, OPERATOR, {"loop_id": "drawing"})
+    after = (await pools(store, OPERATOR, {})).pools  # `named` lists no open loop now
+    assert [p.loops for p in after if p.name == "named"] == [[]]
+    shown = [v.pool.name for v in loop_pools(after, policy)]
+    assert shown == ["named", "bound"]  # a closed loop's page still shows what it drew from
+    anyone = policy.model_copy(update={"agents": ("*",)})
+    assert [v.pool.name for v in loop_pools(listed, anyone)] == [
         "named",
         "bound",
         "other",

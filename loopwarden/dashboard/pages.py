@@ -226,8 +226,8 @@ class Pages:
         listed = (await list_pools(ctx.store, ctx.who, {})).pools
         if not listed:
             return []
-        agents = await ctx.store.read(lambda reader: reader.policy(state.policy_digest).agents)
-        return loop_pools(listed, state.loop_id, agents)
+        policy = await ctx.store.read(lambda reader: reader.policy(state.policy_digest))
+        return loop_pools(listed, policy)
 
     async def control(self, ctx: Ctx) -> Response:
         loop_id = _match(ID_PATTERN, ctx.request.path_params["loop_id"], "loop id")

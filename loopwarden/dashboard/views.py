@@ -18,6 +18,7 @@ from loopwarden.operations.pools import PoolOut
 from loopwarden.operations.projection import TodoOut
 from loopwarden.operations.results import BudgetOut
 from loopwarden.policy.decision import ReasonCode
+from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import TODO_STATUSES
 
 PAGE_LINES = 200  # journal lines per page
@@ -226,15 +227,13 @@ def pool_view(pool: PoolOut, via: str | None = None) -> PoolView:
     return PoolView(pool, bars, spent, busy, via)
 
 
-def loop_pools(pools: list[PoolOut], loop_id: str, agents: tuple[str, ...]) -> list[PoolView]:
+def loop_pools(pools: list[PoolOut], policy: LoopPolicy) -> list[PoolView]:
     """The pools a loop draws from: those its policy names, then those binding an agent its
     policy admits (any bound agent when it admits `*`), each with the agent that binds it."""
-    named = [pool_view(pool) for pool in pools if loop_id in pool.loops]
+    named = set(policy.pools or ())
     bound = []
     for pool in pools:
-        if loop_id in pool.loops:
-            continue
-        binding = [a for a in pool.agents if "*" in agents or a in agents]
+        binding = [a for a in pool.agents if pool.name not in named and policy.admits_agent(a)]
         if binding:
             bound.append(pool_view(pool, via=", ".join(binding)))
-    return named + bound
+    return [pool_view(pool) for pool in pools if pool.name in named] + bound

@@ -92,13 +92,22 @@ def drawn_lines(reader: Reader, policy: LoopPolicy, agent: str, now: datetime) -
     ]
 
 
-def pool_out(reader: Reader, row: PoolRow, now: datetime) -> PoolOut:
-    """A pool's state as the operator reads it: the current window's usage, its loops."""
-    loops = [
-        loop.loop_id
-        for loop in reader.loops()
-        if not loop.status.closed and row.name in (reader.policy(loop.policy_digest).pools or ())
-    ]
+def open_members(reader: Reader) -> dict[str, list[str]]:
+    """By pool name, the open loops whose policy names it (one pass over the loops)."""
+    members: dict[str, list[str]] = {}
+    for loop in reader.loops():
+        if not loop.status.closed:
+            for name in reader.policy(loop.policy_digest).pools or ():
+                members.setdefault(name, []).append(loop.loop_id)
+    return members
+
+
+def pool_out(
+    reader: Reader, row: PoolRow, now: datetime, members: dict[str, list[str]] | None = None
+) -> PoolOut:
+    """A pool's state as the operator reads it: the current window's usage, its open loops
+    (`members`, from `open_members`, when several pools are shown at once)."""
+    loops = (open_members(reader) if members is None else members).get(row.name, [])
     return PoolOut(
         **pool_line(reader, row, now).model_dump(),
         policy_digest=row.policy_digest,
@@ -205,4 +214,5 @@ def pools(call: Call[Reader], req: PoolsRequest) -> PoolList:
             raise NotFound(f"no pool named {req.name!r}")
         rows = {req.name: rows[req.name]}
     now = call.now
-    return PoolList(pools=[pool_out(call.tx, row, now) for row in rows.values()])
+    members = open_members(call.tx)
+    return PoolList(pools=[pool_out(call.tx, row, now, members) for row in rows.values()])
