@@ -124,6 +124,11 @@ def status(text: str) -> Styled:
     return Styled(f"[{STATUS_COLORS.get(text, 'white')}]{safe(text)}[/]")
 
 
+def controlled(what: str, name: str, now: str, receipt_id: str) -> None:
+    """An operator's control, done: `loop L1 is now paused (receipt rcpt-…)`."""
+    console.print(f"{what} {safe(name)} is now {status(now)} (receipt {receipt_id})")
+
+
 def projection(p: ProjectionResult) -> None:
     head = f"[bold]{safe(p.loop_id)}[/bold]  {status(p.status)}"
     if p.stop_reason:

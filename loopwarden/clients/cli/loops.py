@@ -161,9 +161,7 @@ def _control(
     if json_out:
         render.emit_json(result.model_dump(mode="json"))
     else:
-        render.console.print(
-            f"loop {result.loop_id} is now {render.status(result.status)} (receipt {result.receipt_id})"
-        )
+        render.controlled("loop", result.loop_id, result.status, result.receipt_id)
 
 
 @app.command("pause")

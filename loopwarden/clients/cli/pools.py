@@ -8,7 +8,7 @@ import typer
 
 from loopwarden.clients import render
 from loopwarden.clients.cli.common import As, Home, Json, Reason, Store, operate
-from loopwarden.operations.pools import PoolOut, pool_define, pool_pause, pool_resume, pools
+from loopwarden.operations.pools import POOL_CONTROLS, PoolOut, pool_define, pools
 
 app = typer.Typer(no_args_is_help=True, help="Budget pools: limits that span loops.")
 
@@ -135,7 +135,7 @@ def pool_list(home: Home = None, store: Store = None, json_out: Json = False) ->
 
 
 def _control(action: str) -> Any:
-    op = pool_pause if action == "pause" else pool_resume
+    op = POOL_CONTROLS[action]
 
     def command(
         name: Name,
@@ -150,9 +150,7 @@ def _control(action: str) -> Any:
         if json_out:
             render.emit_json(result.model_dump(mode="json"))
             return
-        render.console.print(
-            f"pool [bold]{render.safe(name)}[/bold] {render.status(result.status)}"
-        )
+        render.controlled("pool", name, result.status, result.receipt_id)
 
     sealed = "pool.paused" if action == "pause" else "pool.resumed"
     then = "are refused" if action == "pause" else "are admitted again"
