@@ -21,6 +21,7 @@ from bench import (
     audit,
     backends,
     dashboard,
+    fleet,
     hooks,
     kernel,
     memory,
@@ -46,6 +47,7 @@ FAMILIES = {
     "hooks": (hooks, 6, 30),
     "telemetry": (telemetry, 5, 20),
     "pools": (pools, 5, 25),
+    "fleet": (fleet, 6, 40),
 }
 BUDGET = {True: 50.0, False: 550.0}  # seconds: quick, full
 MAX_STRETCH = 1.5  # a family never gets more than this times its nominal share

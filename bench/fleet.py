@@ -1,0 +1,399 @@
+"""Family 12 — a fleet of hosts posting hook events: what one HTTP hook event costs the server.
+
+A real `loopwarden serve --http` (a subprocess on a loopback port, fresh home) serves 16 loops,
+each with an open turn for its own agent; 16 simulated hosts (one per loop, each with its own
+observer token) post Claude Code `PreToolUse` + `PostToolUse` pairs for `Bash` to
+`/hooks/claude-code` concurrently, every pair admitted by the policy (each event seals a
+receipt: `tool.admitted`, then `tool.observed`). The hosts stop at their count or at the
+family's time share. Measured: hook events/s over the whole fleet, each event's round trip
+(p50/p99), and the server process's CPU per event (utime + stime from `/proc/PID/stat`, all its
+threads, read before and after the measured window).
+
+The hosts are a small HTTP/1.1 client on raw asyncio streams (keep-alive, one connection per
+host, the request bytes built once), so the bench process spends as little of the machine's CPU
+as it can on its side. A backend is a `Fleet` (the servers and the store they share): SQLite is
+one server on its home's file; PostgreSQL is one or two replicas on one database (the second
+replica holds only a copy of the first's keys, as tests/test_replicas.py starts them), measured
+in the same run so that their ratio is judged on figures from one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import harness as h
+from bench.report import Section, Table, Target
+from bench.transport import _free_port, _wait_listening
+from loopwarden.ledger.storage.location import Location, parse_location
+from loopwarden.operations.claim import ClaimRequest, claim
+from loopwarden.operations.hooks import HookEvent, hook
+from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.principals import Principal
+from loopwarden.server.tokens import issue_token
+
+NAME = "fleet"
+HOSTS = 16
+RATE_TARGET = 2_000.0  # hook events/s, SQLite, one server, 16 hosts
+CPU_TARGET = 0.6e-3  # seconds of server CPU per HTTP hook event
+PG_RATIO_TARGET = 1.7  # two replicas ÷ one (issue 23's PostgreSQL target)
+TICK = os.sysconf("SC_CLK_TCK")
+POLICY = {
+    "agents": ["*"],
+    "tools": {"allow": ["fs.*", "shell.run"], "commands": {"deny": ["git push*"]}},
+    "budgets": {"max_turns": 1_000},
+    "claims": {"lease_seconds": 7 * 86400, "max_active": 100, "max_active_per_agent": 10},
+    "observe": {"mode": "enforce"},
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    pairs: int  # PreToolUse + PostToolUse pairs per host, at most
+    warmup: int  # pairs per host before the measured window (the host attaches on the first)
+
+
+QUICK = Config(pairs=60, warmup=3)
+FULL = Config(pairs=250, warmup=5)
+
+
+def loop_of(n: int) -> str:
+    return f"fleet-{n:02d}"
+
+
+def agent_of(n: int) -> str:
+    return f"host-agent-{n:02d}"
+
+
+def session_of(n: int) -> str:
+    return f"fleet-session-{n:02d}"
+
+
+# --- the store: 16 loops, each with an open turn, and one observer token per host -----------
+
+
+async def prepare(home: Path, location: Location | None) -> list[str]:
+    """Open the loops and their turns; return the hosts' observer tokens (in host order)."""
+    tokens = []
+    async with h.open_store(home, location=location) as store:
+        for n in range(HOSTS):
+            request = OpenLoopRequest(
+                objective="bench fleet",
+                policy=POLICY,
+                loop_id=loop_of(n),
+                todos=[TodoInput(id="t", title="work")],
+            )
+            await open_loop(store, h.OPERATOR, request)
+            observer = Principal(id=agent_of(n), role="observer")
+            attach = HookEvent(
+                loop_id=loop_of(n), host="claude-code", phase="session", session_id=session_of(n)
+            )
+            await hook(store, observer, attach)
+            granted = await claim(
+                store, Principal(id=agent_of(n)), ClaimRequest(loop_id=loop_of(n))
+            )
+            if not granted.granted:
+                raise RuntimeError(f"the bench turn was refused: {granted.reasons}")
+            issued = await store.write(lambda tx, who=observer: issue_token(tx, who))
+            tokens.append(issued.token)
+    return tokens
+
+
+# --- the servers ----------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    base: str
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def cpu(self) -> float:
+        """Seconds of CPU (user + system, every thread) the server process has used."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15)
+
+
+@asynccontextmanager
+async def served(home: Path, log: Path, store: list[str]) -> AsyncIterator[Server]:
+    """`loopwarden serve --http` on a free loopback port with `home` (and `--store`)."""
+    port = _free_port()
+    args = h.python("-m", "loopwarden", "serve", "--http", f"127.0.0.1:{port}", "--home", str(home))
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [*args, *store],
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=h.child_env(),
+            cwd=h.REPO,
+        )
+    try:
+        _wait_listening(process, port, log)
+        yield Server(f"http://127.0.0.1:{port}", port, process)
+    finally:
+        h.stop_process(process)
+
+
+@dataclass
+class Fleet:
+    """The servers the hosts post to (host n posts to server n mod len), on one store."""
+
+    label: str
+    servers: list[Server]
+    tokens: list[str]
+
+
+@asynccontextmanager
+async def sqlite_fleet(root: Path) -> AsyncIterator[Fleet]:
+    home = root / "home"
+    tokens = await prepare(home, None)
+    async with served(home, root / "serve.log", []) as server:
+        yield Fleet("SQLite, one server", [server], tokens)
+
+
+@asynccontextmanager
+async def postgres_fleet(root: Path, url: str, replicas: int) -> AsyncIterator[Fleet]:
+    """`replicas` servers on the database at `url`; the first home holds the keys, every other
+    one a copy of them and nothing else."""
+    home = root / "home-0"
+    tokens = await prepare(home, parse_location(url))
+    homes = [home]
+    for n in range(1, replicas):
+        other = root / f"home-{n}"
+        other.mkdir(parents=True)
+        shutil.copytree(home / "keys", other / "keys")
+        homes.append(other)
+    async with AsyncExitStack() as stack:
+        servers = [
+            await stack.enter_async_context(served(hm, root / f"serve-{i}.log", ["--store", url]))
+            for i, hm in enumerate(homes)
+        ]
+        yield Fleet(f"PostgreSQL, {replicas} replica{'s' if replicas > 1 else ''}", servers, tokens)
+
+
+# --- the hosts ------------------------------------------------------------------------------
+
+
+def events(n: int, call: int) -> tuple[bytes, bytes]:
+    """Host `n`'s `call`-th tool call: its PreToolUse and PostToolUse bodies."""
+    common = {
+        "session_id": session_of(n),
+        "transcript_path": "",
+        "cwd": ".",
+        "tool_name": "Bash",
+        "tool_input": {"command": f"pytest -q tests/test_{call}.py"},
+        "tool_use_id": f"toolu_{n:02d}_{call:08d}",
+    }
+    pre = {**common, "hook_event_name": "PreToolUse"}
+    post = {
+        **common,
+        "hook_event_name": "PostToolUse",
+        "tool_response": {"stdout": "1 passed", "stderr": "", "interrupted": False},
+    }
+    return json.dumps(pre).encode(), json.dumps(post).encode()
+
+
+class HookFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class Host:
+    """One simulated host: one keep-alive connection, its requests' head built once."""
+
+    n: int
+    server: Server
+    token: str
+    samples: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.head = (
+            f"POST /hooks/claude-code?loop={loop_of(self.n)} HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{self.server.port}\r\n"
+            f"Authorization: Bearer {self.token}\r\n"
+            "Content-Type: application/json\r\n"
+        ).encode()
+
+    async def post(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes
+    ) -> float:
+        t0 = time.perf_counter()
+        writer.write(self.head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = next(
+            int(v)
+            for k, _, v in (x.partition(b":") for x in lines)
+            if k.lower() == b"content-length"
+        )
+        answer = await reader.readexactly(length) if length else b""
+        elapsed = time.perf_counter() - t0
+        if not lines[0].startswith(b"HTTP/1.1 200") or answer.strip() not in (b"", b"{}"):
+            raise HookFailed(
+                f"host {self.n}: the event was not admitted: {head[:80]!r} {answer[:200]!r}"
+            )
+        return elapsed
+
+    async def run(self, first: int, pairs: int, deadline: h.Deadline, keep: bool) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.server.port)
+        try:
+            for call in range(first, first + pairs):
+                if deadline.expired:
+                    break
+                for body in events(self.n, call):
+                    elapsed = await self.post(reader, writer, body)
+                    if keep:
+                        self.samples.append(elapsed)
+        finally:
+            writer.close()
+
+
+@dataclass(frozen=True)
+class Measured:
+    label: str
+    events: int
+    seconds: float
+    cpu: float  # server CPU seconds, all servers together
+    latency: h.Latency
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds
+
+    @property
+    def cpu_per_event(self) -> float:
+        return self.cpu / self.events
+
+
+async def measure(fleet: Fleet, cfg: Config, seconds: float) -> Measured:
+    hosts = [Host(n, fleet.servers[n % len(fleet.servers)], fleet.tokens[n]) for n in range(HOSTS)]
+    warm = h.Deadline(max(seconds / 5, 2.0))
+    await asyncio.gather(*(host.run(0, cfg.warmup, warm, keep=False) for host in hosts))
+    deadline = h.Deadline(seconds)
+    cpu0 = sum(s.cpu() for s in fleet.servers)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(host.run(cfg.warmup, cfg.pairs, deadline, keep=True) for host in hosts))
+    wall = time.perf_counter() - t0
+    cpu = sum(s.cpu() for s in fleet.servers) - cpu0
+    samples = [x for host in hosts for x in host.samples]
+    return Measured(fleet.label, len(samples), wall, cpu, h.Latency.of(samples))
+
+
+# --- the family -----------------------------------------------------------------------------
+
+
+def _pg_url() -> tuple[object | None, str]:
+    from bench.backends import _pg_server
+
+    return _pg_server()
+
+
+async def _postgres(cfg: Config, seconds: float) -> list[Measured]:
+    """One and two replicas on PostgreSQL (a fresh database each), or [] without a server."""
+    server, url = _pg_url()
+    if server is None:
+        h.progress(NAME, f"PostgreSQL skipped: {url}")
+        return []
+    results = []
+    try:
+        for replicas in (1, 2):
+            h.progress(NAME, f"PostgreSQL, {replicas} replica(s)")
+            with h.temp_home(f"{NAME}-pg{replicas}") as home:
+                fresh = server.fresh_url(f"fleet{replicas}")  # type: ignore[attr-defined]
+                async with postgres_fleet(home.parent, fresh, replicas) as fleet:
+                    results.append(await measure(fleet, cfg, seconds))
+    finally:
+        stop = getattr(server, "stop", None)
+        if stop is not None:
+            stop()
+    return results
+
+
+async def run(quick: bool, budget: float) -> Section:
+    cfg = QUICK if quick else FULL
+    started = time.monotonic()
+    with_pg = os.environ.get("BENCH_FLEET_PG", "1") != "0"
+    share = budget / (3 if with_pg else 1) - 6.0  # set-up: loops, tokens, server start
+    section = Section(
+        family=NAME,
+        number=12,
+        title="A fleet of hosts (HTTP hook events)",
+        how=(
+            f"a real `loopwarden serve --http` on loopback, fresh home, {HOSTS} loops each with "
+            f"an open turn; {HOSTS} concurrent simulated hosts (one keep-alive connection and one "
+            "observer token each) post Claude Code PreToolUse + PostToolUse pairs for `Bash` to "
+            '`/hooks/claude-code`, all admitted (`[observe] mode = "enforce"`; each event seals '
+            f"a receipt), up to {cfg.pairs} pairs per host after {cfg.warmup} warm-up pairs, "
+            "within the family's time share. Server CPU: utime + stime of the server "
+            "process(es) from `/proc/PID/stat` across the measured window, divided by the "
+            "events; SQLite synchronous=full (the default)."
+        ),
+    )
+    results: list[Measured] = []
+    h.progress(NAME, "SQLite, one server")
+    with h.temp_home(NAME) as home:
+        async with sqlite_fleet(home.parent) as fleet:
+            results.append(await measure(fleet, cfg, max(share, 3.0)))
+    if with_pg:
+        left = budget - (time.monotonic() - started)
+        results += await _postgres(cfg, max(left / 2 - 8.0, 3.0))
+    section.tables.append(
+        Table(
+            ["servers", "events", "events/s", "p50 ms", "p99 ms", "server CPU ms per event"],
+            [
+                [
+                    m.label,
+                    str(m.events),
+                    h.rate(m.rate),
+                    h.ms(m.latency.p50),
+                    h.ms(m.latency.p99),
+                    f"{m.cpu_per_event * 1e3:.3f}",
+                ]
+                for m in results
+            ],
+        )
+    )
+    section.targets += _targets(results)
+    section.notes.append(
+        f"load average at the end of the family: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    return section
+
+
+def _targets(results: list[Measured]) -> list[Target]:
+    lite = results[0]
+    targets = [
+        Target(
+            f"SQLite, one server, {HOSTS} hosts: ≥ {RATE_TARGET:,.0f} hook events/s",
+            f"{h.rate(lite.rate)} events/s",
+            lite.rate >= RATE_TARGET,
+        ),
+        Target(
+            f"server CPU per HTTP hook event ≤ {CPU_TARGET * 1e3:.1f} ms (SQLite)",
+            f"{lite.cpu_per_event * 1e3:.3f} ms",
+            lite.cpu_per_event <= CPU_TARGET,
+        ),
+    ]
+    if len(results) == 3:
+        one, two = results[1], results[2]
+        ratio = two.rate / one.rate
+        targets.append(
+            Target(
+                f"PostgreSQL, {HOSTS} hosts: two replicas ≥ {PG_RATIO_TARGET}× one replica",
+                f"{h.ratio(ratio)} ({h.rate(two.rate)} vs {h.rate(one.rate)} events/s)",
+                ratio >= PG_RATIO_TARGET,
+                "the write path's sequencer lock (issue 23 item 1) bounds both"
+                if ratio < PG_RATIO_TARGET
+                else "",
+            )
+        )
+    return targets
