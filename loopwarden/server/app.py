@@ -14,7 +14,6 @@ from pydantic import AnyHttpUrl
 from loopwarden import __version__
 from loopwarden.clock import Clock, system_clock
 from loopwarden.observe import tracing_wanted, watching
-from loopwarden.server.auth import StoreTokenVerifier
 from loopwarden.server.elicitation import ApprovalLinks, with_approval_links
 from loopwarden.server.notifications import ChangeFeed, CountingBus, subscribe_handlers
 from loopwarden.server.oauth import BearerVerifier, JwtVerifier
@@ -64,12 +63,12 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
     auth = None
     if settings.auth and settings.http is not None:
         host, port = settings.http
-        verifier = StoreTokenVerifier(lambda: runtime.store)
+        verifier = runtime.tokens
         issuer = AnyHttpUrl(f"http://{url_host(host)}:{port}")
         auth = AuthSettings(issuer_url=issuer, resource_server_url=None)
         if settings.oauth is not None:  # JWTs from the issuer beside the static tokens
             runtime.jwts = JwtVerifier(settings.oauth, clock=clock)
-            verifier = BearerVerifier(verifier, runtime.jwts)
+            verifier = BearerVerifier(runtime.tokens, runtime.jwts)
             auth = AuthSettings(
                 issuer_url=AnyHttpUrl(settings.oauth.issuer), resource_server_url=None
             )

@@ -1,6 +1,9 @@
 """Bearer-token authentication for streamable HTTP (tokens themselves: `tokens.py`).
 
-The verifier looks the token's hash up on every request, so a revoked or expired token stops
+A token is verified against its row (hash lookup, revocation, expiry, MAC) on first use; a
+repeat request is answered from the verified tokens (`verified.py`) after a per-request check
+that no token was minted or revoked since (one small read shared by concurrent requests) and
+that the token has not expired by the store's clock, so a revoked or expired token stops
 working at once. Tokens are never logged or stored in clear.
 """
 
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
@@ -18,6 +22,7 @@ from loopwarden.ledger.storage.reader import TokenRow
 from loopwarden.ledger.storage.store import Store
 from loopwarden.principals import ROLES, Principal
 from loopwarden.server.tokens import TOKEN_PREFIX, token_hash, token_problem
+from loopwarden.server.verified import Coalesced, Entry, VerifiedTokens
 
 log = logging.getLogger("loopwarden.server")
 
@@ -26,17 +31,43 @@ class StoreTokenVerifier:
     """The MCP SDK's `TokenVerifier`: a valid, unrevoked token → an `AccessToken` for its principal.
 
     `store` returns the open store, or None while the server starts or stops (then every token
-    is refused).
-    """
+    is refused). One verifier serves every route of a server (`Runtime.tokens`), so that what
+    one route verified the others find."""
 
     def __init__(self, store: Callable[[], Store | None]) -> None:
         self._store = store
+        self._verified = VerifiedTokens()
+        self._of: Store | None = None  # the store the verified tokens were read from
+        self.versions = Coalesced(self._read_version)
+
+    async def _read_version(self) -> object:
+        store = self._store()
+        if store is None:
+            raise LookupError("no store")
+        return await store.read(lambda r: r.tokens_version())
 
     async def verify_token(self, token: str) -> AccessToken | None:
         store = self._store()
         if store is None or not token.startswith(TOKEN_PREFIX) or len(token) > 200:
             return None
+        if store is not self._of:  # a store opened anew: nothing verified on another holds
+            self._verified.clear()
+            self._of = store
         hashed = token_hash(token)
+        try:
+            version = await self.versions()  # read after this request arrived
+        except Exception:  # the store is closing or failing: refuse, as a failed row read does
+            return None
+        known = self._verified.get(hashed, store.clock(), version)
+        if known is not None:
+            return known
+        access, expires = await self._check(store, hashed)
+        if access is not None:
+            self._verified.put(hashed, Entry(access, expires, version))
+        return access
+
+    async def _check(self, store: Store, hashed: str) -> tuple[AccessToken | None, datetime | None]:
+        """The token's row verified: its principal and expiry, or (None, None)."""
         row: TokenRow | None = await store.read(lambda r: r.token(hashed))
         problem = token_problem(row, format_time(store.clock()), store.integrity)
         if problem == "forged" and row is not None:  # worth an operator's look
@@ -44,20 +75,18 @@ class StoreTokenVerifier:
                 "refusing token %s: its MAC does not verify (run loopwarden verify)", row.token_id
             )
         if problem is not None or row is None:
-            return None
+            return None, None
+        expires = None if row.expires_at is None else parse_time(row.expires_at)
         # The token id as `subject`: a session belongs to the token that opened it (the SDK
         # refuses it to any other), so revoking that token can close exactly its sessions.
-        return AccessToken(
+        access = AccessToken(
             token=row.token_id,
             client_id=row.agent,
             subject=row.token_id,
             scopes=[f"role:{row.role}"],
-            expires_at=_epoch(row.expires_at),
+            expires_at=None if expires is None else int(expires.timestamp()),
         )
-
-
-def _epoch(when: str | None) -> int | None:
-    return None if when is None else int(parse_time(when).timestamp())
+        return access, expires
 
 
 def principal_from_token() -> Principal:

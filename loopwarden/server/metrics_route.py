@@ -11,7 +11,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from loopwarden.server.auth import StoreTokenVerifier
 from loopwarden.server.runtime import Runtime
 
 OPERATOR_SCOPE = "role:operator"
@@ -27,7 +26,7 @@ async def _refusal(request: Request, runtime: Runtime) -> str | None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         return "the metrics request carries no bearer token"
-    access = await StoreTokenVerifier(lambda: runtime.store).verify_token(token.strip())
+    access = await runtime.tokens.verify_token(token.strip())
     if access is None:
         return "the token is not valid (unknown, revoked or expired)"
     if OPERATOR_SCOPE not in access.scopes:

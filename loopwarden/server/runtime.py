@@ -13,7 +13,7 @@ from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.storage.store import Store
 from loopwarden.observe import NOBODY, Observer
 from loopwarden.principals import Principal
-from loopwarden.server.auth import principal_from_token
+from loopwarden.server.auth import StoreTokenVerifier, principal_from_token
 from loopwarden.server.settings import Settings
 
 if TYPE_CHECKING:
@@ -27,6 +27,10 @@ class Runtime:
     store: Store | None = field(default=None)
     jwts: JwtVerifier | None = None  # OAuth: the access-token verifier (`oauth.py`)
     observer: Observer = NOBODY  # spans and metrics of every call (`observe/`)
+    tokens: StoreTokenVerifier = field(init=False)  # every route's static-token verifier
+
+    def __post_init__(self) -> None:
+        self.tokens = StoreTokenVerifier(lambda: self.store)
 
     def principal(self) -> Principal:
         """Over HTTP the verified bearer token's principal; otherwise the launch configuration's."""

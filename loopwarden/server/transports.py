@@ -21,6 +21,7 @@ from loopwarden.errors import AddressInUse, BindFailed
 from loopwarden.ledger.storage.store import snapshot
 from loopwarden.observe import NOBODY, Observer
 from loopwarden.server.connections import ConnectionGuard, connection_ceiling, guarded_protocol
+from loopwarden.server.hook_route import HookFront, HookRoute
 from loopwarden.server.oauth import BearerGate, metadata_routes
 from loopwarden.server.sessions import SessionGate, SessionLimits
 from loopwarden.server.settings import Settings, is_loopback, url_host
@@ -137,7 +138,7 @@ async def serve_http(
         body_seconds=limits.body_seconds,
     )
     config = uvicorn.Config(
-        app,
+        with_fronts(app, mounts),
         host=host,
         port=port,
         log_level="warning",
@@ -149,6 +150,15 @@ async def serve_http(
         group.start_soon(sessions.run)
         await uvicorn.Server(config).serve(sockets=[sock] if sock is not None else None)
         group.cancel_scope.cancel()
+
+
+def with_fronts(app: ASGIApp, mounts: Sequence[BaseRoute]) -> ASGIApp:
+    """`app` behind the short way of every hook route among `mounts` (`hook_route.HookFront`:
+    a hook event skips the middleware of `/mcp`)."""
+    for route in mounts:
+        if isinstance(route, HookRoute):
+            app = HookFront(app, route.hooks)
+    return app
 
 
 def live_tokens(settings: Settings, ids: set[str]) -> set[str]:

@@ -500,6 +500,14 @@ class Reader:
         )
         return TOKENS.decode(r) if r else None
 
+    def tokens_version(self) -> tuple[int, int, str]:
+        """What changes whenever a token is minted or revoked, by any writer: the number of
+        tokens, of revoked ones, and the last revocation's time (the server's verified-token
+        cache is checked against it on every request)."""
+        r = self._one("SELECT COUNT(*), COUNT(revoked_at), MAX(revoked_at) FROM tokens")
+        assert r is not None
+        return int(r[0]), int(r[1]), str(r[2] or "")
+
     def tokens(self) -> list[TokenRow]:
         rows = self.conn.execute(
             f"SELECT {self._token_columns} FROM tokens ORDER BY created_at, token_id"
