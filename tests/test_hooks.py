@@ -18,6 +18,7 @@ import json
 import shlex
 import sqlite3
 import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -543,6 +544,47 @@ async def test_a_real_hook_process_fails_closed(home, store, tmp_path, host):
         assert blocked, (host, done.returncode, done.stdout, done.stderr)
         assert b"Traceback" not in done.stderr
     assert not (tmp_path / "no-such-home").exists(), "a hook never creates a home"
+
+
+HEAVY = (  # what the admin CLI, the server and the dashboard load, and a hook must not
+    "typer", "click", "rich", "mcp", "httpx", "httpx2", "httpcore", "starlette", "uvicorn",
+    "jinja2", "yaml", "opentelemetry", "prometheus_client", "loopwarden.server",
+    "loopwarden.dashboard", "loopwarden.clients.cli", "loopwarden.clients.render",
+    "loopwarden.operations.catalog", "loopwarden.ledger.audit",
+    "importlib.metadata", "email",  # pydantic's plugin lookup, turned off (clients/entry.py)
+)  # fmt: skip
+
+
+def imported_by(
+    args: list[str], stdin: bytes, env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """`python -X importtime ARGS` as a real process, and every module it imported (the trace
+    goes to the process's own stderr, not through `sys.stderr`)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", *args],
+        input=stdin, capture_output=True, env=env, timeout=60,
+    )  # fmt: skip
+    lines = done.stderr.decode().splitlines()
+    names = {line.rpartition("|")[2].strip() for line in lines if line.startswith("import time:")}
+    return done, names - {"imported package"}
+
+
+def heavy(names: set[str]) -> set[str]:
+    return {n for n in names for h in HEAVY if n == h or n.startswith(h + ".")}
+
+
+async def test_a_real_hook_process_decides_without_loading_the_cli_server_or_telemetry(
+    home, store, clock
+):
+    await _home_with_turn(store, clock)
+    args = ["-m", "loopwarden", "hook", "claude-code", "--loop", LOOP, "--agent", "builder"]
+    done, names = imported_by(
+        [*args, "--home", str(home)], json.dumps(bash("pytest -q")).encode(), cli_env()
+    )
+    assert (done.returncode, done.stdout) == (0, b""), done.stderr[-2000:]
+    assert (await kinds(store))[-1] == "tool.admitted", "decided, sealed, answered"
+    assert {"loopwarden.operations.hooks", "loopwarden.policy.commands.verdicts"} <= names
+    assert heavy(names) == set(), "the hook's entry loads only what a pre-tool decision needs"
 
 
 async def test_codex_never_sees_a_bare_allow(home, store, clock):

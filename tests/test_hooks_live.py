@@ -32,6 +32,7 @@ from support import (
     start_server,
     stop_server,
 )
+from test_hooks import imported_by
 
 from loopwarden.clients.admin import open_store
 from loopwarden.clients.agent import ToolCallError
@@ -236,6 +237,26 @@ def test_a_command_only_host_forwards_to_the_server_and_gets_its_decision(
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert is_deny(answer) and "claim a turn first" in json.dumps(answer)
+
+
+# What the forwarder may import beyond what the interpreter (and `-m`'s runpy) loads anyway.
+FORWARDER = {"loopwarden", "loopwarden.clients", "loopwarden.clients.entry", "loopwarden.hosts",
+             "loopwarden.clients.hook_forward", "loopwarden.clients.http1", "_socket",
+             "__future__", "importlib"}  # fmt: skip
+
+
+def test_the_forwarder_decides_with_nothing_but_the_c_socket_module(live):
+    """No pydantic, store, host module, `json`, `http.client`, `socket`, `ssl`, `urllib` or
+    `re` of its own: a forwarded decision is an interpreter start and one request."""
+    base = live["served"].url.removesuffix("/mcp")
+    raw = (FIXTURES.parent / "codex" / "PreToolUse-read.json").read_bytes()
+    env = cli_env(LOOPWARDEN_OBSERVER_TOKEN=live["observer"].token)
+    args = ["hook", "codex", "--loop", LOOP, "--agent", "builder", "--server", base]
+    done, names = imported_by(["-m", "loopwarden", *args], raw, env)
+    assert done.returncode == 0 and b"claim a turn first" in done.stdout, done.stderr[-2000:]
+    _, startup = imported_by(["-c", "import runpy"], b"", env)
+    assert "loopwarden.clients.http1" in names and "site" in startup, "the traces were read"
+    assert names - startup <= FORWARDER, names - startup - FORWARDER
 
 
 def test_the_forwarder_fails_closed_without_a_token_or_a_server(live, tmp_path):

@@ -9,6 +9,8 @@ import sys
 
 from loopwarden.hosts import NAMES as HOSTS  # the registry alone: no host module is imported
 
+PLUGINS_OFF = ("__all__", "1", "true")  # the values with which pydantic loads no plugin
+
 
 def main() -> None:
     argv = sys.argv[1:]
@@ -17,12 +19,34 @@ def main() -> None:
 
         sys.exit(forward(argv[1:]))
     if len(argv) >= 2 and argv[0] == "hook" and argv[1] in HOSTS:
-        # Pydantic looks up plugin entry points on first use (~10 ms of importlib.metadata);
-        # loopwarden uses none, and the hook runs on every tool call the model makes.
-        os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+        lean()
         from loopwarden.clients.hook_command import main as hook_main
 
         sys.exit(hook_main(argv[1:]))
     from loopwarden.clients.cli import main as cli_main
 
     cli_main()
+
+
+def lean() -> None:
+    """Set up a process that answers one hook event and exits (the host starts one for every
+    tool call the model makes) to import and allocate no more than the decision needs.
+
+    - No cyclic garbage collection: the imports build tens of thousands of objects, and the
+      collector would walk them over and over (~10 ms here) to free next to nothing before the
+      process exits anyway.
+    - No pydantic plugins: pydantic looks plugins up in the installed packages' entry points
+      on the first model it builds, which imports `importlib.metadata` (and with it `email`,
+      `zipfile`, `csv`: ~10 ms here). loopwarden uses none, so the lookup is turned off, and,
+      when it is (whether by us or by the caller), pydantic's loader is stood in for by one
+      that loads nothing: exactly what the real one answers under that setting, without the
+      imports. A caller who names plugins to skip instead keeps the real loader.
+    """
+    import gc
+
+    gc.disable()
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    if os.environ["PYDANTIC_DISABLE_PLUGINS"] in PLUGINS_OFF and "pydantic" not in sys.modules:
+        loader = type(sys)("pydantic.plugin._loader", "No pydantic plugins (loopwarden hook).")
+        loader.get_plugins = tuple  # type: ignore[attr-defined]  # get_plugins() -> ()
+        sys.modules[loader.__name__] = loader

@@ -10,7 +10,7 @@ store: an event for a home with no database is refused, fail-closed, like any fa
 from __future__ import annotations
 
 import argparse
-import logging
+import io
 import sys
 from collections.abc import Sequence
 
@@ -83,12 +83,14 @@ def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
 
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
-    # stderr is the reason channel (the host shows it to the model): failures are told there,
-    # once, by the reply; nothing else may write to it.
-    logging.getLogger("loopwarden").addHandler(logging.NullHandler())
-    logging.getLogger("loopwarden").propagate = False
     raw = sys.stdin.buffer.read()
-    reply = _answer(args.host, raw, args)
+    # stderr is the reason channel (the host shows it to the model): failures are told there,
+    # once, by the reply; nothing else (a log record, a warning) may write to it.
+    stderr, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        reply = _answer(args.host, raw, args)
+    finally:
+        sys.stderr = stderr
     if reply.stdout:
         sys.stdout.write(reply.stdout + "\n")
     if reply.stderr:

@@ -12,17 +12,17 @@ failure (`loopwarden/hosts`): a pre-tool event is blocked in that host's blockin
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import sys
-from collections.abc import Sequence
-from urllib.parse import quote, urlsplit
 
+from loopwarden.clients import http1
 from loopwarden.hosts import ANSWER_HEADER  # the registry alone: no host module is imported
 
+TYPE_CHECKING = False  # not `typing`'s: the forwarder imports nothing it does not run
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 TOKEN_VARIABLE = "LOOPWARDEN_OBSERVER_TOKEN"
-TIMEOUT = 25.0  # seconds; under the 30 s the installer gives a hook
 
 
 def _options(argv: Sequence[str]) -> dict[str, object]:
@@ -42,6 +42,8 @@ def _options(argv: Sequence[str]) -> dict[str, object]:
 def _block(host: str, raw: bytes, message: str) -> int:
     """No decision: answer as `host`'s hook answers a failure (a block before a tool runs, or
     when the event cannot be read; a report otherwise)."""
+    import json
+
     from loopwarden import hosts  # only here: a decision imports nothing of loopwarden's
 
     try:
@@ -60,37 +62,41 @@ def main(argv: Sequence[str]) -> int:
     options = _options(argv)
     host = str(options["host"])
     raw = sys.stdin.buffer.read()
+    try:
+        return _forward(host, raw, options)
+    except Exception as exc:  # no decision, whatever went wrong: fail closed
+        return _block(host, raw, f"the forwarder failed ({type(exc).__name__})")
+
+
+def _forward(host: str, raw: bytes, options: dict[str, object]) -> int:
     token = os.environ.get(TOKEN_VARIABLE, "")
     if not token:
         why = f"${TOKEN_VARIABLE} is not set (loopwarden token create --role observer)"
         return _block(host, raw, why)
-    url = urlsplit(str(options.get("server", "")))
-    if url.scheme not in ("http", "https") or not url.hostname:
+    try:
+        url = http1.Url(str(options.get("server", "")))
+    except ValueError:
         return _block(host, raw, f"--server {options.get('server')!r} is not an http(s) URL")
-    query = f"loop={quote(str(options.get('loop', '')))}" + "".join(
-        f"&server={quote(str(s))}"
+    query = f"loop={http1.quote(str(options.get('loop', '')))}" + "".join(
+        f"&server={http1.quote(str(s))}"
         for s in options["server_name"]  # type: ignore[attr-defined]
     )
-    path = f"{url.path.rstrip('/')}/hooks/{quote(host)}?{query}"
-    connection_type = (
-        http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-    )
+    path = f"{url.path.rstrip('/')}/hooks/{http1.quote(host)}?{query}"
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     try:
-        connection = connection_type(url.hostname, url.port, timeout=TIMEOUT)
-        connection.request(
-            "POST",
-            path,
-            body=raw,
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        status, answer_headers, answer = http1.post(url, path, raw, headers)
+    except OSError as exc:
+        return _block(
+            host, raw, f"the loopwarden server at {url.authority} cannot be reached ({exc})"
         )
-        response = connection.getresponse()
-        body = response.read().decode("utf-8", "replace")
-    except (OSError, http.client.HTTPException) as exc:
-        return _block(host, raw, f"the loopwarden server at {url.netloc} cannot be reached ({exc})")
-    if response.status == 200 and response.getheader(ANSWER_HEADER) is not None:
+    except ValueError as exc:
+        return _block(host, raw, f"the event cannot be sent to {url.authority} ({exc})")
+    body = answer.decode("utf-8", "replace")
+    answered = ANSWER_HEADER.lower() in answer_headers
+    if status == 200 and answered:
         if body:
             sys.stdout.write(body + "\n")
         return 0
-    if response.getheader(ANSWER_HEADER) is not None:  # the server's own failure answer
+    if answered:  # the server's own failure answer
         return _block(host, raw, body.strip().removeprefix("loopwarden: ")[:500])
-    return _block(host, raw, f"the loopwarden server answered HTTP {response.status}: {body[:200]}")
+    return _block(host, raw, f"the loopwarden server answered HTTP {status}: {body[:200]}")

@@ -5,7 +5,6 @@ before a tool runs blocks it, with the reason."""
 from __future__ import annotations
 
 import json
-import logging
 
 from pydantic import ValidationError
 
@@ -18,7 +17,7 @@ from loopwarden.operations.hooks import HookAnswer, HookEvent, hook
 from loopwarden.operations.runner import run_now
 from loopwarden.principals import Principal
 
-log = logging.getLogger("loopwarden.hooks")
+LOGGER = "loopwarden.hooks"
 SPAN_OF_PHASE = {"session": "session_start", "pre": "pre_tool", "post": "post_tool", "stop": "stop"}
 
 
@@ -45,16 +44,22 @@ def failure(host: str, raw: bytes, message: str) -> Reply:
     return hosts.get(host).failure(phase, message)
 
 
+def _log_error(message: str, *args: object, exc: BaseException | None = None) -> None:
+    import logging  # only on a failure: a hook process that decides never loads it
+
+    logging.getLogger(LOGGER).error(message, *args, exc_info=exc)
+
+
 def _failed(host: str, event: Event | None, exc: BaseException, loop_id: str, agent: str) -> Reply:
     protocol, phase = hosts.get(host), (event.phase if event else None)
     if isinstance(exc, ValidationError):
         return protocol.failure(phase, describe_validation(exc))
     if isinstance(exc, LoopwardenError):
         if isinstance(exc, IntegrityError) or type(exc) is StoreError:  # not a retryable one
-            log.error("hook for %s in loop %s failed: %s", agent, loop_id, exc)
+            _log_error("hook for %s in loop %s failed: %s", agent, loop_id, exc)
         return protocol.failure(phase, exc.message)
     # Fail closed, and never a traceback to the model.
-    log.error("hook for %s in loop %s failed unexpectedly", agent, loop_id, exc_info=exc)
+    _log_error("hook for %s in loop %s failed unexpectedly", agent, loop_id, exc=exc)
     return protocol.failure(phase, "loopwarden could not decide this event; it is blocked")
 
 

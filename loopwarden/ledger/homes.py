@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import platformdirs
-
 from loopwarden.errors import InvalidInput
 from loopwarden.ledger.storage.backends import Synchronous
 from loopwarden.ledger.storage.location import STORE_ENV, Location, parse_location
@@ -37,6 +35,8 @@ def home_source(home: str | Path | None = None) -> tuple[Path, str]:
     elif os.environ.get(HOME_ENV):
         chosen, source = os.environ[HOME_ENV], HOME_ENV
     else:
+        import platformdirs  # only here: a hook process is given its home
+
         chosen, source = platformdirs.user_data_dir("loopwarden"), "default"
     return Path(chosen).expanduser().resolve(), source
 

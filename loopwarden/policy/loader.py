@@ -6,7 +6,6 @@ Every failure is one `PolicyError` whose message names the file, the field and t
 from __future__ import annotations
 
 import json
-import tomllib
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
@@ -38,13 +37,18 @@ def _decode(text: str, fmt: str, source: str) -> Any:
             return yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise PolicyError(f"{source}: malformed YAML: {_yaml_problem(exc)}") from None
-    try:
-        if fmt == "toml":
+    if fmt == "toml":
+        import tomllib  # only TOML files need it (a hook process reads its policy as JSON)
+
+        try:
             return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise PolicyError(
+                f"{source}: malformed TOML: {clip(one_line(str(exc)), 200)}"
+            ) from None
+    try:
         if fmt == "json":
             return json.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"{source}: malformed TOML: {clip(one_line(str(exc)), 200)}") from None
     except json.JSONDecodeError as exc:
         raise PolicyError(f"{source}: malformed JSON: {clip(one_line(str(exc)), 200)}") from None
     raise PolicyError(f"{source}: unknown policy format {fmt!r}")
