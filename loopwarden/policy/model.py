@@ -12,6 +12,7 @@ means no limit on that one dimension, as the policy contract says).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -39,24 +40,25 @@ MAX_TODOS_CEILING = 100_000
 MAX_HOST_TOOL = 200
 
 
-def _sorted_unique(values: list[str]) -> tuple[str, ...]:
-    return tuple(sorted(set(values)))
+def _name_set(check: Callable[[str], object]) -> AfterValidator:
+    """A set of names as a sorted tuple without repeats (their order never changes a decision),
+    each one `check`ed (it raises ValueError on a bad one)."""
+
+    def validate(values: tuple[str, ...]) -> tuple[str, ...]:
+        names = tuple(sorted(set(values)))
+        for name in names:
+            check(name)
+        return names
+
+    return AfterValidator(validate)
 
 
-def _check_agents(values: tuple[str, ...]) -> tuple[str, ...]:
-    for agent in values:
-        if agent != "*" and not AGENT_ID_RE.fullmatch(agent):
-            raise ValueError(
-                f"invalid agent id {clip(repr(agent))}: use 1-64 characters of letters, digits and "
-                "'_.@:-', starting with a letter or digit, or '*' for any authenticated agent"
-            )
-    return values
-
-
-def _check_patterns(values: tuple[str, ...]) -> tuple[str, ...]:
-    for pattern in values:
-        check_pattern(pattern)
-    return values
+def _check_agent(agent: str) -> None:
+    if agent != "*" and not AGENT_ID_RE.fullmatch(agent):
+        raise ValueError(
+            f"invalid agent id {clip(repr(agent))}: use 1-64 characters of letters, digits and "
+            "'_.@:-', starting with a letter or digit, or '*' for any authenticated agent"
+        )
 
 
 POOL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,47}$")
@@ -71,46 +73,24 @@ def check_pool_name(name: str) -> str:
     return name
 
 
-def _check_pool_names(values: tuple[str, ...]) -> tuple[str, ...]:
-    for name in values:
-        check_pool_name(name)
-    return values
-
-
-PoolNames = Annotated[
-    tuple[str, ...],
-    Field(max_length=32),
-    AfterValidator(_sorted_unique),
-    AfterValidator(_check_pool_names),
-]
+PoolNames = Annotated[tuple[str, ...], Field(max_length=32), _name_set(check_pool_name)]
 
 
 MAX_PATTERNS = 1_000
 MAX_AGENTS = 1_000
 
-Patterns = Annotated[
-    tuple[str, ...],
-    Field(max_length=MAX_PATTERNS),
-    AfterValidator(_sorted_unique),
-    AfterValidator(_check_patterns),
-]
+AgentIds = Annotated[tuple[str, ...], Field(max_length=MAX_AGENTS), _name_set(_check_agent)]
+"""Agent ids (or `*`, any authenticated agent), sorted and de-duplicated."""
+
+Patterns = Annotated[tuple[str, ...], Field(max_length=MAX_PATTERNS), _name_set(check_pattern)]
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _check_command_patterns(values: tuple[str, ...]) -> tuple[str, ...]:
-    for pattern in values:
-        check_command_pattern(pattern)
-    return values
-
-
 CommandPatterns = Annotated[
-    tuple[str, ...],
-    Field(max_length=MAX_PATTERNS),
-    AfterValidator(_sorted_unique),
-    AfterValidator(_check_command_patterns),
+    tuple[str, ...], Field(max_length=MAX_PATTERNS), _name_set(check_command_pattern)
 ]
 
 
@@ -281,12 +261,9 @@ class TodoRules(_Section):
 class LoopPolicy(_Section):
     """The rules of one loop. Parse with `parse_policy`; version with `policy_digest`."""
 
-    agents: Annotated[
-        tuple[str, ...],
-        Field(max_length=MAX_AGENTS),
-        AfterValidator(_sorted_unique),
-        AfterValidator(_check_agents),
-    ] = Field(default=(), description="Agent ids allowed to work the loop, or ['*'].")
+    agents: AgentIds = Field(
+        default=(), description="Agent ids allowed to work the loop, or ['*']."
+    )
     tools: ToolRules = ToolRules()
     budgets: Budgets = Budgets()
     rate: Rate = Rate()

@@ -15,19 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 from loopwarden.policy.budgets import Totals, exhausted
 from loopwarden.policy.decision import Reason, ReasonCode
-from loopwarden.policy.model import (
-    MAX_AGENTS,
-    Budgets,
-    _check_agents,
-    _Section,
-    _sorted_unique,
-)
+from loopwarden.policy.model import AgentIds, Budgets, _Section
 
 POOL_CHAIN = "pool:"
 """A pool's receipts chain under `pool:<name>` (no loop id holds a colon)."""
@@ -45,12 +39,9 @@ class PoolPolicy(_Section):
     budgets: Budgets = Budgets()
     window: Window = "total"
     max_concurrent_turns: int | None = Field(default=None, ge=1, le=100_000)
-    agents: Annotated[
-        tuple[str, ...],
-        Field(max_length=MAX_AGENTS),
-        AfterValidator(_sorted_unique),
-        AfterValidator(_check_agents),
-    ] = Field(default=(), description="Agents that draw from the pool in every loop.")
+    agents: AgentIds = Field(
+        default=(), description="Agents that draw from the pool in every loop."
+    )
 
     @model_validator(mode="after")
     def _some_limit(self) -> PoolPolicy:

@@ -8,9 +8,11 @@ asks each kind's rule is `judge.py`.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
+from typing import TypeVar
 
 from loopwarden.clock import format_time, parse_time
 from loopwarden.ledger.state import rules
@@ -26,6 +28,8 @@ from loopwarden.policy.evaluate import (
     turn_reasons,
 )
 from loopwarden.policy.model import LoopPolicy
+
+D = TypeVar("D")
 
 SPECIAL = (
     {ReasonCode.NOT_TURN_OWNER},
@@ -342,3 +346,21 @@ def refusal_first(
             else []
         )
     return None
+
+
+OwnRefusalRule = Callable[[Judging, LoopView, ReceiptBody, D, TurnRow | None], list[Verdict]]
+"""A refusal kind's own rule, given the turn the refusal is about (see `refusal_rule`)."""
+
+
+def refusal_rule(
+    own: OwnRefusalRule[D],
+) -> Callable[[Judging, LoopView, ReceiptBody, D], list[Verdict]]:
+    """A refusal kind's judge rule: what every refusal is judged on (`refusal_first`), and when
+    that does not decide, `own`, given the turn the refusal is about (`refused_turn`)."""
+
+    def judge(ctx: Judging, view: LoopView, body: ReceiptBody, data: D) -> list[Verdict]:
+        turn = refused_turn(ctx, view, body)
+        first = refusal_first(ctx, view, body, turn)
+        return first if first is not None else own(ctx, view, body, data, turn)
+
+    return judge

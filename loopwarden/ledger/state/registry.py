@@ -44,7 +44,7 @@ REFUSALS = frozenset(k for k, s in KINDS.items() if s.refusal)
 """Kinds that record a refusal."""
 HOST_KINDS = frozenset(k for k, s in KINDS.items() if s.host)
 """Kinds a host's hooks seal (their principal is the agent the hook speaks for)."""
-AFTER_CLOSE = frozenset(k for k, s in KINDS.items() if s.after_close)
+AFTER_CLOSE = frozenset(k for k, s in KINDS.items() if s.refusal or s.after_close)
 """The only receipts a closed loop still takes: refusals, and what a host saw run."""
 
 

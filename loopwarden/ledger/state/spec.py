@@ -77,5 +77,5 @@ class KindSpec:
     remember: Remember | None = None
     refusal: bool = False
     host: bool = False
-    after_close: bool = False
+    after_close: bool = False  # a closed loop still takes it (it takes every refusal)
     sweeps: bool = False  # releases a stale turn (a refusal right after may be about it)

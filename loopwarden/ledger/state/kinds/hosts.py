@@ -3,6 +3,10 @@ refused before it ran, and the call observed after it ran (docs/hooks.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
+
 from loopwarden.ledger.state import rules
 from loopwarden.ledger.state.events import (
     HostAttached,
@@ -31,6 +35,8 @@ COMMAND_CODES = frozenset(
     }
 )
 """Reasons decided on a command line, which receipts do not carry (only the input's digest)."""
+
+C = TypeVar("C", bound=ToolCall)
 
 
 def _touches(body: ReceiptBody, data: object) -> Touched:
@@ -145,12 +151,24 @@ def _judge_observed(
     return found
 
 
-def _judge_admitted(
-    ctx: Judging, view: LoopView, body: ReceiptBody, data: ToolAdmitted
-) -> list[Verdict]:
-    found = _judge_observed(ctx, view, body, data)
-    if found and found[0].rule == "observe_off":
-        return found
+def _observed_first(
+    own: Callable[[LoopView, ReceiptBody, C], list[Verdict]],
+) -> Callable[[Judging, LoopView, ReceiptBody, C], list[Verdict]]:
+    """A tool decision's judge rule: what every observed call is judged on (`_judge_observed`),
+    then `own`'s verdicts, unless the loop does not observe (the first verdict says so)."""
+
+    def judge(ctx: Judging, view: LoopView, body: ReceiptBody, data: C) -> list[Verdict]:
+        found = _judge_observed(ctx, view, body, data)
+        if found and found[0].rule == "observe_off":
+            return found
+        return found + own(view, body, data)
+
+    return judge
+
+
+@_observed_first
+def _judge_admitted(view: LoopView, body: ReceiptBody, data: ToolAdmitted) -> list[Verdict]:
+    found: list[Verdict] = []
     if body.decision.effect != "allow":
         found.append(Verdict(VerdictRule.EFFECT, "an admission records a deny"))
     rulings = _rulings(view, body, data)
@@ -158,12 +176,9 @@ def _judge_admitted(
     return found + verdicts(tuple(sorted(legal)), "tool admitted")
 
 
-def _judge_refused(
-    ctx: Judging, view: LoopView, body: ReceiptBody, data: ToolRefused
-) -> list[Verdict]:
-    found = _judge_observed(ctx, view, body, data)
-    if found and found[0].rule == "observe_off":
-        return found
+@_observed_first
+def _judge_refused(view: LoopView, body: ReceiptBody, data: ToolRefused) -> list[Verdict]:
+    found: list[Verdict] = []
     mode = view.policy.observe_mode
     if body.decision.effect != "deny":
         found.append(Verdict(VerdictRule.EFFECT, "a tool refusal records an allow"))
@@ -183,44 +198,24 @@ def _judge_refused(
     return found
 
 
+_host_spec = partial(KindSpec, callers=OBSERVERS, touches=_touches, host=True)
+"""A kind a host's hooks seal (through an observer) about the turn they saw."""
+
 SPECS = (
-    KindSpec(
-        ReceiptKind.HOST_ATTACHED,
-        HostAttached,
-        callers=OBSERVERS,
-        touches=_touches,
-        fold=_host_seen,
-        judge=_judge_attached,
-        host=True,
-    ),
-    KindSpec(
-        ReceiptKind.TOOL_ADMITTED,
-        ToolAdmitted,
-        callers=OBSERVERS,
-        touches=_touches,
-        fold=_tool_seen,
-        judge=_judge_admitted,
-        host=True,
-    ),
-    KindSpec(
+    _host_spec(ReceiptKind.HOST_ATTACHED, HostAttached, fold=_host_seen, judge=_judge_attached),
+    _host_spec(ReceiptKind.TOOL_ADMITTED, ToolAdmitted, fold=_tool_seen, judge=_judge_admitted),
+    _host_spec(
         ReceiptKind.TOOL_REFUSED,
         ToolRefused,
-        callers=OBSERVERS,
-        touches=_touches,
         fold=_tool_seen,
         judge=_judge_refused,
-        host=True,
         refusal=True,
-        after_close=True,
     ),
-    KindSpec(
+    _host_spec(
         ReceiptKind.TOOL_OBSERVED,
         ToolObserved,
-        callers=OBSERVERS,
-        touches=_touches,
         fold=_tool_seen,
         judge=_judge_observed,
-        host=True,
         after_close=True,
     ),
 )

@@ -11,8 +11,7 @@ from loopwarden.ledger.state.judging import (
     Verdict,
     VerdictRule,
     codes_of,
-    refusal_first,
-    refused_turn,
+    refusal_rule,
     same,
     todo_facts,
     turn_problems,
@@ -78,13 +77,10 @@ OPERATION_RULES: dict[str, OperationRule] = {
 """The rule per refused operation; an operation without one is judged `unjudged`."""
 
 
+@refusal_rule
 def _judge_refused(
-    ctx: Judging, view: LoopView, body: ReceiptBody, data: RequestRefused
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: RequestRefused, turn: TurnRow | None
 ) -> list[Verdict]:
-    turn = refused_turn(ctx, view, body)
-    first = refusal_first(ctx, view, body, turn)
-    if first is not None:
-        return first
     rule = OPERATION_RULES.get(data.operation)
     if rule is None:
         return [Verdict(VerdictRule.UNJUDGED, f"no rule judges a refused {data.operation!r}")]
@@ -103,6 +99,5 @@ SPECS = (
         fold=_noop,
         judge=_judge_refused,
         refusal=True,
-        after_close=True,
     ),
 )

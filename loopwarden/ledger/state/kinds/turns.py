@@ -39,8 +39,7 @@ from loopwarden.ledger.state.judging import (
     claim_facts,
     codes_of,
     pool_codes,
-    refusal_first,
-    refused_turn,
+    refusal_rule,
     report_codes,
     same,
     turn_problems,
@@ -157,12 +156,10 @@ def _noop(view: LoopView, body: ReceiptBody, data: object) -> None:
     return None
 
 
+@refusal_rule
 def _judge_claim_refused(
-    ctx: Judging, view: LoopView, body: ReceiptBody, data: ClaimRefused
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: ClaimRefused, turn: TurnRow | None
 ) -> list[Verdict]:
-    first = refusal_first(ctx, view, body, refused_turn(ctx, view, body))
-    if first is not None:
-        return first
     expected = evaluate_claim(view.policy, claim_facts(ctx.record, view, body), digest="").codes
     pooled = pool_codes(ctx, view, body)
     if pooled is None:  # pools not replayed: their reasons cannot be judged, the rest can
@@ -278,13 +275,10 @@ def _refused(view: LoopView, body: ReceiptBody, f: TurnRefused) -> None:
         view.turns[f.turn_id] = replace(turn, settled=True)  # its usage is charged: once
 
 
-def _judge_refused(
-    ctx: Judging, view: LoopView, body: ReceiptBody, data: TurnRefused
+@refusal_rule
+def _refusal_rules(
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: TurnRefused, turn: TurnRow | None
 ) -> list[Verdict]:
-    turn = refused_turn(ctx, view, body)
-    first = refusal_first(ctx, view, body, turn)
-    if first is not None:
-        return first + charged(view, body, data)
     if turn is None:
         return [Verdict(VerdictRule.UNKNOWN_TURN, "a refused report names no turn of the loop")]
     uncharged = (
@@ -299,11 +293,14 @@ def _judge_refused(
             )
         ]
     )
-    return (
-        same(body, report_codes(view, body, data, turn), "report")
-        + uncharged
-        + charged(view, body, data)
-    )
+    return same(body, report_codes(view, body, data, turn), "report") + uncharged
+
+
+def _judge_refused(
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: TurnRefused
+) -> list[Verdict]:
+    """The refusal's own rules, and in every case whether its charge is right."""
+    return _refusal_rules(ctx, view, body, data) + charged(view, body, data)
 
 
 def _remember_report(ctx: Judging, view: LoopView, body: ReceiptBody, data: TurnReport) -> None:
@@ -332,7 +329,6 @@ SPECS = (
         fold=_noop,
         judge=_judge_claim_refused,
         refusal=True,
-        after_close=True,
     ),
     KindSpec(
         ReceiptKind.LEASE_RENEWED,
@@ -369,6 +365,5 @@ SPECS = (
         judge=_judge_refused,
         remember=_remember_report,
         refusal=True,
-        after_close=True,
     ),
 )
