@@ -20,9 +20,11 @@ in the same run so that their ratio is judged on figures from one run.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -45,6 +47,8 @@ HOSTS = 16
 RATE_TARGET = 2_000.0  # hook events/s, SQLite, one server, 16 hosts
 CPU_TARGET = 0.6e-3  # seconds of server CPU per HTTP hook event
 PG_RATIO_TARGET = 1.7  # two replicas ÷ one (issue 23's PostgreSQL target)
+BYTES_TARGET = 2_000  # database bytes per tool call (its two receipts and all they touch)
+STORED_CALLS = 400  # tool calls per id length in the storage measurement
 TICK = os.sysconf("SC_CLK_TCK")
 POLICY = {
     "agents": ["*"],
@@ -332,6 +336,92 @@ async def _postgres(cfg: Config, seconds: float) -> list[Measured]:
     return results
 
 
+# --- what a tool call stores ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stored:
+    label: str
+    calls: int
+    per_call: float  # database bytes per tool call
+    tables: dict[str, float]  # bytes per tool call, by table or index
+
+
+def _pages(db: Path) -> tuple[int, dict[str, int]]:
+    """The database's bytes after folding the WAL in, and per table or index (`dbstat`)."""
+    conn = sqlite3.connect(db)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        (pages,) = conn.execute("PRAGMA page_count").fetchone()
+        (size,) = conn.execute("PRAGMA page_size").fetchone()
+        rows = conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall()
+        return pages * size, dict(rows)
+    finally:
+        conn.close()
+
+
+async def stored(home: Path, length: int, calls: int) -> Stored:
+    """Database bytes per tool call: one loop whose ids (loop, agent, host session, tool use)
+    are `length` characters, `calls` admitted PreToolUse + PostToolUse pairs sealed in process."""
+    loop_id, agent = "l" * length, "a" * length
+    session = "s" * length
+    observer = Principal(id=agent, role="observer")
+    async with h.open_store(home) as store:
+        request = OpenLoopRequest(
+            objective="bench storage",
+            policy=POLICY,
+            loop_id=loop_id,
+            todos=[TodoInput(id="t", title="w")],
+        )
+        await open_loop(store, h.OPERATOR, request)
+        await hook(
+            store,
+            observer,
+            HookEvent(loop_id=loop_id, host="claude-code", phase="session", session_id=session),
+        )
+        await claim(store, Principal(id=agent), ClaimRequest(loop_id=loop_id))
+    before, tables_before = _pages(home / h.DB_NAME)
+    async with h.open_store(home) as store:
+        for call in range(calls):
+            digest = "sha256:" + hashlib.sha256(b"%d" % call).hexdigest()
+            use = f"{call:0{length}d}"[-length:]
+            common = dict(
+                loop_id=loop_id,
+                host="claude-code",
+                session_id=session,
+                tool_use_id=use,
+                host_tool="Bash",
+                input_digest=digest,
+                command=f"pytest -q tests/test_{call}.py",
+            )
+            await hook(store, observer, HookEvent(phase="pre", **common))
+            await hook(store, observer, HookEvent(phase="post", response_digest=digest, **common))
+    after, tables = _pages(home / h.DB_NAME)
+    grown = {name: (size - tables_before.get(name, 0)) / calls for name, size in tables.items()}
+    label = f"ids of {length} characters (loop, agent, host session, tool use)"
+    return Stored(label, calls, (after - before) / calls, grown)
+
+
+def _storage_table(results: list[Stored]) -> Table:
+    names = sorted(
+        {n for r in results for n, v in r.tables.items() if v >= 1},
+        key=lambda n: -results[0].tables.get(n, 0),
+    )
+    return Table(
+        ["ids", "tool calls", "bytes per tool call", *(f"`{n}`" for n in names)],
+        [
+            [
+                r.label,
+                str(r.calls),
+                f"{r.per_call:,.0f}",
+                *(f"{r.tables.get(n, 0):,.0f}" for n in names),
+            ]
+            for r in results
+        ],
+        title="Database bytes per tool call (SQLite, after a WAL checkpoint; two receipts each)",
+    )
+
+
 async def run(quick: bool, budget: float) -> Section:
     cfg = QUICK if quick else FULL
     started = time.monotonic()
@@ -357,6 +447,11 @@ async def run(quick: bool, budget: float) -> Section:
     with h.temp_home(NAME) as home:
         async with sqlite_fleet(home.parent) as fleet:
             results.append(await measure(fleet, cfg, max(share, 3.0)))
+    h.progress(NAME, "database bytes per tool call")
+    kept: list[Stored] = []
+    for length in (8, 64):
+        with h.temp_home(NAME) as home:
+            kept.append(await stored(home, length, STORED_CALLS // (4 if quick else 1)))
     if with_pg:
         left = budget - (time.monotonic() - started)
         results += await _postgres(cfg, max(left / 2 - 8.0, 3.0))
@@ -385,7 +480,17 @@ async def run(quick: bool, budget: float) -> Section:
             ],
         )
     )
+    section.tables.append(_storage_table(kept))
     section.targets += _targets(results)
+    largest = max(kept, key=lambda k: k.per_call)
+    section.targets.append(
+        Target(
+            f"≤ {BYTES_TARGET:,} bytes of database per tool call, whatever the ids' lengths",
+            f"{largest.per_call:,.0f} bytes (ids of 64 characters); "
+            f"{kept[0].per_call:,.0f} with ids of 8",
+            largest.per_call <= BYTES_TARGET,
+        )
+    )
     section.notes.append(
         f"load average at the end of the family: {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )

@@ -632,9 +632,10 @@ def raw_sql(home: Path, *statements: str) -> None:
         conn.close()
 
 
-def raw_sql_url(backend: str, store_url: str, *statements: str) -> None:
+def raw_sql_url(backend: str, store_url: str, *statements: Any) -> None:
     """Run `statements` on a store's database (SQLite or PostgreSQL) outside loopwarden, each
-    one committed on its own."""
+    one committed on its own (a callable is given the connection: an upgrade step written in
+    Python, taken back)."""
     if backend == "sqlite":
         conn = sqlite3.connect(store_url, isolation_level=None)
     else:
@@ -643,7 +644,10 @@ def raw_sql_url(backend: str, store_url: str, *statements: str) -> None:
         conn = connect(store_url)  # type: ignore[assignment]
     try:
         for statement in statements:
-            conn.execute(statement)
+            if callable(statement):
+                statement(conn)
+            else:
+                conn.execute(statement)
     finally:
         conn.close()
 
@@ -653,3 +657,15 @@ async def control_loop(store: Any, who: Principal, action: str, request: Any) ->
     from loopwarden.operations.loops import CONTROLS
 
     return await CONTROLS[action](store, who, request)
+
+
+ENVELOPE_PARTS = "envelope, payload, key_id, signature"
+"""The journal columns a receipt's envelope is stored in (`ledger/storage/envelopes.py`): select
+them in this order and pass the values to `stored_envelope`."""
+
+
+def stored_envelope(*parts: Any) -> bytes:
+    """The envelope a journal row's parts store, as loopwarden reads it back."""
+    from loopwarden.ledger.storage.envelopes import unpacked
+
+    return unpacked(*parts)

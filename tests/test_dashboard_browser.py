@@ -24,6 +24,7 @@ import anyio
 import pytest
 from support import (
     CLI_TIMEOUT,
+    ENVELOPE_PARTS,
     EVIDENCE,
     Served,
     Token,
@@ -36,6 +37,7 @@ from support import (
     make_policy,
     mint_tokens,
     running,
+    stored_envelope,
 )
 
 from loopwarden.clients.agent import AgentClient
@@ -673,10 +675,10 @@ async def test_a_tampered_audit_says_what_to_do_next(tmp_path):
                      "--todo", "t", "--id", "forged", "--home", str(served.home))  # fmt: skip
         assert opened.returncode == 0, opened.stderr
         with sqlite3.connect(served.home / "loopwarden.db") as db:
-            (envelope,) = db.execute(
-                "SELECT envelope FROM journal WHERE loop_id = 'forged' AND seq = 1"
+            parts = db.execute(
+                f"SELECT {ENVELOPE_PARTS} FROM journal WHERE loop_id = 'forged' AND seq = 1"
             ).fetchone()
-            document = json.loads(envelope)
+            document = json.loads(stored_envelope(*parts))
             signature = document["signatures"][0]["sig"]
             document["signatures"][0]["sig"] = ("A" if signature[0] != "A" else "B") + signature[1:]
             db.execute(

@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import pytest
 from conftest import BUILDER, OPERATOR, REVIEWER
-from support import cli, cli_env, control_loop, make_policy
+from support import ENVELOPE_PARTS, cli, cli_env, control_loop, make_policy, stored_envelope
 from typer.testing import CliRunner
 
 from loopwarden.canonical import canonical_bytes, sha256_digest
@@ -244,13 +244,16 @@ class Db:
 
     def row(self, loop_id: str, seq: int) -> tuple[int, bytes, str]:
         """(leaf_index, envelope, digest) of one receipt."""
-        return self.conn.execute(
-            "SELECT leaf_index, envelope, digest FROM journal WHERE loop_id = ? AND seq = ?",
+        leaf, digest, *parts = self.conn.execute(
+            f"SELECT leaf_index, digest, {ENVELOPE_PARTS} FROM journal "
+            "WHERE loop_id = ? AND seq = ?",
             (loop_id, seq),
         ).fetchone()
+        return leaf, stored_envelope(*parts), digest
 
     def envelopes(self) -> list[bytes]:
-        return [r[0] for r in self.conn.execute("SELECT envelope FROM journal ORDER BY leaf_index")]
+        rows = self.conn.execute(f"SELECT {ENVELOPE_PARTS} FROM journal ORDER BY leaf_index")
+        return [stored_envelope(*r) for r in rows]
 
     def replace_envelope(self, leaf_index: int, envelope: bytes, *, fix_columns: bool) -> None:
         """Swap a stored envelope; with `fix_columns`, also its digest and receipt id, as a
@@ -367,12 +370,12 @@ def forged_receipt_appended(db: Db) -> None:
 
 def signed_receipt_replayed(db: Db) -> None:
     """A genuine, validly signed envelope copied to the end of the journal as alpha's next."""
-    _, envelope, _ = db.row("alpha", 2)
+    leaf, _, _ = db.row("alpha", 2)
     db.conn.execute(
         "INSERT INTO journal (leaf_index, loop_id, seq, kind, receipt_id, digest, at, turn_id, "
-        "envelope) SELECT ?, loop_id, 10, kind, ?, digest, at, turn_id, envelope FROM journal "
-        "WHERE envelope = ?",
-        (len(LAYOUT), "rcpt-" + secrets.token_hex(12), envelope),
+        f"{ENVELOPE_PARTS}) SELECT ?, loop_id, 10, kind, ?, digest, at, turn_id, "
+        f"{ENVELOPE_PARTS} FROM journal WHERE leaf_index = ?",
+        (len(LAYOUT), "rcpt-" + secrets.token_hex(12), leaf),
     )
 
 

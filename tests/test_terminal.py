@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import pyte
 from conftest import BASIC_POLICY, BUILDER, OPERATOR
-from support import cli_env, loopwarden
+from support import ENVELOPE_PARTS, cli_env, loopwarden, stored_envelope
 
 from loopwarden.clients.admin import open_store
 from loopwarden.ledger.homes import DB_NAME
@@ -174,10 +174,10 @@ def _forge_principal(home: Path, seq: int, name: str) -> None:
     a principal of their choosing (the signature no longer holds)."""
     conn = sqlite3.connect(home / DB_NAME)
     try:
-        (raw,) = conn.execute(
-            "SELECT envelope FROM journal WHERE loop_id = 'L1' AND seq = ?", (seq,)
+        parts = conn.execute(
+            f"SELECT {ENVELOPE_PARTS} FROM journal WHERE loop_id = 'L1' AND seq = ?", (seq,)
         ).fetchone()
-        envelope = json.loads(raw)
+        envelope = json.loads(stored_envelope(*parts))
         body = json.loads(base64.b64decode(envelope["payload"]))
         body["principal"]["id"] = name
         envelope["payload"] = base64.b64encode(json.dumps(body).encode()).decode()

@@ -12,7 +12,7 @@ spells (`UPGRADES`), and runs on every backend. `migrate` is the one procedure f
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from loopwarden.errors import StoreError
 from loopwarden.ledger.log.integrity import LOG_MAC, Integrity
 from loopwarden.ledger.storage.backends import Backend
 from loopwarden.ledger.storage.dialect import Connection, Dialect
+from loopwarden.ledger.storage.envelopes import packed, unpacked
 from loopwarden.ledger.storage.rebuild import rebuild_projection
 from loopwarden.ledger.storage.schema import (
     EXPORT_CURSORS,
@@ -32,6 +33,11 @@ from loopwarden.ledger.storage.schema import (
 )
 from loopwarden.ledger.storage.table import Column, SqlType, Table
 
+Statement = str | Callable[[Connection], None]
+"""What an upgrade runs: a SQL statement, or a change of stored values written in Python (run
+inside the same transaction, on the backend's connection)."""
+BATCH = 1000
+
 
 @dataclass(frozen=True)
 class AddColumn:
@@ -40,7 +46,7 @@ class AddColumn:
     table: str
     column: Column
 
-    def statements(self, dialect: Dialect) -> list[str]:
+    def statements(self, dialect: Dialect) -> list[Statement]:
         return [dialect.add_column(self.table, self.column)]
 
     def reverted(self) -> str:
@@ -56,18 +62,61 @@ class CreateTable:
     table: Table[Any]
     version: int
 
-    def statements(self, dialect: Dialect) -> list[str]:
-        return dialect.create(self.table.as_of(self.version))
+    def statements(self, dialect: Dialect) -> list[Statement]:
+        return list(dialect.create(self.table.as_of(self.version)))
 
     def reverted(self) -> str:
         """The statement that takes the step back (how tests remake an older store)."""
         return f"DROP TABLE {self.table.name}"
 
 
-Step = AddColumn | CreateTable
-"""One schema change a dialect spells (more kinds join as versions need them)."""
+@dataclass(frozen=True)
+class PackEnvelopes:
+    """Store every journal envelope as its parts (`envelopes.py`), a batch of rows at a time:
+    an envelope its parts build back byte for byte loses its text; any other is kept whole."""
 
-DOCUMENT, INTEGER = SqlType.DOCUMENT, SqlType.INTEGER
+    def statements(self, dialect: Dialect) -> list[Statement]:
+        return [self.run]
+
+    def run(self, conn: Connection) -> None:
+        after = -1
+        select = "SELECT leaf_index, envelope FROM journal WHERE leaf_index > ? "
+        select += "AND payload IS NULL ORDER BY leaf_index LIMIT ?"
+        update = "UPDATE journal SET envelope = ?, payload = ?, key_id = ?, signature = ? "
+        update += "WHERE leaf_index = ?"
+        while rows := conn.execute(select, (after, BATCH)).fetchall():
+            parts = [
+                (packed(unpacked(envelope, None, None, None)), leaf) for leaf, envelope in rows
+            ]
+            changed = [(*stored, leaf) for stored, leaf in parts if not stored.envelope]
+            if changed:
+                conn.executemany(update, changed)
+            after = rows[-1][0]
+
+    def reverted(self) -> Callable[[Any], None]:
+        """What takes the step back (how tests remake an older store): each envelope whole
+        again, on a DB-API connection of either backend."""
+        return _join_envelopes
+
+
+def _join_envelopes(conn: Any) -> None:
+    mark = "%s" if type(conn).__module__.startswith("psycopg") else "?"
+    rows = conn.execute(
+        "SELECT leaf_index, envelope, payload, key_id, signature FROM journal"
+    ).fetchall()
+    for leaf, *stored in rows:
+        conn.execute(
+            f"UPDATE journal SET envelope = {mark} WHERE leaf_index = {mark}",
+            (unpacked(*stored), leaf),
+        )
+
+
+Step = AddColumn | CreateTable | PackEnvelopes
+"""One schema change a dialect spells, or one a backend runs (more kinds join as versions
+need them)."""
+
+DOCUMENT, INTEGER, TEXT = SqlType.DOCUMENT, SqlType.INTEGER, SqlType.TEXT
+BYTES = SqlType.BYTES
 
 UPGRADES: dict[int, tuple[Step, ...]] = {
     # version 6: host hooks (operations/hooks.py). Each turn row keeps what the host saw in it
@@ -97,6 +146,17 @@ UPGRADES: dict[int, tuple[Step, ...]] = {
         CreateTable(POOLS, 8),
         CreateTable(POOL_USAGE, 8),
         CreateTable(EXPORT_CURSORS, 8),
+    ),
+    # version 9: receipts stored as their parts (envelopes.py). Each journal row keeps its
+    # envelope's payload (deflated), key id and signature in binary instead of the base64 text
+    # of the whole envelope, which every read builds back byte for byte; the rows already
+    # there are packed in place. Nothing a proof covers changes (the Merkle tree hashes the
+    # envelope bytes, which are the same).
+    9: (
+        AddColumn("journal", Column("payload", BYTES, null=True)),
+        AddColumn("journal", Column("key_id", TEXT, null=True)),
+        AddColumn("journal", Column("signature", BYTES, null=True)),
+        PackEnvelopes(),
     ),
 }
 assert max(UPGRADES) == SCHEMA_VERSION, "a new schema version needs its upgrade here"
@@ -349,7 +409,7 @@ SQLITE_UPGRADES: dict[int, tuple[str, ...]] = {
 # --- the one procedure ------------------------------------------------------------------------
 
 
-def upgrade(backend: Backend, version: int) -> Iterator[str]:
+def upgrade(backend: Backend, version: int) -> Iterator[Statement]:
     """The statements that take a store of `version` to `SCHEMA_VERSION`, in order: each
     version's from the backend's own history if it has them, else the shared steps.
     `StoreError` if the backend has no way from `version` (no store of it was ever there)."""
@@ -381,12 +441,15 @@ def migrate(backend: Backend, integrity: Integrity) -> None:
         conn = backend.writer
         if version == 0:
             for table in backend.tables:
-                for statement in backend.dialect.create(table):
-                    conn.execute(statement)
+                for ddl in backend.dialect.create(table):
+                    conn.execute(ddl)
             initialize(conn, integrity, backend.origin_prefix)
         else:
             for statement in upgrade(backend, version):
-                conn.execute(statement)
+                if callable(statement):
+                    statement(conn)
+                else:
+                    conn.execute(statement)
             if version < REBUILT_AT:  # the rows' proofs cover columns this upgrade added
                 rebuild_projection(conn, integrity)
         backend.set_schema_version(SCHEMA_VERSION)

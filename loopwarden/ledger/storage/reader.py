@@ -82,7 +82,7 @@ def _placeholders(values: Iterable[object]) -> str:
 _SELECTED = {
     legacy: tuple(
         table.selected(LEGACY_SCHEMA if legacy else None)
-        for table in (LOOPS, TODOS, TURNS, APPROVALS, TOKENS, IDEMPOTENCY)
+        for table in (LOOPS, TODOS, TURNS, APPROVALS, TOKENS, IDEMPOTENCY, JOURNAL)
     )
     for legacy in (False, True)
 }
@@ -128,6 +128,7 @@ class Reader:
             self._approval_columns,
             self._token_columns,
             self._idempotency_columns,
+            self._journal_columns,
         ) = _SELECTED[legacy]
 
     def _one(self, sql: str, params: Row = ()) -> Row | None:
@@ -348,7 +349,7 @@ class Reader:
     # --- journal and Merkle log ---------------------------------------------------------------
 
     def _journal(self, where: str, params: Row) -> JournalRow | None:
-        r = self._one(f"SELECT {JOURNAL.row_names} FROM journal WHERE {where}", params)
+        r = self._one(f"SELECT {self._journal_columns} FROM journal WHERE {where}", params)
         return JOURNAL.decode(r) if r else None
 
     def receipt_by_id(self, receipt_id: str) -> JournalRow | None:
@@ -363,7 +364,7 @@ class Reader:
     def loop_journal(
         self, loop_id: str, *, after_seq: int = 0, limit: int | None = None, kind: str | None = None
     ) -> list[JournalRow]:
-        sql = f"SELECT {JOURNAL.row_names} FROM journal WHERE loop_id = ? AND seq > ?"
+        sql = f"SELECT {self._journal_columns} FROM journal WHERE loop_id = ? AND seq > ?"
         params: list[object] = [loop_id, after_seq]
         if kind is not None:
             sql += " AND kind = ?"
@@ -378,7 +379,7 @@ class Reader:
         """The loop's own latest receipts: outsiders' refusals (`outsider_refusals`) left out,
         so no one outside the loop can push its activity out of view."""
         rows = self.conn.execute(
-            f"SELECT {JOURNAL.row_names} FROM journal WHERE loop_id = ? AND seq NOT IN "
+            f"SELECT {self._journal_columns} FROM journal WHERE loop_id = ? AND seq NOT IN "
             "(SELECT seq FROM outsider_refusals WHERE loop_id = ?) ORDER BY seq DESC LIMIT ?",
             (loop_id, loop_id, limit),
         )
@@ -405,7 +406,7 @@ class Reader:
     def journal_page(self, after: int, limit: int) -> list[JournalRow]:
         """Up to `limit` receipts in leaf order, from the leaf after `after` (-1: the first)."""
         rows = self.conn.execute(
-            f"SELECT {JOURNAL.row_names} FROM journal WHERE leaf_index > ? "
+            f"SELECT {self._journal_columns} FROM journal WHERE leaf_index > ? "
             "ORDER BY leaf_index LIMIT ?",
             (after, limit),
         ).fetchall()

@@ -29,6 +29,7 @@ from loopwarden.ledger.state.rows import (
     TodoRow,
     TurnRow,
 )
+from loopwarden.ledger.storage.envelopes import packed, unpacked
 from loopwarden.ledger.storage.records import (
     CheckpointRow,
     ExportCursor,
@@ -42,7 +43,7 @@ from loopwarden.policy.budgets import Totals
 from loopwarden.policy.pools import PoolPolicy
 from loopwarden.statuses import ApprovalStatus, LoopStatus, PoolStatus, TodoStatus, TurnStatus
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 LEGACY_SCHEMA = 3
 """The last schema without the proof fields (loopwarden 0.1.0): still readable by an audit."""
 REBUILT_AT = 8
@@ -73,13 +74,6 @@ def unpack_response(stored: bytes | str) -> str:
         raise IntegrityError(
             "an idempotency record's response was changed outside loopwarden"
         ) from None
-
-
-def _envelope(stored: object) -> bytes:
-    # A hand-edited envelope may come back as TEXT; the audit must see bytes either way.
-    if isinstance(stored, bytes):
-        return stored
-    return str(stored).encode("utf-8", "surrogatepass")
 
 
 def _enum(kind: type) -> Codec:
@@ -147,11 +141,18 @@ JOURNAL = Table(
         _text("digest"),
         _text("at"),
         _null("turn_id"),
-        Column("envelope", BYTES, codec=Codec(None, _envelope)),
+        # A receipt's envelope, stored as its parts (`envelopes.py`): the envelope itself only
+        # when its parts do not build it back, else empty; the payload deflated, the key id,
+        # the signature.
+        Column("envelope", BYTES),
+        Column("payload", BYTES, null=True, since=9, field="envelope"),
+        Column("key_id", TEXT, null=True, since=9, field="envelope"),
+        Column("signature", BYTES, null=True, since=9, field="envelope"),
     ),
     key=("loop_id", "seq"),  # one receipt per place in a loop's chain
     rowid="leaf_index",  # its place in the one Merkle tree
     unique=(("receipt_id",),),
+    groups={"envelope": Group(unpacked, packed)},
 )
 """Every receipt envelope, in Merkle leaf order."""
 LOG_STATE: Table[Any] = Table(
