@@ -206,12 +206,14 @@ def outsider_flood(home: Path, seconds: float, limit: int) -> None:
         process.wait(timeout=10)
     conn = sqlite3.connect(home / "loopwarden.db")
     rows, size = conn.execute(
-        "SELECT count(*), coalesce(sum(length(envelope)), 0) FROM journal WHERE loop_id = 'L1' AND seq > 1"
+        "SELECT count(*), coalesce(sum(length(envelope) + coalesce(length(payload), 0) "
+        "+ coalesce(length(key_id), 0) + coalesce(length(signature), 0)), 0) FROM journal "
+        "WHERE loop_id = 'L1' AND seq > 1"
     ).fetchone()
     conn.close()
     print(
         f"outsider flood: {calls} claims in {elapsed:.1f}s added {rows} receipt(s), {size} bytes "
-        "of envelopes, to the loop's journal"
+        "of stored envelopes, to the loop's journal"
     )
 
 
