@@ -753,3 +753,56 @@ async def test_a_write_cancelled_while_queued_never_commits(store):
     after = await store.read(snapshot)
     assert after == before
     assert await store.read(lambda r: r.todo("L1", "late")) is None
+
+
+async def test_a_write_past_the_backlog_is_refused_at_once_and_nothing_of_it_is_written(
+    home, store_url
+):
+    """With the writer held and `backlog` calls queued behind it, the next write is refused
+    (`StoreBusy`, retriable) without waiting; the queued ones commit once the writer is free,
+    and a write after them is taken again."""
+    from loopwarden.errors import StoreBusy
+
+    keys = KeyStore(home)
+    store = await Store.open(store_url, keys.load_signer(), key_dir=home, backlog=2)
+    try:
+        await open_test_loop(store, 4)
+        started, released = anyio.Event(), threading.Event()
+        token = anyio.lowlevel.current_token()
+
+        def hold(tx):
+            anyio.from_thread.run_sync(started.set, token=token)
+            assert released.wait(timeout=30), "the refused write never came"
+
+        def add(todo: str):
+            spec = TodoSpec(id=todo, title=todo, order=9)
+            return lambda tx: tx.append("L1", "todo.added", OPERATOR, TodoAdded(todo=spec))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.write, hold)
+            await started.wait()  # the writer thread is inside `hold`: what follows queues
+            tg.start_soon(store.write, add("queued-1"))
+            tg.start_soon(store.write, add("queued-2"))
+            while store.queue_depth() < 2:
+                await anyio.lowlevel.checkpoint()
+            with pytest.raises(StoreBusy, match=r"2 writes are already waiting .* limit is 2"):
+                await store.write(add("refused"))
+            released.set()
+        await store.write(add("after"))
+        todos = {n: await store.read(lambda r, n=n: r.todo("L1", n)) for n in ("queued-1",
+                 "queued-2", "refused", "after")}  # fmt: skip
+        assert {n for n, row in todos.items() if row is not None} == {
+            "queued-1",
+            "queued-2",
+            "after",
+        }
+    finally:
+        await store.close()
+
+
+async def test_a_backlog_limit_below_one_is_refused(home):
+    from loopwarden.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="positive number of calls, not 0"):
+        Store.open_now(home / "loopwarden.db", KeyStore(home).load_signer(), backlog=0)
+    assert not (home / "loopwarden.db").exists()

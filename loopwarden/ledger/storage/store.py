@@ -31,7 +31,14 @@ import anyio
 import anyio.to_thread
 
 from loopwarden.clock import Clock, system_clock
-from loopwarden.errors import IntegrityError, NotFound, StoreBusy, StoreError, StoreUnavailable
+from loopwarden.errors import (
+    IntegrityError,
+    InvalidInput,
+    NotFound,
+    StoreBusy,
+    StoreError,
+    StoreUnavailable,
+)
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import Keyring, KeyStore, Signer
@@ -61,6 +68,11 @@ __all__ = [
 
 T = TypeVar("T")
 
+BACKLOG = 1024
+"""Calls waiting for the writer past which a new write or quota is refused (`StoreBusy`) rather
+than queued: under a load the database cannot keep up with, callers hear "retry" at once
+instead of waiting longer and longer (and the queue's memory stays bounded)."""
+
 
 class OpenOptions(TypedDict, total=False):
     """`Store.open`'s options: `Store.open_now`'s keyword arguments."""
@@ -73,6 +85,7 @@ class OpenOptions(TypedDict, total=False):
     synchronous: Synchronous
     check: bool
     create: bool
+    backlog: int
 
 
 class Store:
@@ -87,6 +100,7 @@ class Store:
         integrity: Integrity,
         clock: Clock,
         checkpoint_every: int,
+        backlog: int = BACKLOG,
     ) -> None:
         self.backend = backend
         self.location = location
@@ -95,6 +109,7 @@ class Store:
         self.integrity = integrity
         self.clock = clock
         self.checkpoint_every = checkpoint_every
+        self.backlog = backlog
         self.observer: Observer = NOBODY  # a server sets its telemetry here (`observe/`)
         self.policies = PolicyCache()
         self.origin = Reader(backend.writer).meta("origin") or "loopwarden.local/unknown"
@@ -155,11 +170,16 @@ class Store:
         synchronous: Synchronous = "full",
         check: bool = True,
         create: bool = True,
+        backlog: int = BACKLOG,
     ) -> Store:
         """`open`, on the calling thread, for a process that makes one write and exits (a host
         hook) and need not start an event loop for it: only the backend's write connection is
         opened (no writer thread, no read side), so the store serves `write_now` and
         `close_now` only."""
+        if backlog < 1:
+            raise InvalidInput(
+                f"a store's backlog limit is a positive number of calls, not {backlog}"
+            )
         where = parse_location(location)
         if secret is None and key_dir is None:
             if where.file is None:
@@ -181,7 +201,9 @@ class Store:
             integrity = Integrity(key)
             migrate(backend, integrity)
             backend.check_secret(integrity)
-            store = cls(backend, where, signer, trusted, integrity, clock, checkpoint_every)
+            store = cls(
+                backend, where, signer, trusted, integrity, clock, checkpoint_every, backlog
+            )
             if check:  # on one snapshot: a writer committing meanwhile cannot skew its counts
                 with type(backend).snapshot(where.target) as conn:
                     startup_check(Reader(conn))
@@ -246,6 +268,12 @@ class Store:
             raise StoreClosed()
         if not self._started:  # opened with open_now: no writer thread to hand it to
             raise StoreError("a store opened with open_now writes with write_now")
+        waiting = self._writer.depth()
+        if waiting >= self.backlog:
+            raise StoreBusy(
+                f"{waiting} writes are already waiting for the store (its limit is "
+                f"{self.backlog}): nothing was written; retry"
+            )
         return await self._writer.call(fn, groupable=groupable)
 
     def _commit_group(self, batch: list[Job]) -> None:
