@@ -28,7 +28,7 @@ import sqlite3
 import subprocess
 import time
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +49,8 @@ CPU_TARGET = 0.6e-3  # seconds of server CPU per HTTP hook event
 PG_RATIO_TARGET = 1.7  # two replicas ÷ one (issue 23's PostgreSQL target)
 BYTES_TARGET = 2_000  # database bytes per tool call (its two receipts and all they touch)
 STORED_CALLS = 400  # tool calls per id length in the storage measurement
+REPLICAS = (1, 2, 4)  # PostgreSQL replicas measured, in this order
+HELD_TARGET = 0.20  # the sequencer row held at most this share of the time (PostgreSQL's view)
 TICK = os.sysconf("SC_CLK_TCK")
 POLICY = {
     "agents": ["*"],
@@ -269,6 +271,71 @@ class Host:
 
 
 @dataclass(frozen=True)
+class Held:
+    """What PostgreSQL's own view (`pg_stat_activity`, sampled) says of the sequencer row over
+    the measured window: the share of samples in which a writer held it (a writer's transaction
+    takes it at BEGIN, so a writer in a transaction and not waiting for a lock holds it), of
+    those the share its holder sat idle in transaction (waiting for its replica's Python), and
+    the share in which some writer waited for it."""
+
+    samples: int
+    held: float
+    idle: float
+    waited: float
+
+
+class Sampler:
+    """Polls `pg_stat_activity` for the store's writer sessions every `every` seconds on its
+    own connection and thread, until stopped (bounded by `limit` samples)."""
+
+    QUERY = (
+        "SELECT state, wait_event_type, xact_start IS NOT NULL FROM pg_stat_activity "
+        "WHERE application_name = 'loopwarden writer'"
+    )
+
+    def __init__(self, url: str, every: float = 0.002, limit: int = 50_000) -> None:
+        import threading
+
+        self.url, self.every, self.limit = url, every, limit
+        self.counts = [0, 0, 0, 0]  # samples, held, held idle, waited
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self._stop.is_set() and self.counts[0] < self.limit:
+                rows = conn.execute(self.QUERY).fetchall()
+                holders = [r for r in rows if r[2] and r[1] != "Lock"]
+                self.counts[0] += 1
+                self.counts[1] += bool(holders)
+                self.counts[2] += any(r[0] == "idle in transaction" for r in holders)
+                self.counts[3] += any(r[1] == "Lock" for r in rows)
+                self._stop.wait(self.every)
+
+    def held(self) -> Held:
+        n, held, idle, waited = self.counts
+        return Held(n, held / max(n, 1), idle / max(held, 1), waited / max(n, 1))
+
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine so far, from `/proc/stat`."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    user, nice, system, idle, iowait, irq, softirq = fields
+    busy = user + nice + system + irq + softirq
+    return busy / TICK, (busy + idle + iowait) / TICK
+
+
+@dataclass(frozen=True)
 class Measured:
     label: str
     events: int
@@ -276,6 +343,8 @@ class Measured:
     cpu: float  # server CPU seconds, all servers together
     loop_cpu: float  # of which their main threads' (the event loop's)
     latency: h.Latency
+    machine: float = 0.0  # busy CPU seconds of the whole machine (servers, database, hosts)
+    held: Held | None = None
 
     @property
     def rate(self) -> float:
@@ -289,21 +358,30 @@ class Measured:
     def loop_cpu_per_event(self) -> float:
         return self.loop_cpu / self.events
 
+    @property
+    def machine_per_event(self) -> float:
+        return self.machine / self.events
 
-async def measure(fleet: Fleet, cfg: Config, seconds: float) -> Measured:
+
+async def measure(fleet: Fleet, cfg: Config, seconds: float, url: str | None = None) -> Measured:
     hosts = [Host(n, fleet.servers[n % len(fleet.servers)], fleet.tokens[n]) for n in range(HOSTS)]
     warm = h.Deadline(max(seconds / 5, 2.0))
     await asyncio.gather(*(host.run(0, cfg.warmup, warm, keep=False) for host in hosts))
     deadline = h.Deadline(seconds)
-    before = [s.cpu() for s in fleet.servers]
-    t0 = time.perf_counter()
-    await asyncio.gather(*(host.run(cfg.warmup, cfg.pairs, deadline, keep=True) for host in hosts))
-    wall = time.perf_counter() - t0
-    after = [s.cpu() for s in fleet.servers]
+    sampler = Sampler(url) if url is not None else None
+    with sampler or nullcontext():
+        before, busy = [s.cpu() for s in fleet.servers], _machine_busy()[0]
+        t0 = time.perf_counter()
+        runs = (host.run(cfg.warmup, cfg.pairs, deadline, keep=True) for host in hosts)
+        await asyncio.gather(*runs)
+        wall = time.perf_counter() - t0
+        after, busy = [s.cpu() for s in fleet.servers], _machine_busy()[0] - busy
     cpu = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
     loop_cpu = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     samples = [x for host in hosts for x in host.samples]
-    return Measured(fleet.label, len(samples), wall, cpu, loop_cpu, h.Latency.of(samples))
+    held = sampler.held() if sampler is not None else None
+    latency = h.Latency.of(samples)
+    return Measured(fleet.label, len(samples), wall, cpu, loop_cpu, latency, busy, held)
 
 
 # --- the family -----------------------------------------------------------------------------
@@ -316,19 +394,20 @@ def _pg_url() -> tuple[object | None, str]:
 
 
 async def _postgres(cfg: Config, seconds: float) -> list[Measured]:
-    """One and two replicas on PostgreSQL (a fresh database each), or [] without a server."""
+    """One, two and four replicas on PostgreSQL (a fresh database each), or [] without a
+    server."""
     server, url = _pg_url()
     if server is None:
         h.progress(NAME, f"PostgreSQL skipped: {url}")
         return []
     results = []
     try:
-        for replicas in (1, 2):
+        for replicas in REPLICAS:
             h.progress(NAME, f"PostgreSQL, {replicas} replica(s)")
             with h.temp_home(f"{NAME}-pg{replicas}") as home:
                 fresh = server.fresh_url(f"fleet{replicas}")  # type: ignore[attr-defined]
                 async with postgres_fleet(home.parent, fresh, replicas) as fleet:
-                    results.append(await measure(fleet, cfg, seconds))
+                    results.append(await measure(fleet, cfg, seconds, fresh))
     finally:
         stop = getattr(server, "stop", None)
         if stop is not None:
@@ -426,7 +505,7 @@ async def run(quick: bool, budget: float) -> Section:
     cfg = QUICK if quick else FULL
     started = time.monotonic()
     with_pg = os.environ.get("BENCH_FLEET_PG", "1") != "0"
-    share = budget / (3 if with_pg else 1) - 6.0  # set-up: loops, tokens, server start
+    share = budget / (1 + len(REPLICAS) if with_pg else 1) - 6.0  # set-up: loops, server start
     section = Section(
         family=NAME,
         number=12,
@@ -439,7 +518,11 @@ async def run(quick: bool, budget: float) -> Section:
             f"a receipt), up to {cfg.pairs} pairs per host after {cfg.warmup} warm-up pairs, "
             "within the family's time share. Server CPU: utime + stime of the server "
             "process(es) from `/proc/PID/stat` across the measured window, divided by the "
-            "events; SQLite synchronous=full (the default)."
+            "events; machine CPU: every core's busy time from `/proc/stat` (servers, database, "
+            "the simulated hosts) per event. PostgreSQL: 1, 2 and 4 replicas on one database, "
+            "its `pg_stat_activity` sampled every 2 ms for the writers' sessions (a writer in a "
+            "transaction and not waiting for a lock holds the sequencer row, which every write "
+            "takes at BEGIN). SQLite synchronous=full (the default)."
         ),
     )
     results: list[Measured] = []
@@ -454,33 +537,11 @@ async def run(quick: bool, budget: float) -> Section:
             kept.append(await stored(home, length, STORED_CALLS // (4 if quick else 1)))
     if with_pg:
         left = budget - (time.monotonic() - started)
-        results += await _postgres(cfg, max(left / 2 - 8.0, 3.0))
-    section.tables.append(
-        Table(
-            [
-                "servers",
-                "events",
-                "events/s",
-                "p50 ms",
-                "p99 ms",
-                "server CPU ms per event",
-                "of which the event loop's",
-            ],
-            [
-                [
-                    m.label,
-                    str(m.events),
-                    h.rate(m.rate),
-                    h.ms(m.latency.p50),
-                    h.ms(m.latency.p99),
-                    f"{m.cpu_per_event * 1e3:.3f}",
-                    f"{m.loop_cpu_per_event * 1e3:.3f}",
-                ]
-                for m in results
-            ],
-        )
-    )
+        results += await _postgres(cfg, max(left / len(REPLICAS) - 8.0, 3.0))
+    section.tables.append(_fleet_table(results))
     section.tables.append(_storage_table(kept))
+    if len(results) > 1:
+        section.notes.append(_model(results))
     section.targets += _targets(results)
     largest = max(kept, key=lambda k: k.per_call)
     section.targets.append(
@@ -497,6 +558,51 @@ async def run(quick: bool, budget: float) -> Section:
     return section
 
 
+def _share(x: float | None) -> str:
+    return "" if x is None else f"{x:.0%}"
+
+
+def _fleet_table(results: list[Measured]) -> Table:
+    columns = ["servers", "events", "events/s", "p50 ms", "p99 ms", "server CPU ms per event"]
+    columns += ["of which the event loop's", "machine CPU ms per event", "sequencer row held"]
+    columns += ["its holder idle in transaction", "a writer waiting for it"]
+    rows = []
+    for m in results:
+        row = [m.label, str(m.events), h.rate(m.rate), h.ms(m.latency.p50), h.ms(m.latency.p99)]
+        row += [f"{m.cpu_per_event * 1e3:.3f}", f"{m.loop_cpu_per_event * 1e3:.3f}"]
+        row.append(f"{m.machine_per_event * 1e3:.3f}")
+        held = m.held
+        row += [_share(held and held.held), _share(held and held.idle)]
+        row.append(_share(held and held.waited))
+        rows.append(row)
+    return Table(columns, rows)
+
+
+def _model(results: list[Measured]) -> str:
+    """The growth model, with its inputs from this run: events/s ≤ min(cores ÷ machine CPU per
+    event, 1 ÷ the sequencer row's hold per event)."""
+    cores = os.cpu_count() or 1
+    parts = []
+    for m in results[1:]:
+        if m.held is None:
+            continue
+        hold = m.held.held / m.rate  # seconds the row is held per event
+        cpu_bound = cores / m.machine_per_event
+        lock_bound = 1 / hold if hold else float("inf")
+        parts.append(
+            f"{m.label}: {h.rate(m.rate)} events/s measured; CPU bound {h.rate(cpu_bound)} "
+            f"({cores} cores ÷ {m.machine_per_event * 1e3:.2f} ms), lock bound "
+            f"{h.rate(lock_bound)} (the row held {hold * 1e3:.2f} ms per event)"
+        )
+    return (
+        "growth model: hook events/s ≤ min(cores ÷ machine CPU per event, 1 ÷ the sequencer "
+        "row's hold per event). A replica adds Python CPU to the machine but no hold to a "
+        "write, so replicas add throughput only while both bounds have room; on PostgreSQL "
+        "today every write holds the row from BEGIN to COMMIT, its replica's Python included, "
+        "so the lock bound is about what one replica's writer thread can do. " + "; ".join(parts)
+    )
+
+
 def _targets(results: list[Measured]) -> list[Target]:
     lite = results[0]
     targets = [
@@ -511,7 +617,7 @@ def _targets(results: list[Measured]) -> list[Target]:
             lite.cpu_per_event <= CPU_TARGET,
         ),
     ]
-    if len(results) == 3:
+    if len(results) > 2:
         one, two = results[1], results[2]
         ratio = two.rate / one.rate
         targets.append(
@@ -524,4 +630,21 @@ def _targets(results: list[Measured]) -> list[Target]:
                 else "",
             )
         )
+        targets.append(
+            Target(
+                "PostgreSQL, two replicas: ≥ 1,000 hook events/s",
+                f"{h.rate(two.rate)} events/s",
+                two.rate >= 1_000,
+            )
+        )
+        if two.held is not None:
+            targets.append(
+                Target(
+                    f"PostgreSQL, two replicas: the sequencer row held ≤ {HELD_TARGET:.0%} of "
+                    "the time (PostgreSQL's view)",
+                    f"{two.held.held:.0%} of {two.held.samples:,} samples (its holder idle in "
+                    f"transaction {two.held.idle:.0%} of that)",
+                    two.held.held <= HELD_TARGET,
+                )
+            )
     return targets
