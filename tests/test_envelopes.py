@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import sqlite3
+import zlib
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,15 @@ from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.keys import KeyStore, Signer
 from loopwarden.ledger.log.receipts import PAYLOAD_TYPE, envelope_bytes, seal
 from loopwarden.ledger.storage import envelopes
-from loopwarden.ledger.storage.envelopes import DEFLATED, RAW, deflated, inflated, packed, unpacked
+from loopwarden.ledger.storage.envelopes import (
+    DEFLATED,
+    MAX_INFLATED,
+    RAW,
+    deflated,
+    inflated,
+    packed,
+    unpacked,
+)
 from loopwarden.ledger.storage.migrations import UPGRADES
 from loopwarden.ledger.storage.store import Store
 
@@ -114,6 +123,17 @@ def test_text_where_bytes_belong_is_read_as_its_bytes():
     assert unpacked("", memoryview(parts.payload), parts.key_id, bytearray(parts.signature)) == (
         envelope
     )
+
+
+def test_a_payload_past_the_inflation_bound_is_stored_raw_and_a_planted_bomb_reads_as_nothing():
+    big = b"x" * (MAX_INFLATED + 1)
+    assert deflated(big)[0] == RAW and inflated(deflated(big)) == big
+    # Deflate's own format, made by hand: 64 MiB of zeros in about 64 KB of stored bytes.
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, -11, 4, zdict=envelopes.DICTIONARY)
+    bomb = bytes([DEFLATED]) + squeeze.compress(bytes(64 * 1024 * 1024)) + squeeze.flush()
+    assert len(bomb) < 128 * 1024
+    assert inflated(bomb) is None
+    assert unpacked(b"", bomb, "k", bytes(64)) == b""
 
 
 def test_a_deflated_payload_with_bytes_after_its_end_is_refused():

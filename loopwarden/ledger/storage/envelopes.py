@@ -31,6 +31,12 @@ RAW = 0
 DEFLATED = 1
 """Payload format: raw deflate (2 KiB window) against `DICTIONARY`."""
 
+MAX_INFLATED = 16 * 1024 * 1024
+"""The largest payload stored `DEFLATED`; a larger one is stored `RAW`. So no stored payload
+ever needs more than this to inflate, and a reader refuses to: a few kilobytes a database
+writer planted that would inflate to gigabytes read as no envelope, not as an exhausted
+memory."""
+
 _WINDOW = -11  # raw deflate, no zlib header: the format byte says what it is
 _MEMORY = 4  # a small compressor state: most of the cost of a small payload is setting it up
 _LEVEL = 6
@@ -95,6 +101,8 @@ def unpacked(envelope: object, payload: object, key_id: object, signature: objec
 
 
 def deflated(payload: bytes) -> bytes:
+    if len(payload) > MAX_INFLATED:
+        return bytes([RAW]) + payload
     squeeze = zlib.compressobj(_LEVEL, zlib.DEFLATED, _WINDOW, _MEMORY, zdict=DICTIONARY)
     small = squeeze.compress(payload) + squeeze.flush()
     if len(small) >= len(payload):
@@ -112,10 +120,14 @@ def inflated(stored: bytes) -> bytes | None:
         return None
     try:
         grow = zlib.decompressobj(_WINDOW, zdict=DICTIONARY)
-        body = grow.decompress(stored[1:]) + grow.flush()
+        body = grow.decompress(stored[1:], MAX_INFLATED + 1)
+        if len(body) > MAX_INFLATED or grow.unconsumed_tail:
+            return None  # more than loopwarden ever deflates: not its payload
+        body += grow.flush()
     except zlib.error:
         return None
-    return body if grow.eof and not grow.unused_data else None
+    whole = grow.eof and not grow.unused_data and len(body) <= MAX_INFLATED
+    return body if whole else None
 
 
 def _bytes(value: object) -> bytes:
