@@ -806,3 +806,50 @@ async def test_a_backlog_limit_below_one_is_refused(home):
     with pytest.raises(InvalidInput, match="positive number of calls, not 0"):
         Store.open_now(home / "loopwarden.db", KeyStore(home).load_signer(), backlog=0)
     assert not (home / "loopwarden.db").exists()
+
+
+async def test_a_database_error_in_one_grouped_body_fails_that_body_alone(store):
+    """Three bodies committed as one group; the middle one's last statement breaks a key (on
+    PostgreSQL its writes are pipelined, so the error arrives when the body ends): that body
+    fails and leaves nothing, the other two commit with the next seqs."""
+    await open_test_loop(store, 2)
+    before = await store.read(snapshot)
+    started, released = anyio.Event(), threading.Event()
+    token = anyio.lowlevel.current_token()
+    outcomes: dict[int, object] = {}
+
+    def hold(tx):
+        anyio.from_thread.run_sync(started.set, token=token)
+        assert released.wait(timeout=30), "the group was never queued"
+
+    def body(n: int):
+        def run(tx):
+            spec = TodoSpec(id=f"p{n}", title="p", order=n)
+            sealed = tx.append("L1", "todo.added", OPERATOR, TodoAdded(todo=spec))
+            if n == 2:  # the store's origin row exists: a duplicate key
+                tx.conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", ("origin", "x"))
+            return sealed.seq
+
+        return run
+
+    async def write(n: int) -> None:
+        try:
+            outcomes[n] = await store.write(body(n))
+        except LoopwardenError as exc:
+            outcomes[n] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.write, hold)
+        await started.wait()
+        for n in (1, 2, 3):
+            tg.start_soon(write, n)
+            while store.queue_depth() < n:  # queued in this order, taken as one group
+                await anyio.lowlevel.checkpoint()
+        released.set()
+    head = before["view"].loop.head_seq
+    assert isinstance(outcomes[2], LoopwardenError), outcomes
+    assert [outcomes[1], outcomes[3]] == [head + 1, head + 2]
+    todos = await store.read(lambda r: {t.todo_id for t in r.all_todos("L1")})
+    assert {"p1", "p3"} <= todos and "p2" not in todos
+    assert (await store.read(snapshot))["journal"] == before["journal"] + 2
+    await assert_fold_equals_stored(store, "L1")

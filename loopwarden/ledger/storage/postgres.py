@@ -14,7 +14,12 @@ head) — holds across replicas with no retry loop. The Merkle leaf order is the
 the lock was held, never a `bigserial`'s (which can commit out of order). SERIALIZABLE would buy
 nothing here: every write moves the Merkle frontier, so any two writes conflict on that row,
 and each 40001 retry would re-sign its receipts. Group commit (several callers' bodies in one
-transaction, one savepoint each) amortizes the lock and the commit over the whole group.
+transaction, one savepoint each) amortizes the lock and the commit over the whole group, and
+each body runs in psycopg's pipeline mode (`body`): its writes go out without waiting for each
+other's answers, a read waits only for what came before it, and the pipeline is synced when
+the body ends, so a body's errors stay its own. The lock is held for the group's Python and its
+round trips; pipelining the writes took the hold per hook event from ~4.8 to ~3 ms here
+(`python -m bench --only fleet`), about 1.6× the events one replica serves.
 
 An ambiguous commit — the connection lost after COMMIT was sent — is resolved by reading
 back, never by writing again: each transaction inserts a marker row (`commits`); the writer
@@ -34,7 +39,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
@@ -245,6 +250,12 @@ class PostgresBackend:
         if self._commits % PRUNE_EVERY == 0:
             old = format_time(datetime.now(UTC) - MARKER_AGE)
             self.writer.execute("DELETE FROM commits WHERE at < ?", (old,))
+
+    def body(self) -> AbstractContextManager[object]:
+        """A pipeline (psycopg's pipeline mode): a body's writes go out without a round trip
+        each, and the pipeline is synced when the body ends, so its errors are raised in it
+        (before its savepoint is released) and are never another body's."""
+        return self.writer.raw.pipeline()
 
     def commit(self) -> None:
         """COMMIT; if the connection is lost on the way, find out whether it committed."""

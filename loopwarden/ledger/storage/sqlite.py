@@ -29,7 +29,7 @@ import random
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
@@ -260,6 +260,9 @@ class SqliteBackend:
 
     def begin(self) -> None:
         begin_immediate(self.writer, self._room)
+
+    def body(self) -> AbstractContextManager[object]:
+        return nullcontext()  # each statement runs in process: nothing to wait for
 
     def commit(self) -> None:
         self.writer.execute("COMMIT")

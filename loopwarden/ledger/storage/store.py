@@ -292,7 +292,8 @@ class Store:
                 if grouped:
                     conn.execute("SAVEPOINT body")
                 try:
-                    job.result = job.fn(self._txn())
+                    with backend.body():
+                        job.result = job.fn(self._txn())
                 except BaseException as exc:
                     if not grouped:
                         raise
