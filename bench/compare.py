@@ -49,6 +49,16 @@ def _figures() -> list[Figure]:
     out.append(
         Figure("audit", "", "audit()", "of raw verify rate", "audit: of the raw rate (%)", True)
     )
+    for row in ("SQLite, one server", "PostgreSQL, 1 replica", "PostgreSQL, 2 replicas"):
+        out.append(Figure("fleet", "", row, "events/s", f"fleet: {row}, hook events/s", True))
+        label = f"fleet: {row}, server CPU ms per event"
+        out.append(Figure("fleet", "", row, "server CPU ms per event", label, False))
+    for row in (
+        "command hook, in process (`loopwarden hook claude-code`)",
+        "command hook, forwarded (`--server`)",
+        "HTTP hook (`POST /hooks/claude-code`)",
+    ):
+        out.append(Figure("hooks", "", row, "p50 ms", f"hooks: {row}, p50 ms", False))
     for transport in ("stdio", "HTTP"):
         for op in ("noop", "claim", "update", "turn (claim + update)"):
             label = f"{transport}: {op}, p50 ms"

@@ -77,6 +77,17 @@ class GuardedReader(Reader):
         self._pools: dict[str, PoolRow] | None = None  # every pool, once read
         self._usage: dict[tuple[str, str], Totals] = {}  # pool windows read or written
 
+    def carry_log(self, log: LogState | None) -> None:
+        """Start from the Merkle log's state as the previous body of the same transaction left
+        it (proved or written by this process, under the same write lock), instead of reading
+        and proving it again. None: read it."""
+        self._log = log
+
+    @property
+    def log_carried(self) -> LogState | None:
+        """The log's state as this body leaves it, if it read or changed it."""
+        return self._log
+
     # --- loops --------------------------------------------------------------------------------
 
     def loop_row(self, loop_id: str) -> LoopRow | None:

@@ -288,17 +288,22 @@ class Store:
             return
         try:
             conn = backend.writer
+            log = None  # the Merkle log as the bodies committed so far left it
             for job in batch:
                 if grouped:
                     conn.execute("SAVEPOINT body")
+                tx = self._txn()
+                tx.carry_log(log)
                 try:
                     with backend.body():
-                        job.result = job.fn(self._txn())
+                        job.result = job.fn(tx)
                 except BaseException as exc:
                     if not grouped:
                         raise
-                    conn.execute("ROLLBACK TO body")
+                    conn.execute("ROLLBACK TO body")  # and the log is as it was before it
                     job.error = self._as_store_error(exc)
+                else:
+                    log = tx.log_carried or log
                 if grouped:
                     conn.execute("RELEASE body")
             backend.commit()
