@@ -234,6 +234,7 @@ async def test_grouped_writes_commit_together_and_a_failing_body_rolls_back_alon
     assert {f"g{n}" for n in committed} <= todos
     assert not {f"g{n}" for n in failed} & todos
     await assert_fold_equals_stored(store, "L1")
+    await assert_log_whole(store)
 
 
 # --- startup check ---------------------------------------------------------------------------
@@ -853,3 +854,13 @@ async def test_a_database_error_in_one_grouped_body_fails_that_body_alone(store)
     assert {"p1", "p3"} <= todos and "p2" not in todos
     assert (await store.read(snapshot))["journal"] == before["journal"] + 2
     await assert_fold_equals_stored(store, "L1")
+    await assert_log_whole(store)  # the failed body's leaf is in no later body's frontier
+
+
+async def assert_log_whole(store: Store) -> None:
+    """The Merkle log holds exactly the journal: the start-up check and a full audit agree."""
+    from loopwarden.ledger.audit.database import audit
+
+    await store.read(startup_check)
+    report = await store.read(lambda r: audit(r, store.keyring, workers=0))
+    assert report.findings == [], [f.as_dict() for f in report.findings]
