@@ -290,22 +290,23 @@ class Store:
             conn = backend.writer
             log = None  # the Merkle log as the bodies committed so far left it
             for job in batch:
-                if grouped:
-                    conn.execute("SAVEPOINT body")
                 tx = self._txn()
                 tx.carry_log(log)
                 try:
-                    with backend.body():
+                    with backend.body():  # the savepoint's statements ride in the body's batch
+                        if grouped:
+                            conn.execute("SAVEPOINT body")
                         job.result = job.fn(tx)
+                        if grouped:  # last: a statement of the body that failed skips it
+                            conn.execute("RELEASE body")
                 except BaseException as exc:
                     if not grouped:
                         raise
                     conn.execute("ROLLBACK TO body")  # and the log is as it was before it
+                    conn.execute("RELEASE body")
                     job.error = self._as_store_error(exc)
                 else:
                     log = tx.log_carried or log
-                if grouped:
-                    conn.execute("RELEASE body")
             backend.commit()
         except BaseException as exc:
             backend.rollback()
