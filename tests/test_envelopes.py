@@ -109,8 +109,9 @@ def test_non_canonical_base64_or_spacing_is_kept_whole_not_normalised():
         (b"", b"\x07unknown format", "k", bytes(64)),
         (b"", b"", "k", bytes(64)),
         (b"", None, None, None),
+        (b"", deflated(b"{}"), "k\ud800", bytes(64)),  # a key id JSON cannot carry
     ],
-    ids=["bad-deflate", "unknown-format", "empty-payload", "no-parts"],
+    ids=["bad-deflate", "unknown-format", "empty-payload", "no-parts", "unencodable-key-id"],
 )
 def test_parts_that_build_no_envelope_read_back_as_an_empty_one_without_raising(parts):
     assert unpacked(*parts) == b""

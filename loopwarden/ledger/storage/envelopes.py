@@ -24,6 +24,7 @@ from __future__ import annotations
 import zlib
 from typing import NamedTuple
 
+from loopwarden.errors import SealError
 from loopwarden.ledger.log.receipts import PAYLOAD_TYPE, envelope_bytes, parse_envelope
 
 RAW = 0
@@ -97,7 +98,10 @@ def unpacked(envelope: object, payload: object, key_id: object, signature: objec
     body = inflated(_bytes(payload))
     if body is None:
         return b""
-    return envelope_bytes(body, str(key_id), _bytes(signature))
+    try:
+        return envelope_bytes(body, str(key_id), _bytes(signature))
+    except (SealError, ValueError, TypeError, UnicodeError):  # a key id no envelope can carry
+        return b""
 
 
 def deflated(payload: bytes) -> bytes:
