@@ -147,63 +147,38 @@ def loop_show(
         render.projection(result)
 
 
-def _control(
-    op: Operation[Any, Any],
-    loop_id: str,
-    reason: str,
-    home: Path | None,
-    store: str | None,
-    json_out: bool,
-    who: str | None,
-) -> None:
-    request = {"loop_id": loop_id, "reason": reason}
-    result = operate(op, request, home, store=store, who=who, as_json=json_out)
-    if json_out:
-        render.emit_json(result.model_dump(mode="json"))
-    else:
-        render.controlled("loop", result.loop_id, result.status, result.receipt_id)
+def _control(op: Operation[Any, Any], doc: str) -> Any:
+    """The command that runs a loop control (`pause_loop` …) on one loop, with `--reason`."""
+
+    def command(
+        loop_id: str,
+        reason: Reason = "",
+        home: Home = None,
+        store: Store = None,
+        json_out: Json = False,
+        who: As = None,
+    ) -> None:
+        request = {"loop_id": loop_id, "reason": reason}
+        result = operate(op, request, home, store=store, who=who, as_json=json_out)
+        if json_out:
+            render.emit_json(result.model_dump(mode="json"))
+        else:
+            render.controlled("loop", result.loop_id, result.status, result.receipt_id)
+
+    command.__doc__ = doc
+    return command
 
 
-@app.command("pause")
-def loop_pause(
-    loop_id: str,
-    reason: Reason = "",
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
-    who: As = None,
-) -> None:
-    """Pause a loop: no new claims; open turns may still report."""
-    _control(pause_loop, loop_id, reason, home, store, json_out, who)
-
-
-@app.command("resume")
-def loop_resume(
-    loop_id: str,
-    reason: Reason = "",
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
-    who: As = None,
-) -> None:
-    """Resume a paused loop."""
-    _control(resume_loop, loop_id, reason, home, store, json_out, who)
-
-
-@app.command("cancel")
-def loop_cancel(
-    loop_id: str,
-    reason: Reason = "",
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
-    who: As = None,
-) -> None:
-    """Cancel a loop for good.
-
-    Every open turn is closed; nothing more can happen in it.
-    """
-    _control(cancel_loop, loop_id, reason, home, store, json_out, who)
+app.command("pause")(
+    _control(pause_loop, "Pause a loop: no new claims; open turns may still report.")
+)
+app.command("resume")(_control(resume_loop, "Resume a paused loop."))
+app.command("cancel")(
+    _control(
+        cancel_loop,
+        "Cancel a loop for good.\n\nEvery open turn is closed; nothing more can happen in it.",
+    )
+)
 
 
 @app.command("cancel-todo")
