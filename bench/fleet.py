@@ -26,6 +26,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
@@ -294,8 +295,6 @@ class Sampler:
     )
 
     def __init__(self, url: str, every: float = 0.002, limit: int = 50_000) -> None:
-        import threading
-
         self.url, self.every, self.limit = url, every, limit
         self.counts = [0, 0, 0, 0]  # samples, held, held idle, waited
         self._stop = threading.Event()
@@ -327,12 +326,11 @@ class Sampler:
         return Held(n, held / max(n, 1), idle / max(held, 1), waited / max(n, 1))
 
 
-def _machine_busy() -> tuple[float, float]:
-    """(busy, all) CPU seconds of the whole machine so far, from `/proc/stat`."""
+def _machine_busy() -> float:
+    """Busy CPU seconds of the whole machine so far, every core (`/proc/stat`)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
-    user, nice, system, idle, iowait, irq, softirq = fields
-    busy = user + nice + system + irq + softirq
-    return busy / TICK, (busy + idle + iowait) / TICK
+    user, nice, system, _idle, _iowait, irq, softirq = fields
+    return (user + nice + system + irq + softirq) / TICK
 
 
 @dataclass(frozen=True)
@@ -370,12 +368,12 @@ async def measure(fleet: Fleet, cfg: Config, seconds: float, url: str | None = N
     deadline = h.Deadline(seconds)
     sampler = Sampler(url) if url is not None else None
     with sampler or nullcontext():
-        before, busy = [s.cpu() for s in fleet.servers], _machine_busy()[0]
+        before, busy = [s.cpu() for s in fleet.servers], _machine_busy()
         t0 = time.perf_counter()
         runs = (host.run(cfg.warmup, cfg.pairs, deadline, keep=True) for host in hosts)
         await asyncio.gather(*runs)
         wall = time.perf_counter() - t0
-        after, busy = [s.cpu() for s in fleet.servers], _machine_busy()[0] - busy
+        after, busy = [s.cpu() for s in fleet.servers], _machine_busy() - busy
     cpu = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
     loop_cpu = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     samples = [x for host in hosts for x in host.samples]
@@ -579,27 +577,28 @@ def _fleet_table(results: list[Measured]) -> Table:
 
 
 def _model(results: list[Measured]) -> str:
-    """The growth model, with its inputs from this run: events/s ≤ min(cores ÷ machine CPU per
-    event, 1 ÷ the sequencer row's hold per event)."""
+    """What limits each PostgreSQL run: how busy its two shared resources were over the window
+    (the machine's cores, the sequencer row), and the rate each would allow if it alone were
+    the limit (the measured rate ÷ that resource's busy share: the figures come from the same
+    run, so they say which resource is saturated, not a forecast)."""
     cores = os.cpu_count() or 1
     parts = []
     for m in results[1:]:
         if m.held is None:
             continue
         hold = m.held.held / m.rate  # seconds the row is held per event
-        cpu_bound = cores / m.machine_per_event
-        lock_bound = 1 / hold if hold else float("inf")
+        busy = m.machine_per_event * m.rate / cores  # share of all cores' time
         parts.append(
-            f"{m.label}: {h.rate(m.rate)} events/s measured; CPU bound {h.rate(cpu_bound)} "
-            f"({cores} cores ÷ {m.machine_per_event * 1e3:.2f} ms), lock bound "
-            f"{h.rate(lock_bound)} (the row held {hold * 1e3:.2f} ms per event)"
+            f"{m.label}: {h.rate(m.rate)} events/s; the row held {m.held.held:.0%} of the time "
+            f"({hold * 1e3:.2f} ms per event, so at most {h.rate(m.rate / max(m.held.held, 1e-9))}"
+            f" events/s), the {cores} cores {busy:.0%} busy ({m.machine_per_event * 1e3:.2f} ms "
+            f"per event, so at most {h.rate(m.rate / max(busy, 1e-9))})"
         )
     return (
-        "growth model: hook events/s ≤ min(cores ÷ machine CPU per event, 1 ÷ the sequencer "
-        "row's hold per event). A replica adds Python CPU to the machine but no hold to a "
-        "write, so replicas add throughput only while both bounds have room; on PostgreSQL "
-        "today every write holds the row from BEGIN to COMMIT, its replica's Python included, "
-        "so the lock bound is about what one replica's writer thread can do. " + "; ".join(parts)
+        "what limits the rate: hook events/s ≤ min(cores ÷ machine CPU per event, 1 ÷ the "
+        "sequencer row's hold per event), and the resource that is busy all the time is the one "
+        "that sets it. Every write holds the row from BEGIN to COMMIT, its replica's Python "
+        "included, so a replica adds CPU but does not shorten a hold. " + "; ".join(parts)
     )
 
 
