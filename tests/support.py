@@ -644,12 +644,18 @@ def raw_sql_url(backend: str, store_url: str, *statements: Any) -> None:
         conn = connect(store_url)  # type: ignore[assignment]
     try:
         for statement in statements:
-            if callable(statement):
-                statement(conn)
-            else:
-                conn.execute(statement)
+            run_statement(conn, statement)
     finally:
         conn.close()
+
+
+def run_statement(conn: Any, statement: Any) -> None:
+    """A SQL statement, or a function of the connection (an upgrade step written in Python,
+    or one taken back), on a DB-API connection."""
+    if callable(statement):
+        statement(conn)
+    else:
+        conn.execute(statement)
 
 
 async def control_loop(store: Any, who: Principal, action: str, request: Any) -> Any:
@@ -659,8 +665,14 @@ async def control_loop(store: Any, who: Principal, action: str, request: Any) ->
     return await CONTROLS[action](store, who, request)
 
 
-ENVELOPE_PARTS = "envelope, payload, key_id, signature"
-"""The journal columns a receipt's envelope is stored in (`ledger/storage/envelopes.py`): select
+def _envelope_columns() -> str:
+    from loopwarden.ledger.storage.schema import JOURNAL
+
+    return ", ".join(c.name for c in JOURNAL.columns if c.holds == "envelope")
+
+
+ENVELOPE_PARTS = _envelope_columns()
+"""The journal columns a receipt's envelope is stored in, from its table description (`ledger/storage/envelopes.py`): select
 them in this order and pass the values to `stored_envelope`."""
 
 

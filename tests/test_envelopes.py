@@ -21,7 +21,7 @@ from test_store import open_test_loop, work_one
 from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.keys import KeyStore, Signer
-from loopwarden.ledger.log.receipts import PAYLOAD_TYPE, envelope_bytes, seal
+from loopwarden.ledger.log.receipts import seal
 from loopwarden.ledger.storage import envelopes
 from loopwarden.ledger.storage.envelopes import (
     DEFLATED,
@@ -284,13 +284,3 @@ async def _reopened_unchecked(home: Path, store_url: str) -> Store:
     return await Store.open(
         store_url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, check=False
     )
-
-
-def test_the_template_the_parts_rebuild_is_the_one_seal_writes():
-    signer = Signer.generate()
-    sealed = seal({"kind": "k", "seq": 1}, signer)
-    document = json.loads(sealed.envelope)
-    payload = base64.b64decode(document["payload"])
-    signature = base64.b64decode(document["signatures"][0]["sig"])
-    assert document["payloadType"] == PAYLOAD_TYPE
-    assert envelope_bytes(payload, signer.key_id, signature) == sealed.envelope

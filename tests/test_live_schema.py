@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR
+from support import run_statement
 
 from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import KeyStore
@@ -56,12 +57,8 @@ class Shape:
 
 def revert(conn, step) -> None:
     """Take one upgrade step back on a DB-API connection (how these tests remake an older
-    store): a SQL statement, or a function of the connection for a step written in Python."""
-    undo = step.reverted()
-    if callable(undo):
-        undo(conn)
-    else:
-        conn.execute(undo)
+    store)."""
+    run_statement(conn, step.reverted())
 
 
 def described(

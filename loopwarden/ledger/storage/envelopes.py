@@ -77,9 +77,11 @@ class Parts(NamedTuple):
     signature: bytes | None
 
 
-def packed(envelope: bytes) -> Parts:
-    """The stored parts of `envelope`: its payload, key id and signature when the template
-    builds exactly these bytes back from them, else the envelope itself."""
+def packed(envelope: object) -> Parts:
+    """The stored parts of `envelope` (bytes, or a stored value the database returns): its
+    payload, key id and signature when the template builds exactly these bytes back from them,
+    else the envelope itself."""
+    envelope = _bytes(envelope)
     found = parse_envelope(envelope)
     if (
         found is not None

@@ -85,9 +85,7 @@ class PackEnvelopes:
         update = "UPDATE journal SET envelope = ?, payload = ?, key_id = ?, signature = ? "
         update += "WHERE leaf_index = ?"
         while rows := conn.execute(select, (after, BATCH)).fetchall():
-            parts = [
-                (packed(unpacked(envelope, None, None, None)), leaf) for leaf, envelope in rows
-            ]
+            parts = [(packed(envelope), leaf) for leaf, envelope in rows]
             changed = [(*stored, leaf) for stored, leaf in parts if not stored.envelope]
             if changed:
                 conn.executemany(update, changed)
