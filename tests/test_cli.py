@@ -510,6 +510,7 @@ def test_receipt_json_has_the_envelope_decoded_body_and_verification(home, loop)
     assert set(out) == {
         "receipt_id",
         "leaf_index",
+        "state",
         "digest",
         "verified",
         "problems",
@@ -518,6 +519,7 @@ def test_receipt_json_has_the_envelope_decoded_body_and_verification(home, loop)
         "envelope",
     }
     assert (out["receipt_id"], out["leaf_index"]) == (granted.receipt_id, 1)
+    assert out["state"] == "integrated"  # SQLite integrates as it writes; no checkpoint yet
     assert out["verified"] is True and out["problems"] == []
     assert out["digest"].startswith("sha256:") and out["key_id"].startswith("ed25519-")
     assert (out["body"]["kind"], out["body"]["seq"], out["body"]["loop_id"]) == (
@@ -548,6 +550,7 @@ def test_verify_clean_database_exits_0_with_the_documented_json(home, loop):
     assert set(out) == {
         "verdict",
         "receipts",
+        "pending",
         "loops",
         "checkpoints",
         "tree_size",
@@ -559,7 +562,7 @@ def test_verify_clean_database_exits_0_with_the_documented_json(home, loop):
     }
     assert (out["verdict"], out["findings"], out["notes"]) == ("clean", [], [])
     assert out["trusted"].startswith("the key history: 1 key from genesis key ed25519-")
-    assert (out["receipts"], out["loops"], out["tree_size"]) == (3, 1, 3)
+    assert (out["receipts"], out["pending"], out["loops"], out["tree_size"]) == (3, 0, 1, 3)
     assert isinstance(out["checkpoints"], int) and isinstance(out["seconds"], int | float)
     assert len(bytes.fromhex(out["root"])) == 32
     human = cli(f"verify --home {home}")

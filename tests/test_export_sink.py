@@ -142,6 +142,7 @@ async def seal_loops(store: Store, count: int, prefix: str) -> None:
     for i in range(count):
         request = OpenLoopRequest(objective="o", policy=BASIC_POLICY, loop_id=f"{prefix}-{i}")
         await open_loop(store, OPERATOR, request)
+    await store.integrate()  # the sink sends what is in the tree, in its order
 
 
 async def journal_ids(store: Store) -> list[str]:

@@ -164,10 +164,17 @@ def pg_shapes(conn: Any) -> dict[str, Shape]:
 
 def _pg_shape(conn: Any, name: str) -> Shape:
     declared = {v: k for k, v in PG_TYPES.items()}
+    identity = {"YES": " GENERATED {} AS IDENTITY", "NO": ""}
     columns = tuple(
-        (column, declared[(kind, collation)], nullable == "YES", _pg_default(default))
-        for column, kind, collation, nullable, default in conn.execute(
-            "SELECT column_name, data_type, collation_name, is_nullable, column_default "
+        (
+            column,
+            declared[(kind, collation)] + identity[generated].format(generation),
+            nullable == "YES",
+            _pg_default(default),
+        )
+        for column, kind, collation, nullable, default, generated, generation in conn.execute(
+            "SELECT column_name, data_type, collation_name, is_nullable, column_default, "
+            "is_identity, identity_generation "
             "FROM information_schema.columns WHERE table_schema = current_schema() "
             "AND table_name = %s ORDER BY ordinal_position",
             (name,),
@@ -342,7 +349,7 @@ async def test_a_version_7_sqlite_file_upgraded_gains_the_export_cursors_and_kee
 ):
     await _used(home, str(home / "loopwarden.db"))
     conn = sqlite3.connect(home / "loopwarden.db", isolation_level=None)
-    for version in (9, 8):  # back to what version 7 made
+    for version in (10, 9, 8):  # back to what version 7 made
         for step in reversed(UPGRADES[version]):
             revert(conn, step)
     conn.execute("PRAGMA user_version = 7")

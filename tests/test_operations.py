@@ -117,7 +117,8 @@ async def report(
 
 
 async def journal_count(store: Store) -> int:
-    return await store.read(lambda r: r.journal_count())
+    """Receipts sealed: in the tree, and pending integration (PostgreSQL's integrator)."""
+    return await store.read(lambda r: r.journal_count() + r.pending_count())
 
 
 async def loop_kinds(store: Store, loop_id: str = "L1") -> list[str]:
@@ -807,7 +808,7 @@ async def test_an_outsider_claim_is_sealed_but_reveals_nothing_and_sweeps_nothin
     await open_test_loop(store)
     granted(await claim_as(store, BUILDER))
     clock.advance(BASIC_POLICY["claims"]["lease_seconds"] + 1)  # the builder's lease is stale
-    before = await store.read(lambda r: r.journal_count())
+    before = await journal_count(store)
     with pytest.raises(NotFound):
         await claim_as(store, STRANGER)
     kinds = await store.read(lambda r: [row.kind for row in r.loop_journal("L1")])
@@ -1141,6 +1142,7 @@ async def test_quota_predicts_claim_after_the_deadline_passed(store, clock):
 async def test_receipt_by_id_and_by_seq_verifies_with_inclusion_proof(store):
     await open_test_loop(store)
     turn = granted(await claim_as(store, BUILDER))
+    await store.integrate()  # PostgreSQL: given its leaf by the integrator, a moment later
     by_id = await receipt(store, BUILDER, ReceiptRequest(receipt_id=turn.receipt_id))
     by_seq = await receipt(store, BUILDER, ReceiptRequest(loop_id="L1", seq=2))
     assert by_id == by_seq

@@ -106,6 +106,12 @@ def snapshot(reader) -> dict[str, Any]:
     }
 
 
+async def settled(store: Store) -> dict[str, Any]:
+    """`snapshot` once every committed receipt has its leaf (PostgreSQL's integrator)."""
+    await store.integrate()
+    return await store.read(snapshot)
+
+
 def leaf_hashes(reader) -> list[bytes]:
     return [merkle.leaf_hash(row.envelope) for row in reader.iter_journal()]
 
@@ -139,16 +145,17 @@ async def assert_fold_equals_stored(store: Store, loop_id: str) -> list[ReceiptB
 async def test_failed_transaction_after_append_leaves_no_trace(store):
     await open_test_loop(store, 14)
     # Fill the log to one short of a checkpoint, so the aborted append would also have signed one.
-    while await store.read(lambda r: r.journal_count()) < 15:
+    while (head := await store.read(lambda r: r.loop_row("L1").head_seq)) < 15:
         await store.write(
-            lambda tx: tx.append(
+            lambda tx, n=head: tx.append(
                 "L1",
                 "todo.added",
                 OPERATOR,
-                TodoAdded(todo=TodoSpec(id=f"x{tx.journal_count()}", title="x", order=99)),
+                TodoAdded(todo=TodoSpec(id=f"x{n}", title="x", order=99)),
             )
         )
-    before = await store.read(snapshot)
+    await store.integrate()
+    before = await settled(store)
     assert before["journal"] == 15 and not before["checkpoints"]
 
     def doomed(tx):
@@ -156,12 +163,13 @@ async def test_failed_transaction_after_append_leaves_no_trace(store):
             "L1", "todo.added", OPERATOR, TodoAdded(todo=TodoSpec(id="zz", title="z", order=1))
         )
         tx.remember("builder", "key-1", "update", "sha256:" + "0" * 64, '{"accepted":true}')
+        assert tx.pending_count() == 1 and tx.integrate() == 1  # the leaf, as a commit gives it
         assert tx.journal_count() == 16 and tx.latest_checkpoint() is not None  # visible inside
         raise RuntimeError("boom after the append")
 
     with pytest.raises(RuntimeError, match="boom"):
         await store.write(doomed)
-    assert await store.read(snapshot) == before
+    assert await settled(store) == before
 
     # The next append continues the chain exactly where the committed state left it.
     appended = await store.write(
@@ -170,12 +178,14 @@ async def test_failed_transaction_after_append_leaves_no_trace(store):
         )
     )
     assert appended.seq == before["view"].loop.head_seq + 1
-    assert appended.leaf_index == 15
+    await store.integrate()
+    stored = await store.read(lambda r: r.receipt_by_id(appended.receipt_id))
+    assert stored is not None and stored.leaf_index == 15
 
 
 async def test_failed_transaction_with_domain_error_leaves_no_trace(store):
     await open_test_loop(store, 2)
-    before = await store.read(snapshot)
+    before = await settled(store)
 
     def doomed(tx):
         tx.append(
@@ -185,13 +195,13 @@ async def test_failed_transaction_with_domain_error_leaves_no_trace(store):
 
     with pytest.raises(LoopwardenError):
         await store.write(doomed)
-    assert await store.read(snapshot) == before
+    assert await settled(store) == before
 
 
 async def test_grouped_writes_commit_together_and_a_failing_body_rolls_back_alone(store):
     """Concurrent writes are group-committed; each body still commits or vanishes on its own."""
     await open_test_loop(store, 2)
-    before = await store.read(snapshot)
+    before = await settled(store)
     gate = anyio.Event()
     outcomes: dict[int, object] = {}
 
@@ -228,7 +238,7 @@ async def test_grouped_writes_commit_together_and_a_failing_body_rolls_back_alon
     head = before["view"].loop.head_seq
     # The survivors got exactly the next seqs, with no holes left by the rolled-back bodies.
     assert sorted(committed.values()) == list(range(head + 1, head + 1 + len(committed)))
-    after = await store.read(snapshot)
+    after = await settled(store)
     assert after["journal"] == before["journal"] + len(committed)
     todos = await store.read(lambda r: {t.todo_id for t in r.all_todos("L1")})
     assert {f"g{n}" for n in committed} <= todos
@@ -320,6 +330,7 @@ async def test_frontier_and_root_match_the_journal_after_every_append(store):
     sizes = set()
     for n in range(7):
         await work_one(store, BUILDER if n % 2 else REVIEWER, "L1", f"k{n}")
+        await store.integrate()
 
         def check(reader):
             size, frontier = reader.log_state()
@@ -728,7 +739,7 @@ async def test_a_write_cancelled_while_queued_never_commits(store):
     """A caller that gives up while waiting for the writer must not be committed later by
     someone else's group (it would hold leases nobody knows about)."""
     await open_test_loop(store, 2)
-    before = await store.read(snapshot)
+    before = await settled(store)
     started = anyio.Event()
     released = threading.Event()
     token = anyio.lowlevel.current_token()  # the body runs on the store's writer thread
@@ -751,7 +762,7 @@ async def test_a_write_cancelled_while_queued_never_commits(store):
             await store.write(doomed)  # cancelled while queued
         released.set()
     await store.write(lambda tx: None)  # a later group must not pick it up
-    after = await store.read(snapshot)
+    after = await settled(store)
     assert after == before
     assert await store.read(lambda r: r.todo("L1", "late")) is None
 
@@ -814,7 +825,7 @@ async def test_a_database_error_in_one_grouped_body_fails_that_body_alone(store)
     PostgreSQL its writes are pipelined, so the error arrives when the body ends): that body
     fails and leaves nothing, the other two commit with the next seqs."""
     await open_test_loop(store, 2)
-    before = await store.read(snapshot)
+    before = await settled(store)
     started, released = anyio.Event(), threading.Event()
     token = anyio.lowlevel.current_token()
     outcomes: dict[int, object] = {}
@@ -852,7 +863,7 @@ async def test_a_database_error_in_one_grouped_body_fails_that_body_alone(store)
     assert [outcomes[1], outcomes[3]] == [head + 1, head + 2]
     todos = await store.read(lambda r: {t.todo_id for t in r.all_todos("L1")})
     assert {"p1", "p3"} <= todos and "p2" not in todos
-    assert (await store.read(snapshot))["journal"] == before["journal"] + 2
+    assert (await settled(store))["journal"] == before["journal"] + 2
     await assert_fold_equals_stored(store, "L1")
     await assert_log_whole(store)  # the failed body's leaf is in no later body's frontier
 

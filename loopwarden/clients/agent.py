@@ -131,7 +131,12 @@ class AgentClient:
         return await self._run(projection_ops.projection, locals())
 
     async def receipt(
-        self, receipt_id: str | None = None, loop_id: str | None = None, seq: int | None = None
+        self,
+        receipt_id: str | None = None,
+        loop_id: str | None = None,
+        seq: int | None = None,
+        *,
+        wait: bool = False,
     ) -> receipt_ops.ReceiptResult:
         return await self._run(receipt_ops.receipt, locals())
 

@@ -29,7 +29,6 @@ from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
 from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.homes import DB_NAME
 from loopwarden.ledger.log.keys import Keyring
-from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.approvals import DecideApprovalRequest, decide_approval
 from loopwarden.operations.loops import OpenLoopRequest, open_loop
 from loopwarden.policy.digest import policy_document
@@ -369,7 +368,7 @@ async def scenario_approval(home: Path, n: Narrator, work: Path) -> bool:
 async def scenario_audit(home: Path, n: Narrator, work: Path) -> bool:
     n.section("audit", "5. audit — every receipt checked offline")
     async with admin.open_store(home) as store:
-        size = await store.write(Txn.checkpoint)
+        size = await store.checkpoint()
     n.step("operator", "sign a checkpoint", f"tree size {size}", decision="allow")
     keyring = admin.keyring_of(home)
     with admin.open_reader(home) as reader:
@@ -388,7 +387,7 @@ async def scenario_audit(home: Path, n: Narrator, work: Path) -> bool:
 
 async def scenario_bundle(home: Path, n: Narrator, work: Path) -> bool:
     async with admin.open_store(home) as store:
-        await store.write(Txn.checkpoint)
+        await store.checkpoint()
         now = format_time(store.clock())
         signer = store.signer
         bundle = await store.read(lambda r: export_bundle(r, "guarded", store.keyring, now, signer))

@@ -277,7 +277,8 @@ class Pages:
     async def receipt(self, ctx: Ctx) -> Response:
         receipt_id = _match(RECEIPT_ID_PATTERN, ctx.request.path_params["receipt_id"], "receipt id")
         result = await receipt(ctx.store, ctx.who, {"receipt_id": receipt_id})
-        root_hex = base64.b64decode(result.checkpoint.root).hex()
+        checkpoint = result.checkpoint
+        root_hex = base64.b64decode(checkpoint.root).hex() if checkpoint is not None else ""
         return self.d.render_page(ctx, "receipt.html", r=result, root_hex=root_hex)
 
     # --- budget pools -------------------------------------------------------------------------

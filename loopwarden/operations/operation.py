@@ -88,6 +88,7 @@ class Call(Generic[R]):
     now: datetime
     found: Located | None = None
     predicting: bool = False
+    waited: bool = False  # a read run again after `NeedsPublication`
 
     @property
     def loop(self) -> LoopRow:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -16,7 +16,7 @@ from loopwarden.ledger.storage.reader import CheckpointRow, Reader
 from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.operation import Call
 from loopwarden.operations.results import Model
-from loopwarden.operations.runner import operation
+from loopwarden.operations.runner import NeedsPublication, operation
 from loopwarden.operations.visibility import by_receipt
 
 
@@ -27,6 +27,11 @@ class ReceiptRequest(Model):
     loop_id: LoopId | None = Field(default=None, description="With seq: the loop of the receipt.")
     seq: int | None = Field(
         default=None, ge=1, le=MAX_FENCE, description="With loop_id: the receipt's sequence number."
+    )
+    wait: bool = Field(
+        default=False,
+        description="Wait until the receipt is published under a stored signed checkpoint "
+        "(a moment: the server integrates what is pending and signs one).",
     )
 
     @model_validator(mode="after")
@@ -56,6 +61,9 @@ class CheckpointOut(Model):
     verified: bool
 
 
+ReceiptState = Literal["sealed", "integrated", "published"]
+
+
 class ReceiptResult(Model):
     receipt_id: str
     loop_id: str
@@ -66,8 +74,13 @@ class ReceiptResult(Model):
     body: dict[str, Any] = Field(description="The decoded, signed receipt body.")
     verified: bool = Field(description="Signature valid under a trusted key and body canonical.")
     problems: list[str]
-    inclusion_proof: InclusionProof
-    checkpoint: CheckpointOut
+    state: ReceiptState = Field(
+        description="sealed: durable in its loop's chain, not yet in the Merkle tree (no proof "
+        "yet: ask again, or with wait); integrated: in the tree, proved against a checkpoint "
+        "signed for this answer; published: under a checkpoint the store keeps."
+    )
+    inclusion_proof: InclusionProof | None = Field(description="None while the receipt is sealed.")
+    checkpoint: CheckpointOut | None = Field(description="None while the receipt is sealed.")
 
 
 def covering_checkpoint(reader: Reader, store: Store, leaf_index: int) -> CheckpointRow:
@@ -96,13 +109,11 @@ def receipt(call: Call[Reader], req: ReceiptRequest) -> ReceiptResult:
     reader, store = call.tx, call.store
     assert call.found is not None and call.found.receipt is not None
     row = call.found.receipt
-    checkpoint = covering_checkpoint(reader, store, row.leaf_index)
+    latest = reader.latest_checkpoint()
+    published = row.leaf_index is not None and latest is not None and latest.size > row.leaf_index
+    if req.wait and not published and not call.waited:
+        raise NeedsPublication()
     opened = open_envelope(row.envelope, store.keyring)
-    proof = merkle.inclusion_proof(row.leaf_index, checkpoint.size, reader.node)
-    signed = open_checkpoint(checkpoint.note, store.keyring)
-    proof_ok = merkle.verify_inclusion(
-        merkle.leaf_hash(row.envelope), row.leaf_index, checkpoint.size, proof, signed.root
-    )
     return ReceiptResult(
         receipt_id=row.receipt_id,
         loop_id=row.loop_id,
@@ -113,13 +124,28 @@ def receipt(call: Call[Reader], req: ReceiptRequest) -> ReceiptResult:
         body=opened.body,
         verified=opened.verified,
         problems=list(opened.problems),
-        inclusion_proof=InclusionProof(
-            leaf_index=row.leaf_index,
+        state="published" if published else "sealed" if row.leaf_index is None else "integrated",
+        **(_proved(reader, store, row.leaf_index, row.envelope) if row.leaf_index is not None else
+           {"inclusion_proof": None, "checkpoint": None}),
+    )  # fmt: skip
+
+
+def _proved(reader: Reader, store: Store, leaf_index: int, envelope: bytes) -> dict[str, Any]:
+    """An integrated receipt's inclusion proof against a checkpoint that covers it."""
+    checkpoint = covering_checkpoint(reader, store, leaf_index)
+    proof = merkle.inclusion_proof(leaf_index, checkpoint.size, reader.node)
+    signed = open_checkpoint(checkpoint.note, store.keyring)
+    proof_ok = merkle.verify_inclusion(
+        merkle.leaf_hash(envelope), leaf_index, checkpoint.size, proof, signed.root
+    )
+    return {
+        "inclusion_proof": InclusionProof(
+            leaf_index=leaf_index,
             tree_size=checkpoint.size,
             hashes=[base64.b64encode(h).decode() for h in proof],
             verified=proof_ok,
         ),
-        checkpoint=CheckpointOut(
+        "checkpoint": CheckpointOut(
             size=checkpoint.size,
             root=base64.b64encode(checkpoint.root).decode(),
             note=checkpoint.note,
@@ -127,4 +153,4 @@ def receipt(call: Call[Reader], req: ReceiptRequest) -> ReceiptResult:
             signed_at=checkpoint.signed_at,
             verified=signed.verified and signed.size == checkpoint.size,
         ),
-    )
+    }

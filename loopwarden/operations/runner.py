@@ -66,6 +66,12 @@ CONFLICT = Decision(
 )
 
 
+class NeedsPublication(Exception):
+    """Raised by a read body asked to wait for a receipt's publication that finds it not yet
+    under a stored checkpoint: the runner integrates what is pending and signs a checkpoint
+    (`Store.checkpoint`), then runs the body once more (`Call.waited`)."""
+
+
 class NeedsPrediction(Exception):
     """Raised by a read body whose answer depends on state changes the next write would make
     first (an expired lease, a due stop): the runner re-runs it in a transaction that is
@@ -201,9 +207,11 @@ def run_now(
 def _write(
     op: Operation[Req, Res], store: Store, who: Principal, req: Req, tx: Txn
 ) -> Res | _Hidden:
-    call: Call[Txn] = Call(tx, store, who, tx.now_dt)
+    # The scope first: locating the loop takes its row (on PostgreSQL), and the transaction's
+    # time is read after that (`Txn.now_dt`), never before another writer of the loop committed.
+    found = op.scope.locate(tx, req) if op.scope is not None else None
+    call: Call[Txn] = Call(tx, store, who, tx.now_dt, found=found)
     if op.scope is not None:
-        call.found = op.scope.locate(tx, req)
         if call.found is None:  # nothing was written: answered like a hidden loop, after
             return _Hidden(op.scope.missing(req))
         if not visible(tx, who, call.found.loop):
@@ -229,6 +237,10 @@ async def _read(op: Operation[Req, Res], store: Store, who: Principal, req: Req)
     now = store.clock()
     try:
         return await store.read(lambda reader: _read_body(op, Call(reader, store, who, now), req))
+    except NeedsPublication:
+        await store.checkpoint()
+        call = lambda reader: Call(reader, store, who, store.clock(), waited=True)  # noqa: E731
+        return await store.read(lambda reader: _read_body(op, call(reader), req))
     except NeedsPrediction:
         return await store.simulate(
             lambda tx: _read_body(op, Call(tx, store, who, tx.now_dt, predicting=True), req)

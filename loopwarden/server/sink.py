@@ -200,7 +200,7 @@ class WebhookSink:
         return response.status_code, None
 
     async def _delivered(self, rows: list[JournalRow]) -> None:
-        name, pacing, last = self.target.name, self.pacing, rows[-1].leaf_index
+        name, pacing, last = self.target.name, self.pacing, rows[-1].leaf
         kept = await self.store.write(
             lambda tx: tx.advance_export(name, self.holder, last, len(rows), pacing.lease)
         )

@@ -30,7 +30,6 @@ from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import Keyring
 from loopwarden.ledger.log.rotations import Trust
 from loopwarden.ledger.storage.reader import Reader
-from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.visibility import missing_loop
 
 TrustedKeys = Annotated[
@@ -147,7 +146,7 @@ def export(
                 raise NotFound(
                     await opened.read(lambda r: missing_loop(r, admin.operator(), loop_id))
                 )
-            await opened.write(Txn.checkpoint)
+            await opened.checkpoint()
             now = format_time(opened.clock())
             return await opened.read(
                 lambda reader: export_bundle(reader, loop_id, opened.keyring, now, opened.signer)

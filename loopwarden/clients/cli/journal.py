@@ -167,7 +167,8 @@ def receipt(
     key_id = (result.envelope.get("signatures") or [{}])[0].get("keyid")
     out = {
         "receipt_id": result.receipt_id,
-        "leaf_index": result.inclusion_proof.leaf_index,
+        "leaf_index": proof.leaf_index if (proof := result.inclusion_proof) else None,
+        "state": result.state,
         "digest": result.digest,
         "verified": result.verified,
         "problems": result.problems,
@@ -184,7 +185,9 @@ def receipt(
         else f"[red]{', '.join(result.problems)}[/red]"
     )
     render.console.print(
-        f"[bold]{result.receipt_id}[/bold] leaf {out['leaf_index']} {state} (key {key_id})"
+        f"[bold]{result.receipt_id}[/bold] "
+        + (f"leaf {out['leaf_index']}" if out["leaf_index"] is not None else "pending its leaf")
+        + f" {state} (key {key_id})"
     )
     render.console.print(f"[dim]{result.digest}[/dim]")
     render.console.print(render.json_text(result.body), markup=False)
@@ -261,5 +264,5 @@ def _print_events(home: Path | None, store: str | None, after: int, only: Only) 
                 print(json.dumps(cloudevent(row, origin), separators=(",", ":")))
         sys.stdout.flush()  # a live feed: each page reaches a pipe at once
         if len(rows) < EVENTS_PAGE:
-            return rows[-1].leaf_index if rows else after
-        after = rows[-1].leaf_index
+            return rows[-1].leaf if rows else after
+        after = rows[-1].leaf

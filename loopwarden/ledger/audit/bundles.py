@@ -46,7 +46,7 @@ def export_bundle(
 ) -> dict[str, Any]:
     """Build the bundle for `loop_id` against the latest checkpoint (which must cover the loop).
 
-    The caller signs a fresh checkpoint first (`Txn.checkpoint`). The bundle carries a manifest
+    The caller signs a fresh checkpoint first (`Store.checkpoint`). The bundle carries a manifest
     signed by `signer` naming the loop's head (seq and digest) at export time, so a bundle with
     its last receipts cut off cannot pass for a complete one. Raises `LookupError` if the loop
     has no receipts or the checkpoint does not cover them.
@@ -55,7 +55,9 @@ def export_bundle(
     checkpoint = reader.latest_checkpoint()
     if not rows:
         raise LookupError(f"loop {loop_id!r} has no receipts")
-    if checkpoint is None or checkpoint.size <= rows[-1].leaf_index:
+    if rows[-1].leaf_index is None:
+        raise LookupError("the loop's last receipts are still pending integration; retry")
+    if checkpoint is None or checkpoint.size <= rows[-1].leaf:
         raise LookupError("no checkpoint covers the loop's last receipt")
     key_ids = sorted(
         {open_envelope(r.envelope, keyring).key_id or "" for r in rows}
@@ -103,9 +105,9 @@ def export_bundle(
 def _proof(reader: Reader, row: JournalRow, checkpoint: CheckpointRow) -> list[bytes]:
     """A receipt's inclusion proof, checked against the checkpoint before it is handed out: a
     stored Merkle node that is not the receipts' would make a bundle that fails offline."""
-    proof = merkle.inclusion_proof(row.leaf_index, checkpoint.size, reader.node)
+    proof = merkle.inclusion_proof(row.leaf, checkpoint.size, reader.node)
     leaf = merkle.leaf_hash(row.envelope)
-    if not merkle.verify_inclusion(leaf, row.leaf_index, checkpoint.size, proof, checkpoint.root):
+    if not merkle.verify_inclusion(leaf, row.leaf, checkpoint.size, proof, checkpoint.root):
         raise IntegrityError(
             f"the stored Merkle nodes do not prove receipt {row.receipt_id} into checkpoint "
             f"{checkpoint.size}: no bundle was written (run loopwarden verify)"

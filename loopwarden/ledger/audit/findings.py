@@ -82,6 +82,7 @@ class Report:
     subject: Literal["database", "bundle"]
     findings: list[Finding] = field(default_factory=list)
     receipts: int = 0
+    pending: int = 0  # of them, sealed in their chains and not yet in the Merkle tree
     loops: int = 0
     checkpoints: int = 0
     tree_size: int = 0
@@ -111,6 +112,7 @@ class Report:
             return {
                 "verdict": verdict,
                 "receipts": self.receipts,
+                "pending": self.pending,
                 "loops": self.loops,
                 "checkpoints": self.checkpoints,
                 "tree_size": self.tree_size,

@@ -53,6 +53,16 @@ class Backend(Protocol):
     """The upgrade statements of schema versions older than every other backend's stores."""
     origin_prefix: ClassVar[str]
     """A new store's origin (named in its checkpoints) is this and random hex."""
+    integrates_inline: ClassVar[bool]
+    """True where one write lock orders every transaction (SQLite's `BEGIN IMMEDIATE`): each
+    transaction then gives its own receipts their Merkle leaves before it commits. False where
+    writers lock only the rows they decide on (PostgreSQL): an integrator does it after them, a
+    batch at a time (`integrator.py`)."""
+    contended: ClassVar[tuple[type[BaseException], ...]]
+    """The driver's errors that mean "another transaction holds or wrote first what this one
+    needs" (a lock not granted without waiting, a deadlock broken, a key another transaction
+    committed meanwhile): the body is run again in the next transaction, nothing of it having
+    been written, and decides on what it then reads."""
 
     @property
     def writer(self) -> Connection:
@@ -85,6 +95,11 @@ class Backend(Protocol):
     def check_secret(self, integrity: Integrity) -> None:
         """Refuse an integrity secret that is not the one the store was made with, where other
         homes can open it (`StoreError`)."""
+        ...
+
+    def connect_integrator(self) -> Connection:
+        """A connection of the integrator's own (only a backend that does not integrate inline
+        is asked for one)."""
         ...
 
     def begin(self) -> None: ...

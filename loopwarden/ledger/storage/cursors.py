@@ -4,8 +4,10 @@ A sink (`server/sink.py`) sends receipts to a receiver in log order and records 
 the receiver acknowledged. Only the lease's holder moves the cursor: a process takes the lease
 when it is free, expired or already its own, and keeps it by renewing it; a holder that lost it
 (another process took over a lease it let expire) can no longer write, so the cursor never moves
-back and two replicas never send as one. Every change is made under the write lock (SQLite's
-`BEGIN IMMEDIATE`, PostgreSQL's sequencer row), so a read and the write after it cannot race.
+back and two replicas never send as one. Every change is made holding the cursor's row
+(SQLite's `BEGIN IMMEDIATE`, PostgreSQL's row lock taken by the read), so a read and the write
+after it cannot race; two replicas making a new sink's cursor at once meet its key, and the
+second's write fails with nothing written.
 """
 
 from __future__ import annotations
@@ -33,8 +35,21 @@ class Lease:
 class CursorWriter(Reader):
     """The cursor writes of a write transaction (`Txn` is one), on the write connection."""
 
-    now: str
-    now_dt: datetime
+    _lock: str  # how the transaction locks a row it reads (`GuardedReader`)
+
+    @property
+    def now(self) -> str:
+        raise NotImplementedError  # the transaction's time (`Txn.now`)
+
+    @property
+    def now_dt(self) -> datetime:
+        raise NotImplementedError
+
+    def export_cursor(self, sink: str) -> ExportCursor | None:
+        """The sink's cursor, its row held by this transaction until it ends."""
+        if self._lock:
+            self.conn.execute(f"SELECT 1 FROM export_cursors WHERE sink = ?{self._lock}", (sink,))
+        return super().export_cursor(sink)
 
     def take_export_lease(
         self, sink: str, holder: str, target: str, seconds: float

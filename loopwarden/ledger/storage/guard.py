@@ -41,6 +41,15 @@ from loopwarden.ledger.storage.schema import LOOPS, POOL_USAGE, POOLS, ROW_TABLE
 from loopwarden.policy.budgets import Totals
 from loopwarden.statuses import TodoStatus, TurnStatus
 
+_HEAD = (
+    "(SELECT max(seq) FROM pending WHERE loop_id = ?), "
+    "(SELECT digest FROM pending WHERE loop_id = ? ORDER BY seq DESC LIMIT 1), "
+    "(SELECT max(seq) FROM journal WHERE loop_id = ?), "
+    "(SELECT digest FROM journal WHERE loop_id = ? ORDER BY seq DESC LIMIT 1)"
+)
+"""A chain's last receipt: pending if it has any (they come after its integrated ones), else in
+the journal."""
+
 
 def loop_mac_values(loop: LoopRow, root: bytes) -> list[object]:
     """What a loop row's MAC covers: its stored values, then its state tree's root."""
@@ -63,9 +72,16 @@ def row_leaf(table: str, row: TodoRow | TurnRow | ApprovalRow) -> bytes:
 class GuardedReader(Reader):
     """A `Reader` for the write path: rows come back proved (see the module docstring)."""
 
-    def __init__(self, conn: Connection, policies: PolicyCache, integrity: Integrity) -> None:
+    def __init__(
+        self, conn: Connection, policies: PolicyCache, integrity: Integrity, *, wait: bool = True
+    ) -> None:
         super().__init__(conn, policies)
         self.integrity = integrity
+        # How this transaction body takes the row locks it decides on (where the backend locks
+        # rows, PostgreSQL): waiting for them, or failing at once (`Backend.contended`) when
+        # another transaction holds one. Only the first body of a group commit waits, so two
+        # groups never wait for each other (see `Store._commit_group`).
+        self._lock = self.dialect.lock(wait=wait)
         # Rows this transaction has read or written; only it can change them (it holds the
         # write lock), so repeated reads are served from here.
         self._loops: dict[str, LoopRow | None] = {}
@@ -96,16 +112,17 @@ class GuardedReader(Reader):
         return self._loops[loop_id]
 
     def _proved_loop(self, loop_id: str) -> LoopRow | None:
+        if self._lock:  # its own statement: the next one reads what the last holder committed
+            self.conn.execute(f"SELECT 1 FROM loops WHERE loop_id = ?{self._lock}", (loop_id,))
         r = self._one(
-            f"SELECT {LOOPS.row_names}, state_root, mac, "
-            "(SELECT max(seq) FROM journal WHERE loop_id = ?), "
-            "(SELECT digest FROM journal WHERE loop_id = ? ORDER BY seq DESC LIMIT 1) "
-            "FROM loops WHERE loop_id = ?",
-            (loop_id, loop_id, loop_id),  # `?` each (PostgreSQL's driver has no `?1`)
+            f"SELECT {LOOPS.row_names}, state_root, mac, {_HEAD} FROM loops WHERE loop_id = ?",
+            (loop_id,) * 5,  # `?` each (PostgreSQL's driver has no `?1`)
         )
         if r is None:
             return None
-        *values, stored_root, mac, head_seq, head_digest = r
+        *values, stored_root, mac, sealed_seq, sealed_digest, head_seq, head_digest = r
+        if sealed_seq is not None:  # the chain's last receipts are still pending integration
+            head_seq, head_digest = sealed_seq, sealed_digest
         loop, root = LOOPS.decode(values), bytes(stored_root or b"")
         what = f"the stored state of loop {loop_id!r}"
         self.integrity.check(LOOP_MAC, loop_mac_values(loop, root), mac, what)
@@ -170,7 +187,17 @@ class GuardedReader(Reader):
             keys = {i: i for i in ids}
         missing = [i for i, key in keys.items() if key not in known]
         if missing:
-            self._prove(table, load(missing))
+            if loop_id is not None:
+                self.loop_row(loop_id)  # its row held (where rows are locked) before its rows read
+            loaded = load(missing)
+            unheld = sorted({row.loop_id for row in loaded.values()} - self._loops.keys())
+            if self._lock and unheld:
+                # Found by id before their loops' rows were held: another writer of those loops
+                # may have committed since. Held now, the rows read again are the ones to prove.
+                for other in unheld:
+                    self.loop_row(other)
+                loaded = load(missing)
+            self._prove(table, loaded)
             for i in missing:
                 known.setdefault(keys[i], None)  # no such row (until this transaction adds it)
         return {i: row for i, key in keys.items() if (row := known[key]) is not None}
@@ -256,6 +283,7 @@ class GuardedReader(Reader):
         )
 
     def next_eligible_todo(self, loop_id: str) -> TodoRow | None:
+        self.loop_row(loop_id)  # the loop's row held first (row locks): its todos stand still
         todo = super().next_eligible_todo(loop_id)
         if todo is None:
             return None
@@ -269,6 +297,8 @@ class GuardedReader(Reader):
 
     def log_state(self) -> LogState:
         if self._log is None:
+            if self._lock:  # the integrator's row: a write that reads it takes it
+                self.conn.execute(f"SELECT 1 FROM log_state WHERE id = 1{self._lock}")
             r = self._one(
                 "SELECT size, frontier, mac, (SELECT max(leaf_index) FROM journal) "
                 "FROM log_state WHERE id = 1"
@@ -289,12 +319,20 @@ class GuardedReader(Reader):
     def pools(self) -> dict[str, PoolRow]:
         """Every pool, each proved by its MAC and by its chain's last receipt in the journal."""
         if self._pools is None:
+            self._pools = {}
+            if (
+                self._lock
+                and not self.conn.execute(
+                    f"SELECT name FROM pools ORDER BY name{self._lock}"  # every pool, in name order
+                ).fetchall()
+            ):
+                return self._pools
             rows = self.conn.execute(
-                f"SELECT {POOLS.row_names}, mac, "
-                "(SELECT max(seq) FROM journal WHERE loop_id = 'pool:' || name) "
+                f"SELECT {POOLS.row_names}, mac, coalesce("
+                "(SELECT max(seq) FROM pending WHERE loop_id = 'pool:' || name), "
+                "(SELECT max(seq) FROM journal WHERE loop_id = 'pool:' || name)) "
                 "FROM pools ORDER BY name"
             )
-            self._pools = {}
             for *values, mac, head_seq in rows:
                 pool = POOLS.decode(values)
                 what = f"the stored state of pool {pool.name!r}"

@@ -26,6 +26,7 @@ from loopwarden.ledger.storage.schema import (
     EXPORT_CURSORS,
     LOG_STATE,
     META,
+    PENDING,
     POOL_USAGE,
     POOLS,
     REBUILT_AT,
@@ -156,6 +157,11 @@ UPGRADES: dict[int, tuple[Step, ...]] = {
         AddColumn("journal", Column("signature", BYTES, null=True)),
         PackEnvelopes(),
     ),
+    # version 10: two orders (integrator.py). A write seals its receipt into its loop's chain
+    # and leaves it pending; the integrator gives pending receipts their Merkle leaves in
+    # batches. On SQLite the integrator runs in the write transaction itself, so a committed
+    # store never holds a pending receipt.
+    10: (CreateTable(PENDING, 10),),
 }
 assert max(UPGRADES) == SCHEMA_VERSION, "a new schema version needs its upgrade here"
 

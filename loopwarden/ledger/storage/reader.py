@@ -31,6 +31,7 @@ from loopwarden.ledger.storage.records import (
     LogState,
     OutsiderCounts,
     OutsiderRefusal,
+    PendingRow,
     TokenRow,
 )
 from loopwarden.ledger.storage.schema import (
@@ -43,6 +44,7 @@ from loopwarden.ledger.storage.schema import (
     LEGACY_SCHEMA,
     LOOPS,
     OUTSIDER_REFUSALS,
+    PENDING,
     POOL_USAGE,
     POOLS,
     TODOS,
@@ -106,6 +108,10 @@ class PolicyCache:
 
     def put(self, digest: str, policy: LoopPolicy) -> None:
         self._policies[digest] = policy
+
+
+def _as_sealed(pending: PendingRow | None) -> JournalRow | None:
+    return pending.integrated(None) if pending is not None else None
 
 
 class Reader:
@@ -353,17 +359,28 @@ class Reader:
         return JOURNAL.decode(r) if r else None
 
     def receipt_by_id(self, receipt_id: str) -> JournalRow | None:
-        return self._journal("receipt_id = ?", (receipt_id,))
+        """A receipt by id, integrated or pending (`leaf_index` None)."""
+        found = self._journal("receipt_id = ?", (receipt_id,))
+        return found or _as_sealed(self.pending_by_id(receipt_id))
 
     def receipt_by_seq(self, loop_id: str, seq: int) -> JournalRow | None:
-        return self._journal("loop_id = ? AND seq = ?", (loop_id, seq))
+        found = self._journal("loop_id = ? AND seq = ?", (loop_id, seq))
+        return found or _as_sealed(self.pending_by_seq(loop_id, seq))
 
     def receipt_at(self, leaf_index: int) -> JournalRow | None:
         return self._journal("leaf_index = ?", (leaf_index,))
 
     def loop_journal(
-        self, loop_id: str, *, after_seq: int = 0, limit: int | None = None, kind: str | None = None
+        self,
+        loop_id: str,
+        *,
+        after_seq: int = 0,
+        limit: int | None = None,
+        kind: str | None = None,
+        integrated: bool = False,
     ) -> list[JournalRow]:
+        """The loop's chain in `seq` order: its integrated receipts, then (unless `integrated`)
+        those still pending, which always come after them."""
         sql = f"SELECT {self._journal_columns} FROM journal WHERE loop_id = ? AND seq > ?"
         params: list[object] = [loop_id, after_seq]
         if kind is not None:
@@ -373,17 +390,31 @@ class Reader:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        return [JOURNAL.decode(r) for r in self.conn.execute(sql, params)]
+        rows = [JOURNAL.decode(r) for r in self.conn.execute(sql, params)]
+        if not integrated and (limit is None or len(rows) < limit):
+            rows += [
+                p.integrated(None)
+                for p in self.pending_receipts(loop_id)
+                if p.seq > after_seq and kind in (None, p.kind)
+            ][: None if limit is None else limit - len(rows)]
+        return rows
 
     def recent_receipts(self, loop_id: str, limit: int) -> list[JournalRow]:
-        """The loop's own latest receipts: outsiders' refusals (`outsider_refusals`) left out,
-        so no one outside the loop can push its activity out of view."""
-        rows = self.conn.execute(
-            f"SELECT {self._journal_columns} FROM journal WHERE loop_id = ? AND seq NOT IN "
-            "(SELECT seq FROM outsider_refusals WHERE loop_id = ?) ORDER BY seq DESC LIMIT ?",
-            (loop_id, loop_id, limit),
-        )
-        return [JOURNAL.decode(r) for r in rows]
+        """The loop's own latest receipts, pending or integrated: outsiders' refusals
+        (`outsider_refusals`) left out, so no one outside the loop can push its activity out of
+        view."""
+        outsiders = "(SELECT seq FROM outsider_refusals WHERE loop_id = ?)"
+        pending = [] if self.legacy else self._pending(f"loop_id = ? AND seq NOT IN {outsiders}",
+                                                       (loop_id, loop_id))  # fmt: skip
+        rows = [p.integrated(None) for p in reversed(pending)][:limit]
+        if len(rows) < limit:
+            found = self.conn.execute(
+                f"SELECT {self._journal_columns} FROM journal WHERE loop_id = ? AND seq NOT IN "
+                f"{outsiders} ORDER BY seq DESC LIMIT ?",
+                (loop_id, loop_id, limit - len(rows)),
+            )
+            rows += [JOURNAL.decode(r) for r in found]
+        return rows
 
     def last_outsider_refusal(self, loop_id: str, principal: str) -> OutsiderRefusal | None:
         r = self._one(
@@ -417,10 +448,38 @@ class Reader:
         after = -1
         while receipts := self.journal_page(after, batch):
             yield from receipts
-            after = receipts[-1].leaf_index
+            after = receipts[-1].leaf
 
     def journal_count(self) -> int:
         r = self._one("SELECT count(*) FROM journal")
+        return int(r[0]) if r else 0
+
+    # --- receipts pending integration (integrator.py) -----------------------------------------
+
+    def _pending(self, where: str, params: Row, limit: int | None = None) -> list[PendingRow]:
+        if self.legacy:  # a store older than two orders has none
+            return []
+        sql = f"SELECT {PENDING.row_names} FROM pending WHERE {where} ORDER BY ticket"
+        rows = self.conn.execute(sql + (f" LIMIT {int(limit)}" if limit else ""), params)
+        return [PENDING.decode(r) for r in rows]
+
+    def pending_by_id(self, receipt_id: str) -> PendingRow | None:
+        return next(iter(self._pending("receipt_id = ?", (receipt_id,))), None)
+
+    def pending_by_seq(self, loop_id: str, seq: int) -> PendingRow | None:
+        return next(iter(self._pending("loop_id = ? AND seq = ?", (loop_id, seq))), None)
+
+    def pending_receipts(self, loop_id: str | None = None) -> list[PendingRow]:
+        """Receipts sealed into their chains and not yet integrated, in ticket order (the order
+        they will be given leaves in)."""
+        if loop_id is None:
+            return self._pending("1 = 1", ())
+        return self._pending("loop_id = ?", (loop_id,))
+
+    def pending_count(self) -> int:
+        if self.legacy:
+            return 0
+        r = self._one("SELECT count(*) FROM pending")
         return int(r[0]) if r else 0
 
     def log_state(self) -> LogState:

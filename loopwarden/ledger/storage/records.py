@@ -14,7 +14,10 @@ from typing import NamedTuple
 
 @dataclass(frozen=True)
 class JournalRow:
-    leaf_index: int
+    """A sealed receipt: `leaf_index` is its place in the Merkle tree, None while it is pending
+    integration (then only a loop's own reads return it: `Reader.loop_journal` and its kin)."""
+
+    leaf_index: int | None
     loop_id: str
     seq: int
     kind: str
@@ -23,6 +26,37 @@ class JournalRow:
     at: str
     turn_id: str | None
     envelope: bytes
+
+    @property
+    def leaf(self) -> int:
+        """The leaf index of an integrated receipt (what the leaf-order reads return)."""
+        if self.leaf_index is None:
+            raise LookupError(f"receipt {self.receipt_id} is pending integration")
+        return self.leaf_index
+
+
+@dataclass(frozen=True)
+class PendingRow:
+    """A receipt sealed into its loop's chain and not yet given its place in the Merkle tree:
+    `ticket` orders the pending receipts (the database numbers them as they are inserted), and
+    `leaf_hash` is the leaf its envelope will be."""
+
+    ticket: int | None
+    loop_id: str
+    seq: int
+    kind: str
+    receipt_id: str
+    digest: str
+    at: str
+    turn_id: str | None
+    envelope: bytes
+    leaf_hash: bytes
+
+    def integrated(self, leaf_index: int | None) -> JournalRow:
+        return JournalRow(
+            leaf_index, self.loop_id, self.seq, self.kind, self.receipt_id, self.digest, self.at,
+            self.turn_id, self.envelope,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from loopwarden.ledger.storage.records import (
     IdempotencyRecord,
     JournalRow,
     OutsiderRefusal,
+    PendingRow,
     TokenRow,
 )
 from loopwarden.ledger.storage.table import Codec, Column, Group, Index, SqlType, Table
@@ -43,7 +44,7 @@ from loopwarden.policy.budgets import Totals
 from loopwarden.policy.pools import PoolPolicy
 from loopwarden.statuses import ApprovalStatus, LoopStatus, PoolStatus, TodoStatus, TurnStatus
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 LEGACY_SCHEMA = 3
 """The last schema without the proof fields (loopwarden 0.1.0): still readable by an audit."""
 REBUILT_AT = 8
@@ -155,6 +156,24 @@ JOURNAL = Table(
     groups={"envelope": Group(unpacked, packed)},
 )
 """Every receipt envelope, in Merkle leaf order."""
+PENDING = Table(
+    "pending",
+    PendingRow,
+    (
+        Column("ticket", SqlType.TICKET, since=10),
+        *(
+            Column(c.name, c.type, null=c.null, since=10, field=c.field)
+            for c in JOURNAL.columns[1:]
+        ),
+        Column("leaf_hash", BYTES, since=10, codec=BLOB),
+    ),
+    key=("loop_id", "seq"),
+    rowid="ticket",  # the order the integrator gives them their leaves in
+    unique=(("receipt_id",),),
+    groups={"envelope": Group(unpacked, packed)},
+)
+"""Receipts sealed into their loops' chains and not yet in the Merkle tree (the integrator,
+`integrator.py`, moves them to the journal in ticket order, a batch at a time)."""
 LOG_STATE: Table[Any] = Table(
     "log_state",
     None,
@@ -163,7 +182,7 @@ LOG_STATE: Table[Any] = Table(
     rowid="id",
     check="id = 1",
 )
-"""The Merkle log's frontier (one row); on PostgreSQL also the sequencer every write locks."""
+"""The Merkle log's frontier (one row); the integrator holds it while it gives leaves."""
 MERKLE_NODES: Table[Any] = Table(
     "merkle_nodes",
     None,
@@ -418,6 +437,7 @@ state beside the journal, never part of a proof (the audit and the start-up chec
 TABLES: tuple[Table[Any], ...] = (
     META,
     JOURNAL,
+    PENDING,
     LOG_STATE,
     MERKLE_NODES,
     CHECKPOINTS,

@@ -130,6 +130,7 @@ class SqliteDialect(Dialect):
         SqlType.SMALL_INTEGER: "INTEGER",
         SqlType.BYTES: "BLOB",
         SqlType.COMPRESSED: "TEXT",  # as version 1 declared it; the values are BLOBs
+        SqlType.TICKET: "INTEGER",  # the rowid: a row inserted without one gets the next
     }
 
     def primary_key(self, table: Table[Any]) -> tuple[str, ...]:
@@ -141,6 +142,9 @@ class SqliteDialect(Dialect):
 
     def _upsert(self, table: Table[Any], names: tuple[str, ...]) -> str:
         return self._values(table, names).replace("INSERT", "INSERT OR REPLACE", 1)
+
+    def lock(self, *, wait: bool = True) -> str:
+        return ""  # `BEGIN IMMEDIATE` holds the whole file for the transaction
 
     def _insert_new(self, table: Table[Any], names: tuple[str, ...]) -> str:
         return self._values(table, names).replace("INSERT", "INSERT OR IGNORE", 1)
@@ -217,6 +221,8 @@ class SqliteBackend:
     tables: ClassVar[tuple[Table[Any], ...]] = TABLES
     history: ClassVar[Mapping[int, Sequence[str]]] = SQLITE_UPGRADES
     origin_prefix: ClassVar[str] = "loopwarden.local"
+    integrates_inline: ClassVar[bool] = True
+    contended: ClassVar[tuple[type[BaseException], ...]] = ()
 
     def __init__(self, path: Path, synchronous: Synchronous) -> None:
         self.path = path
@@ -257,6 +263,9 @@ class SqliteBackend:
         fails its proof when it is read, and `verify` reports it)."""
 
     # --- the write transaction (on the writer thread) ------------------------------------------
+
+    def connect_integrator(self) -> Connection:
+        raise StoreError("a SQLite store gives its receipts their leaves as it writes them")
 
     def begin(self) -> None:
         begin_immediate(self.writer, self._room)

@@ -4,9 +4,10 @@ shared by many server replicas (`postgres.py`).
 
 One write path. `Store.write(fn)` runs `fn(tx)` inside one write transaction on the store's
 writer thread: `fn` reads current state and decides, and each `tx.append(...)` seals a receipt,
-chains it to the loop's previous one, extends the Merkle frontier and folds it into the
-projection tables. Either everything `fn` did commits, or nothing does. Concurrent writes are
-group-committed: one transaction, one savepoint per body, one durable COMMIT for all.
+chains it to the loop's previous one and folds it into the projection tables; the receipt's
+Merkle leaf is given in the same transaction on SQLite and by the integrator soon after on
+PostgreSQL (`integrator.py`). Either everything `fn` did commits, or nothing does. Concurrent
+writes are group-committed: one transaction, one savepoint per body, one durable COMMIT for all.
 
 Why a sync transaction body on a dedicated thread (and not a statement-per-await async driver
 such as aiosqlite or psycopg's async side): no `await` can split a transaction, so a cancelled
@@ -43,6 +44,8 @@ from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import Keyring, KeyStore, Signer
 from loopwarden.ledger.storage.backends import Backend, StoreClosed, Synchronous, first_line
+from loopwarden.ledger.storage.dialect import Connection
+from loopwarden.ledger.storage.integrator import Integrator, integrate_batch
 from loopwarden.ledger.storage.location import Location, parse_location
 from loopwarden.ledger.storage.migrations import migrate
 from loopwarden.ledger.storage.reader import PolicyCache, Reader
@@ -72,6 +75,9 @@ BACKLOG = 1024
 """Calls waiting for the writer past which a new write or quota is refused (`StoreBusy`) rather
 than queued: under a load the database cannot keep up with, callers hear "retry" at once
 instead of waiting longer and longer (and the queue's memory stays bounded)."""
+RETRIES = 3
+"""Times a body that lost a row lock to another transaction (`Backend.contended`) is run again
+in a transaction of its own before its caller hears `StoreBusy`."""
 
 
 class OpenOptions(TypedDict, total=False):
@@ -114,6 +120,7 @@ class Store:
         self.policies = PolicyCache()
         self.origin = Reader(backend.writer).meta("origin") or "loopwarden.local/unknown"
         self._writer = Worker("loopwarden-writer", self._commit_group)
+        self.integrator: Integrator | None = None  # a started store whose writes lock rows only
         self._started = False  # `open` started the writer thread and the read side
         self._closed = False
 
@@ -153,6 +160,9 @@ class Store:
             await store.backend.close()
             raise
         store._writer.start()
+        if not store.backend.integrates_inline:
+            store.integrator = Integrator(store.backend.connect_integrator, store._integrate)
+            store.integrator.start()
         store._started = True
         return store
 
@@ -225,9 +235,13 @@ class Store:
         if self._closed or self._started:
             raise StoreUnavailable("write_now is for a store opened with open_now")
         job = Job(fn, None, groupable=False)
-        self._commit_group([job])
+        while self._commit_group([job]):  # a body alone is given back only after a deadlock
+            pass
         if job.error is not None:
             raise job.error
+        if not self.backend.integrates_inline:  # the process may exit next: integrate now
+            with suppress(Exception):  # else a server's integrator does, within its poll
+                integrate_batch(self.backend.writer, self._integrate)
         result: T = job.result
         return result
 
@@ -245,10 +259,31 @@ class Store:
             return
         self._closed = True
         await self._writer.stop()
+        if self.integrator is not None:
+            await anyio.to_thread.run_sync(self.integrator.stop)
         await self.backend.close()
 
-    def _txn(self) -> Txn:
-        return Txn(self.backend.writer, self.policies, self.integrity, self, self.clock())
+    async def integrate(self) -> int:
+        """Give every receipt pending now its Merkle leaf before returning (this replica's
+        integrator, on its own thread; where the store integrates as it writes, nothing is
+        pending and this returns 0). Returns how many this call integrated."""
+        if self.integrator is None:
+            return 0
+        return await anyio.to_thread.run_sync(self.integrator.drain)
+
+    async def checkpoint(self) -> int:
+        """Sign a checkpoint of the whole tree, every receipt committed before the call in it
+        (`integrate` first); returns its size."""
+        await self.integrate()
+        size: int = await self.write(Txn.checkpoint)
+        return size
+
+    def _txn(self, conn: Connection | None = None, *, wait: bool = True) -> Txn:
+        conn = conn if conn is not None else self.backend.writer
+        return Txn(conn, self.policies, self.integrity, self, self.clock, wait=wait)
+
+    def _integrate(self, conn: Connection, limit: int) -> int:
+        return self._txn(conn).integrate(limit)
 
     async def write(self, fn: Callable[[Txn], T]) -> T:
         """Run `fn(tx)` atomically: it commits whole if it returns, and leaves nothing if it raises.
@@ -276,8 +311,15 @@ class Store:
             )
         return await self._writer.call(fn, groupable=groupable)
 
-    def _commit_group(self, batch: list[Job]) -> None:
-        """The writer thread's group commit: one transaction, a savepoint per body if several."""
+    def _commit_group(self, batch: list[Job]) -> list[Job]:
+        """The writer thread's group commit: one transaction, a savepoint per body if several.
+        Returns the bodies to run again, first, in the next transaction (the others are done).
+
+        Where the backend locks rows (PostgreSQL), only the first body waits for the locks it
+        needs; a later body that finds one held fails at once, is rolled back to its savepoint
+        and is given back, to run as the first body of the next transaction. So no two
+        transactions ever wait for each other in a circle because of grouping (the database
+        breaks any other cycle, and that body is run again too, at most `RETRIES` times)."""
         backend = self.backend
         grouped = len(batch) > 1
         try:
@@ -285,12 +327,13 @@ class Store:
         except BaseException as exc:
             busy = StoreBusy(f"the database is unavailable: {exc}")
             self._finish(batch, busy)
-            return
+            return []
+        again: list[Job] = []
         try:
             conn = backend.writer
             log = None  # the Merkle log as the bodies committed so far left it
-            for job in batch:
-                tx = self._txn()
+            for index, job in enumerate(batch):
+                tx = self._txn(wait=index == 0)
                 tx.carry_log(log)
                 try:
                     with backend.body():  # the savepoint's statements ride in the body's batch
@@ -304,15 +347,26 @@ class Store:
                         raise
                     conn.execute("ROLLBACK TO body")  # and the log is as it was before it
                     conn.execute("RELEASE body")
-                    job.error = self._as_store_error(exc)
+                    if isinstance(exc, backend.contended) and _again(job, first=index == 0):
+                        again.append(job)
+                    else:
+                        job.error = self._as_store_error(exc)
                 else:
                     log = tx.log_carried or log
+            if backend.integrates_inline:
+                tx = self._txn()
+                tx.carry_log(log)
+                tx.integrate()
             backend.commit()
         except BaseException as exc:
             backend.rollback()
+            if isinstance(exc, backend.contended) and all(_again(j, first=True) for j in batch):
+                return batch  # a deadlock the database broke: nothing was written
             self._finish(batch, self._as_store_error(exc))
-            return
-        self._finish(batch, None)
+            return []
+        if self.integrator is not None:
+            self.integrator.poke()
+        return again
 
     @staticmethod
     def _finish(batch: list[Job], error: BaseException | None) -> None:
@@ -355,6 +409,16 @@ class Store:
         return exc
 
 
+def _again(job: Job, *, first: bool) -> bool:
+    """Whether a body that lost a row lock runs again: always if it was not its transaction's
+    first (as the next one's first it waits, so it cannot lose again that way); a first body
+    (a deadlock the database broke) at most `RETRIES` times."""
+    if first:
+        job.attempts += 1
+        return job.attempts <= RETRIES
+    return True
+
+
 def _close_quietly(backend: Backend) -> None:
     with suppress(Exception):  # closing after a failed open: the open's error is the one to report
         backend.writer.close()
@@ -391,11 +455,18 @@ def _chain(chain_id: str) -> str:
     return f"pool {chain_id[5:]}" if chain_id.startswith("pool:") else f"loop {chain_id}"
 
 
+_SEALED = (
+    "(SELECT loop_id, seq, digest FROM journal UNION ALL SELECT loop_id, seq, digest FROM pending)"
+)
+"""Every sealed receipt's place in its chain: integrated (the journal) or pending."""
+
+
 def startup_check(reader: Reader) -> None:
     """Cheap consistency checks run at open: O(loops + log n), never a journal scan.
 
     Refuses (IntegrityError) if the journal, the Merkle frontier and the projection heads
-    disagree, e.g. after a restored backup of one file or a hand edit.
+    disagree, e.g. after a restored backup of one file or a hand edit. Receipts pending
+    integration count in their chains, not in the tree.
     """
     problems: list[str] = []
     size, frontier = reader.log_state()
@@ -415,8 +486,8 @@ def startup_check(reader: Reader) -> None:
         "SELECT h.chain, h.head_seq, h.head_digest, j.seq, j.digest FROM ("
         "SELECT loop_id AS chain, head_seq, head_digest FROM loops UNION ALL "
         "SELECT 'pool:' || name, head_seq, head_digest FROM pools) h "
-        "LEFT JOIN (SELECT loop_id, max(seq) AS seq FROM journal GROUP BY loop_id) m "
-        "ON m.loop_id = h.chain LEFT JOIN journal j ON j.loop_id = m.loop_id AND j.seq = m.seq"
+        f"LEFT JOIN (SELECT loop_id, max(seq) AS seq FROM {_SEALED} s GROUP BY loop_id) m "
+        f"ON m.loop_id = h.chain LEFT JOIN {_SEALED} j ON j.loop_id = m.loop_id AND j.seq = m.seq"
     ).fetchall()
     for chain, head_seq, head_digest, seq, digest in heads:
         if head_seq != seq or head_digest != digest:
@@ -425,7 +496,7 @@ def startup_check(reader: Reader) -> None:
                 f"journal head (seq {seq})"
             )
     orphans = reader.conn.execute(
-        "SELECT DISTINCT loop_id FROM journal WHERE loop_id NOT IN (SELECT loop_id FROM loops) "
+        f"SELECT DISTINCT loop_id FROM {_SEALED} s WHERE loop_id NOT IN (SELECT loop_id FROM loops) "
         "AND loop_id NOT IN (SELECT 'pool:' || name FROM pools)"
     ).fetchall()
     for (loop_id,) in orphans:

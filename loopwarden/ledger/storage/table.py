@@ -33,6 +33,7 @@ class SqlType(StrEnum):
     SMALL_INTEGER = "small integer"  # tree levels, the one-row tables' constant id
     BYTES = "bytes"
     COMPRESSED = "compressed"  # zlib-compressed text (`Txn.remember`)
+    TICKET = "ticket"  # an increasing integer the database assigns to each new row
 
 
 @dataclass(frozen=True)

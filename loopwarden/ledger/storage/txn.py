@@ -1,7 +1,9 @@
 """A write transaction: seal receipts, fold them, and keep every row's proof current.
 
-`Txn.append` seals one receipt, chains it to the loop's previous one, extends the Merkle
-frontier and folds it into the projection rows it touches. Reads go through the guard
+`Txn.append` seals one receipt, chains it to the loop's previous one, leaves it pending
+integration and folds it into the projection rows it touches; `Txn.integrate` gives pending
+receipts their Merkle leaves, in ticket order (in the same transaction on SQLite, after it on
+PostgreSQL: `integrator.py`). Reads go through the guard
 (`guard.py`), so the rows a receipt is folded into are proved first; after the fold, the rows it
 changed are written back with their new leaves in the loop's state tree, and the loop row with
 the new root under its MAC. Everything runs inside the store's one write transaction: it
@@ -10,6 +12,7 @@ commits whole or not at all.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -44,18 +47,18 @@ from loopwarden.ledger.storage.reader import PolicyCache
 from loopwarden.ledger.storage.records import (
     CheckpointRow,
     IdempotencyRecord,
-    JournalRow,
     LogState,
     OutsiderRefusal,
+    PendingRow,
     TokenRow,
 )
 from loopwarden.ledger.storage.schema import (
     CHECKPOINTS,
     IDEMPOTENCY,
-    JOURNAL,
     LOOPS,
     MERKLE_NODES,
     OUTSIDER_REFUSALS,
+    PENDING,
     POLICIES,
     POOL_USAGE,
     POOLS,
@@ -80,6 +83,12 @@ _LOOP_WRITE = (*(c.name for c in LOOPS.row_columns), "state_root", "mac")
 """A loop row's upsert: its stored values, then its proofs."""
 _POOL_WRITE = (*(c.name for c in POOLS.row_columns), "mac")
 _USAGE_WRITE = (*(c.name for c in POOL_USAGE.row_columns), "mac")
+_SEALED = PENDING.names[1:]
+"""A pending receipt's columns but its ticket, which the database gives it."""
+_INTEGRATE = (
+    f"INSERT INTO journal (leaf_index, {', '.join(_SEALED[:-1])}) "
+    f"SELECT ?, {', '.join(_SEALED[:-1])} FROM pending WHERE ticket = ?"
+)
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,6 @@ class PoolAppended:
 
     sealed: Sealed
     body: ReceiptBody
-    leaf_index: int
     pool: PoolRow
 
     @property
@@ -102,7 +110,6 @@ class Appended:
 
     sealed: Sealed
     body: ReceiptBody
-    leaf_index: int
     view: LoopView
 
     @property
@@ -166,13 +173,37 @@ class Txn(ProjectionWriter, CursorWriter):
         policies: PolicyCache,
         integrity: Integrity,
         store: Sealer,
-        now: datetime,
+        clock: Callable[[], datetime],
+        *,
+        wait: bool = True,
     ) -> None:
-        super().__init__(conn, policies, integrity)
+        super().__init__(conn, policies, integrity, wait=wait)
         self._store = store
-        self.now_dt = now
-        self.now = format_time(now)
+        self._clock = clock
+        self._now: tuple[datetime, str] | None = None
         self.kinds: list[ReceiptKind] = []  # what this transaction sealed, in order (observers)
+
+    # --- the transaction's time ---------------------------------------------------------------
+
+    @property
+    def now_dt(self) -> datetime:
+        """The transaction's instant: the clock read when first asked for, so that a body that
+        locks its loop's row first (every scoped operation does: `runner._write`) reads it
+        after the last holder of that row committed. Its receipts' times then never run behind
+        the loop's, and a lease granted from it is the one the judge recomputes from the
+        receipt's time."""
+        return self._instant()[0]
+
+    @property
+    def now(self) -> str:
+        """`now_dt` as stored text."""
+        return self._instant()[1]
+
+    def _instant(self) -> tuple[datetime, str]:
+        if self._now is None:
+            now = self._clock()
+            self._now = (now, format_time(now))
+        return self._now
 
     # --- receipts -----------------------------------------------------------------------------
 
@@ -190,7 +221,8 @@ class Txn(ProjectionWriter, CursorWriter):
         approval_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> Appended:
-        """Seal one receipt and apply it: journal row, Merkle leaf, projection rows.
+        """Seal one receipt and apply it: its place in its loop's chain (pending its Merkle
+        leaf), projection rows.
 
         `policy_digest` is required for `loop.opened` and otherwise taken from the loop. A
         receipt's time never goes back within its loop (another process's clock may lag: then
@@ -209,7 +241,7 @@ class Txn(ProjectionWriter, CursorWriter):
                 raise NotFound(f"loop {loop_id!r} does not exist")
             seq, prev, policy_digest = loop.head_seq + 1, loop.head_digest, loop.policy_digest
             at = max(at, loop.updated_at)
-        body, sealed, leaf_index = self._seal(
+        body, sealed = self._seal(
             loop_id,
             kind,
             seq,
@@ -229,7 +261,7 @@ class Txn(ProjectionWriter, CursorWriter):
                 self.dialect.insert_new(POLICIES),
                 (policy_digest, canonical_bytes(body.data.policy).decode()),
             )
-        appended = Appended(sealed, body, leaf_index, self._fold(body, sealed.digest))
+        appended = Appended(sealed, body, self._fold(body, sealed.digest))
         self.kinds.append(kind)
         return appended
 
@@ -246,8 +278,9 @@ class Txn(ProjectionWriter, CursorWriter):
         decision: Decision | None,
         policy_digest: str | None,
         **refs: str | None,
-    ) -> tuple[ReceiptBody, Sealed, int]:
-        """Make, sign and log one receipt of `chain` (a loop, or a pool's `pool:<name>`)."""
+    ) -> tuple[ReceiptBody, Sealed]:
+        """Make, sign and keep one receipt of `chain` (a loop, or a pool's `pool:<name>`),
+        pending its Merkle leaf."""
         body = make_body(
             kind,
             loop_id=chain,
@@ -261,7 +294,16 @@ class Txn(ProjectionWriter, CursorWriter):
             **refs,
         )
         sealed = seal(body.as_json(), self._store.signer)
-        return body, sealed, self._append_leaf(body, sealed)
+        # The pools' rows before the ticket: of two writes to a pool, the later's tickets then
+        # come after the earlier's, so the tree replays pools in the order they were decided
+        # (integrator.py). Read once per transaction; the fold needs them anyway.
+        self.pools()
+        pending = PendingRow(
+            None, body.loop_id, body.seq, body.kind, sealed.receipt_id, sealed.digest, body.at,
+            body.turn_id, sealed.envelope, merkle.leaf_hash(sealed.envelope),
+        )  # fmt: skip
+        self.conn.execute(self.dialect.insert(PENDING, _SEALED), PENDING.encode(pending)[1:])
+        return body, sealed
 
     def append_pool(
         self,
@@ -279,14 +321,14 @@ class Txn(ProjectionWriter, CursorWriter):
         seq, prev, at = 1, None, self.now
         if row is not None:
             seq, prev, at = row.head_seq + 1, row.head_digest, max(self.now, row.updated_at)
-        body, sealed, leaf_index = self._seal(
+        body, sealed = self._seal(
             chain_of(name), kind, seq, prev, at, principal, data,
             decision=decision, policy_digest=policy_digest,
         )  # fmt: skip
         row = fold_pool(row, body, sealed.digest)
         self.put_pool(row)
         self.kinds.append(kind)
-        return PoolAppended(sealed, body, leaf_index, row)
+        return PoolAppended(sealed, body, row)
 
     def put_pool(self, row: PoolRow) -> None:
         """Write a pool's row under its MAC."""
@@ -302,27 +344,31 @@ class Txn(ProjectionWriter, CursorWriter):
         self.conn.execute(self.dialect.upsert(POOL_USAGE, _USAGE_WRITE), (*values, mac))
         self._usage[(usage.pool, usage.window_start)] = usage.totals
 
-    def _append_leaf(self, body: ReceiptBody, sealed: Sealed) -> int:
+    # --- the Merkle log -----------------------------------------------------------------------
+
+    def integrate(self, limit: int | None = None) -> int:
+        """Give up to `limit` pending receipts (all, by default) the next Merkle leaves, in
+        ticket order, and sign a checkpoint at every `checkpoint_every` leaves; returns how
+        many. The caller holds the log's row (SQLite's write lock, or the integrator's lock on
+        PostgreSQL), so the leaves it gives are the next ones and no one else gives them."""
+        sql = "SELECT ticket, leaf_hash FROM pending ORDER BY ticket"
+        rows = self.conn.execute(sql + (f" LIMIT {int(limit)}" if limit else "")).fetchall()
+        if not rows:
+            return 0
         size, frontier = self.log_state()
-        receipt = JournalRow(
-            leaf_index=size,
-            loop_id=body.loop_id,
-            seq=body.seq,
-            kind=body.kind,
-            receipt_id=sealed.receipt_id,
-            digest=sealed.digest,
-            at=body.at,
-            turn_id=body.turn_id,
-            envelope=sealed.envelope,
-        )
-        self.conn.execute(self.dialect.insert(JOURNAL), JOURNAL.encode(receipt))
-        frontier, nodes = merkle.append_leaf(frontier, size, merkle.leaf_hash(sealed.envelope))
-        self.conn.executemany(self.dialect.insert(MERKLE_NODES), nodes)
-        self._set_log(size + 1, frontier)
+        nodes: list[tuple[int, int, bytes]] = []
         every = self._store.checkpoint_every
-        if every and (size + 1) % every == 0:
-            self._write_checkpoint(size + 1, merkle.root_from_frontier(frontier))
-        return size
+        for index, (_, leaf) in enumerate(rows, start=size):
+            frontier, made = merkle.append_leaf(frontier, index, bytes(leaf))
+            nodes.extend(made)
+            if every and (index + 1) % every == 0:
+                self._write_checkpoint(index + 1, merkle.root_from_frontier(frontier))
+        tickets = [(ticket,) for ticket, _ in rows]
+        self.conn.executemany(_INTEGRATE, [(size + i, t) for i, (t,) in enumerate(tickets)])
+        self.conn.executemany("DELETE FROM pending WHERE ticket = ?", tickets)
+        self.conn.executemany(self.dialect.insert(MERKLE_NODES), nodes)
+        self._set_log(size + len(rows), frontier)
+        return len(rows)
 
     def _set_log(self, size: int, frontier: list[bytes]) -> None:
         joined = b"".join(frontier)

@@ -33,7 +33,7 @@ class Job:
     """One call waiting for the thread: `fn` and how it ended (`result` or `error`). A job run
     on the caller's own thread (`Store.write_now`) has no future to resolve."""
 
-    __slots__ = ("error", "fn", "future", "groupable", "result", "state")
+    __slots__ = ("attempts", "error", "fn", "future", "groupable", "result", "state")
 
     def __init__(
         self, fn: Callable[..., Any], future: asyncio.Future[Any] | None, groupable: bool
@@ -44,11 +44,13 @@ class Job:
         self.state = QUEUED
         self.result: Any = None
         self.error: BaseException | None = None
+        self.attempts = 0  # times the group handler gave it back to be run again
 
 
-GroupHandler = Callable[[list[Job]], None]
-"""Runs a batch of groupable jobs on the worker thread, setting each one's `result` or `error`;
-never raises."""
+GroupHandler = Callable[[list[Job]], list[Job]]
+"""Runs a batch of groupable jobs on the worker thread, setting each one's `result` or `error`,
+and returns those it could not run now (the thread runs them next, before anything queued
+after them, and delivers the others at once); never raises."""
 
 _STOP = object()
 
@@ -150,7 +152,10 @@ class Worker:
                         break
                     if self._take(nxt):
                         batch.append(nxt)
-                self._group(batch)
+                again = self._group(batch)
+                if again:
+                    held.extendleft(reversed(again))
+                    batch = [job for job in batch if job not in again]
             else:
                 try:
                     item.result = item.fn()

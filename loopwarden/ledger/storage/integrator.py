@@ -1,0 +1,146 @@
+"""The integrator: pending receipts into the one Merkle tree, a batch at a time.
+
+Two orders (docs/architecture.md). A write transaction locks only the rows it decides on — its
+loop, and the budget pools when it reads them — seals its receipt into its loop's chain (`seq`,
+`prev`) and leaves it *pending* (`Txn.append`): writes on different loops run side by side, on
+every replica. The integrator then gives pending receipts their leaves: in one short transaction
+per batch it takes the log's row, moves up to `BATCH` pending receipts to the journal in ticket
+order, extends the tree and signs the checkpoints that fall due (`Txn.integrate`).
+
+Where one lock orders every write (SQLite's `BEGIN IMMEDIATE`) the store integrates in the write
+transaction itself and this thread never runs (`Backend.integrates_inline`). On PostgreSQL each
+replica runs one, and they take turns: the log's row is taken `FOR UPDATE SKIP LOCKED`, so a
+replica whose integrator finds it held skips its turn instead of queueing behind it. Take-over
+needs nothing more: a replica killed mid-batch has its transaction rolled back by the server and
+its lock released with its session, and the next replica to poll (every `INTERVAL`) finds the
+receipts still pending — none lost, none in the tree twice (the journal's keys refuse a second).
+
+Why ticket order keeps every conflict's order: a write draws its tickets (the pending table's
+identity) after it holds the rows it decides on, so of two writes to one row the later draws
+after the earlier committed. A smaller ticket can commit after a larger one only when the two
+share no row; a batch integrates what is committed, and the late one comes in a later batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import suppress
+
+from loopwarden.ledger.storage.backends import first_line
+from loopwarden.ledger.storage.dialect import Connection
+
+BATCH = 256
+"""Pending receipts given leaves per transaction."""
+INTERVAL = 0.05
+"""Seconds between polls when no local commit wakes the integrator (other replicas' receipts,
+and a dead replica's)."""
+
+Integrate = Callable[[Connection, int], int]
+"""`Txn.integrate` on a connection: gives up to that many pending receipts their leaves."""
+
+
+def integrate_batch(
+    conn: Connection, integrate: Integrate, limit: int = BATCH, *, wait: bool = False
+) -> int:
+    """One batch in its own transaction on `conn` (an autocommit connection): 0 if nothing is
+    pending, or if another integrator holds the log's row (with `wait`: after it lets go)."""
+    conn.execute("BEGIN")
+    try:
+        lock = "FOR UPDATE" if wait else "FOR UPDATE SKIP LOCKED"
+        held = conn.execute(f"SELECT 1 FROM log_state WHERE id = 1 {lock}")
+        moved = integrate(conn, limit) if held.fetchone() is not None else 0
+        conn.execute("COMMIT")
+    except BaseException:
+        with suppress(Exception):  # a lost connection rolls back by itself
+            conn.execute("ROLLBACK")
+        raise
+    return moved
+
+
+class Integrator:
+    """A replica's integrator thread: it runs a batch when woken (`poke`, after a commit that
+    left receipts pending) or every `interval`, and batches again at once while they come full.
+    A failed batch (the database away, a damaged log) changes nothing; it is counted, its first
+    line kept in `last_error`, and the next poll tries again on a fresh connection."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Connection],
+        integrate: Integrate,
+        *,
+        batch: int = BATCH,
+        interval: float = INTERVAL,
+    ) -> None:
+        self._connect = connect
+        self._integrate = integrate
+        self.batch = batch
+        self.interval = interval
+        self._conn: Connection | None = None
+        self._using = threading.Lock()  # the connection: this thread's, or a `drain`'s caller's
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="loopwarden-integrator", daemon=True)
+        self.integrated = 0  # receipts this replica gave leaves
+        self.failures = 0
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def halt(self) -> None:
+        """End the thread and leave what is pending as it is (a test's replica that has stopped
+        integrating; `run_once` and `drain` still work)."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def stop(self) -> None:
+        """End the thread, then give what is still pending its leaves (best effort: another
+        replica, or the next start, does it otherwise)."""
+        self.halt()
+        with suppress(Exception):
+            while self.run_once():
+                pass
+        if self._conn is not None:
+            with suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+    def run_once(self, *, wait: bool = False) -> int:
+        """One batch (see `integrate_batch`)."""
+        with self._using:
+            if self._conn is None:
+                self._conn = self._connect()
+            try:
+                moved = integrate_batch(self._conn, self._integrate, self.batch, wait=wait)
+            except BaseException:
+                conn, self._conn = self._conn, None
+                with suppress(Exception):
+                    conn.close()
+                raise
+            self.integrated += moved
+            return moved
+
+    def drain(self) -> int:
+        """Integrate every receipt committed before the call, waiting for another replica's
+        integrator if it holds the log; returns how many this replica integrated."""
+        total = 0
+        while moved := self.run_once(wait=True):
+            total += moved
+        return total
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            try:
+                while self.run_once() >= self.batch and not self._stopping:
+                    pass
+            except Exception as exc:
+                self.failures += 1
+                self.last_error = first_line(exc)

@@ -1,0 +1,339 @@
+"""Two orders: each loop's chain at commit, the one Merkle order after, by the integrator.
+
+- SQLite integrates in the write transaction: no committed store ever holds a pending receipt.
+- PostgreSQL: a write seals its receipt into its loop's chain and leaves it pending; `receipt`
+  says `sealed` (no proof yet), then `integrated`, and with `wait` `published`; the audit
+  checks pending receipts in their chains and reports them as pending, not as findings.
+- Writes on different loops do not wait for each other (a loop's row held from outside stops
+  only that loop's writes); a grouped body that finds its loop held runs again in the next
+  transaction instead of waiting inside a group.
+- Replicas integrating at once keep one tree: every sealed receipt in it exactly once, each
+  loop's receipts in `seq` order, and the audit clean.
+- A replica SIGKILLed in the middle of integrating (its journal rows written, not committed)
+  loses nothing and doubles nothing: another replica integrates the same receipts.
+- Servers starting during a write storm never refuse the store (start-up reads one snapshot).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from conftest import OPERATOR
+from test_store import open_test_loop
+
+from loopwarden.ledger.audit.database import audit
+from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.ledger.state.events import TodoAdded, TodoSpec
+from loopwarden.ledger.storage.postgres import connect
+from loopwarden.ledger.storage.store import Store, snapshot
+from loopwarden.operations.receipt import ReceiptRequest, receipt
+
+pytestmark = pytest.mark.anyio
+
+
+async def _open(home: Path, url: str, **kw: Any) -> Store:
+    keys = KeyStore(home)
+    return await Store.open(url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, **kw)
+
+
+def _add(loop_id: str, n: int) -> Any:
+    todo = TodoAdded(todo=TodoSpec(id=f"t{n}", title=f"todo {n}", order=n))
+    return lambda tx: tx.append(loop_id, "todo.added", OPERATOR, todo)
+
+
+def _counts(url: str) -> tuple[int, int]:
+    with snapshot(url) as reader:
+        return reader.journal_count(), reader.pending_count()
+
+
+def _audit(home: Path, url: str) -> Any:
+    with snapshot(url) as reader:
+        return audit(reader, KeyStore(home).keyring(), workers=0)
+
+
+def _halted(store: Store) -> Store:
+    """The store with its integrator's thread ended: what it writes stays pending until the test
+    integrates it (`Store.integrate`)."""
+    assert store.integrator is not None
+    store.integrator.halt()
+    return store
+
+
+async def test_a_sqlite_commit_never_leaves_a_receipt_pending(home):
+    store = await _open(home, str(home / "loopwarden.db"))
+    try:
+        assert store.integrator is None
+        await open_test_loop(store, 0)
+        for n in range(5):
+            await store.write(_add("L1", n))
+        assert _counts(str(home / "loopwarden.db")) == (6, 0)
+    finally:
+        await store.close()
+
+
+async def test_a_receipt_is_sealed_then_integrated_then_published(home, pg_url):
+    store = await _open(home, pg_url, checkpoint_every=1000)
+    try:
+        _halted(store)
+        await open_test_loop(store, 0)
+        appended = await store.write(_add("L1", 1))
+        assert _counts(pg_url) == (0, 2)
+        sealed = await receipt(store, OPERATOR, ReceiptRequest(receipt_id=appended.receipt_id))
+        assert (sealed.state, sealed.inclusion_proof, sealed.checkpoint) == ("sealed", None, None)
+        assert sealed.verified and sealed.seq == 2
+        by_seq = await receipt(store, OPERATOR, ReceiptRequest(loop_id="L1", seq=2))
+        assert by_seq.receipt_id == appended.receipt_id and by_seq.state == "sealed"
+        # The loop's own reads see its whole chain; the leaf-order reads only the tree.
+        chain = await store.read(lambda r: [row.seq for row in r.loop_journal("L1")])
+        assert chain == [1, 2]
+        assert await store.read(lambda r: list(r.iter_journal())) == []
+
+        report = _audit(home, pg_url)
+        assert report.clean, report.findings
+        assert (report.pending, report.receipts, report.tree_size) == (2, 2, 0)
+        assert any("pending integration" in note for note in report.notes)
+
+        assert await store.integrate() == 2
+        integrated = await receipt(store, OPERATOR, ReceiptRequest(loop_id="L1", seq=2))
+        assert integrated.state == "integrated"
+        assert integrated.inclusion_proof is not None and integrated.inclusion_proof.verified
+        assert integrated.inclusion_proof.leaf_index == 1
+
+        published = await receipt(store, OPERATOR, ReceiptRequest(loop_id="L1", seq=2, wait=True))
+        assert published.state == "published" and published.checkpoint is not None
+        assert published.checkpoint.size == 2 and published.checkpoint.verified
+        report = _audit(home, pg_url)
+        assert report.clean and (report.pending, report.tree_size) == (0, 2)
+    finally:
+        await store.close()
+
+
+async def test_wait_publishes_a_receipt_still_pending(home, pg_url):
+    store = await _open(home, pg_url, checkpoint_every=1000)
+    try:
+        _halted(store)
+        await open_test_loop(store, 0)
+        found = await receipt(store, OPERATOR, ReceiptRequest(loop_id="L1", seq=1, wait=True))
+        assert found.state == "published" and found.inclusion_proof is not None
+        assert found.inclusion_proof.verified and _counts(pg_url) == (1, 0)
+    finally:
+        await store.close()
+
+
+def _hold(url: str, loop_id: str) -> Any:
+    """A connection outside loopwarden holding `loop_id`'s row (as a slow writer would)."""
+    conn = connect(url)
+    conn.execute("BEGIN")
+    conn.execute("SELECT 1 FROM loops WHERE loop_id = ? FOR UPDATE", (loop_id,))
+    return conn
+
+
+async def _written(store: Store, fn: Any, done: dict[str, Any], name: str) -> None:
+    done[name] = await store.write(fn)
+
+
+async def test_replicas_writing_different_loops_do_not_wait_for_each_other(home, pg_url):
+    first, second = await _open(home, pg_url), await _open(home, pg_url)
+    try:
+        await open_test_loop(first, 0, loop_id="L1")
+        await open_test_loop(first, 0, loop_id="L2")
+        holder, done = _hold(pg_url, "L1"), {}
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_written, first, _add("L1", 1), done, "L1")  # waits for the row
+                with anyio.fail_after(10):
+                    for n in range(3):  # the other replica's writes on L2 go through meanwhile
+                        await second.write(_add("L2", n))
+                assert "L1" not in done
+                holder.execute("ROLLBACK")
+        finally:
+            holder.close()
+        assert done["L1"].seq == 2
+        await first.integrate()
+        await second.integrate()
+        with snapshot(pg_url) as reader:
+            assert [r.seq for r in reader.loop_journal("L1")] == [1, 2]
+            assert [r.seq for r in reader.loop_journal("L2")] == [1, 2, 3, 4]
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_grouped_body_that_finds_its_loop_held_runs_in_the_next_transaction(home, pg_url):
+    store = await _open(home, pg_url)
+    try:
+        for loop_id in ("L1", "L2", "L3"):
+            await open_test_loop(store, 0, loop_id=loop_id)
+        blocker, holder, done = _hold(pg_url, "L3"), _hold(pg_url, "L2"), {}
+        try:
+            async with anyio.create_task_group() as tg:
+                # The writer waits in a body on L3; meanwhile a body on L1 and one on L2 queue
+                # up behind it, and are grouped into the next transaction.
+                tg.start_soon(_written, store, _add("L3", 1), done, "L3")
+                await anyio.sleep(0.2)
+                tg.start_soon(_written, store, _add("L1", 1), done, "L1")
+                tg.start_soon(_written, store, _add("L2", 1), done, "L2")
+                await anyio.sleep(0.2)
+                blocker.execute("ROLLBACK")
+                with anyio.fail_after(10):  # L1 commits while L2's row is still held
+                    while "L1" not in done:
+                        await anyio.sleep(0.01)
+                assert "L3" in done and "L2" not in done
+                holder.execute("ROLLBACK")
+        finally:
+            blocker.close()
+            holder.close()
+        assert (done["L1"].seq, done["L2"].seq, done["L3"].seq) == (2, 2, 2)
+        await store.integrate()
+        report = _audit(home, pg_url)
+        assert report.clean, report.findings
+    finally:
+        await store.close()
+
+
+async def test_two_replicas_integrating_at_once_keep_every_receipt_once_in_seq_order(home, pg_url):
+    first, second = await _open(home, pg_url), await _open(home, pg_url)
+    try:
+        loops = [f"L{n}" for n in range(6)]
+        for loop_id in loops:
+            await open_test_loop(first, 0, loop_id=loop_id)
+
+        async def add(store: Store, loop_id: str) -> None:
+            for n in range(15):
+                await store.write(_add(loop_id, n))
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for i, loop_id in enumerate(loops):
+                    tg.start_soon(add, (first, second)[i % 2], loop_id)
+        await first.integrate()
+        await second.integrate()
+        both = first.integrator.integrated + second.integrator.integrated  # type: ignore[union-attr]
+        assert both == 6 * 16
+        with snapshot(pg_url) as reader:
+            rows = list(reader.iter_journal())
+        assert [r.leaf_index for r in rows] == list(range(6 * 16))
+        assert len({r.receipt_id for r in rows}) == len(rows)
+        for loop_id in loops:
+            assert [r.seq for r in rows if r.loop_id == loop_id] == list(range(1, 17))
+        report = _audit(home, pg_url)
+        assert report.clean and report.pending == 0, report.findings
+    finally:
+        await first.close()
+        await second.close()
+
+
+_STUCK_REPLICA = textwrap.dedent(
+    """
+    import sys, time, anyio
+    from loopwarden.ledger.log.keys import KeyStore
+    from loopwarden.ledger.storage.store import Store
+    from loopwarden.ledger.storage.txn import Txn
+    from loopwarden.ledger.state.events import TodoAdded, TodoSpec
+    from loopwarden.principals import Principal
+
+    home, url = sys.argv[1], sys.argv[2]
+    real = Txn.integrate
+
+    def stuck(self, limit=None):  # the journal rows written, the transaction never committed
+        moved = real(self, limit)
+        print("integrating", moved, flush=True)
+        time.sleep(3600)
+        return moved
+
+    Txn.integrate = stuck
+
+    async def main():
+        keys = KeyStore(home)
+        store = await Store.open(url, keys.load_signer(), keyring=keys.keyring(), key_dir=home)
+        who = Principal(id="alice", role="operator")
+        for n in range(10):
+            todo = TodoAdded(todo=TodoSpec(id=f"k{n}", title="k", order=n))
+            await store.write(lambda tx, t=todo: tx.append("L1", "todo.added", who, t))
+        print("written", flush=True)
+        await anyio.sleep(3600)
+
+    anyio.run(main)
+    """
+)
+
+
+async def test_a_replica_killed_while_integrating_loses_and_doubles_nothing(home, pg_url):
+    store = await _open(home, pg_url)
+    try:
+        await open_test_loop(store, 0)
+        await store.integrate()
+    finally:
+        await store.close()
+    replica = subprocess.Popen(
+        [sys.executable, "-c", _STUCK_REPLICA, str(home), pg_url],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert replica.stdout is not None
+        with anyio.fail_after(60):
+            lines = [await anyio.to_thread.run_sync(replica.stdout.readline) for _ in range(2)]
+        assert any(line.startswith("integrating") for line in lines), lines
+        assert _counts(pg_url)[0] == 1  # its journal rows are not committed
+    finally:
+        os.kill(replica.pid, signal.SIGKILL)
+        replica.wait()
+    journal, pending = _counts(pg_url)
+    assert (journal, pending) == (1, 10)
+    report = _audit(home, pg_url)
+    assert report.clean and report.pending == 10, report.findings
+
+    other = await _open(home, pg_url)  # another replica takes over
+    try:
+        with anyio.fail_after(30):
+            while _counts(pg_url) != (11, 0):  # its integrator's own poll, not a drain
+                await anyio.sleep(0.02)
+    finally:
+        await other.close()
+    with snapshot(pg_url) as reader:
+        rows = list(reader.iter_journal())
+    assert [r.seq for r in rows] == list(range(1, 12))
+    assert len({r.receipt_id for r in rows}) == 11
+    report = _audit(home, pg_url)
+    assert report.clean and report.pending == 0 and report.tree_size == 11, report.findings
+
+
+async def test_servers_starting_during_a_write_storm_never_refuse_the_store(home, pg_url):
+    writer = await _open(home, pg_url)
+    try:
+        loops = [f"S{n}" for n in range(4)]
+        for loop_id in loops:
+            await open_test_loop(writer, 0, loop_id=loop_id)
+        stop = anyio.Event()
+
+        async def storm(loop_id: str) -> None:
+            n = 0
+            while not stop.is_set() and n < 400:
+                await writer.write(_add(loop_id, n))
+                n += 1
+
+        opened = 0
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for loop_id in loops:
+                    tg.start_soon(storm, loop_id)
+                for _ in range(8):  # each open runs the start-up check on one snapshot
+                    starting = await _open(home, pg_url)
+                    await starting.close()
+                    opened += 1
+                stop.set()
+        assert opened == 8
+        await writer.integrate()
+        report = _audit(home, pg_url)
+        assert report.clean, report.findings
+    finally:
+        await writer.close()
