@@ -52,6 +52,8 @@ BYTES_TARGET = 2_000  # database bytes per tool call (its two receipts and all t
 STORED_CALLS = 400  # tool calls per id length in the storage measurement
 REPLICAS = (1, 2, 4)  # PostgreSQL replicas measured, in this order
 HELD_TARGET = 0.20  # the sequencer row held at most this share of the time (PostgreSQL's view)
+DELAY_TARGET = 0.25  # seconds from a receipt's commit to its Merkle leaf, p99
+DELAY_METRIC = "loopwarden_integration_delay_seconds"
 TICK = os.sysconf("SC_CLK_TCK")
 POLICY = {
     "agents": ["*"],
@@ -87,8 +89,9 @@ def session_of(n: int) -> str:
 # --- the store: 16 loops, each with an open turn, and one observer token per host -----------
 
 
-async def prepare(home: Path, location: Location | None) -> list[str]:
-    """Open the loops and their turns; return the hosts' observer tokens (in host order)."""
+async def prepare(home: Path, location: Location | None) -> tuple[list[str], str]:
+    """Open the loops and their turns; return the hosts' observer tokens (in host order) and
+    an operator's token (for `GET /metrics`)."""
     tokens = []
     async with h.open_store(home, location=location) as store:
         for n in range(HOSTS):
@@ -111,7 +114,8 @@ async def prepare(home: Path, location: Location | None) -> list[str]:
                 raise RuntimeError(f"the bench turn was refused: {granted.reasons}")
             issued = await store.write(lambda tx, who=observer: issue_token(tx, who))
             tokens.append(issued.token)
-    return tokens
+        operator = await store.write(lambda tx: issue_token(tx, h.OPERATOR))
+    return tokens, operator.token
 
 
 # --- the servers ----------------------------------------------------------------------------
@@ -164,14 +168,15 @@ class Fleet:
     label: str
     servers: list[Server]
     tokens: list[str]
+    operator: str  # a token that reads each server's /metrics
 
 
 @asynccontextmanager
 async def sqlite_fleet(root: Path) -> AsyncIterator[Fleet]:
     home = root / "home"
-    tokens = await prepare(home, None)
+    tokens, operator = await prepare(home, None)
     async with served(home, root / "serve.log", []) as server:
-        yield Fleet("SQLite, one server", [server], tokens)
+        yield Fleet("SQLite, one server", [server], tokens, operator)
 
 
 @asynccontextmanager
@@ -179,7 +184,7 @@ async def postgres_fleet(root: Path, url: str, replicas: int) -> AsyncIterator[F
     """`replicas` servers on the database at `url`; the first home holds the keys, every other
     one a copy of them and nothing else."""
     home = root / "home-0"
-    tokens = await prepare(home, parse_location(url))
+    tokens, operator = await prepare(home, parse_location(url))
     homes = [home]
     for n in range(1, replicas):
         other = root / f"home-{n}"
@@ -191,7 +196,8 @@ async def postgres_fleet(root: Path, url: str, replicas: int) -> AsyncIterator[F
             await stack.enter_async_context(served(hm, root / f"serve-{i}.log", ["--store", url]))
             for i, hm in enumerate(homes)
         ]
-        yield Fleet(f"PostgreSQL, {replicas} replica{'s' if replicas > 1 else ''}", servers, tokens)
+        label = f"PostgreSQL, {replicas} replica{'s' if replicas > 1 else ''}"
+        yield Fleet(label, servers, tokens, operator)
 
 
 # --- the hosts ------------------------------------------------------------------------------
@@ -274,10 +280,12 @@ class Host:
 @dataclass(frozen=True)
 class Held:
     """What PostgreSQL's own view (`pg_stat_activity`, sampled) says of the sequencer row over
-    the measured window: the share of samples in which a writer held it (a writer's transaction
-    takes it at BEGIN, so a writer in a transaction and not waiting for a lock holds it), of
-    those the share its holder sat idle in transaction (waiting for its replica's Python), and
-    the share in which some writer waited for it."""
+    the measured window. Writes no longer take it: an integrator holds it while it gives a
+    batch of pending receipts their leaves (`ledger/storage/integrator.py`). `held`: the share
+    of samples in which an integrator was in a transaction (holding the row, or about to);
+    `idle`: of those, the share it sat idle in transaction (waiting for its replica's Python);
+    `waited`: the share in which some writer waited for a row lock (another write's loop or
+    pool row)."""
 
     samples: int
     held: float
@@ -286,17 +294,18 @@ class Held:
 
 
 class Sampler:
-    """Polls `pg_stat_activity` for the store's writer sessions every `every` seconds on its
-    own connection and thread, until stopped (bounded by `limit` samples)."""
+    """Polls `pg_stat_activity` for the store's writer and integrator sessions every `every`
+    seconds on its own connection and thread, until stopped (bounded by `limit` samples)."""
 
     QUERY = (
-        "SELECT state, wait_event_type, xact_start IS NOT NULL FROM pg_stat_activity "
-        "WHERE application_name = 'loopwarden writer'"
+        "SELECT application_name, state, wait_event_type, xact_start IS NOT NULL "
+        "FROM pg_stat_activity "
+        "WHERE application_name IN ('loopwarden writer', 'loopwarden integrator')"
     )
 
     def __init__(self, url: str, every: float = 0.002, limit: int = 50_000) -> None:
         self.url, self.every, self.limit = url, every, limit
-        self.counts = [0, 0, 0, 0]  # samples, held, held idle, waited
+        self.counts = [0, 0, 0, 0]  # samples, held, held idle, a writer waited
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -314,16 +323,64 @@ class Sampler:
         with psycopg.connect(self.url, autocommit=True) as conn:
             while not self._stop.is_set() and self.counts[0] < self.limit:
                 rows = conn.execute(self.QUERY).fetchall()
-                holders = [r for r in rows if r[2] and r[1] != "Lock"]
+                holders = [r for r in rows if r[0] == "loopwarden integrator" and r[3]]
+                writers = [r for r in rows if r[0] == "loopwarden writer"]
                 self.counts[0] += 1
                 self.counts[1] += bool(holders)
-                self.counts[2] += any(r[0] == "idle in transaction" for r in holders)
-                self.counts[3] += any(r[1] == "Lock" for r in rows)
+                self.counts[2] += any(r[1] == "idle in transaction" for r in holders)
+                self.counts[3] += any(r[2] == "Lock" for r in writers)
                 self._stop.wait(self.every)
 
     def held(self) -> Held:
         n, held, idle, waited = self.counts
         return Held(n, held / max(n, 1), idle / max(held, 1), waited / max(n, 1))
+
+
+@dataclass(frozen=True)
+class Delays:
+    """The integrators' commit-to-leaf delays over the measured window, from each replica's
+    `loopwarden_integration_delay_seconds` histogram (its buckets' counts, summed)."""
+
+    count: float
+    buckets: dict[float, float]  # upper bound (seconds) -> receipts at or under it
+
+    def within(self, bound: float) -> float:
+        """The share of receipts given their leaf within `bound` seconds (a bucket's bound)."""
+        return self.buckets.get(bound, 0.0) / self.count if self.count else 1.0
+
+    def quantile_bound(self, q: float) -> float:
+        """The smallest bucket bound under which at least `q` of the receipts fall."""
+        for bound in sorted(self.buckets):
+            if self.count and self.buckets[bound] >= q * self.count:
+                return bound
+        return float("inf")
+
+
+def _histogram(server: Server, token: str) -> dict[float, float]:
+    """One server's delay buckets (cumulative counts by upper bound), from `GET /metrics`."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    request = urllib.request.Request(
+        f"{server.base}/metrics", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        text = answer.read().decode()
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"{DELAY_METRIC}_bucket":
+                out[float(sample.labels["le"])] = sample.value
+    return out
+
+
+def _delays(before: list[dict[float, float]], after: list[dict[float, float]]) -> Delays:
+    buckets: dict[float, float] = {}
+    for b, a in zip(before, after, strict=True):
+        for bound, value in a.items():
+            buckets[bound] = buckets.get(bound, 0.0) + value - b.get(bound, 0.0)
+    return Delays(buckets.get(float("inf"), 0.0), buckets)
 
 
 def _machine_busy() -> float:
@@ -343,6 +400,7 @@ class Measured:
     latency: h.Latency
     machine: float = 0.0  # busy CPU seconds of the whole machine (servers, database, hosts)
     held: Held | None = None
+    delays: Delays | None = None
 
     @property
     def rate(self) -> float:
@@ -367,6 +425,8 @@ async def measure(fleet: Fleet, cfg: Config, seconds: float, url: str | None = N
     await asyncio.gather(*(host.run(0, cfg.warmup, warm, keep=False) for host in hosts))
     deadline = h.Deadline(seconds)
     sampler = Sampler(url) if url is not None else None
+    scrape = lambda: [_histogram(s, fleet.operator) for s in fleet.servers]  # noqa: E731
+    histograms = await asyncio.to_thread(scrape) if url is not None else []
     with sampler or nullcontext():
         before, busy = [s.cpu() for s in fleet.servers], _machine_busy()
         t0 = time.perf_counter()
@@ -378,8 +438,10 @@ async def measure(fleet: Fleet, cfg: Config, seconds: float, url: str | None = N
     loop_cpu = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     samples = [x for host in hosts for x in host.samples]
     held = sampler.held() if sampler is not None else None
+    await asyncio.sleep(0.5)  # the last receipts' integration (the receipts of the window)
+    delays = _delays(histograms, await asyncio.to_thread(scrape)) if url is not None else None
     latency = h.Latency.of(samples)
-    return Measured(fleet.label, len(samples), wall, cpu, loop_cpu, latency, busy, held)
+    return Measured(fleet.label, len(samples), wall, cpu, loop_cpu, latency, busy, held, delays)
 
 
 # --- the family -----------------------------------------------------------------------------
@@ -518,9 +580,11 @@ async def run(quick: bool, budget: float) -> Section:
             "process(es) from `/proc/PID/stat` across the measured window, divided by the "
             "events; machine CPU: every core's busy time from `/proc/stat` (servers, database, "
             "the simulated hosts) per event. PostgreSQL: 1, 2 and 4 replicas on one database, "
-            "its `pg_stat_activity` sampled every 2 ms for the writers' sessions (a writer in a "
-            "transaction and not waiting for a lock holds the sequencer row, which every write "
-            "takes at BEGIN). SQLite synchronous=full (the default)."
+            "its `pg_stat_activity` sampled every 2 ms for the writers' and integrators' sessions "
+            "(an integrator in a transaction holds the sequencer row; writes take only their "
+            "loop's row), and each replica's `loopwarden_integration_delay_seconds` histogram "
+            "read from `GET /metrics` before and after the window (commit to Merkle leaf). "
+            "SQLite synchronous=full (the default)."
         ),
     )
     results: list[Measured] = []
@@ -562,8 +626,9 @@ def _share(x: float | None) -> str:
 
 def _fleet_table(results: list[Measured]) -> Table:
     columns = ["servers", "events", "events/s", "p50 ms", "p99 ms", "server CPU ms per event"]
-    columns += ["of which the event loop's", "machine CPU ms per event", "sequencer row held"]
-    columns += ["its holder idle in transaction", "a writer waiting for it"]
+    columns += ["of which the event loop's", "machine CPU ms per event"]
+    columns += ["sequencer row held (integrator)", "its holder idle in transaction"]
+    columns += ["a writer waiting for a row lock", "commit → leaf p50 / p99 ≤ (s)"]
     rows = []
     for m in results:
         row = [m.label, str(m.events), h.rate(m.rate), h.ms(m.latency.p50), h.ms(m.latency.p99)]
@@ -572,15 +637,21 @@ def _fleet_table(results: list[Measured]) -> Table:
         held = m.held
         row += [_share(held and held.held), _share(held and held.idle)]
         row.append(_share(held and held.waited))
+        delays = m.delays
+        row.append(
+            f"{delays.quantile_bound(0.5):g} / {delays.quantile_bound(0.99):g}"
+            if delays is not None and delays.count
+            else ""
+        )
         rows.append(row)
     return Table(columns, rows)
 
 
 def _model(results: list[Measured]) -> str:
-    """What limits each PostgreSQL run: how busy its two shared resources were over the window
-    (the machine's cores, the sequencer row), and the rate each would allow if it alone were
-    the limit (the measured rate ÷ that resource's busy share: the figures come from the same
-    run, so they say which resource is saturated, not a forecast)."""
+    """What limits each PostgreSQL run: how busy its shared resources were over the window (the
+    machine's cores, the sequencer row), and the rate each would allow if it alone were the
+    limit (the measured rate ÷ that resource's busy share: the figures come from the same run,
+    so they say which resource is saturated, not a forecast)."""
     cores = os.cpu_count() or 1
     parts = []
     for m in results[1:]:
@@ -590,15 +661,17 @@ def _model(results: list[Measured]) -> str:
         busy = m.machine_per_event * m.rate / cores  # share of all cores' time
         parts.append(
             f"{m.label}: {h.rate(m.rate)} events/s; the row held {m.held.held:.0%} of the time "
-            f"({hold * 1e3:.2f} ms per event, so at most {h.rate(m.rate / max(m.held.held, 1e-9))}"
+            f"({hold * 1e3:.3f} ms per event, so at most {h.rate(m.rate / max(m.held.held, 1e-9))}"
             f" events/s), the {cores} cores {busy:.0%} busy ({m.machine_per_event * 1e3:.2f} ms "
             f"per event, so at most {h.rate(m.rate / max(busy, 1e-9))})"
         )
     return (
         "what limits the rate: hook events/s ≤ min(cores ÷ machine CPU per event, 1 ÷ the "
         "sequencer row's hold per event), and the resource that is busy all the time is the one "
-        "that sets it. Every write holds the row from BEGIN to COMMIT, its replica's Python "
-        "included, so a replica adds CPU but does not shorten a hold. " + "; ".join(parts)
+        "that sets it. Writes lock only their own loop's row (each host here posts to its own "
+        "loop, so they never wait for each other); the sequencer row is held by an integrator, "
+        "once per batch of pending receipts, so its hold per event shrinks as batches fill. "
+        + "; ".join(parts)
     )
 
 
@@ -624,7 +697,7 @@ def _targets(results: list[Measured]) -> list[Target]:
                 f"PostgreSQL, {HOSTS} hosts: two replicas ≥ {PG_RATIO_TARGET}× one replica",
                 f"{h.ratio(ratio)} ({h.rate(two.rate)} vs {h.rate(one.rate)} events/s)",
                 ratio >= PG_RATIO_TARGET,
-                "the write path's sequencer lock (issue 23 item 1) bounds both"
+                "the machine's two cores bound both (see the note on what limits the rate)"
                 if ratio < PG_RATIO_TARGET
                 else "",
             )
@@ -646,4 +719,16 @@ def _targets(results: list[Measured]) -> list[Target]:
                     two.held.held <= HELD_TARGET,
                 )
             )
+    for m in results[1:]:
+        if m.delays is None or not m.delays.count:
+            continue
+        within = m.delays.within(DELAY_TARGET)
+        targets.append(
+            Target(
+                f"{m.label}: commit to Merkle leaf p99 ≤ {DELAY_TARGET * 1e3:.0f} ms",
+                f"{within:.2%} of {m.delays.count:,.0f} receipts within "
+                f"{DELAY_TARGET * 1e3:.0f} ms (p99 ≤ {m.delays.quantile_bound(0.99):g} s)",
+                within >= 0.99,
+            )
+        )
     return targets

@@ -29,6 +29,7 @@ import pytest
 from conftest import OPERATOR
 from test_store import open_test_loop
 
+from loopwarden.errors import Conflict, StoreBusy
 from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.state.events import TodoAdded, TodoSpec
@@ -337,3 +338,206 @@ async def test_servers_starting_during_a_write_storm_never_refuse_the_store(home
         assert report.clean, report.findings
     finally:
         await writer.close()
+
+
+# --- push back, the delay, and keys two replicas write at once ----------------------------------
+
+
+async def test_writes_past_the_pending_limit_are_refused_until_the_integrator_catches_up(
+    home, pg_url
+):
+    store = _halted(await _open(home, pg_url))
+    try:
+        store.max_pending = 3
+        await open_test_loop(store, 0)
+        for n in range(4):  # not yet counted: the integrator has not polled
+            await store.write(_add("L1", n))
+        log = _hold_log(pg_url)  # another replica's integrator holds the log's row
+        try:
+            assert store.integrator is not None
+            assert await anyio.to_thread.run_sync(store.integrator.run_once) == 0
+            assert store.pending_backlog() == 5
+            with pytest.raises(StoreBusy, match="5 receipts are waiting for their Merkle leaves"):
+                await store.write(_add("L1", 9))
+            assert _counts(pg_url) == (0, 5)  # nothing of the refused write
+        finally:
+            log.execute("ROLLBACK")
+            log.close()
+        assert await store.integrate() == 5 and store.pending_backlog() == 0
+        assert (await store.write(_add("L1", 9))).seq == 6
+    finally:
+        await store.close()
+
+
+async def test_a_hook_process_past_the_pending_limit_is_refused_before_it_writes(home, pg_url):
+    store = _halted(await _open(home, pg_url))
+    log = _hold_log(pg_url)  # so that closing cannot integrate what it sealed either
+    try:
+        await open_test_loop(store, 0)
+        for n in range(3):
+            await store.write(_add("L1", n))
+    finally:
+        await store.close()
+        log.execute("ROLLBACK")
+        log.close()
+    assert _counts(pg_url) == (0, 4)
+    keys = KeyStore(home)
+    hook = Store.open_now(pg_url, keys.load_signer(), keyring=keys.keyring(), key_dir=home)
+    try:
+        hook.max_pending = 1
+        with pytest.raises(StoreBusy, match="4 receipts are waiting"):
+            hook.write_now(_add("L1", 9))
+        hook.max_pending = 10
+        assert hook.write_now(_add("L1", 9)).seq == 5
+    finally:
+        hook.close_now()
+    assert _counts(pg_url) == (5, 0)  # the hook process gave every pending receipt its leaf
+
+
+async def test_the_integration_delay_is_a_histogram_and_the_backlog_a_gauge(home, pg_url):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from loopwarden.observe.telemetry import Telemetry
+
+    telemetry = Telemetry(tracing=False, metrics=True, version="test")
+    store = _halted(await _open(home, pg_url, clock=_Clock()))
+    store.observer = telemetry
+    telemetry.gauge("pending_receipts", "pending", store.pending_backlog)
+    try:
+        await open_test_loop(store, 0)
+        for n in range(2):
+            await store.write(_add("L1", n))
+        store.clock.advance(0.2)  # type: ignore[attr-defined]  # the integrator's turn comes later
+        assert await store.integrate() == 3
+    finally:
+        await store.close()
+    exposition = telemetry.metrics()
+    assert exposition is not None
+    samples = {
+        (s.name, s.labels.get("le")): s.value
+        for family in text_string_to_metric_families(exposition[0].decode())
+        for s in family.samples
+    }
+    assert samples[("loopwarden_integration_delay_seconds_count", None)] == 3
+    assert samples[("loopwarden_integration_delay_seconds_bucket", "0.15")] == 0
+    assert samples[("loopwarden_integration_delay_seconds_bucket", "0.25")] == 3
+    assert samples[("loopwarden_pending_receipts", None)] == 0
+
+
+async def _race(
+    url: str, first: Store, second: Store, op: Any, request: Any, who: Any
+) -> list[Any]:
+    """`op(request)` on both replicas, the second sent while the first holds its commit (the
+    rows written, not committed) and released once PostgreSQL shows the second waiting for a
+    lock: what each returned or raised."""
+    from loopwarden.operations.runner import _write
+
+    token = anyio.lowlevel.current_token()
+    reached, gate, outcome = anyio.Event(), anyio.Event(), [None, None]
+
+    def held(tx: Any) -> Any:
+        result = _write(op, first, who, request, tx)
+        anyio.from_thread.run_sync(reached.set, token=token)
+        anyio.from_thread.run(gate.wait, token=token)
+        return result
+
+    async def call(n: int, fn: Any) -> None:
+        try:
+            outcome[n] = await fn()
+        except Exception as exc:
+            outcome[n] = exc
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call, 0, lambda: first.write(held))
+            await reached.wait()
+            tg.start_soon(call, 1, lambda: op(second, who, request))
+            pid = second.backend.writer.raw.info.backend_pid
+            while not _waiting_for_a_lock(url, pid):
+                await anyio.sleep(0.01)
+            gate.set()
+    return outcome
+
+
+async def test_two_replicas_opening_one_loop_id_at_once_give_one_loop_and_a_conflict(home, pg_url):
+    from test_store import WIDE_POLICY
+
+    from loopwarden.operations.loops import OpenLoopRequest, open_loop
+
+    first, second = await _open(home, pg_url), await _open(home, pg_url)
+    request = OpenLoopRequest(objective="o", policy=WIDE_POLICY, loop_id="twice")
+    try:
+        # The second waits on the loop's key, written and not committed; then runs again.
+        opened, refused = await _race(pg_url, first, second, open_loop, request, OPERATOR)
+        assert opened.loop_id == "twice"
+        assert isinstance(refused, Conflict) and "already exists" in str(refused), refused
+        await first.integrate()
+        with snapshot(pg_url) as reader:
+            assert [r.kind for r in reader.loop_journal("twice")] == ["loop.opened"]
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_turn_found_before_its_loop_was_free_is_read_again_not_refused_as_tampered(
+    home, pg_url
+):
+    from conftest import BUILDER
+
+    from loopwarden.operations.claim import ClaimRequest, claim
+    from loopwarden.operations.leases import HeartbeatRequest, heartbeat
+
+    first, second = await _open(home, pg_url), await _open(home, pg_url)
+    try:
+        await open_test_loop(first, 1)
+        turn = await claim(first, BUILDER, ClaimRequest(loop_id="L1"))
+        assert turn.granted
+        request = HeartbeatRequest(turn_id=turn.turn_id, fence=turn.fence)
+        # The second finds the turn by id, then waits for its loop's row while the first renews
+        # the lease: the turn it found is no longer the one the loop's root holds.
+        renewals = await _race(pg_url, first, second, heartbeat, request, BUILDER)
+        assert [r.renewed for r in renewals] == [True, True], renewals
+        await first.integrate()
+        await second.integrate()
+        report = _audit(home, pg_url)
+        assert report.clean, report.findings
+    finally:
+        await first.close()
+        await second.close()
+
+
+class _Clock:
+    """A clock the test moves (the store's and the integrator's)."""
+
+    def __init__(self) -> None:
+        from datetime import UTC, datetime
+
+        self.now = datetime(2026, 6, 1, tzinfo=UTC)
+
+    def __call__(self) -> Any:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        from datetime import timedelta
+
+        self.now += timedelta(seconds=seconds)
+
+
+def _hold_log(url: str) -> Any:
+    """A connection holding the log's row, as an integrator in the middle of a batch does."""
+    conn = connect(url)
+    conn.execute("BEGIN")
+    conn.execute("SELECT 1 FROM log_state WHERE id = 1 FOR UPDATE")
+    return conn
+
+
+def _waiting_for_a_lock(url: str, pid: int) -> bool:
+    """Whether the server session `pid` waits for a lock (PostgreSQL's own view)."""
+    conn = connect(url)
+    try:
+        rows = conn.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = ? AND wait_event_type = 'Lock'", (pid,)
+        ).fetchall()
+        return bool(rows)
+    finally:
+        conn.close()

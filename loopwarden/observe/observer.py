@@ -8,7 +8,7 @@ are ever handed over — never a tool input, command text, summary or token.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -72,6 +72,10 @@ class Observer:
     ) -> None:
         """An export sink's progress: receipts a receiver acknowledged, deliveries that failed,
         leases taken over from a holder that let them expire, and the receipts still to send."""
+
+    def integrated(self, delays: Sequence[float]) -> None:
+        """A batch of receipts given their Merkle leaves: each one's seconds from its time to
+        its leaf (the integrator's view of the delay from commit to integration)."""
 
     def gauge(self, name: str, description: str, read: Callable[[], float]) -> None:
         """A gauge `loopwarden_<name>` whose value is `read()` at each scrape (cheap, never

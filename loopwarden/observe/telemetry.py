@@ -34,6 +34,8 @@ from prometheus_client.exposition import generate_latest
 from loopwarden.observe.observer import Attribute, Observer, Watch
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+INTEGRATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""The commit-to-leaf delay's buckets: 0.25 s among them, the bound `docs/reliability.md` states."""
 
 
 class Telemetry(Observer):
@@ -80,6 +82,13 @@ class Telemetry(Observer):
             "its commit, by operation.",
             ["operation"],
             buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.integration = Histogram(
+            "loopwarden_integration_delay_seconds",
+            "Seconds from a receipt's time (its write transaction's) to its Merkle leaf, as this "
+            "replica's integrator gave it (PostgreSQL; SQLite gives leaves as it commits).",
+            buckets=INTEGRATION_BUCKETS,
             registry=registry,
         )
         self.drops = Counter(
@@ -138,6 +147,12 @@ class Telemetry(Observer):
             self.takeovers.labels(sink).inc(takeovers)
         if lag is not None:
             self.lag.labels(sink).set(lag)
+
+    def integrated(self, delays: Sequence[float]) -> None:
+        if self.registry is None:
+            return
+        for seconds in delays:
+            self.integration.observe(seconds)
 
     def gauge(self, name: str, description: str, read: Callable[[], float]) -> None:
         if self.registry is None:

@@ -63,6 +63,12 @@ class Runtime:
             "Write calls waiting for the store's writer thread (not yet in a commit).",
             store.queue_depth,
         )
+        self.observer.gauge(
+            "pending_receipts",
+            "Receipts sealed into their loops' chains and waiting for their Merkle leaves, as "
+            "this replica's integrator last counted them (always 0 on SQLite).",
+            store.pending_backlog,
+        )
         self.store = store
         try:
             yield self

@@ -24,9 +24,11 @@ share no row; a batch integrates what is committed, and the late one comes in a 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
+from datetime import datetime
 
+from loopwarden.clock import parse_time
 from loopwarden.ledger.storage.backends import first_line
 from loopwarden.ledger.storage.dialect import Connection
 
@@ -35,27 +37,41 @@ BATCH = 256
 INTERVAL = 0.05
 """Seconds between polls when no local commit wakes the integrator (other replicas' receipts,
 and a dead replica's)."""
+MAX_PENDING = 10_000
+"""Receipts waiting for their leaves past which this replica refuses new writes (`StoreBusy`,
+`Store.write`): about ten seconds of the fleet's writes at this machine's rates. The count is
+read at every poll, so a burst between two polls can pass it by what arrives in one interval."""
 
-Integrate = Callable[[Connection, int], int]
-"""`Txn.integrate` on a connection: gives up to that many pending receipts their leaves."""
+Integrate = Callable[[Connection, int], list[str]]
+"""`Txn.integrate` on a connection: gives up to that many pending receipts their leaves and
+returns their times."""
+Delays = Callable[[Sequence[float]], None]
+"""Told, after each batch, each receipt's seconds from its time to its leaf."""
 
 
 def integrate_batch(
     conn: Connection, integrate: Integrate, limit: int = BATCH, *, wait: bool = False
-) -> int:
-    """One batch in its own transaction on `conn` (an autocommit connection): 0 if nothing is
-    pending, or if another integrator holds the log's row (with `wait`: after it lets go)."""
+) -> list[str]:
+    """One batch in its own transaction on `conn` (an autocommit connection): the times of the
+    receipts given leaves — none if nothing is pending, or if another integrator holds the
+    log's row (with `wait`: after it lets go)."""
     conn.execute("BEGIN")
     try:
         lock = "FOR UPDATE" if wait else "FOR UPDATE SKIP LOCKED"
         held = conn.execute(f"SELECT 1 FROM log_state WHERE id = 1 {lock}")
-        moved = integrate(conn, limit) if held.fetchone() is not None else 0
+        moved = integrate(conn, limit) if held.fetchone() is not None else []
         conn.execute("COMMIT")
     except BaseException:
         with suppress(Exception):  # a lost connection rolls back by itself
             conn.execute("ROLLBACK")
         raise
     return moved
+
+
+def pending_count(conn: Connection) -> int:
+    """Receipts sealed and not yet integrated, across every replica (one statement)."""
+    row = conn.execute("SELECT count(*) FROM pending").fetchone()
+    return int(row[0]) if row else 0
 
 
 class Integrator:
@@ -69,11 +85,15 @@ class Integrator:
         connect: Callable[[], Connection],
         integrate: Integrate,
         *,
+        clock: Callable[[], datetime],
+        delays: Delays | None = None,
         batch: int = BATCH,
         interval: float = INTERVAL,
     ) -> None:
         self._connect = connect
         self._integrate = integrate
+        self._clock = clock
+        self._delays = delays
         self.batch = batch
         self.interval = interval
         self._conn: Connection | None = None
@@ -82,6 +102,7 @@ class Integrator:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="loopwarden-integrator", daemon=True)
         self.integrated = 0  # receipts this replica gave leaves
+        self.backlog = 0  # receipts pending across the store, as counted at the last poll
         self.failures = 0
         self.last_error: str | None = None
 
@@ -112,19 +133,25 @@ class Integrator:
             self._conn = None
 
     def run_once(self, *, wait: bool = False) -> int:
-        """One batch (see `integrate_batch`)."""
+        """Count what is pending (`backlog`), then one batch (see `integrate_batch`); returns
+        how many receipts it gave leaves. A failure leaves the count fresh and raises."""
         with self._using:
             if self._conn is None:
                 self._conn = self._connect()
             try:
-                moved = integrate_batch(self._conn, self._integrate, self.batch, wait=wait)
+                self.backlog = pending_count(self._conn)
+                times = integrate_batch(self._conn, self._integrate, self.batch, wait=wait)
             except BaseException:
                 conn, self._conn = self._conn, None
                 with suppress(Exception):
                     conn.close()
                 raise
-            self.integrated += moved
-            return moved
+            self.integrated += len(times)
+            self.backlog = max(self.backlog - len(times), 0)
+        if times and self._delays is not None:
+            now = self._clock()
+            self._delays([max((now - parse_time(at)).total_seconds(), 0.0) for at in times])
+        return len(times)
 
     def drain(self) -> int:
         """Integrate every receipt committed before the call, waiting for another replica's

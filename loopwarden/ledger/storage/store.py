@@ -45,7 +45,12 @@ from loopwarden.ledger.log.integrity import Integrity
 from loopwarden.ledger.log.keys import Keyring, KeyStore, Signer
 from loopwarden.ledger.storage.backends import Backend, StoreClosed, Synchronous, first_line
 from loopwarden.ledger.storage.dialect import Connection
-from loopwarden.ledger.storage.integrator import Integrator, integrate_batch
+from loopwarden.ledger.storage.integrator import (
+    MAX_PENDING,
+    Integrator,
+    integrate_batch,
+    pending_count,
+)
 from loopwarden.ledger.storage.location import Location, parse_location
 from loopwarden.ledger.storage.migrations import migrate
 from loopwarden.ledger.storage.reader import PolicyCache, Reader
@@ -121,6 +126,7 @@ class Store:
         self.origin = Reader(backend.writer).meta("origin") or "loopwarden.local/unknown"
         self._writer = Worker("loopwarden-writer", self._commit_group)
         self.integrator: Integrator | None = None  # a started store whose writes lock rows only
+        self.max_pending = MAX_PENDING  # receipts awaiting leaves past which writes are refused
         self._started = False  # `open` started the writer thread and the read side
         self._closed = False
 
@@ -161,7 +167,12 @@ class Store:
             raise
         store._writer.start()
         if not store.backend.integrates_inline:
-            store.integrator = Integrator(store.backend.connect_integrator, store._integrate)
+            store.integrator = Integrator(
+                store.backend.connect_integrator,
+                store._integrate,
+                clock=store.clock,
+                delays=lambda seconds: store.observer.integrated(seconds),
+            )
             store.integrator.start()
         store._started = True
         return store
@@ -234,6 +245,8 @@ class Store:
         A store opened with `open` has a writer thread that owns its connection: `StoreError`."""
         if self._closed or self._started:
             raise StoreUnavailable("write_now is for a store opened with open_now")
+        if not self.backend.integrates_inline:
+            self._refuse_past_pending(pending_count(self.backend.writer), None)
         job = Job(fn, None, groupable=False)
         while self._commit_group([job]):  # a body alone is given back only after a deadlock
             pass
@@ -282,8 +295,22 @@ class Store:
         conn = conn if conn is not None else self.backend.writer
         return Txn(conn, self.policies, self.integrity, self, self.clock, wait=wait)
 
-    def _integrate(self, conn: Connection, limit: int) -> int:
+    def _integrate(self, conn: Connection, limit: int) -> list[str]:
         return self._txn(conn).integrate(limit)
+
+    def pending_backlog(self) -> int:
+        """Receipts sealed and awaiting their Merkle leaves, as this replica's integrator last
+        counted them (0 where the store integrates as it writes)."""
+        return self.integrator.backlog if self.integrator is not None else 0
+
+    def _refuse_past_pending(self, pending: int, last_error: str | None) -> None:
+        if pending <= self.max_pending:
+            return
+        why = f" (the integrator's last failure: {last_error})" if last_error else ""
+        raise StoreBusy(
+            f"{pending} receipts are waiting for their Merkle leaves (the limit is "
+            f"{self.max_pending}){why}: nothing was written; retry"
+        )
 
     async def write(self, fn: Callable[[Txn], T]) -> T:
         """Run `fn(tx)` atomically: it commits whole if it returns, and leaves nothing if it raises.
@@ -293,8 +320,11 @@ class Store:
         back only itself) and one COMMIT makes them all durable before any caller returns.
         Runs to completion even if the awaiting task is cancelled once the writer has taken it,
         so nothing is ever cut in half. Database failures become `StoreError`;
-        `LoopwardenError`s pass through.
+        `LoopwardenError`s pass through. Refused at once with `StoreBusy`, nothing written, past
+        `backlog` waiting calls or `max_pending` receipts waiting for their Merkle leaves.
         """
+        if self.integrator is not None:  # receipts waiting for leaves past the limit: push back
+            self._refuse_past_pending(self.integrator.backlog, self.integrator.last_error)
         result: T = await self._call(fn, groupable=True)
         return result
 

@@ -346,29 +346,30 @@ class Txn(ProjectionWriter, CursorWriter):
 
     # --- the Merkle log -----------------------------------------------------------------------
 
-    def integrate(self, limit: int | None = None) -> int:
+    def integrate(self, limit: int | None = None) -> list[str]:
         """Give up to `limit` pending receipts (all, by default) the next Merkle leaves, in
-        ticket order, and sign a checkpoint at every `checkpoint_every` leaves; returns how
-        many. The caller holds the log's row (SQLite's write lock, or the integrator's lock on
-        PostgreSQL), so the leaves it gives are the next ones and no one else gives them."""
-        sql = "SELECT ticket, leaf_hash FROM pending ORDER BY ticket"
+        ticket order, and sign a checkpoint at every `checkpoint_every` leaves; returns their
+        times (`at`, in leaf order). The caller holds the log's row (SQLite's write lock, or the
+        integrator's lock on PostgreSQL), so the leaves it gives are the next ones and no one
+        else gives them."""
+        sql = "SELECT ticket, leaf_hash, at FROM pending ORDER BY ticket"
         rows = self.conn.execute(sql + (f" LIMIT {int(limit)}" if limit else "")).fetchall()
         if not rows:
-            return 0
+            return []
         size, frontier = self.log_state()
         nodes: list[tuple[int, int, bytes]] = []
         every = self._store.checkpoint_every
-        for index, (_, leaf) in enumerate(rows, start=size):
+        for index, (_, leaf, _) in enumerate(rows, start=size):
             frontier, made = merkle.append_leaf(frontier, index, bytes(leaf))
             nodes.extend(made)
             if every and (index + 1) % every == 0:
                 self._write_checkpoint(index + 1, merkle.root_from_frontier(frontier))
-        tickets = [(ticket,) for ticket, _ in rows]
+        tickets = [(ticket,) for ticket, _, _ in rows]
         self.conn.executemany(_INTEGRATE, [(size + i, t) for i, (t,) in enumerate(tickets)])
         self.conn.executemany("DELETE FROM pending WHERE ticket = ?", tickets)
         self.conn.executemany(self.dialect.insert(MERKLE_NODES), nodes)
         self._set_log(size + len(rows), frontier)
-        return len(rows)
+        return [at for _, _, at in rows]
 
     def _set_log(self, size: int, frontier: list[bytes]) -> None:
         joined = b"".join(frontier)
