@@ -541,3 +541,40 @@ def _waiting_for_a_lock(url: str, pid: int) -> bool:
         return bool(rows)
     finally:
         conn.close()
+
+
+async def test_the_audit_finds_a_pending_receipt_removed_and_one_in_both_orders(home, pg_url):
+    store = _halted(await _open(home, pg_url))
+    try:
+        for loop_id in ("L1", "L2"):
+            await open_test_loop(store, 0, loop_id=loop_id)
+            await store.write(_add(loop_id, 0))
+        await store.integrate()  # L1 and L2: seq 1 and 2 in the tree
+        for n in range(1, 4):
+            await store.write(_add("L1", n))  # L1: seq 3..5, pending
+    finally:
+        log = _hold_log(pg_url)  # closing must not integrate them
+        await store.close()
+        log.execute("ROLLBACK")
+        log.close()
+    assert _audit(home, pg_url).clean
+    columns = "loop_id, seq, kind, receipt_id, digest, at, turn_id, envelope, payload, key_id, "
+    columns += "signature, leaf_hash"
+    conn = connect(pg_url)
+    try:
+        conn.execute("DELETE FROM pending WHERE loop_id = 'L1' AND seq = 4")  # sealed, removed
+        report = _audit(home, pg_url)
+        assert report.pending == 2
+        found = {(f.code, f.loop_id, f.message) for f in report.findings}
+        assert ("seq_gap", "L1", "seq 5 follows seq 3") in found, report.findings
+        # L2's last integrated receipt written again as pending: one receipt in both orders.
+        copied = columns.replace("leaf_hash", "decode('00', 'hex')")
+        conn.execute(
+            f"INSERT INTO pending ({columns}) SELECT {copied} "
+            "FROM journal WHERE loop_id = 'L2' AND seq = 2"
+        )
+        doubled = _audit(home, pg_url)
+        found = {(f.code, f.loop_id, f.message) for f in doubled.findings}
+        assert ("seq_gap", "L2", "seq 2 follows seq 2") in found, doubled.findings
+    finally:
+        conn.close()

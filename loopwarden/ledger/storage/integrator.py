@@ -37,6 +37,10 @@ BATCH = 256
 INTERVAL = 0.05
 """Seconds between polls when no local commit wakes the integrator (other replicas' receipts,
 and a dead replica's)."""
+GATHER = 0.02
+"""Seconds a woken integrator lets receipts gather before its batch: under load, one batch (one
+hold of the log's row, one round of statements) then serves every commit of that time instead
+of one each, at the price of that much delay to a receipt's leaf."""
 MAX_PENDING = 10_000
 """Receipts waiting for their leaves past which this replica refuses new writes (`StoreBusy`,
 `Store.write`): about ten seconds of the fleet's writes at this machine's rates. The count is
@@ -89,6 +93,7 @@ class Integrator:
         delays: Delays | None = None,
         batch: int = BATCH,
         interval: float = INTERVAL,
+        gather: float = GATHER,
     ) -> None:
         self._connect = connect
         self._integrate = integrate
@@ -96,10 +101,11 @@ class Integrator:
         self._delays = delays
         self.batch = batch
         self.interval = interval
+        self.gather = gather
         self._conn: Connection | None = None
         self._using = threading.Lock()  # the connection: this thread's, or a `drain`'s caller's
         self._wake = threading.Event()
-        self._stopping = False
+        self._stopping = threading.Event()  # set when the thread is to end (wakes its waits)
         self._thread = threading.Thread(target=self._run, name="loopwarden-integrator", daemon=True)
         self.integrated = 0  # receipts this replica gave leaves
         self.backlog = 0  # receipts pending across the store, as counted at the last poll
@@ -115,7 +121,7 @@ class Integrator:
     def halt(self) -> None:
         """End the thread and leave what is pending as it is (a test's replica that has stopped
         integrating; `run_once` and `drain` still work)."""
-        self._stopping = True
+        self._stopping.set()
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
@@ -162,11 +168,12 @@ class Integrator:
         return total
 
     def _run(self) -> None:
-        while not self._stopping:
-            self._wake.wait(self.interval)
+        while not self._stopping.is_set():
+            if self._wake.wait(self.interval) and self.gather:
+                self._stopping.wait(self.gather)
             self._wake.clear()
             try:
-                while self.run_once() >= self.batch and not self._stopping:
+                while self.run_once() >= self.batch and not self._stopping.is_set():
                     pass
             except Exception as exc:
                 self.failures += 1
