@@ -118,7 +118,7 @@ async def report(
 
 async def journal_count(store: Store) -> int:
     """Receipts sealed: in the tree, and pending integration (PostgreSQL's integrator)."""
-    return await store.read(lambda r: r.journal_count() + r.pending_count())
+    return await store.read(lambda r: r.sealed_count())
 
 
 async def loop_kinds(store: Store, loop_id: str = "L1") -> list[str]:

@@ -88,7 +88,7 @@ class Limits:
 
     async def journal(self) -> int:
         with open_db(self.home) as reader:
-            return reader.journal_count()
+            return reader.sealed_count()
 
 
 @pytest.fixture(scope="module")

@@ -77,7 +77,7 @@ def finding_codes(report: dict[str, Any]) -> set[str]:
 
 def journal_size(home: Path) -> int:
     with admin.open_reader(home) as reader:
-        return reader.journal_count()
+        return reader.sealed_count()
 
 
 class Db:

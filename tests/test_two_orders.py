@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -578,3 +579,33 @@ async def test_the_audit_finds_a_pending_receipt_removed_and_one_in_both_orders(
         assert ("seq_gap", "L2", "seq 2 follows seq 2") in found, doubled.findings
     finally:
         conn.close()
+
+
+async def test_the_receipt_command_says_sealed_then_waits_for_publication(home, pg_url):
+    from support import cli
+
+    store = _halted(await _open(home, pg_url))
+    try:
+        await open_test_loop(store, 0)
+        await store.integrate()
+        appended = await store.write(_add("L1", 1))
+    finally:
+        log = _hold_log(pg_url)  # closing must not integrate it
+        await store.close()
+        log.execute("ROLLBACK")
+        log.close()
+    where = ("--home", str(home), "--store", pg_url)
+    log = _hold_log(pg_url)  # another replica's integrator is busy (each command integrates)
+    try:
+        shown = cli("receipt", appended.receipt_id, "--json", *where)
+        human = cli("receipt", appended.receipt_id, *where)
+    finally:
+        log.execute("ROLLBACK")
+        log.close()
+    assert shown.returncode == 0, shown.stderr
+    out = json.loads(shown.stdout)
+    assert (out["state"], out["leaf_index"], out["verified"]) == ("sealed", None, True)
+    assert f"{appended.receipt_id} sealed, pending its leaf" in human.stdout, human.stdout
+    waited = json.loads(cli("receipt", appended.receipt_id, "--wait", "--json", *where).stdout)
+    assert (waited["state"], waited["leaf_index"]) == ("published", 1)
+    assert _counts(pg_url) == (2, 0)

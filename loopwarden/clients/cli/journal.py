@@ -155,14 +155,30 @@ async def _follow(
             await anyio.sleep(FOLLOW_SECONDS)
 
 
+Wait = Annotated[
+    bool,
+    typer.Option(
+        "--wait",
+        help="Wait until the receipt is published under a signed checkpoint (on PostgreSQL a "
+        "receipt may be sealed and still waiting for its Merkle leaf).",
+    ),
+]
+
+
 def receipt(
-    receipt_id: str, home: Home = None, store: Store = None, json_out: Json = False
+    receipt_id: str,
+    home: Home = None,
+    store: Store = None,
+    json_out: Json = False,
+    wait: Wait = False,
 ) -> None:
     """Show one receipt: envelope, body, verification.
 
-    The DSSE envelope, its decoded body, whether its signature verifies and under which key.
+    The DSSE envelope, its decoded body, whether its signature verifies and under which key,
+    and its state: sealed (in its loop's chain, waiting for its Merkle leaf), integrated or
+    published (under a stored signed checkpoint).
     """
-    request = {"receipt_id": receipt_id}
+    request = {"receipt_id": receipt_id, "wait": wait}
     result = operate(receipt_op, request, home, store=store, as_json=json_out, check=False)
     key_id = (result.envelope.get("signatures") or [{}])[0].get("keyid")
     out = {
@@ -184,10 +200,9 @@ def receipt(
         if result.verified
         else f"[red]{', '.join(result.problems)}[/red]"
     )
+    place = f"leaf {out['leaf_index']}" if out["leaf_index"] is not None else "pending its leaf"
     render.console.print(
-        f"[bold]{result.receipt_id}[/bold] "
-        + (f"leaf {out['leaf_index']}" if out["leaf_index"] is not None else "pending its leaf")
-        + f" {state} (key {key_id})"
+        f"[bold]{result.receipt_id}[/bold] {result.state}, {place} {state} (key {key_id})"
     )
     render.console.print(f"[dim]{result.digest}[/dim]")
     render.console.print(render.json_text(result.body), markup=False)

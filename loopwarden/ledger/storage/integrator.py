@@ -15,6 +15,13 @@ needs nothing more: a replica killed mid-batch has its transaction rolled back b
 its lock released with its session, and the next replica to poll (every `INTERVAL`) finds the
 receipts still pending — none lost, none in the tree twice (the journal's keys refuse a second).
 
+Its cadence: a local commit wakes it, and it lets receipts gather for `GATHER` before its
+batch, so under load one hold of the log's row serves every commit of that time (a replica
+that finds the row held skips its turn: `SKIP LOCKED`). What
+it costs a receipt is measured: each batch reports its receipts' delays from their time to
+their leaf (`loopwarden_integration_delay_seconds`). Past `MAX_PENDING` receipts waiting, the
+store refuses writes (`Store.write`): push back, never a backlog without bound.
+
 Why ticket order keeps every conflict's order: a write draws its tickets (the pending table's
 identity) after it holds the rows it decides on, so of two writes to one row the later draws
 after the earlier committed. A smaller ticket can commit after a larger one only when the two
@@ -55,15 +62,15 @@ Delays = Callable[[Sequence[float]], None]
 
 def integrate_batch(
     conn: Connection, integrate: Integrate, limit: int = BATCH, *, wait: bool = False
-) -> list[str]:
+) -> list[str] | None:
     """One batch in its own transaction on `conn` (an autocommit connection): the times of the
-    receipts given leaves — none if nothing is pending, or if another integrator holds the
-    log's row (with `wait`: after it lets go)."""
+    receipts given leaves (none if nothing is pending), or None if another integrator holds
+    the log's row (with `wait`: after it lets go)."""
     conn.execute("BEGIN")
     try:
         lock = "FOR UPDATE" if wait else "FOR UPDATE SKIP LOCKED"
         held = conn.execute(f"SELECT 1 FROM log_state WHERE id = 1 {lock}")
-        moved = integrate(conn, limit) if held.fetchone() is not None else []
+        moved = integrate(conn, limit) if held.fetchone() is not None else None
         conn.execute("COMMIT")
     except BaseException:
         with suppress(Exception):  # a lost connection rolls back by itself
@@ -146,12 +153,17 @@ class Integrator:
                 self._conn = self._connect()
             try:
                 self.backlog = pending_count(self._conn)
-                times = integrate_batch(self._conn, self._integrate, self.batch, wait=wait)
+                times = (
+                    integrate_batch(self._conn, self._integrate, self.batch, wait=wait)
+                    if self.backlog
+                    else []
+                )
             except BaseException:
                 conn, self._conn = self._conn, None
                 with suppress(Exception):
                     conn.close()
                 raise
+            times = times or []  # None: another replica's integrator holds the log
             self.integrated += len(times)
             self.backlog = max(self.backlog - len(times), 0)
         if times and self._delays is not None:

@@ -45,7 +45,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
@@ -152,6 +152,25 @@ def connect(url: str, *, application: str = "loopwarden") -> PgConnection:
     except psycopg.Error as exc:
         raise StoreError(f"cannot open the database {redact(url)}: {first_line(exc)}") from None
     return PgConnection(raw)
+
+
+def forget_prepared(raw: psycopg.Connection[Any]) -> None:
+    """Forget every statement psycopg prepared on `raw`: its cache is cleared, and DEALLOCATE
+    ALL goes out with the connection's next statement (a `ROLLBACK`, which the failed body's
+    transaction or savepoint needs anyway).
+
+    Why: psycopg (3.3) records a statement as prepared when it queues the PREPARE in a
+    pipeline. When the pipeline is aborted before the PREPARE runs (an earlier statement of the
+    body failed: a lock not granted, a deadlock broken, a key written first by another replica,
+    each now an everyday event that runs the body again), the name stays cached though the
+    server never made it, and the statement's next use fails with 'prepared statement "_pg3_N"
+    does not exist'. Without psycopg's cache manager to clear (another version), the connection
+    stops preparing statements instead."""
+    manager = getattr(raw, "_prepared", None)
+    if manager is not None and callable(getattr(manager, "clear", None)):
+        manager.clear()
+    else:
+        raw.prepare_threshold = None
 
 
 COMMITS: Table[Any] = Table(
@@ -268,11 +287,20 @@ class PostgresBackend:
             old = format_time(datetime.now(UTC) - MARKER_AGE)
             self.writer.execute("DELETE FROM commits WHERE at < ?", (old,))
 
-    def body(self) -> AbstractContextManager[object]:
+    @contextmanager
+    def body(self) -> Iterator[object]:
         """A pipeline (psycopg's pipeline mode): a body's writes go out without a round trip
         each, and the pipeline is synced when the body ends, so its errors are raised in it
-        (before its savepoint is released) and are never another body's."""
-        return self.writer.raw.pipeline()
+        (before its savepoint is released) and are never another body's. A body that fails
+        leaves no prepared statement behind that the server does not have
+        (`forget_prepared`)."""
+        raw = self.writer.raw
+        try:
+            with raw.pipeline() as pipeline:
+                yield pipeline
+        except BaseException:
+            forget_prepared(raw)
+            raise
 
     def commit(self) -> None:
         """COMMIT; if the connection is lost on the way, find out whether it committed."""

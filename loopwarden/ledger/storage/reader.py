@@ -482,6 +482,10 @@ class Reader:
         r = self._one("SELECT count(*) FROM pending")
         return int(r[0]) if r else 0
 
+    def sealed_count(self) -> int:
+        """Receipts sealed into their chains: those with leaves and those pending theirs."""
+        return self.journal_count() + self.pending_count()
+
     def log_state(self) -> LogState:
         r = self._one("SELECT size, frontier FROM log_state WHERE id = 1")
         if r is None:
