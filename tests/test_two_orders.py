@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import OPERATOR
+from conftest import BUILDER, OPERATOR
 from test_store import open_test_loop
 
 from loopwarden.errors import Conflict, StoreBusy
@@ -36,6 +36,7 @@ from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.state.events import TodoAdded, TodoSpec
 from loopwarden.ledger.storage.postgres import connect
 from loopwarden.ledger.storage.store import Store, snapshot
+from loopwarden.operations.claim import ClaimRequest, claim
 from loopwarden.operations.receipt import ReceiptRequest, receipt
 
 pytestmark = pytest.mark.anyio
@@ -609,3 +610,86 @@ async def test_the_receipt_command_says_sealed_then_waits_for_publication(home, 
     waited = json.loads(cli("receipt", appended.receipt_id, "--wait", "--json", *where).stdout)
     assert (waited["state"], waited["leaf_index"]) == ("published", 1)
     assert _counts(pg_url) == (2, 0)
+
+
+# --- budget pools: a write holds only the pools it decides on --------------------------------
+
+
+def _hold_rows(url: str, sql: str) -> Any:
+    """A connection outside loopwarden holding the rows `sql` locks (as a slow writer would)."""
+    conn = connect(url)
+    conn.execute("BEGIN")
+    conn.execute(sql)
+    return conn
+
+
+async def _pooled(home: Path, url: str) -> Store:
+    """A store with pools `a` and `b`, loop L1 drawing from `a` and L2 from `b`."""
+    from test_pools import define, open_in
+
+    store = await _open(home, url)
+    await define(store, "a", max_concurrent_turns=4)
+    await define(store, "b", max_concurrent_turns=4)
+    await open_in(store, "L1", pools=["a"])
+    await open_in(store, "L2", pools=["b"])
+    return store
+
+
+async def _claimed(store: Store, loop_id: str, done: dict[str, Any]) -> None:
+    done[loop_id] = await claim(store, BUILDER, ClaimRequest(loop_id=loop_id))
+
+
+async def test_writes_drawing_from_different_pools_do_not_wait_for_each_other(home, pg_url):
+    store, done = await _pooled(home, pg_url), {}
+    other = await _open(home, pg_url)  # another replica
+    try:
+        holder = _hold_rows(pg_url, "SELECT 1 FROM pools WHERE name = 'a' FOR UPDATE")
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_claimed, store, "L1", done)  # waits for pool a's row
+                await anyio.sleep(0.2)
+                with anyio.fail_after(10):  # the other replica's claim on pool b goes through
+                    await _claimed(other, "L2", done)
+                assert done["L2"].granted and "L1" not in done
+                holder.execute("ROLLBACK")
+        finally:
+            holder.close()
+        assert done["L1"].granted
+        await store.integrate()
+        report = _audit(home, pg_url)
+        assert report.clean, report.findings
+    finally:
+        await other.close()
+        await store.close()
+
+
+async def test_a_pool_change_waits_for_the_writes_that_read_the_pools(home, pg_url):
+    from test_pools import define, pool_state
+
+    store, done = await _pooled(home, pg_url), {}
+    try:
+        reading = _hold_rows(pg_url, "SELECT 1 FROM meta WHERE key = 'schema_version' FOR SHARE")
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def bind() -> None:  # binds the builder to pool b in every loop
+                    done["define"] = await define(
+                        store, "b", agents=["builder"], max_concurrent_turns=4
+                    )
+
+                tg.start_soon(bind)
+                await anyio.sleep(0.3)
+                assert "define" not in done  # a write still reading the pools holds it back
+                reading.execute("ROLLBACK")
+        finally:
+            reading.close()
+        assert done["define"].changed
+        granted = await claim(store, BUILDER, ClaimRequest(loop_id="L1"))
+        assert granted.granted
+        charged = [(await pool_state(store, name)).active_turns for name in ("a", "b")]
+        assert charged == [1, 1]  # decided on the new binding: L1's turn counts in pool b too
+        await store.integrate()
+        report = _audit(home, pg_url)
+        assert report.clean, report.findings
+    finally:
+        await store.close()

@@ -52,7 +52,9 @@ def pool_sweeps_due(tx: Reader, policy: LoopPolicy, agent: str, now: str) -> lis
     """The loops whose expired leases hold a turn of a full pool this claim draws from: an
     open turn counts against its pools until its lease is swept, in whichever loop it is."""
     pools, loops = tx.pools(), set()
-    for name in drawn(pools, policy, agent):
+    names = drawn(pools, policy, agent)
+    tx.hold(names)  # their open turns are what is decided on
+    for name in names:
         row = pools.get(name)
         limit = row.policy.max_concurrent_turns if row is not None else None
         if row is not None and limit is not None and row.active_turns >= limit:

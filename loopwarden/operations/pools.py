@@ -130,6 +130,7 @@ def pool_define(call: Call[Txn], req: PoolDefineRequest) -> PoolDefineResult:
     document = policy.model_dump(mode="json", exclude_none=True)
     digest = digest_of(document)
     tx = call.tx
+    tx.own_pool_catalog()
     existing = tx.pools().get(req.name)
     if existing is not None and req.create_only:
         raise Conflict(f"pool {req.name!r} exists already (change it with `pool set`)")
@@ -164,6 +165,7 @@ def _control(kind: ReceiptKind, action: str, source: PoolStatus) -> Operation[An
     code = ReasonCode.PAUSED if kind == ReceiptKind.POOL_PAUSED else ReasonCode.RESUMED
 
     def body(call: Call[Txn], req: PoolControlRequest) -> PoolControlResult:
+        call.tx.own_pool_catalog()  # a paused pool refuses every claim decided after it
         row = call.tx.pools().get(req.name)
         if row is None:
             raise NotFound(f"no pool named {req.name!r}")

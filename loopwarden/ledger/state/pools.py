@@ -53,6 +53,11 @@ class PoolReads(Protocol):
 
     def usage(self, pool: str, window_start: str) -> Totals: ...
 
+    def hold(self, names: Iterable[str]) -> None:
+        """Make the pools `names` this caller's to decide on until it ends (a write locks
+        their rows; a replay or a snapshot has nothing to lock)."""
+        ...
+
 
 class PoolBook(PoolReads, Protocol):
     """Where pool state is kept and charged: the rows of one write transaction, or an audit's
@@ -113,8 +118,10 @@ def drawn(pools: dict[str, PoolRow], policy: LoopPolicy, agent: str) -> list[str
 def claim_reasons(book: PoolReads, policy: LoopPolicy, agent: str, now: datetime) -> list[Reason]:
     """Why a claim by `agent` in a loop with `policy` is refused by its pools (none: room)."""
     pools = book.pools()
+    names = drawn(pools, policy, agent)
+    book.hold(names)
     facts, reasons = [], []
-    for name in drawn(pools, policy, agent):
+    for name in names:
         row = pools.get(name)
         if row is None:
             why = f"the loop draws from pool {name!r}, which does not exist"
@@ -195,6 +202,7 @@ def charge(book: PoolBook, charged: list[Charge], at: str) -> None:
     """Apply `charged` to the pools it names (a pool not defined is not charged: a claim
     drawing from it was refused)."""
     when = parse_time(at)
+    book.hold(name for item in charged for name in item.pools)  # held already by the write
     for item in charged:
         for name in item.pools:
             row = book.pools().get(name)
@@ -217,6 +225,9 @@ class PoolLedger:
 
     def pools(self) -> dict[str, PoolRow]:
         return self.rows
+
+    def hold(self, names: Iterable[str]) -> None:
+        """Nothing to lock: a replay is alone."""
 
     def usage(self, pool: str, window_start: str) -> Totals:
         return self.used.get((pool, window_start), Totals())

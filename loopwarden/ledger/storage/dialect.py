@@ -150,11 +150,13 @@ class Dialect:
     def _insert_new(self, table: Table[Any], names: tuple[str, ...]) -> str:
         return f"{self._values(table, names)} ON CONFLICT DO NOTHING"
 
-    def lock(self, *, wait: bool = True) -> str:
+    def lock(self, *, wait: bool = True, shared: bool = False) -> str:
         """What ends a SELECT that locks the rows it reads until the transaction ends (empty
         where the transaction's one write lock already covers every row); without `wait`, a
-        row another transaction holds fails the statement at once instead of waiting."""
-        return " FOR UPDATE" if wait else " FOR UPDATE NOWAIT"
+        row another transaction holds fails the statement at once instead of waiting. A
+        `shared` lock keeps the rows from changing without keeping other shared holders out."""
+        mode = " FOR SHARE" if shared else " FOR UPDATE"
+        return mode if wait else f"{mode} NOWAIT"
 
     def json_values(self, column: str, alias: str) -> str:
         """A FROM item listing the strings of the JSON array in `column` as `alias.value`."""

@@ -50,6 +50,11 @@ _HEAD = (
 """A chain's last receipt: pending if it has any (they come after its integrated ones), else in
 the journal."""
 
+POOL_CATALOG = "SELECT 1 FROM meta WHERE key = 'schema_version'"
+"""The pool catalog's lock (a row every store has): a write that reads the pools holds it
+shared, one that creates or changes a pool holds it alone. Lock order: a loop's row, then the
+catalog, then pool rows by name."""
+
 
 def loop_mac_values(loop: LoopRow, root: bytes) -> list[object]:
     """What a loop row's MAC covers: its stored values, then its state tree's root."""
@@ -82,6 +87,7 @@ class GuardedReader(Reader):
         # another transaction holds one. Only the first body of a group commit waits, so two
         # groups never wait for each other (see `Store._commit_group`).
         self._lock = self.dialect.lock(wait=wait)
+        self._share = self.dialect.lock(wait=wait, shared=True)
         # Rows this transaction has read or written; only it can change them (it holds the
         # write lock), so repeated reads are served from here.
         self._loops: dict[str, LoopRow | None] = {}
@@ -91,6 +97,7 @@ class GuardedReader(Reader):
         # a row that does not exist.
         self._rows: dict[str, dict[RowKey, Any]] = {t: {} for t in ROW_TABLES}
         self._pools: dict[str, PoolRow] | None = None  # every pool, once read
+        self._held: set[str] = set()  # pools whose rows this transaction holds (`hold`)
         self._usage: dict[tuple[str, str], Totals] = {}  # pool windows read or written
 
     def carry_log(self, log: LogState | None) -> None:
@@ -317,30 +324,60 @@ class GuardedReader(Reader):
     # --- budget pools (the write path's `PoolBook`, with `Txn`'s writes) ----------------------
 
     def pools(self) -> dict[str, PoolRow]:
-        """Every pool, each proved by its MAC and by its chain's last receipt in the journal."""
+        """Every pool, each proved by its MAC and by its chain's last receipt in the journal.
+
+        What defines the pools (which exist, their policies, the agents they bind) stays as
+        read for the rest of the transaction: the pool catalog's lock is taken, shared, first
+        (`POOL_CATALOG`). What a write decides on or charges (a pool's open turns, its
+        windows' usage) is its own only once it holds the pool's row (`hold`)."""
         if self._pools is None:
-            self._pools = {}
-            if (
-                self._lock
-                and not self.conn.execute(
-                    f"SELECT name FROM pools ORDER BY name{self._lock}"  # every pool, in name order
-                ).fetchall()
-            ):
-                return self._pools
-            rows = self.conn.execute(
-                f"SELECT {POOLS.row_names}, mac, coalesce("
-                "(SELECT max(seq) FROM pending WHERE loop_id = 'pool:' || name), "
-                "(SELECT max(seq) FROM journal WHERE loop_id = 'pool:' || name)) "
-                "FROM pools ORDER BY name"
-            )
-            for *values, mac, head_seq in rows:
-                pool = POOLS.decode(values)
-                what = f"the stored state of pool {pool.name!r}"
-                self.integrity.check(POOL_MAC, values, mac, what)  # the stored values, as MACed
-                if head_seq != pool.head_seq:
-                    raise IntegrityError(f"{what} is not the state after its last receipt")
-                self._pools[pool.name] = pool
+            if self._lock:
+                self.conn.execute(POOL_CATALOG + self._share)
+            self._pools = self._proved_pools()
         return self._pools
+
+    def own_pool_catalog(self) -> None:
+        """Take the pool catalog's lock alone, before a pool is created or changed: every
+        write that read the pools has ended, and none reads them until this one ends."""
+        if self._lock:
+            self.conn.execute(POOL_CATALOG + self._lock)
+            self._pools = None  # read again under the lock
+
+    def hold(self, names: Iterable[str]) -> None:
+        """Lock the rows of the pools `names` (in name order) and read them again: a write
+        holds every pool it decides on or charges before it draws its ticket, so two writes to
+        one pool take turns and are integrated in that order, and writes to other pools do
+        not wait for it."""
+        if not self._lock:
+            return
+        pools = self.pools()
+        wanted = sorted(set(names) - self._held)
+        for name in wanted:
+            self.conn.execute(f"SELECT 1 FROM pools WHERE name = ?{self._lock}", (name,))
+        if wanted:
+            self._held.update(wanted)
+            pools.update(self._proved_pools(wanted))
+            for key in [key for key in self._usage if key[0] in self._held]:
+                del self._usage[key]  # read before the row was held
+
+    def _proved_pools(self, names: list[str] | None = None) -> dict[str, PoolRow]:
+        where = "" if names is None else f" WHERE name IN ({', '.join('?' * len(names))})"
+        rows = self.conn.execute(
+            f"SELECT {POOLS.row_names}, mac, coalesce("
+            "(SELECT max(seq) FROM pending WHERE loop_id = 'pool:' || name), "
+            "(SELECT max(seq) FROM journal WHERE loop_id = 'pool:' || name)) "
+            f"FROM pools{where} ORDER BY name",
+            tuple(names or ()),
+        )
+        proved = {}
+        for *values, mac, head_seq in rows:
+            pool = POOLS.decode(values)
+            what = f"the stored state of pool {pool.name!r}"
+            self.integrity.check(POOL_MAC, values, mac, what)  # the stored values, as MACed
+            if head_seq != pool.head_seq:
+                raise IntegrityError(f"{what} is not the state after its last receipt")
+            proved[pool.name] = pool
+        return proved
 
     def usage(self, pool: str, window_start: str) -> Totals:
         """What one window of `pool` used, proved by its MAC (zero for a window not begun)."""

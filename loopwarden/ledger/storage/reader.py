@@ -530,6 +530,10 @@ class Reader:
         rows = self.conn.execute(f"SELECT {POOLS.row_names} FROM pools ORDER BY name")
         return {row.name: row for row in map(POOLS.decode, rows)}
 
+    def hold(self, names: Iterable[str]) -> None:
+        """Nothing to hold: a read answers from one snapshot (the write path's guard locks
+        the pools it decides on)."""
+
     def pool_usage(self, pool: str, window_start: str | None = None) -> list[PoolUsage]:
         """What the windows of `pool` used, oldest first (only `window_start`'s if given)."""
         if self.legacy:

@@ -143,7 +143,7 @@ class SqliteDialect(Dialect):
     def _upsert(self, table: Table[Any], names: tuple[str, ...]) -> str:
         return self._values(table, names).replace("INSERT", "INSERT OR REPLACE", 1)
 
-    def lock(self, *, wait: bool = True) -> str:
+    def lock(self, *, wait: bool = True, shared: bool = False) -> str:
         return ""  # `BEGIN IMMEDIATE` holds the whole file for the transaction
 
     def _insert_new(self, table: Table[Any], names: tuple[str, ...]) -> str:

@@ -36,7 +36,7 @@ from loopwarden.ledger.log.receipts import Sealed, seal
 from loopwarden.ledger.state import pools as pool_state
 from loopwarden.ledger.state.events import Fact, LoopOpened, ReceiptBody, ReceiptKind
 from loopwarden.ledger.state.fold import apply, touched
-from loopwarden.ledger.state.pools import chain_of, fold_pool
+from loopwarden.ledger.state.pools import chain_of, drawn, fold_pool, pool_of
 from loopwarden.ledger.state.registry import make_body
 from loopwarden.ledger.state.rows import LoopRow, LoopView, PoolRow, PoolUsage
 from loopwarden.ledger.state.rows import replace as with_fields
@@ -296,14 +296,29 @@ class Txn(ProjectionWriter, CursorWriter):
         sealed = seal(body.as_json(), self._store.signer)
         # The pools' rows before the ticket: of two writes to a pool, the later's tickets then
         # come after the earlier's, so the tree replays pools in the order they were decided
-        # (integrator.py). Read once per transaction; the fold needs them anyway.
-        self.pools()
+        # (integrator.py). Writes to other pools do not wait.
+        self.hold(self._pools_touched(body))
         pending = PendingRow(
             None, body.loop_id, body.seq, body.kind, sealed.receipt_id, sealed.digest, body.at,
             body.turn_id, sealed.envelope, merkle.leaf_hash(sealed.envelope),
         )  # fmt: skip
         self.conn.execute(self.dialect.insert(PENDING, _SEALED), PENDING.encode(pending)[1:])
         return body, sealed
+
+    def _pools_touched(self, body: ReceiptBody) -> list[str]:
+        """The pools `body` may charge or change: its own pool's (a pool's receipt), or those
+        the turns it touches were admitted under and those its loop draws from for its
+        principal."""
+        name = pool_of(body.loop_id)
+        if name is not None:
+            return [name]
+        view = self.view(body.loop_id, touched(body)) if self.pools() else None
+        if view is None:
+            return []
+        names = set(drawn(self.pools(), view.policy, body.principal.id))
+        for turn in view.turns.values():
+            names.update(turn.pools if turn is not None and turn.pools else ())
+        return sorted(names)
 
     def append_pool(
         self,
@@ -317,6 +332,7 @@ class Txn(ProjectionWriter, CursorWriter):
     ) -> PoolAppended:
         """Seal one receipt of a budget pool's chain and fold it into the pool's row (a new
         pool for its first `pool.defined`). `FoldError` if it does not fit the pool's state."""
+        self.hold([name])
         row = self.pools().get(name)
         seq, prev, at = 1, None, self.now
         if row is not None:
