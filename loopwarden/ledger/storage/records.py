@@ -13,11 +13,9 @@ from typing import NamedTuple
 
 
 @dataclass(frozen=True)
-class JournalRow:
-    """A sealed receipt: `leaf_index` is its place in the Merkle tree, None while it is pending
-    integration (then only a loop's own reads return it: `Reader.loop_journal` and its kin)."""
+class SealedRow:
+    """A sealed receipt's columns, the same in the journal and in the pending table."""
 
-    leaf_index: int | None
     loop_id: str
     seq: int
     kind: str
@@ -26,6 +24,14 @@ class JournalRow:
     at: str
     turn_id: str | None
     envelope: bytes
+
+
+@dataclass(frozen=True)
+class JournalRow(SealedRow):
+    """A sealed receipt: `leaf_index` is its place in the Merkle tree, None while it is pending
+    integration (then only a loop's own reads return it: `Reader.loop_journal` and its kin)."""
+
+    leaf_index: int | None
 
     @property
     def leaf(self) -> int:
@@ -36,26 +42,18 @@ class JournalRow:
 
 
 @dataclass(frozen=True)
-class PendingRow:
+class PendingRow(SealedRow):
     """A receipt sealed into its loop's chain and not yet given its place in the Merkle tree:
     `ticket` orders the pending receipts (the database numbers them as they are inserted), and
     `leaf_hash` is the leaf its envelope will be."""
 
     ticket: int | None
-    loop_id: str
-    seq: int
-    kind: str
-    receipt_id: str
-    digest: str
-    at: str
-    turn_id: str | None
-    envelope: bytes
     leaf_hash: bytes
 
     def integrated(self, leaf_index: int | None) -> JournalRow:
         return JournalRow(
-            leaf_index, self.loop_id, self.seq, self.kind, self.receipt_id, self.digest, self.at,
-            self.turn_id, self.envelope,
+            self.loop_id, self.seq, self.kind, self.receipt_id, self.digest, self.at,
+            self.turn_id, self.envelope, leaf_index,
         )  # fmt: skip
 
 

@@ -92,12 +92,11 @@ _INTEGRATE = (
 
 
 @dataclass(frozen=True)
-class PoolAppended:
-    """A pool's receipt made durable by its transaction, and the pool's row after it."""
+class _Durable:
+    """A receipt made durable by its transaction: its envelope as sealed, and its body."""
 
     sealed: Sealed
     body: ReceiptBody
-    pool: PoolRow
 
     @property
     def receipt_id(self) -> str:
@@ -105,16 +104,17 @@ class PoolAppended:
 
 
 @dataclass(frozen=True)
-class Appended:
+class PoolAppended(_Durable):
+    """A pool's receipt made durable by its transaction, and the pool's row after it."""
+
+    pool: PoolRow
+
+
+@dataclass(frozen=True)
+class Appended(_Durable):
     """A receipt made durable by its transaction: identity, position, and the folded view."""
 
-    sealed: Sealed
-    body: ReceiptBody
     view: LoopView
-
-    @property
-    def receipt_id(self) -> str:
-        return self.sealed.receipt_id
 
     @property
     def seq(self) -> int:
@@ -299,8 +299,8 @@ class Txn(ProjectionWriter, CursorWriter):
         # (integrator.py). Writes to other pools do not wait.
         self.hold(self._pools_touched(body))
         pending = PendingRow(
-            None, body.loop_id, body.seq, body.kind, sealed.receipt_id, sealed.digest, body.at,
-            body.turn_id, sealed.envelope, merkle.leaf_hash(sealed.envelope),
+            body.loop_id, body.seq, body.kind, sealed.receipt_id, sealed.digest, body.at,
+            body.turn_id, sealed.envelope, ticket=None, leaf_hash=merkle.leaf_hash(sealed.envelope),
         )  # fmt: skip
         self.conn.execute(self.dialect.insert(PENDING, _SEALED), PENDING.encode(pending)[1:])
         return body, sealed
