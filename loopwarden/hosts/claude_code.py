@@ -109,15 +109,9 @@ class ClaudeCode(Host):
     def tool_call(self, event: dict[str, Any], session: str) -> dict[str, Any]:
         """The parts of a tool event: `tool_name`, `tool_input`, `tool_use_id`, and the
         subagent's `agent_id` / `agent_type` if a subagent made the call."""
-        tool = field_of(event, "tool_name", str)
-        tool_input = event.get("tool_input", {})
         return {
-            "session_id": session,
+            **self.tool_fields(event, session, field_of(event, "tool_name", str)),
             "tool_use_id": optional_id(event, "tool_use_id"),
-            "host_tool": tool,
-            "input_digest": digest(tool_input),
-            "command": self.shell_line(tool, tool_input),
-            "shell": self.dialects.get(tool, "bash"),
             "agent_id": optional_id(event, "agent_id"),
             "agent_type": optional_id(event, "agent_type"),
         }

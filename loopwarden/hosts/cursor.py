@@ -86,14 +86,9 @@ class Cursor(Host):
             return Event("pre", session, host_tool="Read", input_digest=digest({"file_path": path}))
         if name not in ("preToolUse", "postToolUse"):
             raise MalformedEvent(f"loopwarden does not handle {name!r} events")
-        tool = field_of(event, "tool_name", str)
-        tool_input = event.get("tool_input", {})
         common = {
-            "session_id": session,
+            **self.tool_fields(event, session, field_of(event, "tool_name", str)),
             "tool_use_id": optional_id(event, "tool_use_id"),
-            "host_tool": tool,
-            "input_digest": digest(tool_input),
-            "command": self.shell_line(tool, tool_input),
         }
         if name == "preToolUse":
             return Event("pre", **common)

@@ -95,13 +95,7 @@ class Gemini(Host):
         context = event.get("mcp_context")
         if isinstance(context, dict) and isinstance(context.get("server_name"), str):
             tool = f"mcp__{context['server_name']}__{context.get('tool_name') or tool}"
-        tool_input = event.get("tool_input", {})
-        common = {
-            "session_id": session,
-            "host_tool": tool,
-            "input_digest": digest(tool_input),
-            "command": self.shell_line(tool, tool_input),
-        }
+        common = self.tool_fields(event, session, tool)
         if phase == "pre":
             return Event("pre", **common)
         response = event.get("tool_response")

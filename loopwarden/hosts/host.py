@@ -204,6 +204,19 @@ class Host:
             return phase, session, Event("stop", session, stop_active=active)
         return phase, session, None
 
+    def tool_fields(self, event: dict[str, Any], session: str, tool: str) -> dict[str, Any]:
+        """The `Event` fields of a call of `tool` that hosts read alike: the session, the tool,
+        the digest of its `tool_input`, and the command line a shell tool carries with that
+        line's language. A host adds the ids its events carry."""
+        tool_input = event.get("tool_input", {})
+        return {
+            "session_id": session,
+            "host_tool": tool,
+            "input_digest": digest(tool_input),
+            "command": self.shell_line(tool, tool_input),
+            "shell": self.dialects.get(tool, "bash"),
+        }
+
     def shell_line(self, tool: str, tool_input: Any) -> str | None:
         """The command line a shell tool's input carries (a string, or an argv list as one
         line), or None for a tool that is no shell tool or an input without one."""

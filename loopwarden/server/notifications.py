@@ -49,6 +49,7 @@ from loopwarden.ledger.state.events import ID_PATTERN
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.operations.visibility import visible
 from loopwarden.principals import Principal
+from loopwarden.server.chores import every
 from loopwarden.server.runtime import Runtime
 
 log = logging.getLogger("loopwarden.server")
@@ -173,12 +174,7 @@ class ChangeFeed:
 
     async def run(self) -> None:
         """Poll every `POLL_SECONDS` until cancelled; a failed poll is logged and retried."""
-        while True:
-            await anyio.sleep(POLL_SECONDS)
-            try:
-                await self.tick()
-            except Exception:
-                log.exception("change feed poll failed; retrying")
+        await every(POLL_SECONDS, self.tick, "change feed poll")
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[ChangeFeed]:

@@ -28,6 +28,8 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from loopwarden.server.chores import every
+
 log = logging.getLogger("loopwarden.server")
 
 SWEEP_SECONDS = 1.0
@@ -119,12 +121,7 @@ class SessionLimits:
 
     async def run(self) -> None:
         """Sweep every `SWEEP_SECONDS` until cancelled; a failed sweep is logged and retried."""
-        while True:
-            await anyio.sleep(SWEEP_SECONDS)
-            try:
-                await self.sweep()
-            except Exception:
-                log.exception("session sweep failed; retrying")
+        await every(SWEEP_SECONDS, self.sweep, "session sweep")
 
     async def admit(
         self, app: ASGIApp, holder: Holder, scope: Scope, receive: Receive, send: Send
