@@ -100,6 +100,32 @@ def operate(
     return run(action, as_json=as_json)
 
 
+def control_command(
+    op: Operation[Any, Any], what: str, field: str, named: Any, doc: str
+) -> Callable[..., None]:
+    """The command that runs an operator control (`pause_loop`, `pool_pause` …) on the `what`
+    (loop, pool) its argument names, with `--reason`: `named` is the argument's typer
+    declaration, `field` the request field it fills. It never creates the store."""
+
+    def command(
+        name: str = named,
+        reason: Reason = "",
+        home: Home = None,
+        store: Store = None,
+        json_out: Json = False,
+        who: As = None,
+    ) -> None:
+        request = {field: name, "reason": reason}
+        result = operate(op, request, home, store=store, who=who, as_json=json_out, create=False)
+        if json_out:
+            render.emit_json(result.model_dump(mode="json"))
+            return
+        render.controlled(what, name, result.status, result.receipt_id)
+
+    command.__doc__ = doc
+    return command
+
+
 def read_policy_file(path: Path) -> LoopPolicy:
     try:
         text = path.read_text()

@@ -14,6 +14,7 @@ from loopwarden.clients.cli.common import (
     Json,
     Reason,
     Store,
+    control_command,
     fail,
     operate,
     read_policy_file,
@@ -149,24 +150,7 @@ def loop_show(
 
 def _control(op: Operation[Any, Any], doc: str) -> Any:
     """The command that runs a loop control (`pause_loop` …) on one loop, with `--reason`."""
-
-    def command(
-        loop_id: str,
-        reason: Reason = "",
-        home: Home = None,
-        store: Store = None,
-        json_out: Json = False,
-        who: As = None,
-    ) -> None:
-        request = {"loop_id": loop_id, "reason": reason}
-        result = operate(op, request, home, store=store, who=who, as_json=json_out)
-        if json_out:
-            render.emit_json(result.model_dump(mode="json"))
-        else:
-            render.controlled("loop", result.loop_id, result.status, result.receipt_id)
-
-    command.__doc__ = doc
-    return command
+    return control_command(op, "loop", "loop_id", typer.Argument(metavar="loop_id"), doc)
 
 
 app.command("pause")(

@@ -7,12 +7,13 @@ from typing import Annotated, Any
 import typer
 
 from loopwarden.clients import render
-from loopwarden.clients.cli.common import As, Home, Json, Reason, Store, operate
+from loopwarden.clients.cli.common import As, Home, Json, Store, control_command, operate
 from loopwarden.operations.pools import POOL_CONTROLS, PoolOut, pool_define, pools
 
 app = typer.Typer(no_args_is_help=True, help="Budget pools: limits that span loops.")
 
-Name = Annotated[str, typer.Argument(help="The pool's name, e.g. team-a.")]
+NAMED = typer.Argument(help="The pool's name, e.g. team-a.")
+Name = Annotated[str, NAMED]
 Int = Annotated[int | None, typer.Option(min=0)]
 Money = Annotated[float | None, typer.Option(min=0.0)]
 
@@ -135,29 +136,12 @@ def pool_list(home: Home = None, store: Store = None, json_out: Json = False) ->
 
 
 def _control(action: str) -> Any:
-    op = POOL_CONTROLS[action]
-
-    def command(
-        name: Name,
-        reason: Reason = "",
-        home: Home = None,
-        store: Store = None,
-        json_out: Json = False,
-        who: As = None,
-    ) -> None:
-        request = {"name": name, "reason": reason}
-        result = operate(op, request, home, store=store, who=who, as_json=json_out, create=False)
-        if json_out:
-            render.emit_json(result.model_dump(mode="json"))
-            return
-        render.controlled("pool", name, result.status, result.receipt_id)
-
     sealed = "pool.paused" if action == "pause" else "pool.resumed"
     then = "are refused" if action == "pause" else "are admitted again"
-    command.__doc__ = (
+    doc = (
         f"{action.title()} a pool: its loops' claims {then}.\n\nSealed as {sealed}, with --reason."
     )
-    return command
+    return control_command(POOL_CONTROLS[action], "pool", "name", NAMED, doc)
 
 
 app.command("pause")(_control("pause"))
