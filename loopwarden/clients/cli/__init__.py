@@ -28,7 +28,7 @@ from loopwarden.clients.cli import (
     stores,
     tokens,
 )
-from loopwarden.clients.cli.common import Home, Json, Store
+from loopwarden.clients.cli.common import Options, shared_options
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -63,14 +63,14 @@ app.command()(homes.home)
 
 
 @app.callback(invoke_without_command=True)
+@shared_options("home", "store", "json")
 def _main(
     ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
+    *,
+    options: Options,
 ) -> None:
-    homes.pass_down(ctx, home=home, store=store, json_out=json_out)
+    homes.pass_down(ctx, home=options.home, store=options.store, json_out=options.json_out)
     if version:
         print(__version__)
         raise typer.Exit()

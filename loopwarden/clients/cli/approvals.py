@@ -2,40 +2,30 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from loopwarden.clients import render
-from loopwarden.clients.cli.common import (
-    As,
-    Home,
-    Json,
-    Reason,
-    Store,
-    fail,
-    operate,
-    parse_duration,
-)
+from loopwarden.clients.cli.common import Options, Reason, fail, parse_duration, shared_options
 from loopwarden.errors import LoopwardenError
 from loopwarden.operations.approvals import decide_approval, list_approvals
 
 
+@shared_options("home", "store", "json")
 def approvals(
     pending: Annotated[
         bool, typer.Option("--pending", help="Only approvals awaiting a decision.")
     ] = False,
     loop: Annotated[str | None, typer.Option("--loop", help="Only this loop.")] = None,
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
+    *,
+    options: Options,
 ) -> None:
     """List approval requests."""
     request = {"loop_id": loop, "status": "pending" if pending else None}
-    result = operate(list_approvals, request, home, store=store, as_json=json_out)
+    result = options.operate(list_approvals, request)
     rows = result.approvals
-    if json_out:
+    if options.json_out:
         render.emit_json(result.model_dump(mode="json"))
         return
     render.table(
@@ -57,27 +47,20 @@ def approvals(
 
 
 def _decide(
-    approval_id: str,
-    approve_it: bool,
-    expires: str | None,
-    reason: str,
-    home: Path | None,
-    store: str | None,
-    json_out: bool,
-    who: str | None,
+    approval_id: str, approve_it: bool, expires: str | None, reason: str, options: Options
 ) -> None:
     try:
         seconds = parse_duration(expires) if expires else 3600
     except LoopwardenError as exc:
-        fail(exc.message, 2, as_json=json_out, error=exc.code)
+        fail(exc.message, 2, as_json=options.json_out, error=exc.code)
     request = {
         "approval_id": approval_id,
         "approve": approve_it,
         "expires_in_seconds": seconds,
         "reason": reason,
     }
-    result = operate(decide_approval, request, home, store=store, who=who, as_json=json_out)
-    if json_out:
+    result = options.operate(decide_approval, request)
+    if options.json_out:
         render.emit_json(result.model_dump(mode="json"))
     else:
         until = f" until {result.expires_at}" if result.expires_at else ""
@@ -86,28 +69,26 @@ def _decide(
         )
 
 
+@shared_options("home", "store", "json", "as")
 def approve(
     approval_id: str,
     expires: Annotated[
         str | None, typer.Option("--expires", help="Lifetime, e.g. 30m, 1h (default 1h).")
     ] = None,
     reason: Reason = "",
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
-    who: As = None,
+    *,
+    options: Options,
 ) -> None:
     """Approve a pending approval request."""
-    _decide(approval_id, True, expires, reason, home, store, json_out, who)
+    _decide(approval_id, True, expires, reason, options)
 
 
+@shared_options("home", "store", "json", "as")
 def reject(
     approval_id: str,
     reason: Annotated[str, typer.Option("--reason", help="Why (required).")],
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
-    who: As = None,
+    *,
+    options: Options,
 ) -> None:
     """Reject a pending approval request."""
-    _decide(approval_id, False, None, reason, home, store, json_out, who)
+    _decide(approval_id, False, None, reason, options)

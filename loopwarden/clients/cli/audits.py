@@ -14,11 +14,10 @@ from loopwarden.clients.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     EXIT_VERIFY,
-    Home,
-    Json,
-    Store,
+    Options,
     fail,
     run,
+    shared_options,
 )
 from loopwarden.clients.keyfiles import read_key_argument, read_key_file
 from loopwarden.clock import format_time
@@ -88,14 +87,14 @@ def _audit(
         )
 
 
+@shared_options("home", "store", "json")
 def verify(
     loop: Annotated[
         str | None,
         typer.Option("--loop", help="Audit one loop in depth (the log is always checked whole)."),
     ] = None,
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
+    *,
+    options: Options,
     trusted_keys: TrustedKeys = None,
 ) -> None:
     """Audit the whole store; exit 3 on any finding.
@@ -104,9 +103,10 @@ def verify(
     every checkpoint and their consistency, every decision judged against the loop's policy,
     every projection rebuilt from its receipts, and the row proofs and MACs the server relies on.
     """
+    home, json_out = options.home, options.json_out
     trust = _trust(trusted_keys, home, json_out)
     try:
-        with admin.open_reader(home, store=store) as reader:
+        with admin.open_reader(home, store=options.store) as reader:
             if loop is not None and reader.loop_row(loop) is None:
                 raise NotFound(missing_loop(reader, admin.operator(), loop))
             interactive = not json_out and sys.stderr.isatty()
@@ -123,25 +123,26 @@ def verify(
     raise typer.Exit(EXIT_OK if report.clean else EXIT_VERIFY)
 
 
+@shared_options("home", "store", "json")
 def export(
     loop_id: str,
     output: Annotated[
         Path, typer.Option("-o", "--output", help="Where to write the bundle (JSON).")
     ],
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
+    *,
+    options: Options,
 ) -> None:
     """Export an offline proof bundle of one loop.
 
     The loop's envelopes, the public keys, a fresh signed checkpoint and an inclusion proof
     per receipt; anyone can check it with `loopwarden verify-bundle`.
     """
+    json_out = options.json_out
     if not output.parent.is_dir():
         fail(f"cannot write {output}: no such directory", EXIT_USAGE, as_json=json_out)
 
     async def action() -> dict[str, Any]:
-        async with admin.open_store(home, store=store, create=False) as opened:
+        async with admin.open_store(options.home, store=options.store, create=False) as opened:
             if await opened.read(lambda r: r.loop_row(loop_id)) is None:
                 raise NotFound(
                     await opened.read(lambda r: missing_loop(r, admin.operator(), loop_id))
@@ -173,6 +174,7 @@ def export(
         )
 
 
+@shared_options("json", "home")
 def verify_bundle_cmd(
     bundle_file: Annotated[Path, typer.Argument(metavar="BUNDLE")],
     key: Annotated[
@@ -185,8 +187,8 @@ def verify_bundle_cmd(
         Path | None,
         typer.Option("--trusted-keys", help="A file of trusted public keys (`keys export`)."),
     ] = None,
-    json_out: Json = False,
-    home: Home = None,
+    *,
+    options: Options,
 ) -> None:
     """Verify a proof bundle offline; exit 3 on any finding.
 
@@ -194,6 +196,7 @@ def verify_bundle_cmd(
     --trusted-keys, a bundle signed by any other key fails; both take what `loopwarden keys
     export` writes (a key line, its --json document, or a file of either).
     """
+    json_out = options.json_out
     if key is not None and trusted_keys is not None:
         fail("give --key or --trusted-keys, not both", EXIT_USAGE, as_json=json_out)
     trusted = None

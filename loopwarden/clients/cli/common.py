@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -44,6 +47,84 @@ As = Annotated[
 ]
 Reason = Annotated[str, typer.Option("--reason", help="Why (recorded in the receipt).")]
 
+# The options most commands take, by the name `shared_options` knows them: each one's parameter
+# (the name typer, --help and the root's `pass_down` know it by), declaration and default.
+SHARED: dict[str, tuple[str, Any, Any]] = {
+    "home": ("home", Home, None),
+    "store": ("store", Store, None),
+    "json": ("json_out", Json, False),
+    "as": ("who", As, None),
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    """The shared options as a command receives them: the data home and store it acts on,
+    whether it answers in JSON, and the operator it acts as (`--as`)."""
+
+    home: Path | None = None
+    store: str | None = None
+    json_out: bool = False
+    who: str | None = None
+
+    def operate(
+        self,
+        op: Operation[Req, Res],
+        request: dict[str, Any],
+        *,
+        check: bool = True,
+        create: bool | None = None,
+    ) -> Res:
+        """Run one operation as the operator `who`, on the store `store` names, else `home`'s
+        (the same runner as every edge).
+
+        Only an operation that writes and names nothing stored (`loop open`) may create the
+        store; one that reads, or acts on a loop or approval, needs an existing database and
+        creates nothing (`admin.existing_home`): a mistyped home is an error, not a new empty
+        store. `check=False` skips the store's startup check: `receipts` and `receipt` keep
+        working on a damaged store, so that an operator can look at what is there. `create`
+        overrides which operations may create the store (False for a write about something
+        that must exist)."""
+        if create is None:
+            create = op.access == "write" and op.scope is None
+
+        async def action() -> Res:
+            async with admin.open_store(
+                self.home, store=self.store, check=check, create=create
+            ) as opened:
+                return await op(opened, admin.operator(self.who), request)
+
+        return run(action, as_json=self.json_out)
+
+
+def shared_options(*names: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the shared options `names` (keys of SHARED), in that order, where its
+    keyword-only parameter `options: Options` stands: typer sees, and --help lists, each one
+    as a parameter of its own, and the command receives them as one `Options`. The command's
+    annotations must resolve when it is decorated (a NameError otherwise)."""
+
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(fn, eval_str=True)
+        fields = [SHARED[name][0] for name in names]
+        added = [
+            inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=t)
+            for field, t, default in (SHARED[name] for name in names)
+        ]
+        parameters: list[inspect.Parameter] = []
+        for parameter in signature.parameters.values():
+            parameters += added if parameter.name == "options" else [parameter]
+
+        @functools.wraps(fn)
+        def command(**given: Any) -> None:
+            options = Options(**{field: given.pop(field) for field in fields})
+            fn(**given, options=options)
+
+        # typer reads a command's parameters from its signature: this one declares them all
+        command.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        return command
+
+    return decorate
+
 
 def fail(
     message: str, code: int = EXIT_REFUSED, *, as_json: bool = False, error: str = "error"
@@ -70,34 +151,23 @@ def run(fn: Callable[..., Awaitable[T]], *args: Any, as_json: bool = False) -> T
         fail(exc.message, exit_code(exc), as_json=as_json, error=exc.code)
 
 
-def operate(
-    op: Operation[Req, Res],
-    request: dict[str, Any],
-    home: Path | None,
-    *,
-    store: str | None = None,
-    who: str | None = None,
-    as_json: bool = False,
-    check: bool = True,
-    create: bool | None = None,
-) -> Res:
-    """Run one operation as the operator, on the store `store` names, else `home`'s (the same
-    runner as every edge).
+def control_command(
+    op: Operation[Any, Any], what: str, field: str, named: Any, doc: str
+) -> Callable[..., None]:
+    """The command that runs an operator control (`pause_loop`, `pool_pause` …) on the `what`
+    (loop, pool) its argument names, with `--reason`: `named` is the argument's typer
+    declaration, `field` the request field it fills. It never creates the store."""
 
-    Only an operation that writes and names nothing stored (`loop open`) may create the store;
-    one that reads, or acts on a loop or approval, needs an existing database and creates
-    nothing (`admin.existing_home`): a mistyped home is an error, not a new empty store.
-    `check=False` skips the store's startup check: `receipts` and `receipt` keep working on a
-    damaged store, so that an operator can look at what is there. `create` overrides which
-    operations may create the store (False for a write about something that must exist)."""
-    if create is None:
-        create = op.access == "write" and op.scope is None
+    @shared_options("home", "store", "json", "as")
+    def command(name: str = named, reason: Reason = "", *, options: Options) -> None:
+        result = options.operate(op, {field: name, "reason": reason}, create=False)
+        if options.json_out:
+            render.emit_json(result.model_dump(mode="json"))
+            return
+        render.controlled(what, name, result.status, result.receipt_id)
 
-    async def action() -> Res:
-        async with admin.open_store(home, store=store, check=check, create=create) as opened:
-            return await op(opened, admin.operator(who), request)
-
-    return run(action, as_json=as_json)
+    command.__doc__ = doc
+    return command
 
 
 def read_policy_file(path: Path) -> LoopPolicy:

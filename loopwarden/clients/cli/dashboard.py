@@ -9,20 +9,20 @@ import anyio
 import typer
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import Home, Json, Store, fail, run
+from loopwarden.clients.cli.common import Options, fail, run, shared_options
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger.storage.location import Location
 
 DEFAULT_PORT = 8766
 
 
+@shared_options("home", "store", "json")
 def dashboard(
     port: Annotated[
         int, typer.Option(min=0, max=65535, help="Loopback port (0: any free port).")
     ] = DEFAULT_PORT,
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
+    *,
+    options: Options,
 ) -> None:
     """Serve the operator dashboard for a local store, on loopback.
 
@@ -34,7 +34,8 @@ def dashboard(
     from loopwarden.server.transports import configure_logging, listen, transport_security
 
     configure_logging()
-    path, location = existing(home, store, json_out)
+    json_out = options.json_out
+    path, location = existing(options.home, options.store, json_out)
 
     async def preflight() -> None:  # refuse a damaged store with a clear message before serving
         async with admin.open_store(path, store=location.url, create=False):

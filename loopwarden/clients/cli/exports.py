@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import Home, Json, Store, exit_code, fail
+from loopwarden.clients.cli.common import Options, exit_code, fail, shared_options
 from loopwarden.clock import format_time, system_clock
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger.storage.reader import ExportCursor
@@ -28,7 +28,8 @@ def sink_status(cursor: ExportCursor, size: int, now: str) -> dict[str, Any]:
     }
 
 
-def export_status(home: Home = None, store: Store = None, json_out: Json = False) -> None:
+@shared_options("home", "store", "json")
+def export_status(*, options: Options) -> None:
     """Show each export sink's cursor, lag and lease.
 
     For every webhook sink that has run on this store: the last log index its receiver
@@ -37,14 +38,14 @@ def export_status(home: Home = None, store: Store = None, json_out: Json = False
     now). --json prints {"log_size": N, "sinks": [...]}.
     """
     try:
-        with admin.open_reader(home, store=store) as reader:
+        with admin.open_reader(options.home, store=options.store) as reader:
             size = reader.log_state().size
             cursors = reader.export_cursors()
     except LoopwardenError as exc:
-        fail(exc.message, exit_code(exc), as_json=json_out, error=exc.code)
+        fail(exc.message, exit_code(exc), as_json=options.json_out, error=exc.code)
     now = format_time(system_clock())
     sinks = [sink_status(cursor, size, now) for cursor in cursors]
-    if json_out:
+    if options.json_out:
         render.emit_json({"log_size": size, "sinks": sinks})
         return
     render.console.print(f"log size {size}; {render.counted(len(sinks), 'export sink')}")

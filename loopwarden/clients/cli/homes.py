@@ -16,7 +16,7 @@ from typer.core import TyperGroup
 
 from loopwarden.clients import render
 from loopwarden.clients.admin import SOURCES
-from loopwarden.clients.cli.common import Home, Json
+from loopwarden.clients.cli.common import Options, shared_options
 from loopwarden.ledger.homes import DB_NAME, home_source
 
 
@@ -58,15 +58,16 @@ class RootGroup(TyperGroup):
             )
 
 
-def home(home: Home = None, json_out: Json = False) -> None:
+@shared_options("home", "json")
+def home(*, options: Options) -> None:
     """Print the data home commands use.
 
     The directory that holds the database and the keys, and where that choice came from
     (--home, $LOOPWARDEN_HOME or the platform default). The path alone goes to stdout.
     """
-    path, source = home_source(home)
+    path, source = home_source(options.home)
     database = path / DB_NAME
-    if json_out:
+    if options.json_out:
         render.emit_json(
             {
                 "home": str(path),

@@ -14,7 +14,7 @@ import typer
 
 from loopwarden import hosts
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, Store, fail
+from loopwarden.clients.cli.common import EXIT_USAGE, Options, fail, shared_options
 from loopwarden.errors import LoopwardenError
 from loopwarden.hooks.install import TOKEN_VARIABLE, Target, merged, settings_path
 from loopwarden.hosts.host import Place, Trust
@@ -91,6 +91,7 @@ def loop_problems(
 
 
 @app.command("install")
+@shared_options("home", "store", "json")
 def install(
     host: Annotated[str, typer.Argument(help=f"One of: {', '.join(hosts.NAMES)}.")],
     loop: Annotated[str, typer.Option("--loop", help="The loop the agent works on.")],
@@ -109,9 +110,8 @@ def install(
     print_only: Annotated[
         bool, typer.Option("--print", help="Print the merged settings instead of writing them.")
     ] = False,
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
+    *,
+    options: Options,
 ) -> None:
     """Install loopwarden's hooks into a host's settings file.
 
@@ -123,6 +123,7 @@ def install(
     the host trusts the hooks there (Codex: project and hook trust; Gemini CLI: trusted
     folders) and what to do if not; `loopwarden hook doctor` checks it all again later.
     """
+    home, store, json_out = options.home, options.store, options.json_out
     _check_options(host, scope, store, json_out)
     problems, warnings = loop_problems(home, store, loop, agent)
     if problems and http is None:

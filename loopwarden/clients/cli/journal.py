@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, Store, exit_code, fail, operate
+from loopwarden.clients.cli.common import EXIT_USAGE, Options, exit_code, fail, shared_options
 from loopwarden.errors import InvalidInput, LoopwardenError
 from loopwarden.ledger.audit.cloudevents import cloudevent
 from loopwarden.ledger.state.events import ReceiptKind
@@ -77,6 +77,7 @@ class Format(StrEnum):
     CLOUDEVENTS = "cloudevents"
 
 
+@shared_options("home", "store", "json")
 def receipts(
     loop_id: Annotated[
         str | None, typer.Argument(help="The loop (optional with --format cloudevents).")
@@ -88,9 +89,8 @@ def receipts(
         bool,
         typer.Option("--follow", "-f", help="Keep printing new receipts until the loop closes."),
     ] = False,
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
+    *,
+    options: Options,
     format_: Annotated[
         Format,
         typer.Option("--format", help="table (default), or cloudevents: the `events` feed."),
@@ -105,6 +105,7 @@ def receipts(
     With --format cloudevents, the CloudEvents feed of `loopwarden events`: the whole store's
     without LOOP, else LOOP's receipts only; --follow keeps printing until interrupted.
     """
+    home, store, json_out = options.home, options.store, options.json_out
     if format_ is Format.CLOUDEVENTS:
         _feed(home, store, -1, follow, json_out, Only(loop_id, kind))
         return
@@ -113,7 +114,7 @@ def receipts(
         fail(message, EXIT_USAGE, as_json=json_out, error="invalid_input")
     if not follow:
         request = {"loop_id": loop_id, "kind": kind}
-        result = operate(journal, request, home, store=store, as_json=json_out, check=False)
+        result = options.operate(journal, request, check=False)
         if json_out:
             render.emit_json(result.model_dump(mode="json", include={"loop_id", "receipts"}))
             return
@@ -165,13 +166,8 @@ Wait = Annotated[
 ]
 
 
-def receipt(
-    receipt_id: str,
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
-    wait: Wait = False,
-) -> None:
+@shared_options("home", "store", "json")
+def receipt(receipt_id: str, *, options: Options, wait: Wait = False) -> None:
     """Show one receipt: envelope, body, verification.
 
     The DSSE envelope, its decoded body, whether its signature verifies and under which key,
@@ -179,7 +175,7 @@ def receipt(
     published (under a stored signed checkpoint).
     """
     request = {"receipt_id": receipt_id, "wait": wait}
-    result = operate(receipt_op, request, home, store=store, as_json=json_out, check=False)
+    result = options.operate(receipt_op, request, check=False)
     key_id = (result.envelope.get("signatures") or [{}])[0].get("keyid")
     out = {
         "receipt_id": result.receipt_id,
@@ -192,7 +188,7 @@ def receipt(
         "body": result.body,
         "envelope": result.envelope,
     }
-    if json_out:
+    if options.json_out:
         render.emit_json(out)
         return
     state = (
@@ -211,6 +207,7 @@ def receipt(
 EVENTS_PAGE = 500  # receipts read per snapshot by `events`
 
 
+@shared_options("home", "store", "json")
 def events(
     after: Annotated[
         int,
@@ -222,9 +219,8 @@ def events(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing receipts as they are sealed.")
     ] = False,
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
+    *,
+    options: Options,
 ) -> None:
     """Every receipt of the store as CloudEvents, in log order.
 
@@ -235,7 +231,7 @@ def events(
     where a consumer stopped; --follow keeps printing until interrupted. The output is JSON
     lines with or without --json (which makes errors JSON too).
     """
-    _feed(home, store, after, follow, json_out, Only())
+    _feed(options.home, options.store, after, follow, options.json_out, Only())
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, fail
+from loopwarden.clients.cli.common import EXIT_USAGE, Options, fail, shared_options
 from loopwarden.clients.keyfiles import key_line
 from loopwarden.errors import LoopwardenError, NotFound
 from loopwarden.ledger.homes import home_source, private_dir, resolve_home
@@ -19,18 +19,19 @@ app = typer.Typer(no_args_is_help=True, help="Signing keys.")
 
 
 @app.command("show")
-def keys_show(home: Home = None, json_out: Json = False) -> None:
+@shared_options("home", "json")
+def keys_show(*, options: Options) -> None:
     """List the signing keys: the active one and retired ones.
 
     Retired public keys are kept so that old receipts still verify.
     """
-    signer, ring = _existing_keys(home, json_out)
+    signer, ring = _existing_keys(options.home, options.json_out)
     active = signer.key_id
     items = [
         {"key_id": k, "public_key": public_key_b64(v), "active": k == active}
         for k, v in ring.public_keys().items()
     ]
-    if json_out:
+    if options.json_out:
         render.emit_json({"active": active, "keys": items})
     else:
         render.table(
@@ -41,14 +42,15 @@ def keys_show(home: Home = None, json_out: Json = False) -> None:
 
 
 @app.command("rotate")
-def keys_rotate(home: Home = None, json_out: Json = False) -> None:
+@shared_options("home", "json")
+def keys_rotate(*, options: Options) -> None:
     """Make a new active signing key.
 
     The old private key is deleted and its public key kept, so old receipts still verify.
     Restart running servers to sign with the new key.
     """
-    old, new = KeyStore(resolve_home(home)).rotate()
-    if json_out:
+    old, new = KeyStore(resolve_home(options.home)).rotate()
+    if options.json_out:
         render.emit_json(
             {"retired": old, "active": new.key_id, "public_key": public_key_b64(new.public_key)}
         )
@@ -78,6 +80,7 @@ def _existing_keys(home: Path | None, json_out: bool) -> tuple[Signer, Keyring]:
 
 
 @app.command("export")
+@shared_options("home", "json")
 def keys_export(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Write to this file, not stdout.")
@@ -85,8 +88,8 @@ def keys_export(
     every: Annotated[
         bool, typer.Option("--all", help="Every public key kept, retired ones too.")
     ] = False,
-    home: Home = None,
-    json_out: Json = False,
+    *,
+    options: Options,
 ) -> None:
     """Print the public key, in the form verifiers read.
 
@@ -94,7 +97,8 @@ def keys_export(
     (with --all, {"keys": {key_id: base64}}). Every form, as text or as a file, is accepted by
     `verify-bundle --key`, `verify-bundle --trusted-keys` and `verify --trusted-keys`.
     """
-    signer, ring = _existing_keys(home, json_out)
+    json_out = options.json_out
+    signer, ring = _existing_keys(options.home, json_out)
     keys = ring.public_keys() if every else {signer.key_id: signer.public_key}
     if json_out and every:
         text = json.dumps({"keys": {k: public_key_b64(v) for k, v in keys.items()}}, indent=2)

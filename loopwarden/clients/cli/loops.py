@@ -9,14 +9,12 @@ import typer
 
 from loopwarden.clients import render
 from loopwarden.clients.cli.common import (
-    As,
-    Home,
-    Json,
+    Options,
     Reason,
-    Store,
+    control_command,
     fail,
-    operate,
     read_policy_file,
+    shared_options,
 )
 from loopwarden.errors import InvalidInput, LoopwardenError
 from loopwarden.operations.loops import cancel_loop, list_loops, open_loop, pause_loop, resume_loop
@@ -41,6 +39,7 @@ def _read_todos(path: Path) -> list[dict[str, Any]]:
 
 
 @app.command("open")
+@shared_options("home", "store", "json", "as")
 def loop_open(
     policy: Annotated[Path, typer.Option("--policy", help="Policy file (.toml, .yaml, .json).")],
     objective: Annotated[str, typer.Option("--objective", help="What the loop is for.")],
@@ -55,10 +54,8 @@ def loop_open(
     loop_id: Annotated[
         str | None, typer.Option("--id", help="Loop id (default: generated).")
     ] = None,
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
-    who: As = None,
+    *,
+    options: Options,
 ) -> None:
     """Open a governed loop (prints its id)."""
     try:
@@ -67,15 +64,15 @@ def loop_open(
         if todos_file is not None:
             items += _read_todos(todos_file)
     except LoopwardenError as exc:
-        fail(exc.message, 2, as_json=json_out, error=exc.code)
+        fail(exc.message, 2, as_json=options.json_out, error=exc.code)
     request = {
         "objective": objective,
         "policy": policy_document(parsed),
         "todos": items,
         "loop_id": loop_id,
     }
-    result = operate(open_loop, request, home, store=store, who=who, as_json=json_out)
-    if json_out:
+    result = options.operate(open_loop, request)
+    if options.json_out:
         render.emit_json({"loop_id": result.loop_id, **result.model_dump(mode="json")})
     else:
         render.console.print(
@@ -90,10 +87,11 @@ def loop_open(
 
 
 @app.command("list")
-def loop_list(home: Home = None, store: Store = None, json_out: Json = False) -> None:
+@shared_options("home", "store", "json")
+def loop_list(*, options: Options) -> None:
     """List every loop."""
-    loops = operate(list_loops, {}, home, store=store, as_json=json_out).loops
-    if json_out:
+    loops = options.operate(list_loops, {}).loops
+    if options.json_out:
         render.emit_json(
             {
                 "loops": [
@@ -132,16 +130,15 @@ def loop_list(home: Home = None, store: Store = None, json_out: Json = False) ->
 
 
 @app.command("show")
-def loop_show(
-    loop_id: str, home: Home = None, store: Store = None, json_out: Json = False, who: As = None
-) -> None:
+@shared_options("home", "store", "json", "as")
+def loop_show(loop_id: str, *, options: Options) -> None:
     """Show a loop: status, budgets, todos, who acts next.
 
     The projection: status, budgets, todos, leases, approvals, attention, the next action and
     the recent receipts.
     """
-    result = operate(projection, {"loop_id": loop_id}, home, store=store, who=who, as_json=json_out)
-    if json_out:
+    result = options.operate(projection, {"loop_id": loop_id})
+    if options.json_out:
         render.emit_json(result.model_dump(mode="json"))
     else:
         render.projection(result)
@@ -149,24 +146,7 @@ def loop_show(
 
 def _control(op: Operation[Any, Any], doc: str) -> Any:
     """The command that runs a loop control (`pause_loop` …) on one loop, with `--reason`."""
-
-    def command(
-        loop_id: str,
-        reason: Reason = "",
-        home: Home = None,
-        store: Store = None,
-        json_out: Json = False,
-        who: As = None,
-    ) -> None:
-        request = {"loop_id": loop_id, "reason": reason}
-        result = operate(op, request, home, store=store, who=who, as_json=json_out)
-        if json_out:
-            render.emit_json(result.model_dump(mode="json"))
-        else:
-            render.controlled("loop", result.loop_id, result.status, result.receipt_id)
-
-    command.__doc__ = doc
-    return command
+    return control_command(op, "loop", "loop_id", typer.Argument(metavar="loop_id"), doc)
 
 
 app.command("pause")(
@@ -182,23 +162,16 @@ app.command("cancel")(
 
 
 @app.command("cancel-todo")
-def loop_cancel_todo(
-    loop_id: str,
-    todo_id: str,
-    reason: Reason = "",
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
-    who: As = None,
-) -> None:
+@shared_options("home", "store", "json", "as")
+def loop_cancel_todo(loop_id: str, todo_id: str, reason: Reason = "", *, options: Options) -> None:
     """Cancel an open or blocked todo: it is never claimed again.
 
     Refused while another unfinished todo depends on it (cancel that one first). Cancelling
     the last owed todo completes the loop.
     """
     request = {"loop_id": loop_id, "todo_id": todo_id, "reason": reason}
-    result = operate(todo_cancel, request, home, store=store, who=who, as_json=json_out)
-    if json_out:
+    result = options.operate(todo_cancel, request)
+    if options.json_out:
         render.emit_json(result.model_dump(mode="json"))
         return
     render.console.print(

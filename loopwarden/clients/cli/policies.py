@@ -10,7 +10,13 @@ from typing import Annotated, Any
 import typer
 
 from loopwarden.clients import render
-from loopwarden.clients.cli.common import EXIT_USAGE, Home, Json, fail, read_policy_file
+from loopwarden.clients.cli.common import (
+    EXIT_USAGE,
+    Options,
+    fail,
+    read_policy_file,
+    shared_options,
+)
 from loopwarden.errors import LoopwardenError
 from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.evaluate import ToolVerdict, rule_set
@@ -36,13 +42,14 @@ def starter_policy() -> str:
 
 
 @app.command("init")
+@shared_options("json", "home")
 def policy_init(
     file: Annotated[
         Path | None, typer.Argument(help="Where to write it (*.toml); default: stdout.")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing FILE.")] = False,
-    json_out: Json = False,
-    home: Home = None,
+    *,
+    options: Options,
 ) -> None:
     """Write a commented starter policy to edit (valid as written).
 
@@ -52,7 +59,7 @@ def policy_init(
     text = starter_policy()
     digest = policy_digest(parse_policy(text, "toml", source="starter"))
     if file is None:
-        if json_out:
+        if options.json_out:
             render.emit_json({"file": None, "digest": digest, "text": text})
         else:
             sys.stdout.write(text)
@@ -65,19 +72,20 @@ def policy_init(
         file.write_text(text)
     except OSError as exc:
         fail(f"cannot write {file}: {exc.strerror}", EXIT_USAGE)
-    if json_out:
+    if options.json_out:
         render.emit_json({"file": str(file), "digest": digest})
     else:
         render.console.print(f"wrote {file}; check it with: loopwarden policy check {file}")
 
 
 @app.command("check")
-def policy_check(file: Path, json_out: Json = False, home: Home = None) -> None:
+@shared_options("json", "home")
+def policy_check(file: Path, *, options: Options) -> None:
     """Validate a policy file and print its digest.
 
     Needs no store (--home is accepted and ignored).
     """
-    policy = _load(file, json_out)
+    policy = _load(file, options.json_out)
     digest = policy_digest(policy)
     notes = []
     if not policy.agents:
@@ -86,7 +94,7 @@ def policy_check(file: Path, json_out: Json = False, home: Home = None) -> None:
         notes.append("no tool is allowed: every reported tool use will be refused")
     notes += case_near_misses(policy)
     notes += command_rule_notes(policy)
-    if json_out:
+    if options.json_out:
         render.emit_json(
             {"valid": True, "digest": digest, "notes": notes, "policy": policy_document(policy)}
         )
@@ -97,7 +105,8 @@ def policy_check(file: Path, json_out: Json = False, home: Home = None) -> None:
 
 
 @app.command("schema")
-def policy_schema_cmd(json_out: Json = False, home: Home = None) -> None:
+@shared_options("json", "home")
+def policy_schema_cmd(*, options: Options) -> None:
     """Print the policy JSON Schema.
 
     Always JSON (--json is accepted, like every command). Needs no store (--home is ignored).
@@ -106,6 +115,7 @@ def policy_schema_cmd(json_out: Json = False, home: Home = None) -> None:
 
 
 @app.command("explain")
+@shared_options("json", "home")
 def policy_explain(
     file: Path,
     tool: Annotated[
@@ -119,8 +129,8 @@ def policy_explain(
     shell: Annotated[
         str, typer.Option("--shell", help="The language of --command: bash or powershell.")
     ] = "bash",
-    json_out: Json = False,
-    home: Home = None,
+    *,
+    options: Options,
 ) -> None:
     """Classify tools, or judge shell command lines.
 
@@ -128,6 +138,7 @@ def policy_explain(
     runs (nested ones indented under what runs them), the rule or doubt deciding each, and the
     reasons the model is told. Needs no store (--home is ignored).
     """
+    json_out = options.json_out
     policy = _load(file, json_out)
     if not tool and not command:
         fail("name a --tool or a --command to explain", EXIT_USAGE, as_json=json_out)

@@ -7,12 +7,13 @@ from typing import Annotated, Any
 import typer
 
 from loopwarden.clients import render
-from loopwarden.clients.cli.common import As, Home, Json, Reason, Store, operate
+from loopwarden.clients.cli.common import Options, control_command, shared_options
 from loopwarden.operations.pools import POOL_CONTROLS, PoolOut, pool_define, pools
 
 app = typer.Typer(no_args_is_help=True, help="Budget pools: limits that span loops.")
 
-Name = Annotated[str, typer.Argument(help="The pool's name, e.g. team-a.")]
+NAMED = typer.Argument(help="The pool's name, e.g. team-a.")
+Name = Annotated[str, NAMED]
 Int = Annotated[int | None, typer.Option(min=0)]
 Money = Annotated[float | None, typer.Option(min=0.0)]
 
@@ -30,11 +31,10 @@ def _policy(
     return policy
 
 
-def _define(name: str, policy: dict[str, Any], create_only: bool, *options: Any) -> None:
-    home, store, json_out, who = options
+def _define(name: str, policy: dict[str, Any], create_only: bool, options: Options) -> None:
     request = {"name": name, "policy": policy, "create_only": create_only}
-    result = operate(pool_define, request, home, store=store, who=who, as_json=json_out)
-    if json_out:
+    result = options.operate(pool_define, request)
+    if options.json_out:
         render.emit_json(result.model_dump(mode="json"))
         return
     what = "created" if result.created else "changed" if result.changed else "unchanged"
@@ -43,6 +43,7 @@ def _define(name: str, policy: dict[str, Any], create_only: bool, *options: Any)
 
 
 def _command(create_only: bool, verb: str) -> Any:
+    @shared_options("home", "store", "json", "as")
     def command(
         name: Name,
         max_cost_usd: Money = None,
@@ -60,10 +61,8 @@ def _command(create_only: bool, verb: str) -> Any:
             list[str] | None,
             typer.Option("--agent", help="An agent that draws from it in every loop (repeat)."),
         ] = None,
-        home: Home = None,
-        store: Store = None,
-        json_out: Json = False,
-        who: As = None,
+        *,
+        options: Options,
     ) -> None:
         budgets = _limits(
             max_cost_usd=max_cost_usd,
@@ -75,7 +74,7 @@ def _command(create_only: bool, verb: str) -> Any:
             max_wall_seconds=max_wall_seconds,
         )
         policy = _policy(window, max_concurrent_turns, agent, budgets)
-        _define(name, policy, create_only, home, store, json_out, who)
+        _define(name, policy, create_only, options)
 
     command.__doc__ = (
         f"{verb} a budget pool.\n\nEach limit is for the pool's window: --window total (never "
@@ -110,20 +109,22 @@ def _show(pool: PoolOut) -> None:
 
 
 @app.command("show")
-def pool_show(name: Name, home: Home = None, store: Store = None, json_out: Json = False) -> None:
+@shared_options("home", "store", "json")
+def pool_show(name: Name, *, options: Options) -> None:
     """Show one pool: its window's usage and its loops."""
-    result = operate(pools, {"name": name}, home, store=store, as_json=json_out)
-    if json_out:
+    result = options.operate(pools, {"name": name})
+    if options.json_out:
         render.emit_json(result.pools[0].model_dump(mode="json"))
         return
     _show(result.pools[0])
 
 
 @app.command("list")
-def pool_list(home: Home = None, store: Store = None, json_out: Json = False) -> None:
+@shared_options("home", "store", "json")
+def pool_list(*, options: Options) -> None:
     """List the budget pools and what their windows used."""
-    result = operate(pools, {}, home, store=store, as_json=json_out)
-    if json_out:
+    result = options.operate(pools, {})
+    if options.json_out:
         render.emit_json(result.model_dump(mode="json"))
         return
     rows = []
@@ -135,29 +136,12 @@ def pool_list(home: Home = None, store: Store = None, json_out: Json = False) ->
 
 
 def _control(action: str) -> Any:
-    op = POOL_CONTROLS[action]
-
-    def command(
-        name: Name,
-        reason: Reason = "",
-        home: Home = None,
-        store: Store = None,
-        json_out: Json = False,
-        who: As = None,
-    ) -> None:
-        request = {"name": name, "reason": reason}
-        result = operate(op, request, home, store=store, who=who, as_json=json_out, create=False)
-        if json_out:
-            render.emit_json(result.model_dump(mode="json"))
-            return
-        render.controlled("pool", name, result.status, result.receipt_id)
-
     sealed = "pool.paused" if action == "pause" else "pool.resumed"
     then = "are refused" if action == "pause" else "are admitted again"
-    command.__doc__ = (
+    doc = (
         f"{action.title()} a pool: its loops' claims {then}.\n\nSealed as {sealed}, with --reason."
     )
-    return command
+    return control_command(POOL_CONTROLS[action], "pool", "name", NAMED, doc)
 
 
 app.command("pause")(_control("pause"))

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from loopwarden.clients import admin, render
-from loopwarden.clients.cli.common import Home, Json, Store, parse_duration, run
+from loopwarden.clients.cli.common import Options, parse_duration, run, shared_options
 from loopwarden.errors import InvalidInput
 from loopwarden.ledger.storage.reader import TokenRow
 from loopwarden.principals import principal
@@ -18,6 +18,7 @@ app = typer.Typer(no_args_is_help=True, help="Bearer tokens for streamable HTTP.
 
 
 @app.command("create")
+@shared_options("home", "store", "json")
 def token_create(
     agent: Annotated[str, typer.Option("--agent", help="The principal the token authenticates.")],
     role: Annotated[
@@ -30,9 +31,8 @@ def token_create(
         str | None,
         typer.Option("--expires", help="Lifetime, e.g. 30m, 12h, 30d (default: never expires)."),
     ] = None,
-    home: Home = None,
-    store: Store = None,
-    json_out: Json = False,
+    *,
+    options: Options,
 ) -> None:
     """Mint a bearer token, printed once (only its hash is stored).
 
@@ -42,11 +42,11 @@ def token_create(
     async def action() -> IssuedToken:
         who = principal(agent, role)
         lifetime = _lifetime(expires)
-        async with admin.open_store(home, store=store) as opened:
+        async with admin.open_store(options.home, store=options.store) as opened:
             return await opened.write(lambda tx: issue_token(tx, who, lifetime))
 
-    issued = run(action, as_json=json_out)
-    if json_out:
+    issued = run(action, as_json=options.json_out)
+    if options.json_out:
         render.emit_json(
             {
                 "token": issued.token,
@@ -75,11 +75,12 @@ def _lifetime(text: str | None) -> timedelta | None:
 
 
 @app.command("list")
-def token_list(home: Home = None, store: Store = None, json_out: Json = False) -> None:
+@shared_options("home", "store", "json")
+def token_list(*, options: Options) -> None:
     """List tokens (ids and principals; never the tokens)."""
 
     async def action() -> list[TokenRow]:
-        async with admin.open_store(home, store=store, create=False) as opened:
+        async with admin.open_store(options.home, store=options.store, create=False) as opened:
             return await opened.read(lambda r: r.tokens())
 
     items = [
@@ -91,9 +92,9 @@ def token_list(home: Home = None, store: Store = None, json_out: Json = False) -
             "revoked_at": t.revoked_at,
             "expires_at": t.expires_at,
         }
-        for t in run(action, as_json=json_out)
+        for t in run(action, as_json=options.json_out)
     ]
-    if json_out:
+    if options.json_out:
         render.emit_json({"tokens": items})
     else:
         render.table(
@@ -114,17 +115,16 @@ def token_list(home: Home = None, store: Store = None, json_out: Json = False) -
 
 
 @app.command("revoke")
-def token_revoke(
-    token_id: str, home: Home = None, store: Store = None, json_out: Json = False
-) -> None:
+@shared_options("home", "store", "json")
+def token_revoke(token_id: str, *, options: Options) -> None:
     """Revoke a token by id; it stops working on the next request."""
 
     async def action() -> None:
-        async with admin.open_store(home, store=store, create=False) as opened:
+        async with admin.open_store(options.home, store=options.store, create=False) as opened:
             await opened.write(lambda tx: revoke_token(tx, token_id))
 
-    run(action, as_json=json_out)
-    if json_out:
+    run(action, as_json=options.json_out)
+    if options.json_out:
         render.emit_json({"token_id": token_id, "revoked": True})
     else:
         render.console.print(f"revoked {token_id}")
