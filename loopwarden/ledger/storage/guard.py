@@ -357,7 +357,7 @@ class GuardedReader(Reader):
         if wanted:
             self._held.update(wanted)
             pools.update(self._proved_pools(wanted))
-            for key in [key for key in self._usage if key[0] in self._held]:
+            for key in [key for key in self._usage if key[0] in wanted]:
                 del self._usage[key]  # read before the row was held
 
     def _proved_pools(self, names: list[str] | None = None) -> dict[str, PoolRow]:
