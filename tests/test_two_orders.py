@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -693,3 +694,43 @@ async def test_a_pool_change_waits_for_the_writes_that_read_the_pools(home, pg_u
         assert report.clean, report.findings
     finally:
         await store.close()
+
+
+def test_the_dashboard_shows_a_sealed_receipt_as_pending_then_its_proof(home, pg_url):
+    """The receipt page on PostgreSQL: a receipt still waiting for its leaf says so (no proof,
+    no error), and once the integrator has given it its leaf the page shows the proof."""
+    from support import mint_tokens, running
+    from test_dashboard import client, sign_in
+
+    async def seal() -> str:
+        store = _halted(await _open(home, pg_url))
+        try:
+            await open_test_loop(store, 0)
+            await store.integrate()
+            return (await store.write(_add("L1", 1))).receipt_id
+        finally:
+            held = _hold_log(pg_url)  # closing must not integrate it
+            await store.close()
+            held.execute("ROLLBACK")
+            held.close()
+
+    operator = mint_tokens(home, [("alice", "operator")], pg_url)["alice"]
+    receipt_id = anyio.run(seal)
+    assert _counts(pg_url) == (1, 1)
+    log = _hold_log(pg_url)  # the server's integrator finds the log's row held
+    with running(home.parent, "--store", pg_url) as served, client(served) as http:
+        try:
+            assert sign_in(http, operator.token).status_code == 303
+            page = http.get(f"/receipts/{receipt_id}")
+        finally:
+            log.execute("ROLLBACK")
+            log.close()
+        assert page.status_code == 200, page.text
+        assert "pending integration" in page.text and "is included in the tree" not in page.text
+        for _ in range(100):  # the integrator's next poll gives it its leaf (every 50 ms)
+            if _counts(pg_url)[1] == 0:
+                break
+            time.sleep(0.05)
+        page = http.get(f"/receipts/{receipt_id}")
+        assert page.status_code == 200, page.text
+        assert "is included in the tree" in page.text
