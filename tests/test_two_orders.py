@@ -63,6 +63,14 @@ def _audit(home: Path, url: str) -> Any:
         return audit(reader, KeyStore(home).keyring(), workers=0)
 
 
+async def _integrated_and_clean(home: Path, url: str, *stores: Store) -> None:
+    """Each store integrates what it left pending; then the audit finds nothing."""
+    for store in stores:
+        await store.integrate()
+    report = _audit(home, url)
+    assert report.clean and report.pending == 0, report.findings
+
+
 def _halted(store: Store) -> Store:
     """The store with its integrator's thread ended: what it writes stays pending until the test
     integrates it (`Store.integrate`)."""
@@ -196,9 +204,7 @@ async def test_a_grouped_body_that_finds_its_loop_held_runs_in_the_next_transact
             blocker.close()
             holder.close()
         assert (done["L1"].seq, done["L2"].seq, done["L3"].seq) == (2, 2, 2)
-        await store.integrate()
-        report = _audit(home, pg_url)
-        assert report.clean, report.findings
+        await _integrated_and_clean(home, pg_url, store)
     finally:
         await store.close()
 
@@ -336,9 +342,7 @@ async def test_servers_starting_during_a_write_storm_never_refuse_the_store(home
                     opened += 1
                 stop.set()
         assert opened == 8
-        await writer.integrate()
-        report = _audit(home, pg_url)
-        assert report.clean, report.findings
+        await _integrated_and_clean(home, pg_url, writer)
     finally:
         await writer.close()
 
@@ -500,10 +504,7 @@ async def test_a_turn_found_before_its_loop_was_free_is_read_again_not_refused_a
         # the lease: the turn it found is no longer the one the loop's root holds.
         renewals = await _race(pg_url, first, second, heartbeat, request, BUILDER)
         assert [r.renewed for r in renewals] == [True, True], renewals
-        await first.integrate()
-        await second.integrate()
-        report = _audit(home, pg_url)
-        assert report.clean, report.findings
+        await _integrated_and_clean(home, pg_url, first, second)
     finally:
         await first.close()
         await second.close()
@@ -656,9 +657,7 @@ async def test_writes_drawing_from_different_pools_do_not_wait_for_each_other(ho
         finally:
             holder.close()
         assert done["L1"].granted
-        await store.integrate()
-        report = _audit(home, pg_url)
-        assert report.clean, report.findings
+        await _integrated_and_clean(home, pg_url, store)
     finally:
         await other.close()
         await store.close()
@@ -689,9 +688,7 @@ async def test_a_pool_change_waits_for_the_writes_that_read_the_pools(home, pg_u
         assert granted.granted
         charged = [(await pool_state(store, name)).active_turns for name in ("a", "b")]
         assert charged == [1, 1]  # decided on the new binding: L1's turn counts in pool b too
-        await store.integrate()
-        report = _audit(home, pg_url)
-        assert report.clean, report.findings
+        await _integrated_and_clean(home, pg_url, store)
     finally:
         await store.close()
 

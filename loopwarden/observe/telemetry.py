@@ -97,6 +97,10 @@ class Telemetry(Observer):
             ["reason"],
             registry=registry,
         )
+        self._sink_instruments(registry)
+
+    def _sink_instruments(self, registry: CollectorRegistry) -> None:
+        """The export sinks' metrics, by the configured sink's name."""
         self.sent = Counter(
             "loopwarden_export_sent",
             "Receipts an export sink's receiver acknowledged (at least once: a takeover may "

@@ -202,7 +202,7 @@ def charge(book: PoolBook, charged: list[Charge], at: str) -> None:
     """Apply `charged` to the pools it names (a pool not defined is not charged: a claim
     drawing from it was refused)."""
     when = parse_time(at)
-    book.hold(name for item in charged for name in item.pools)  # held already by the write
+    book.hold(name for item in charged for name in item.pools)  # the write held them (a no-op)
     for item in charged:
         for name in item.pools:
             row = book.pools().get(name)
