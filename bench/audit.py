@@ -19,7 +19,7 @@ import nacl.signing
 from bench import harness as h
 from bench.report import Section, Table, Target
 from loopwarden.canonical import canonical_bytes, sha256_digest
-from loopwarden.clock import format_time, system_clock
+from loopwarden.clock import system_clock
 from loopwarden.ledger.audit.bundles import export_bundle, load_bundle, verify_bundle
 from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.log import merkle
@@ -197,7 +197,7 @@ async def run(quick: bool, budget: float) -> Section:
             raw_s, _ = median_time(cfg.repeats, lambda: raw_verify(inputs))
             parts = primitives(rows, inputs, keyring, cfg.detail_repeats)
             h.progress(NAME, "bundle export and verify")
-            now = format_time(system_clock())
+            now = system_clock()
             export_s, text = median_time(
                 cfg.detail_repeats,
                 lambda: json.dumps(

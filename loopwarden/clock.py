@@ -1,7 +1,10 @@
 """Time, injectable: every lease, rate window and deadline reads the clock through here.
 
-Timestamps are UTC and rendered in one fixed RFC 3339 form with microseconds and a `Z`, so they
-sort lexicographically in SQL and compare equal across processes.
+An instant has one type in memory, an aware UTC `datetime`; it is text only where it leaves
+the process: in the database (the row codecs, `ledger/storage/schema.py` TIME), in a receipt's
+signed JSON (`ledger/state/events.py` Timestamp) and in results and pages. That text is one
+fixed RFC 3339 form with microseconds and a `Z` (`format_time`), so stored times sort
+lexicographically in SQL and a receipt's bytes never depend on how a time was made.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ def format_time(when: datetime) -> str:
     if when.year < 1000:  # strftime does not pad such years; isoformat (twice as fast) would
         return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return when.isoformat(timespec="microseconds")[:-6] + "Z"  # drop "+00:00"
+
+
+def format_optional(when: datetime | None) -> str | None:
+    """`format_time`, with None for no time (a nullable column)."""
+    return None if when is None else format_time(when)
 
 
 @functools.lru_cache(maxsize=1024)

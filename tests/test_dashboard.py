@@ -520,7 +520,7 @@ def test_every_report_of_a_turn_is_kept_with_its_verdict_in_order():
 
 def test_a_long_budget_history_is_thinned_for_the_chart_and_keeps_its_last_point():
     start = ManualClock()
-    points = [(format_time(start.advance(1)), i, float(i)) for i in range(1, 10_001)]
+    points = [(start.advance(1), i, float(i)) for i in range(1, 10_001)]
     chart = budget_chart("turns", points, 20_000.0, start())
     assert chart is not None and chart.steps == 9_999 and chart.used == 10_000.0
     assert chart.path.count("H") == MAX_POINTS and not chart.exhausted

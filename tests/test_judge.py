@@ -24,7 +24,7 @@ from support import EVIDENCE, make_policy, scale
 from test_projection_fold import FUZZ_POLICY, OPERATIONS, WEIGHTED, World
 
 from loopwarden.canonical import canonical_bytes
-from loopwarden.clock import ManualClock
+from loopwarden.clock import ManualClock, parse_time
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger.log.keys import KeyStore
 from loopwarden.ledger.log.receipts import open_envelope
@@ -322,7 +322,7 @@ EDITS = {
     "a longer lease than the policy grants": (
         lambda j: [
             *j[:3],
-            _grant_with(j[3], lease_expires_at="2099-01-01T00:00:00.000000Z"),
+            _grant_with(j[3], lease_expires_at=parse_time("2099-01-01T00:00:00.000000Z")),
             *j[4:],
         ],
         "grant_terms",

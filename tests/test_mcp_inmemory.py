@@ -26,7 +26,7 @@ from mcp.types import INVALID_PARAMS
 from pydantic import BaseModel
 from support import TOOL_NAMES, codes, make_policy, text_of
 
-from loopwarden.clock import ManualClock, parse_time
+from loopwarden.clock import ManualClock
 from loopwarden.operations.approvals import ApprovalRequestResult, DecideApprovalResult
 from loopwarden.operations.claim import ClaimResult
 from loopwarden.operations.leases import HeartbeatResult
@@ -291,7 +291,7 @@ async def test_claim_grants_a_lease_fence_and_the_turns_tools(world, loop):
     granted = await claim(world.builder)
     assert granted.todo_id == "a" and granted.fence == 1
     assert granted.turn_id and granted.turn_id.startswith("turn-")
-    assert parse_time(granted.lease_expires_at) > world.clock()  # type: ignore[arg-type]
+    assert granted.lease_expires_at is not None and granted.lease_expires_at > world.clock()
     assert "fs.write" in granted.allowed_tools and granted.approval_tools == ["deploy.*"]
     assert granted.denied_tools == ["git.push"]
     sealed = await world.operator.ok("receipt", ReceiptResult, receipt_id=granted.receipt_id)
@@ -352,7 +352,7 @@ async def test_heartbeat_extends_the_lease_from_now(world, loop):
         "heartbeat", HeartbeatResult, turn_id=turn.turn_id, fence=turn.fence
     )
     assert renewed.renewed and renewed.reasons == []
-    assert parse_time(renewed.lease_expires_at) > parse_time(turn.lease_expires_at)  # type: ignore[arg-type]
+    assert renewed.lease_expires_at > turn.lease_expires_at
     world.clock.advance(600)  # past the original lease, within the renewed one
     assert (await report(world.builder, turn)).accepted
 

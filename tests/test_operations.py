@@ -16,6 +16,7 @@ from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER, STRANGER
 from support import codes, control_loop, make_policy
 
 from loopwarden.canonical import canonical_bytes
+from loopwarden.clock import parse_time
 from loopwarden.errors import Conflict, Forbidden, InvalidInput, NotFound, PolicyError
 from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.log import merkle
@@ -265,7 +266,7 @@ async def test_claim_grants_lease_fence_and_effective_tools(store, clock):
     await open_test_loop(store)
     result = granted(await claim_as(store, BUILDER))
     assert result.fence == 1
-    assert result.lease_expires_at == "2026-01-01T00:15:00.000000Z"
+    assert result.lease_expires_at == parse_time("2026-01-01T00:15:00.000000Z")
     assert result.allowed_tools == sorted(BASIC_POLICY["tools"]["allow"])
     assert result.approval_tools == ["deploy.*"]
     assert result.budgets["turns"].used == 1 and result.budgets["turns"].remaining == 19
@@ -457,7 +458,7 @@ async def test_heartbeat_extends_the_lease(store, clock):
     first = granted(await claim_as(store, BUILDER))
     clock.advance(800)
     beat = await heartbeat(store, BUILDER, HeartbeatRequest(turn_id=first.turn_id, fence=1))
-    assert beat.renewed and beat.lease_expires_at == "2026-01-01T00:28:20.000000Z"
+    assert beat.renewed and beat.lease_expires_at == parse_time("2026-01-01T00:28:20.000000Z")
     assert (await body_of(store, beat.receipt_id))["kind"] == "lease.renewed"
     clock.advance(200)  # past the original lease, inside the renewed one
     assert codes(await claim_as(store, REVIEWER)) == {"no_eligible_todo"}

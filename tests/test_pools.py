@@ -26,6 +26,7 @@ from conftest import BUILDER, OPERATOR, REVIEWER
 from support import EVIDENCE, codes, make_policy
 
 import loopwarden
+from loopwarden.clock import parse_time
 from loopwarden.errors import Conflict, NotFound, PolicyError
 from loopwarden.ledger.audit.database import audit
 from loopwarden.ledger.state.events import ReceiptKind
@@ -309,7 +310,9 @@ async def test_quota_shows_the_pool_lines_and_projection_says_the_pool_blocks(st
     after = await quota(store, BUILDER, QuotaRequest(loop_id="L1"))
     assert not after.allowed and codes(after) == {"pool_exhausted"}
     line = after.pools[0]
-    assert line.budgets["cost_usd"].remaining == 0 and line.resets_at == "2026-05-05T00:00:00Z"
+    assert line.budgets["cost_usd"].remaining == 0 and line.resets_at == parse_time(
+        "2026-05-05T00:00:00.000000Z"
+    )
     seen = await projection(store, BUILDER, ProjectionRequest(loop_id="L1"))
     assert seen.attention.who == "human"
     assert "team-a" in seen.attention.why and "resets at 2026-05-05 00:00 UTC" in seen.attention.why
@@ -473,7 +476,7 @@ async def test_a_bundle_of_a_pooled_loop_verifies_and_says_what_it_cannot_judge(
     assert codes(refused) == {"pool_exhausted"}
     await store.checkpoint()
     bundle = await store.read(
-        lambda r: export_bundle(r, "L1", store.keyring, "2026-01-01T00:00:00.000000Z", store.signer)
+        lambda r: export_bundle(r, "L1", store.keyring, store.clock(), store.signer)
     )
     report = verify_bundle(bundle, store.keyring)
     assert report.clean, report.findings

@@ -36,7 +36,7 @@ from typer.testing import CliRunner
 from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.clients import admin
 from loopwarden.clients.cli import app
-from loopwarden.clock import ManualClock
+from loopwarden.clock import ManualClock, parse_time
 from loopwarden.ledger.audit import bundles
 from loopwarden.ledger.audit import database as audit_module
 from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
@@ -186,7 +186,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Pristine:
             reader,
             "alpha",
             admin.keyring_of(home),
-            "2026-01-01T00:00:00.000000Z",
+            parse_time(A_TIME),
             KeyStore(home).load_signer(),
         )
     return Pristine(home, bundle)
@@ -390,14 +390,21 @@ def tail_truncated_checkpoints_kept(db: Db) -> None:
     db.truncate(10)
 
 
+A_TIME = "2026-01-01T00:00:00.000000Z"  # a well-formed stored time
+
+
 def tail_truncated_with_forged_checkpoint(db: Db) -> None:
     root = db.truncate(10)
     rogue = Signer.generate()
     db.conn.execute("DELETE FROM checkpoints WHERE size > 8")
     db.conn.execute(
         "INSERT INTO checkpoints (size, root, note, key_id, signed_at) VALUES (?, ?, ?, ?, ?)",
-        (10, root, sign_checkpoint(db.origin(), 10, root, rogue), rogue.key_id, "x"),
+        (10, root, sign_checkpoint(db.origin(), 10, root, rogue), rogue.key_id, A_TIME),
     )
+
+
+def checkpoint_time_garbled(db: Db) -> None:
+    db.conn.execute("UPDATE checkpoints SET signed_at = ? WHERE size = 8", ("x",))
 
 
 def checkpoint_root_replaced_and_resigned_with_real_key(db: Db) -> None:
@@ -549,6 +556,10 @@ CASES: dict[str, Case] = {
             Expect("checkpoint_unknown_key", message="checkpoint 10"),
             Expect("projection_mismatch", "gamma"),
         ],
+    ),
+    "checkpoint-time-garbled": Case(
+        checkpoint_time_garbled,
+        [Expect("checkpoint_malformed", message="checkpoint 8: a stored time was changed")],
     ),
     "checkpoint-root-replaced-and-resigned-with-real-key": Case(
         checkpoint_root_replaced_and_resigned_with_real_key,

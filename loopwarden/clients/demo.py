@@ -23,7 +23,6 @@ from rich.markup import escape
 
 from loopwarden.clients import admin, render
 from loopwarden.clients.agent import AgentClient
-from loopwarden.clock import format_time
 from loopwarden.errors import Conflict
 from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
 from loopwarden.ledger.audit.database import audit
@@ -388,7 +387,7 @@ async def scenario_audit(home: Path, n: Narrator, work: Path) -> bool:
 async def scenario_bundle(home: Path, n: Narrator, work: Path) -> bool:
     async with admin.open_store(home) as store:
         await store.checkpoint()
-        now = format_time(store.clock())
+        now = store.clock()
         signer = store.signer
         bundle = await store.read(lambda r: export_bundle(r, "guarded", store.keyring, now, signer))
         key = store.signer.public_key

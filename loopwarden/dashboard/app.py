@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -69,10 +70,15 @@ Handler = Callable[[Ctx], Awaitable[Response]]
 
 def operator_problem(row: TokenRow | None, store: Store) -> str | None:
     """Why a token row does not sign an operator in now (None if it does)."""
-    problem = token_problem(row, format_time(store.clock()), store.integrity)
+    problem = token_problem(row, store.clock(), store.integrity)
     if problem is None and row is not None and row.role != "operator":
         return "role"
     return problem
+
+
+def stamp(value: datetime | str) -> str:
+    """A time as the pages show it: `clock.format_time`'s UTC text (a receipt's own text as is)."""
+    return format_time(value) if isinstance(value, datetime) else value
 
 
 class Dashboard:
@@ -106,6 +112,7 @@ class Dashboard:
         self.templates.filters["pretty"] = lambda value: json.dumps(
             value, indent=2, ensure_ascii=False
         )
+        self.templates.filters["stamp"] = stamp
 
     # --- rendering ----------------------------------------------------------------------------
 
@@ -125,7 +132,7 @@ class Dashboard:
             version=ctx.version,
             live_url=f"{ctx.request.url.path}?{urlencode(query)}",
             path=ctx.request.url.path,
-            now=format_time(self.clock()),
+            now=self.clock(),
         )
         if "since" in ctx.request.query_params:
             return self.render(name.replace(".html", "_live.html"), **values)

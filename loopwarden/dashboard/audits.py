@@ -13,10 +13,11 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from loopwarden.clock import Clock, format_time
+from loopwarden.clock import Clock
 from loopwarden.ledger.storage.location import STORE_ENV, Location
 
 log = logging.getLogger("loopwarden.dashboard")
@@ -25,11 +26,11 @@ MAX_LINE = 64 * 1024 * 1024  # a report with many findings is one long JSON line
 
 @dataclass
 class AuditRun:
-    started_at: str
+    started_at: datetime
     started_by: str
     done: int = 0
     total: int = 0
-    finished_at: str | None = None
+    finished_at: datetime | None = None
     report: dict[str, Any] | None = None
     error: str | None = None
     findings_shown: list[dict[str, Any]] = field(default_factory=list)
@@ -57,7 +58,7 @@ class Auditor:
         """Start an audit unless one is running; returns the run either way."""
         if self.current is not None and self.current.running:
             return self.current
-        run = AuditRun(started_at=format_time(self._clock()), started_by=who)
+        run = AuditRun(started_at=self._clock(), started_by=who)
         self.current = run
         self._task = asyncio.get_running_loop().create_task(self._run(run))
         return run
@@ -87,7 +88,7 @@ class Auditor:
             log.error("the dashboard's audit failed: %s", exc)
             run.error = "the audit could not run; see the server log"
         finally:
-            run.finished_at = format_time(self._clock())
+            run.finished_at = self._clock()
 
     @staticmethod
     def _take(run: AuditRun, message: dict[str, Any]) -> None:

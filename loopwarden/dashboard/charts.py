@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from loopwarden.clock import parse_time
-
 WIDTH, HEIGHT = 320.0, 90.0
 MAX_POINTS = 240
 
@@ -25,14 +23,14 @@ class Chart:
     limit_y: float | None  # where the limit line is drawn, if there is a limit
     top: float  # the value at the top of the box
     exhausted: bool
-    first_at: str
-    last_at: str
+    first_at: datetime
+    last_at: datetime
     steps: int  # how many times this budget moved
 
 
 def thin(
-    points: list[tuple[str, int, float]], most: int = MAX_POINTS
-) -> list[tuple[str, int, float]]:
+    points: list[tuple[datetime, int, float]], most: int = MAX_POINTS
+) -> list[tuple[datetime, int, float]]:
     """At most `most` points, evenly spread, the first and last always kept."""
     if len(points) <= most:
         return points
@@ -45,15 +43,15 @@ def _x(when: datetime, start: datetime, span: float) -> float:
 
 
 def budget_chart(
-    dimension: str, points: list[tuple[str, int, float]], limit: float | None, now: datetime
+    dimension: str, points: list[tuple[datetime, int, float]], limit: float | None, now: datetime
 ) -> Chart | None:
     """A step chart from `(at, seq, used)` points, up to `now`; None without points."""
     if not points:
         return None
     used = points[-1][2]
     top = max(limit or 0.0, used, 1e-9) * 1.05
-    start = parse_time(points[0][0])
-    end = max(now, parse_time(points[-1][0]))
+    start = points[0][0]
+    end = max(now, points[-1][0])
     span = (end - start).total_seconds()
 
     def y(value: float) -> float:
@@ -62,7 +60,7 @@ def budget_chart(
     shown = thin(points)
     commands = [f"M0 {y(shown[0][2])}"]
     for at, _, value in shown[1:]:
-        commands.append(f"H{_x(parse_time(at), start, span)} V{y(value)}")
+        commands.append(f"H{_x(at, start, span)} V{y(value)}")
     commands.append(f"H{WIDTH}")
     return Chart(
         dimension=dimension,

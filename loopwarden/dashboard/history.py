@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -72,7 +73,7 @@ class Line:
     seq: int
     receipt_id: str
     kind: str
-    at: str
+    at: datetime
     principal: str
     effect: str
     reasons: tuple[str, ...]
@@ -154,7 +155,7 @@ class Control:
 
     kind: str
     principal: str
-    at: str
+    at: datetime
     reason: str
 
 
@@ -166,7 +167,7 @@ class LoopHistory:
     control: Control | None = None  # the latest pause, resume or cancel
     totals: Totals = field(default_factory=Totals)
     # dimension → [(at, seq, used so far)], one point each time that dimension moved
-    series: dict[str, list[tuple[str, int, float]]] = field(default_factory=dict)
+    series: dict[str, list[tuple[datetime, int, float]]] = field(default_factory=dict)
     turns: dict[str, TurnTools] = field(default_factory=dict)
     unreadable: int = 0  # charging receipts whose usage could not be read (tampered data)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from loopwarden.clock import format_time
 from loopwarden.dashboard.charts import Chart, budget_chart
 from loopwarden.dashboard.history import Line, LoopHistory, TurnTools
 from loopwarden.ledger.state.registry import REFUSALS
@@ -170,7 +169,7 @@ class Fresh:
     """A loop's refusals within `FRESH` of now (at most `RECENT_RECEIPTS` looked at)."""
 
     count: int
-    latest: str  # when the newest was sealed
+    latest: datetime  # when the newest was sealed
 
     @property
     def more(self) -> bool:
@@ -179,7 +178,7 @@ class Fresh:
 
 def fresh_refusals(rows: list[JournalRow], now: datetime) -> Fresh | None:
     """The refusals among a loop's newest receipts sealed since `now - FRESH`, or None."""
-    since = format_time(now - FRESH)
+    since = now - FRESH
     recent = [row for row in rows if row.kind in REFUSALS and row.at >= since]
     return Fresh(len(recent), max(row.at for row in recent)) if recent else None
 

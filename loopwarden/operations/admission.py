@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
-from loopwarden.clock import format_time
 from loopwarden.ledger.state import rules
 from loopwarden.ledger.state.rows import LoopRow
 from loopwarden.ledger.storage.reader import Reader
@@ -21,7 +20,7 @@ def claims_in_window(policy: LoopPolicy, reader: Reader, loop_id: str, now: date
     """Turns claimed in the policy's rate window ending now (0 without a rate limit)."""
     if policy.rate.window_seconds is None:
         return 0
-    since = format_time(now - timedelta(seconds=policy.rate.window_seconds))
+    since = now - timedelta(seconds=policy.rate.window_seconds)
     return reader.claims_since(loop_id, since)
 
 
@@ -46,7 +45,6 @@ def claim_facts(
         window,
         agent,
         now,
-        format_time(now),
         policy.claims.lease_seconds,
     )
 

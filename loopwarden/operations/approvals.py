@@ -7,7 +7,6 @@ from datetime import timedelta
 
 from pydantic import Field
 
-from loopwarden.clock import format_time
 from loopwarden.errors import Conflict
 from loopwarden.ledger.state.events import (
     MAX_SUMMARY,
@@ -19,6 +18,7 @@ from loopwarden.ledger.state.events import (
     LoopId,
     OptionalKey,
     ReceiptKind,
+    Timestamp,
     ToolName,
     TurnId,
     new_id,
@@ -149,7 +149,7 @@ class DecideApprovalRequest(Model):
 class DecideApprovalResult(Model):
     approval_id: str
     status: ApprovalStatus
-    expires_at: str | None
+    expires_at: Timestamp | None
     receipt_id: str
 
 
@@ -165,7 +165,7 @@ def decide_approval(call: Call[Txn], req: DecideApprovalRequest) -> DecideApprov
         raise Conflict(f"approval {req.approval_id} is already {approval.status}")
     expires = None
     if req.approve:
-        expires = format_time(tx.now_dt + timedelta(seconds=req.expires_in_seconds))
+        expires = tx.now + timedelta(seconds=req.expires_in_seconds)
     status = ApprovalStatus.APPROVED if req.approve else ApprovalStatus.REJECTED
     sealed = tx.append(
         approval.loop_id,

@@ -6,13 +6,13 @@ from datetime import timedelta
 
 from pydantic import Field
 
-from loopwarden.clock import format_time
 from loopwarden.errors import NotFound
 from loopwarden.ledger.state.events import (
     ClaimRefused,
     LoopId,
     OptionalKey,
     ReceiptKind,
+    Timestamp,
     TodoId,
     TurnClaimed,
     new_id,
@@ -50,7 +50,7 @@ class ClaimResult(Model):
     todo_id: str | None = None
     todo_title: str | None = None
     fence: int | None = None
-    lease_expires_at: str | None = None
+    lease_expires_at: Timestamp | None = None
     allowed_tools: list[str] = Field(
         default_factory=list, description="Tool patterns usable this turn."
     )
@@ -148,10 +148,10 @@ def claim(call: Call[Txn], req: ClaimRequest) -> ClaimResult:
     loop = call.loop
     policy = tx.policy(loop.policy_digest)
     decision = evaluate_claim(
-        policy, claim_facts(tx, loop, policy, who.id, tx.now_dt), digest=loop.policy_digest
+        policy, claim_facts(tx, loop, policy, who.id, tx.now), digest=loop.policy_digest
     )
     sweep_pools(tx, policy, who)  # a full pool's turns whose leases ran out, in any loop
-    pooled = claim_reasons(tx, policy, who.id, tx.now_dt)  # the pools it draws from have room?
+    pooled = claim_reasons(tx, policy, who.id, tx.now)  # the pools it draws from have room?
     if pooled:
         decision = Decision("deny", (*decision.reasons, *pooled), decision.policy_digest)
     if not decision.allowed:
@@ -168,7 +168,7 @@ def _grant(
     """Seal `turn.claimed` on `todo`: a fresh turn id, the next fence, the lease."""
     tx, loop_id = call.tx, call.loop.loop_id
     turn_id = new_id("turn")
-    lease = format_time(tx.now_dt + timedelta(seconds=policy.claims.lease_seconds))
+    lease = tx.now + timedelta(seconds=policy.claims.lease_seconds)
     claimed = TurnClaimed(
         turn_id=turn_id,
         todo_id=todo.todo_id,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from datetime import datetime
 from typing import Any
 
 from pydantic import Field
 
 from loopwarden.ledger.log.receipts import Opened, open_envelope
-from loopwarden.ledger.state.events import LoopId, ReceiptKind
+from loopwarden.ledger.state.events import LoopId, ReceiptKind, Timestamp
 from loopwarden.ledger.storage.reader import JournalRow, Reader
 from loopwarden.operations.operation import Call
 from loopwarden.operations.results import Model
@@ -23,7 +24,7 @@ class ReceiptSummary(Model):
     seq: int
     receipt_id: str
     kind: str
-    at: str
+    at: Timestamp
     principal: str
     effect: str
     reasons: list[str]
@@ -63,7 +64,7 @@ def receipt_summary(row: JournalRow, opened: Opened | None = None) -> ReceiptSum
 
 
 _SUMMARIES_KEPT = 1024
-_summaries: dict[tuple[int, str, str, str, bytes], ReceiptSummary] = {}
+_summaries: dict[tuple[int, str, str, datetime, bytes], ReceiptSummary] = {}
 _summaries_lock = threading.Lock()
 
 

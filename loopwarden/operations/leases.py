@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from loopwarden.clock import format_time, parse_time
-from loopwarden.ledger.state.events import Fence, LeaseExpired, LeaseRenewed, ReceiptKind, TurnId
+from loopwarden.ledger.state.events import (
+    Fence,
+    LeaseExpired,
+    LeaseRenewed,
+    ReceiptKind,
+    Timestamp,
+    TurnId,
+)
 from loopwarden.ledger.state.pools import drawn
 from loopwarden.ledger.state.rows import TurnRow
 from loopwarden.ledger.state.rules import unsettled_calls
@@ -48,7 +54,7 @@ def expire_leases(tx: Txn, loop_id: str, who: Principal) -> list[Appended]:
     return sealed
 
 
-def pool_sweeps_due(tx: Reader, policy: LoopPolicy, agent: str, now: str) -> list[str]:
+def pool_sweeps_due(tx: Reader, policy: LoopPolicy, agent: str, now: datetime) -> list[str]:
     """The loops whose expired leases hold a turn of a full pool this claim draws from: an
     open turn counts against its pools until its lease is swept, in whichever loop it is."""
     pools, loops = tx.pools(), set()
@@ -81,8 +87,8 @@ def turn_problems(tx: Txn, who: Principal, turn: TurnRow, fence: int) -> list[Re
         turn_fence=turn.fence,
         todo_fence=todo.fence if todo else -1,
         given_fence=fence,
-        lease_expires_at=parse_time(turn.lease_expires_at),
-        now=tx.now_dt,
+        lease_expires_at=turn.lease_expires_at,
+        now=tx.now,
     )
 
 
@@ -95,7 +101,7 @@ class HeartbeatResult(Model):
     renewed: bool
     reasons: list[ReasonOut]
     turn_id: str
-    lease_expires_at: str | None
+    lease_expires_at: Timestamp | None
     receipt_id: str
 
 
@@ -129,7 +135,7 @@ def heartbeat(call: Call[Txn], req: HeartbeatRequest) -> HeartbeatResult:
     if problems:
         return _refuse_heartbeat(call, req, Decision("deny", tuple(problems)))
     policy = tx.policy(call.loop.policy_digest)
-    lease = format_time(tx.now_dt + timedelta(seconds=policy.claims.lease_seconds))
+    lease = tx.now + timedelta(seconds=policy.claims.lease_seconds)
     sealed = tx.append(
         turn.loop_id,
         ReceiptKind.LEASE_RENEWED,

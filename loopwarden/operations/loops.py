@@ -8,7 +8,6 @@ from typing import Any
 
 from pydantic import Field
 
-from loopwarden.clock import format_time
 from loopwarden.errors import Conflict, PolicyError
 from loopwarden.ledger.state.events import (
     MAX_DEPENDENCIES,
@@ -18,6 +17,7 @@ from loopwarden.ledger.state.events import (
     LoopOpened,
     LoopStatusChanged,
     ReceiptKind,
+    Timestamp,
     TodoId,
     TodoSpec,
 )
@@ -128,8 +128,8 @@ class LoopSummary(Model):
     objective: str
     status: LoopStatus
     stop_reason: str | None
-    opened_at: str
-    updated_at: str = Field(description="When the loop's last receipt was sealed.")
+    opened_at: Timestamp
+    updated_at: Timestamp = Field(description="When the loop's last receipt was sealed.")
     head_seq: int
     turns: int
     todos: dict[str, int]
@@ -145,11 +145,8 @@ class LoopList(Model):
 
 def loop_summary(reader: Reader, loop: LoopRow, now: datetime) -> LoopSummary:
     """One loop's line: its counters, budgets and who must act next, from one snapshot."""
-    now_text = format_time(now)
     live = [
-        t
-        for t in reader.loop_turns(loop.loop_id, TurnStatus.OPEN)
-        if t.lease_expires_at >= now_text
+        t for t in reader.loop_turns(loop.loop_id, TurnStatus.OPEN) if t.lease_expires_at >= now
     ]
     pending = reader.loop_approvals(loop.loop_id, ApprovalStatus.PENDING)
     eligible = reader.next_eligible_todo(loop.loop_id) if loop.status == LoopStatus.ACTIVE else None

@@ -18,7 +18,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from loopwarden.clock import format_time
 from loopwarden.ledger.storage.reader import OutsiderRefusal
 from loopwarden.ledger.storage.store import Txn
 from loopwarden.operations.operation import Call, Refuse
@@ -51,7 +50,7 @@ def refuse_outsider(call: Call[Txn], refuse: Refuse, req: Any) -> None:
     tx, who = call.tx, call.who
     loop_id = call.loop.loop_id
     last = tx.last_outsider_refusal(loop_id, who.id)
-    if last is not None and last.at > format_time(tx.now_dt - WINDOW):
+    if last is not None and last.at > tx.now - WINDOW:
         tx.count_suppressed_refusal(loop_id, last.seq)
         return
     before = call.loop.head_seq

@@ -12,7 +12,13 @@ from pydantic import Field
 
 from loopwarden.canonical import digest_of
 from loopwarden.errors import Conflict, NotFound
-from loopwarden.ledger.state.events import MAX_SUMMARY, PoolDefined, PoolStatusChanged, ReceiptKind
+from loopwarden.ledger.state.events import (
+    MAX_SUMMARY,
+    PoolDefined,
+    PoolStatusChanged,
+    ReceiptKind,
+    Timestamp,
+)
 from loopwarden.ledger.state.pools import PoolReads, drawn
 from loopwarden.ledger.state.rows import PoolRow
 from loopwarden.ledger.storage.reader import Reader
@@ -44,7 +50,7 @@ class PoolLine(Model):
     name: str
     status: PoolStatus
     window: Window
-    resets_at: str | None = Field(description="When the current window ends (None: never).")
+    resets_at: Timestamp | None = Field(description="When the current window ends (None: never).")
     budgets: dict[str, BudgetOut] = Field(description="The current window's usage.")
     active_turns: int
     max_concurrent_turns: int | None
@@ -57,7 +63,7 @@ class PoolOut(PoolLine):
     window_start: str | None = Field(description="The current window's start (None: total).")
     agents: list[str] = Field(description="Agents drawing from the pool in every loop.")
     loops: list[str] = Field(description="Open loops whose policy names the pool.")
-    updated_at: str
+    updated_at: Timestamp
 
 
 class PoolDefineResult(Model):
@@ -75,7 +81,7 @@ def pool_line(reader: PoolReads, row: PoolRow, now: datetime) -> PoolLine:
         name=row.name,
         status=row.status,
         window=policy.window,
-        resets_at=end.strftime("%Y-%m-%dT%H:%M:%SZ") if end is not None else None,
+        resets_at=end,
         budgets=budgets_out_of(
             policy.budgets, reader.usage(row.name, window_start(policy.window, now))
         ),
@@ -136,13 +142,13 @@ def pool_define(call: Call[Txn], req: PoolDefineRequest) -> PoolDefineResult:
         raise Conflict(f"pool {req.name!r} exists already (change it with `pool set`)")
     if existing is not None and existing.policy_digest == digest:
         return PoolDefineResult(
-            pool=pool_out(tx, existing, tx.now_dt), created=False, changed=False, receipt_id=None
+            pool=pool_out(tx, existing, tx.now), created=False, changed=False, receipt_id=None
         )
     sealed = tx.append_pool(
         req.name, ReceiptKind.POOL_DEFINED, call.who, PoolDefined(policy=document), digest
     )
     return PoolDefineResult(
-        pool=pool_out(tx, sealed.pool, tx.now_dt),
+        pool=pool_out(tx, sealed.pool, tx.now),
         created=existing is None,
         changed=True,
         receipt_id=sealed.receipt_id,

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from loopwarden.clock import format_time
-from loopwarden.ledger.state.events import LoopId
+from loopwarden.ledger.state.events import LoopId, Timestamp
 from loopwarden.ledger.state.pools import claim_reasons
 from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.ledger.state.rules import observed_counts
@@ -60,9 +60,9 @@ class TurnOut(Model):
     agent: str
     status: TurnStatus
     fence: int
-    claimed_at: str
-    lease_expires_at: str
-    closed_at: str | None
+    claimed_at: Timestamp
+    lease_expires_at: Timestamp
+    closed_at: Timestamp | None
     outcome: str | None
     observed: dict[str, int] = Field(
         description="Tool calls the host's hooks saw in this turn, by policy tool name."
@@ -90,10 +90,10 @@ class ApprovalOut(Model):
     artifact_digest: str | None
     status: ApprovalStatus
     requested_by: str
-    requested_at: str
+    requested_at: Timestamp
     decided_by: str | None
-    decided_at: str | None
-    expires_at: str | None
+    decided_at: Timestamp | None
+    expires_at: Timestamp | None
     reason: str | None
     consumed_by: str | None
 
@@ -211,17 +211,16 @@ def _closed_attention(loop: LoopRow) -> tuple[Attention, str] | None:
 def _warnings(
     policy: LoopPolicy, loop: LoopRow, open_turns: list[TurnRow], now: datetime
 ) -> list[str]:
-    now_text = format_time(now)
-    soon = format_time(now + timedelta(seconds=LEASE_WARNING_SECONDS))
+    soon = now + timedelta(seconds=LEASE_WARNING_SECONDS)
     warnings = []
     for dim, line in budget_lines(policy, loop.totals).items():
         if line.limit and WARN_FRACTION * line.limit <= line.used < line.limit:
             warnings.append(f"{dim}: {line.used} of {line.limit} used")
     for t in open_turns:
-        if t.lease_expires_at < now_text:
+        if t.lease_expires_at < now:
             warnings.append(f"turn {t.turn_id}: lease expired; the next claim releases it")
         elif t.lease_expires_at < soon:
-            warnings.append(f"turn {t.turn_id}: lease expires at {t.lease_expires_at}")
+            warnings.append(f"turn {t.turn_id}: lease expires at {format_time(t.lease_expires_at)}")
     if loop.failure_streak:
         warnings.append(
             f"the same failure {loop.failure_signature!r} was reported {loop.failure_streak} "
@@ -258,13 +257,13 @@ def _outsider_warnings(reader: Reader, loop_id: str) -> list[str]:
     ]
 
 
-def _shown_approvals(reader: Reader, loop_id: str, now_text: str) -> list[ApprovalRow]:
+def _shown_approvals(reader: Reader, loop_id: str, now: datetime) -> list[ApprovalRow]:
     """Pending approvals, and approved ones not yet expired or consumed."""
     return [
         a
         for a in reader.loop_approvals(loop_id)
         if a.status == ApprovalStatus.PENDING
-        or (a.status == ApprovalStatus.APPROVED and (a.expires_at or "~") > now_text)
+        or (a.status == ApprovalStatus.APPROVED and (a.expires_at is None or a.expires_at > now))
     ]
 
 
@@ -276,12 +275,11 @@ def projection(call: Call[Reader], req: ProjectionRequest) -> ProjectionResult:
     Also the warnings (budgets near their limit, leases about to expire, a failure streak)
     and the journal head. Reads one snapshot; changes nothing."""
     reader, loop, now = call.tx, call.loop, call.now
-    now_text = format_time(now)
     policy = reader.policy(loop.policy_digest)
     todos = reader.all_todos(loop.loop_id, TODO_PAGE + 1)
     open_turns = reader.loop_turns(loop.loop_id, TurnStatus.OPEN)
-    live = [t for t in open_turns if t.lease_expires_at >= now_text]
-    approvals = _shown_approvals(reader, loop.loop_id, now_text)
+    live = [t for t in open_turns if t.lease_expires_at >= now]
+    approvals = _shown_approvals(reader, loop.loop_id, now)
     pending = [a for a in approvals if a.status == ApprovalStatus.PENDING]
     eligible = reader.next_eligible_todo(loop.loop_id) if loop.status == LoopStatus.ACTIVE else None
     blocked = claim_reasons(reader, policy, call.who.id, now) if eligible is not None else []

@@ -6,7 +6,6 @@ from datetime import datetime
 
 from pydantic import Field
 
-from loopwarden.clock import format_time
 from loopwarden.ledger.state.events import LoopId
 from loopwarden.ledger.state.pools import claim_reasons
 from loopwarden.ledger.state.rows import LoopRow
@@ -77,10 +76,9 @@ def quota(call: Call[Reader], req: QuotaRequest) -> QuotaResult:
 
 def _changes(reader: Reader, who: Principal, loop: LoopRow, now: datetime) -> bool:
     """Whether a claim would seal something before it decides (sweeps, a due stop)."""
-    text = format_time(now)
-    if reader.expired_turns(loop.loop_id, text) or due_stop(reader, loop, now):
+    if reader.expired_turns(loop.loop_id, now) or due_stop(reader, loop, now):
         return True
-    return bool(pool_sweeps_due(reader, reader.policy(loop.policy_digest), who.id, text))
+    return bool(pool_sweeps_due(reader, reader.policy(loop.policy_digest), who.id, now))
 
 
 def _answer(reader: Reader, who: Principal, loop_id: str, now: datetime) -> QuotaResult:

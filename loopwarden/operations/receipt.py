@@ -7,11 +7,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from loopwarden.clock import format_time
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.checkpoints import open_checkpoint, sign_checkpoint
 from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import MAX_FENCE, RECEIPT_ID_PATTERN, LoopId
+from loopwarden.ledger.state.events import MAX_FENCE, RECEIPT_ID_PATTERN, LoopId, Timestamp
 from loopwarden.ledger.storage.reader import CheckpointRow, Reader
 from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.operation import Call
@@ -57,7 +56,7 @@ class CheckpointOut(Model):
     root: str = Field(description="Merkle root, base64.")
     note: str = Field(description="The signed checkpoint (C2SP signed note).")
     key_id: str
-    signed_at: str
+    signed_at: Timestamp
     verified: bool
 
 
@@ -92,7 +91,7 @@ def covering_checkpoint(reader: Reader, store: Store, leaf_index: int) -> Checkp
     size, frontier = reader.log_state()
     root = merkle.root_from_frontier(frontier)
     note = sign_checkpoint(store.origin, size, root, store.signer)
-    return CheckpointRow(size, root, note, store.signer.key_id, format_time(store.clock()))
+    return CheckpointRow(size, root, note, store.signer.key_id, store.clock())
 
 
 @operation(access="read", scope=by_receipt)

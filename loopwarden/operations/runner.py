@@ -208,9 +208,9 @@ def _write(
     op: Operation[Req, Res], store: Store, who: Principal, req: Req, tx: Txn
 ) -> Res | _Hidden:
     # The scope first: locating the loop takes its row (on PostgreSQL), and the transaction's
-    # time is read after that (`Txn.now_dt`), never before another writer of the loop committed.
+    # time is read after that (`Txn.now`), never before another writer of the loop committed.
     found = op.scope.locate(tx, req) if op.scope is not None else None
-    call: Call[Txn] = Call(tx, store, who, tx.now_dt, found=found)
+    call: Call[Txn] = Call(tx, store, who, tx.now, found=found)
     if op.scope is not None:
         if call.found is None:  # nothing was written: answered like a hidden loop, after
             return _Hidden(op.scope.missing(req))
@@ -243,7 +243,7 @@ async def _read(op: Operation[Req, Res], store: Store, who: Principal, req: Req)
         return await store.read(lambda reader: _read_body(op, call(reader), req))
     except NeedsPrediction:
         return await store.simulate(
-            lambda tx: _read_body(op, Call(tx, store, who, tx.now_dt, predicting=True), req)
+            lambda tx: _read_body(op, Call(tx, store, who, tx.now, predicting=True), req)
         )
 
 

@@ -43,7 +43,7 @@ def due_stop(reader: Reader, loop: LoopRow, now: datetime) -> Reason | None:
 def apply_stop_rules(tx: Txn, loop_id: str, who: Principal) -> Appended | None:
     """Evaluate the stop rules on the loop as it stands in this transaction; seal the stop."""
     loop = tx.loop_row(loop_id)
-    reason = due_stop(tx, loop, tx.now_dt) if loop is not None else None
+    reason = due_stop(tx, loop, tx.now) if loop is not None else None
     if reason is None:
         return None
     kind = (

@@ -195,7 +195,7 @@ def _decide(call: Call[Txn], req: UpdateRequest) -> Decision:
     policy = tx.policy(loop.policy_digest)
     todo = tx.todo(loop.loop_id, turn.todo_id)
     approvals = tx.approvals(req.approval_ids)
-    facts = report_facts(call.who.id, loop, turn, todo, approvals, req, tx.now_dt, tx.now)
+    facts = report_facts(call.who.id, loop, turn, todo, approvals, req, tx.now)
     return evaluate_report(policy, facts, digest=loop.policy_digest)
 
 
@@ -275,7 +275,7 @@ def _result(call: Call[Txn], accepted: bool, decision: Decision, sealed: Appende
     return UpdateResult(
         accepted=accepted,
         reasons=reasons_out(decision.reasons),
-        route=route_for(tx, turn.loop_id, who.id, tx.now_dt),
+        route=route_for(tx, turn.loop_id, who.id, tx.now),
         status=loop.status,
         stop_reason=loop.stop_reason,
         loop_id=turn.loop_id,

@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from loopwarden.clock import format_time
 from loopwarden.policy.budgets import Totals, exhausted
 from loopwarden.policy.decision import Reason, ReasonCode
 from loopwarden.policy.model import AgentIds, Budgets, _Section
@@ -55,24 +56,25 @@ class PoolPolicy(_Section):
         return self
 
 
+def _first_instant(window: Window, at: datetime) -> datetime:
+    """The first instant of the hourly or daily window `at` falls in (UTC)."""
+    start = at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    return start.replace(hour=0) if window == "1d" else start
+
+
 def window_start(window: Window, at: datetime) -> str:
-    """The key of the window `at` falls in: the window's first instant (`TOTAL_WINDOW` for a
-    total pool)."""
+    """The key of the window `at` falls in, as its usage row is stored: the window's first
+    instant in `clock.format_time`'s text (`TOTAL_WINDOW` for a total pool, which has none)."""
     if window == "total":
         return TOTAL_WINDOW
-    at = at.astimezone(UTC)
-    start = at.replace(minute=0, second=0, microsecond=0)
-    if window == "1d":
-        start = start.replace(hour=0)
-    return start.strftime("%Y-%m-%dT%H:%M:%S.000000Z")
+    return format_time(_first_instant(window, at))
 
 
 def window_end(window: Window, at: datetime) -> datetime | None:
     """When the window `at` falls in ends (None for a total pool)."""
     if window == "total":
         return None
-    start = datetime.fromisoformat(window_start(window, at).replace("Z", "+00:00"))
-    return start + _LENGTH[window]
+    return _first_instant(window, at) + _LENGTH[window]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from datetime import datetime
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 
-from loopwarden.clock import format_time, parse_time
 from loopwarden.errors import Forbidden
 from loopwarden.ledger.storage.reader import TokenRow
 from loopwarden.ledger.storage.store import Store
@@ -69,14 +68,14 @@ class StoreTokenVerifier:
     async def _check(self, store: Store, hashed: str) -> tuple[AccessToken | None, datetime | None]:
         """The token's row verified: its principal and expiry, or (None, None)."""
         row: TokenRow | None = await store.read(lambda r: r.token(hashed))
-        problem = token_problem(row, format_time(store.clock()), store.integrity)
+        problem = token_problem(row, store.clock(), store.integrity)
         if problem == "forged" and row is not None:  # worth an operator's look
             log.error(
                 "refusing token %s: its MAC does not verify (run loopwarden verify)", row.token_id
             )
         if problem is not None or row is None:
             return None, None
-        expires = None if row.expires_at is None else parse_time(row.expires_at)
+        expires = row.expires_at
         # The token id as `subject`: a session belongs to the token that opened it (the SDK
         # refuses it to any other), so revoking that token can close exactly its sessions.
         access = AccessToken(

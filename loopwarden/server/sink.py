@@ -32,7 +32,7 @@ import anyio
 import httpx2
 
 from loopwarden import __version__
-from loopwarden.clock import Clock, parse_time
+from loopwarden.clock import Clock
 from loopwarden.ledger.audit.cloudevents import cloudevent
 from loopwarden.ledger.storage.reader import ExportCursor, JournalRow, Reader
 from loopwarden.ledger.storage.store import Store
@@ -147,7 +147,7 @@ class WebhookSink:
         """Another process's lease is live (by this clock): no write needed to know it."""
         if cursor is None or cursor.holder in (None, self.holder) or not cursor.lease_expires_at:
             return False
-        return self.clock() < parse_time(cursor.lease_expires_at)
+        return self.clock() < cursor.lease_expires_at
 
     async def step(self, http: httpx2.AsyncClient) -> float:
         """One round: look, take or renew the lease if needed, deliver one batch and record
@@ -166,7 +166,7 @@ class WebhookSink:
             if lease is None:  # another process sends: look again later
                 self._lease_until = None
                 return pacing.poll
-            self._lease_until = parse_time(lease.cursor.lease_expires_at or "")
+            self._lease_until = lease.cursor.lease_expires_at
             if lease.took_over:
                 self.observer.exported(name, takeovers=1)
                 log.warning("export sink %s: took over a lease its holder let expire", name)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from loopwarden.clock import format_time
 from loopwarden.errors import NotFound
 from loopwarden.ledger.log.integrity import TOKEN_MAC, Integrity
 from loopwarden.ledger.storage.reader import TokenRow
@@ -29,7 +28,7 @@ def token_id_for(hashed: str) -> str:
     return "tok-" + hashed[:12]
 
 
-def token_problem(row: TokenRow | None, now: str, integrity: Integrity) -> str | None:
+def token_problem(row: TokenRow | None, now: datetime, integrity: Integrity) -> str | None:
     """Why a stored token admits nobody at `now`: `unknown`, `revoked`, `expired`, or `forged`
     (a row whose MAC fails: not written by loopwarden, or edited since). None if it admits its
     holder. The one check behind every edge that takes a token (MCP over HTTP, the dashboard)."""
@@ -50,7 +49,7 @@ class IssuedToken:
     token_id: str
     agent: str
     role: str
-    expires_at: str | None = None
+    expires_at: datetime | None = None
 
 
 def issue_token(tx: Txn, principal: Principal, lifetime: timedelta | None = None) -> IssuedToken:
@@ -60,7 +59,7 @@ def issue_token(tx: Txn, principal: Principal, lifetime: timedelta | None = None
     revoked one (and the server closes its sessions)."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     hashed = token_hash(token)
-    expires_at = format_time(tx.now_dt + lifetime) if lifetime is not None else None
+    expires_at = tx.now + lifetime if lifetime is not None else None
     tx.add_token(hashed, token_id_for(hashed), principal.id, principal.role, expires_at)
     return IssuedToken(token, token_id_for(hashed), principal.id, principal.role, expires_at)
 

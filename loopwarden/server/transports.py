@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from loopwarden.clock import format_time, system_clock
+from loopwarden.clock import system_clock
 from loopwarden.errors import AddressInUse, BindFailed
 from loopwarden.ledger.storage.store import snapshot
 from loopwarden.observe import NOBODY, Observer
@@ -163,6 +163,6 @@ def with_fronts(app: ASGIApp, mounts: Sequence[BaseRoute]) -> ASGIApp:
 
 def live_tokens(settings: Settings, ids: set[str]) -> set[str]:
     """Of the token ids `ids`, those neither revoked nor expired now (a read-only snapshot)."""
-    now = format_time(system_clock())
+    now = system_clock()
     with snapshot(settings.location) as reader:
         return {t.token_id for t in reader.tokens() if t.token_id in ids and t.live_at(now)}

@@ -20,7 +20,6 @@ from loopwarden.clients.cli.common import (
     shared_options,
 )
 from loopwarden.clients.keyfiles import read_key_argument, read_key_file
-from loopwarden.clock import format_time
 from loopwarden.errors import LoopwardenError, NotFound
 from loopwarden.ledger.audit.bundles import export_bundle, load_bundle, verify_bundle
 from loopwarden.ledger.audit.database import audit as run_audit
@@ -148,7 +147,7 @@ def export(
                     await opened.read(lambda r: missing_loop(r, admin.operator(), loop_id))
                 )
             await opened.checkpoint()
-            now = format_time(opened.clock())
+            now = opened.clock()
             return await opened.read(
                 lambda reader: export_bundle(reader, loop_id, opened.keyring, now, opened.signer)
             )

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import Options, exit_code, fail, shared_options
-from loopwarden.clock import format_time, system_clock
+from loopwarden.clock import format_optional, system_clock
 from loopwarden.errors import LoopwardenError
 from loopwarden.ledger.storage.reader import ExportCursor
 
 
-def sink_status(cursor: ExportCursor, size: int, now: str) -> dict[str, Any]:
+def sink_status(cursor: ExportCursor, size: int, now: datetime) -> dict[str, Any]:
     """One sink's status: its cursor, the receipts it has still to send and its lease."""
     live = cursor.lease_expires_at is not None and cursor.lease_expires_at > now
     return {
@@ -20,11 +21,11 @@ def sink_status(cursor: ExportCursor, size: int, now: str) -> dict[str, Any]:
         "exported": cursor.exported,
         "lag": max(size - 1 - cursor.exported, 0),
         "sent": cursor.sent,
-        "last_success": cursor.succeeded_at,
+        "last_success": format_optional(cursor.succeeded_at),
         "last_error": cursor.error,
-        "last_error_at": cursor.failed_at if cursor.error else None,
+        "last_error_at": format_optional(cursor.failed_at) if cursor.error else None,
         "lease_holder": cursor.holder if live else None,
-        "lease_expires_at": cursor.lease_expires_at if live else None,
+        "lease_expires_at": format_optional(cursor.lease_expires_at) if live else None,
     }
 
 
@@ -43,7 +44,7 @@ def export_status(*, options: Options) -> None:
             cursors = reader.export_cursors()
     except LoopwardenError as exc:
         fail(exc.message, exit_code(exc), as_json=options.json_out, error=exc.code)
-    now = format_time(system_clock())
+    now = system_clock()
     sinks = [sink_status(cursor, size, now) for cursor in cursors]
     if options.json_out:
         render.emit_json({"log_size": size, "sinks": sinks})

@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import EXIT_USAGE, Options, exit_code, fail, shared_options
+from loopwarden.clock import format_time
 from loopwarden.errors import InvalidInput, LoopwardenError
 from loopwarden.ledger.audit.cloudevents import cloudevent
 from loopwarden.ledger.state.events import ReceiptKind
@@ -58,7 +59,7 @@ def _line(cells: list[str], styles: dict[int, str] | None = None) -> str:
 
 
 def _row(line: ReceiptLine) -> str:
-    at = line.at[:19] + "Z" if len(line.at) >= 19 else line.at
+    at = format_time(line.at)[:19] + "Z"
     cells = [str(line.seq), at, line.kind, line.principal, line.effect, line.receipt_id]
     last = ", ".join(line.reasons) + (f" (subagent {line.subagent})" if line.subagent else "")
     cells += ["ok" if line.verified else "BAD", last.strip()]

@@ -8,6 +8,7 @@ import typer
 
 from loopwarden.clients import render
 from loopwarden.clients.cli.common import Options, control_command, shared_options
+from loopwarden.clock import format_time
 from loopwarden.operations.pools import POOL_CONTROLS, PoolOut, pool_define, pools
 
 app = typer.Typer(no_args_is_help=True, help="Budget pools: limits that span loops.")
@@ -95,7 +96,7 @@ def _show(pool: PoolOut) -> None:
         f"[bold]{render.safe(pool.name)}[/bold]  {render.status(pool.status)}  window {pool.window}"
     )
     if pool.resets_at:
-        head += f" (resets {pool.resets_at})"
+        head += f" (resets {format_time(pool.resets_at)})"
     render.console.print(head)
     for dimension, line in pool.budgets.items():
         bar = render.bar(float(line.used), float(line.limit) if line.limit is not None else None)

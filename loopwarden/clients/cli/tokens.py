@@ -9,6 +9,7 @@ import typer
 
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import Options, parse_duration, run, shared_options
+from loopwarden.clock import format_optional, format_time
 from loopwarden.errors import InvalidInput
 from loopwarden.ledger.storage.reader import TokenRow
 from loopwarden.principals import principal
@@ -53,11 +54,11 @@ def token_create(
                 "token_id": issued.token_id,
                 "agent": issued.agent,
                 "role": issued.role,
-                "expires_at": issued.expires_at,
+                "expires_at": format_optional(issued.expires_at),
             }
         )
     else:  # the token alone on stdout: TOKEN=$(loopwarden token create --agent NAME)
-        until = f", expires {issued.expires_at}" if issued.expires_at else ""
+        until = f", expires {format_time(issued.expires_at)}" if issued.expires_at else ""
         render.err.print(
             f"token for {issued.agent} ({issued.role}), id {issued.token_id}{until} — shown once:",
             markup=False,
@@ -88,9 +89,9 @@ def token_list(*, options: Options) -> None:
             "token_id": t.token_id,
             "agent": t.agent,
             "role": t.role,
-            "created_at": t.created_at,
-            "revoked_at": t.revoked_at,
-            "expires_at": t.expires_at,
+            "created_at": format_time(t.created_at),
+            "revoked_at": format_optional(t.revoked_at),
+            "expires_at": format_optional(t.expires_at),
         }
         for t in run(action, as_json=options.json_out)
     ]

@@ -12,11 +12,13 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from loopwarden.canonical import canonical_bytes, sha256_digest
+from loopwarden.clock import format_time
 from loopwarden.errors import IntegrityError, LoopwardenError
 from loopwarden.ledger.audit.database import judged
 from loopwarden.ledger.audit.findings import ENVELOPE_PROBLEMS, FindingCode, Report
@@ -42,7 +44,7 @@ def _manifest_message(manifest: dict[str, Any]) -> bytes:
 
 
 def export_bundle(
-    reader: Reader, loop_id: str, keyring: Keyring, exported_at: str, signer: Signer
+    reader: Reader, loop_id: str, keyring: Keyring, exported_at: datetime, signer: Signer
 ) -> dict[str, Any]:
     """Build the bundle for `loop_id` against the latest checkpoint (which must cover the loop).
 
@@ -69,14 +71,14 @@ def export_bundle(
         "head_seq": rows[-1].seq,
         "head_digest": rows[-1].digest,
         "checkpoint_size": checkpoint.size,
-        "exported_at": exported_at,
+        "exported_at": format_time(exported_at),
     }
     signature = signer.sign(_manifest_message(manifest))
     return {
         "format": BUNDLE_FORMAT,
         "origin": reader.meta("origin"),
         "loop_id": loop_id,
-        "exported_at": exported_at,
+        "exported_at": format_time(exported_at),
         "public_keys": {k: public_key_b64(public[k]) for k in key_ids if k in public},
         "checkpoint": {
             "note": checkpoint.note,

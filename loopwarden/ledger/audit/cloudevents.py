@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from loopwarden.clock import format_time
 from loopwarden.ledger.storage.records import JournalRow
 
 SPEC_VERSION = "1.0"
@@ -28,7 +29,7 @@ def cloudevent(row: JournalRow, origin: str) -> dict[str, Any]:
         "source": f"loopwarden:{origin}",
         "type": TYPE_PREFIX + row.kind,
         "subject": row.loop_id,
-        "time": row.at,
+        "time": format_time(row.at),
         "datacontenttype": "application/json",
         "loopwardenloop": row.loop_id,
         "loopwardenseq": row.seq,

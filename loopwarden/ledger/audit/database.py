@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from loopwarden.canonical import sha256_digest
-from loopwarden.errors import LoopwardenError
+from loopwarden.errors import IntegrityError, LoopwardenError
 from loopwarden.ledger.audit.findings import ENVELOPE_PROBLEMS, FindingCode, Report
 from loopwarden.ledger.audit.pools import check_pools
 from loopwarden.ledger.audit.proofs import Node, NodeCheck, check_loop, check_records
@@ -159,7 +159,7 @@ class _Audit:
         self.integrity = integrity
         self.nodes = NodeCheck(reader, report)
         self.made: list[Node] = []  # Merkle nodes the current batch's receipts complete
-        self.checkpoints = reader.checkpoints()
+        self.checkpoints = reader.checkpoints(self._unreadable_checkpoint)
         self.pending = list(self.checkpoints)
         self.chains: dict[str, _LoopChain] = {}
         self.frontier: list[bytes] = []
@@ -169,6 +169,9 @@ class _Audit:
         # Budget pools are replayed only with the whole journal (a loop's share is not enough).
         self.pools = PoolLedger() if loop_id is None else None
         self.judge = Judge(keys_known=loop_id is None, pools=self.pools)
+
+    def _unreadable_checkpoint(self, size: int, problem: IntegrityError) -> None:
+        self.report.add(FindingCode.CHECKPOINT_MALFORMED, f"checkpoint {size}: {problem.message}")
 
     def in_scope(self, row: JournalRow) -> bool:
         return self.loop_id is None or row.loop_id == self.loop_id

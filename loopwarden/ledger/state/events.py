@@ -10,13 +10,24 @@ limits guards both.
 
 from __future__ import annotations
 
+import re
 import secrets
+from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    WithJsonSchema,
+    model_validator,
+)
 
 from loopwarden import hosts
+from loopwarden.clock import format_time, parse_time
 from loopwarden.policy.patterns import TOOL_NAME_RE
 
 RECEIPT_SCHEMA: Final = "loopwarden.receipt/v1"
@@ -50,7 +61,28 @@ TodoId = Annotated[str, Field(pattern=ID_PATTERN, description="Todo id.")]
 TurnId = Annotated[str, Field(pattern=TURN_ID_PATTERN, description="Turn id from claim.")]
 ApprovalId = Annotated[str, Field(pattern=APPROVAL_ID_PATTERN, description="Approval id.")]
 Digest = Annotated[str, Field(pattern=DIGEST_PATTERN, description="sha256:<64 hex>.")]
-Timestamp = Annotated[str, Field(pattern=TIME_PATTERN)]
+_TIME = re.compile(TIME_PATTERN)
+
+
+def _instant(value: object) -> datetime:
+    """A receipt's time: the fixed-width UTC text of `clock.format_time` in JSON (no other
+    spelling: the signed bytes are that text), an aware datetime in memory."""
+    if isinstance(value, str):
+        if _TIME.match(value) is None:
+            raise ValueError(f"a time is written YYYY-MM-DDTHH:MM:SS.ffffffZ, not {value[:40]!r}")
+        return parse_time(value)
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value
+    raise ValueError("a time is an aware datetime or its UTC text")
+
+
+Timestamp = Annotated[
+    datetime,
+    PlainValidator(_instant),
+    PlainSerializer(format_time, return_type=str),
+    WithJsonSchema({"type": "string", "pattern": TIME_PATTERN}),
+]
+"""An instant: an aware `datetime` in memory, `format_time`'s text in a receipt's JSON."""
 ToolName = Annotated[str, Field(pattern=TOOL_NAME_RE.pattern, max_length=128)]
 Outcome = Literal["progress", "completed", "failed", "blocked"]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNTER)]

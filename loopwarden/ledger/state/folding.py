@@ -8,6 +8,7 @@ a turn's close or a budget's charge is done in one place. Rows are immutable and
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from loopwarden.errors import LoopwardenError
@@ -108,7 +109,7 @@ def open_turn(view: LoopView, turn_id: str) -> TurnRow:
 
 
 def close_turn(
-    view: LoopView, turn_id: str, status: TurnStatus, at: str, outcome: str | None = None
+    view: LoopView, turn_id: str, status: TurnStatus, at: datetime, outcome: str | None = None
 ) -> TurnRow:
     turn = open_turn(view, turn_id)
     new = replace(turn, status=status, closed_at=at, outcome=outcome)
@@ -118,7 +119,7 @@ def close_turn(
     return new
 
 
-def close_turns(view: LoopView, closed: Iterable[ClosedTurn], at: str) -> None:
+def close_turns(view: LoopView, closed: Iterable[ClosedTurn], at: datetime) -> None:
     for item in closed:
         charge_calls(view, item.turn_id, item.tool_calls_charged or 0)
         close_turn(view, item.turn_id, TurnStatus.CLOSED, at)

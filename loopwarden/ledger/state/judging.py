@@ -10,11 +10,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TypeVar
 
-from loopwarden.clock import format_time, parse_time
 from loopwarden.ledger.state import rules
 from loopwarden.ledger.state.events import ReceiptBody, TurnRefused, TurnReport
 from loopwarden.ledger.state.pools import PoolBook, claim_reasons
@@ -100,14 +99,14 @@ class Owed:
     stop rule fires after its report, judged at the update's time."""
 
     why: str  # "violation" | "stop_rules"
-    at: str
+    at: datetime
 
 
 @dataclass
 class LoopRecord:
     """What the judge keeps of one loop beside its replayed view."""
 
-    claims: list[str] = field(default_factory=list)  # every claim time, sorted
+    claims: list[datetime] = field(default_factory=list)  # every claim time, sorted
     owed: Owed | None = None
     swept: dict[str, TurnRow] = field(default_factory=dict)  # turns as they were before a sweep
 
@@ -125,7 +124,7 @@ class Judging:
     # one loop's bundle: then what pools decided cannot be judged).
     pools: PoolBook | None = None
 
-    def remember_claim(self, at: str) -> None:
+    def remember_claim(self, at: datetime) -> None:
         bisect.insort(self.record.claims, at)
 
 
@@ -141,10 +140,10 @@ def outsider(found: set[str]) -> bool:
     return found - {ReasonCode.REFUSALS_SUPPRESSED} == {ReasonCode.AGENT_NOT_ALLOWED}
 
 
-def _window(record: LoopRecord, policy: LoopPolicy, at: str) -> int:
+def _window(record: LoopRecord, policy: LoopPolicy, at: datetime) -> int:
     if policy.rate.window_seconds is None:
         return 0
-    since = format_time(parse_time(at) - timedelta(seconds=policy.rate.window_seconds))
+    since = at - timedelta(seconds=policy.rate.window_seconds)
     return len(record.claims) - bisect.bisect_right(record.claims, since)
 
 
@@ -156,7 +155,6 @@ def claim_facts(record: LoopRecord, view: LoopView, body: ReceiptBody) -> ClaimF
         open_turns,
         window,
         body.principal.id,
-        parse_time(body.at),
         body.at,
         view.policy.claims.lease_seconds,
     )
@@ -166,7 +164,7 @@ def pool_codes(ctx: Judging, view: LoopView, body: ReceiptBody) -> tuple[str, ..
     """The reasons the claim's pools give against it (None when pools are not replayed)."""
     if ctx.pools is None:
         return None
-    reasons = claim_reasons(ctx.pools, view.policy, body.principal.id, parse_time(body.at))
+    reasons = claim_reasons(ctx.pools, view.policy, body.principal.id, body.at)
     return tuple(reason.code for reason in reasons)
 
 
@@ -181,7 +179,7 @@ def report_codes(
     """The reasons the policy gives against a report on `turn` (none if it admits it)."""
     facts = rules.report_facts(
         body.principal.id, view.loop, turn, view.todos.get(turn.todo_id), view.approvals,
-        data, parse_time(body.at), body.at,
+        data, body.at,
     )  # fmt: skip
     decision = evaluate_report(view.policy, facts, digest="")
     return () if decision.allowed else decision.codes  # an allow's reasons are warnings
@@ -249,7 +247,7 @@ def turn_problems(
         agent=body.principal.id, loop_status=view.loop.status, turn_agent=turn.agent,
         turn_status=turn.status, turn_fence=turn.fence, todo_fence=view.todos[turn.todo_id].fence,
         given_fence=turn.fence if fence is None else fence,
-        lease_expires_at=parse_time(turn.lease_expires_at), now=parse_time(body.at),
+        lease_expires_at=turn.lease_expires_at, now=body.at,
     )  # fmt: skip
 
 
@@ -284,7 +282,7 @@ def missing_stop(owed: Owed | None, view: LoopView) -> Verdict | None:
         return Verdict(
             VerdictRule.STOP_MISSING, "a policy violation was refused without the stop it requires"
         )
-    due = evaluate_stop(view.policy, rules.stop_facts(view.loop, parse_time(owed.at)))
+    due = evaluate_stop(view.policy, rules.stop_facts(view.loop, owed.at))
     if due is None:
         return None
     return Verdict(

@@ -17,7 +17,6 @@ from datetime import datetime
 from typing import Protocol
 
 from loopwarden.canonical import digest_of
-from loopwarden.clock import parse_time
 from loopwarden.ledger.state.events import (
     PoolDefined,
     PoolRef,
@@ -198,10 +197,9 @@ def charges(
     return out
 
 
-def charge(book: PoolBook, charged: list[Charge], at: str) -> None:
+def charge(book: PoolBook, charged: list[Charge], when: datetime) -> None:
     """Apply `charged` to the pools it names (a pool not defined is not charged: a claim
     drawing from it was refused)."""
-    when = parse_time(at)
     book.hold(name for item in charged for name in item.pools)  # the write held them (a no-op)
     for item in charged:
         for name in item.pools:

@@ -8,6 +8,7 @@ the store persists exactly those values; the read side returns them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
 from loopwarden.policy.budgets import Totals
@@ -30,7 +31,7 @@ class HostSeen(NamedTuple):
 
     host: str
     session_id: str
-    at: str
+    at: datetime
 
 
 class Observed(NamedTuple):
@@ -48,7 +49,7 @@ class LoopRow:
     status: LoopStatus
     stop_reason: str | None
     policy_digest: str
-    opened_at: str
+    opened_at: datetime
     opened_by: str
     totals: Totals
     todo_counts: tuple[int, ...]  # by TODO_STATUSES: open, claimed, done, blocked, cancelled
@@ -56,7 +57,7 @@ class LoopRow:
     failure_streak: int
     head_seq: int
     head_digest: str
-    updated_at: str
+    updated_at: datetime
     open_turns: tuple[str, ...] = ()  # ids of the open turns, in claim order (≤ claims.max_active)
     slots: int = 0  # rows created so far; each todo, turn and approval has its own slot
     # Per agent, the host session its hooks last spoke from.
@@ -96,9 +97,9 @@ class TurnRow:
     agent: str
     fence: int
     status: TurnStatus
-    claimed_at: str
-    lease_expires_at: str
-    closed_at: str | None
+    claimed_at: datetime
+    lease_expires_at: datetime
+    closed_at: datetime | None
     outcome: str | None
     slot: int = 0
     number: int = 0  # 1 for the loop's first claim, and so on (claims are numbered in time order)
@@ -136,10 +137,10 @@ class ApprovalRow:
     artifact_digest: str | None
     status: ApprovalStatus
     requested_by: str
-    requested_at: str
+    requested_at: datetime
     decided_by: str | None
-    decided_at: str | None
-    expires_at: str | None
+    decided_at: datetime | None
+    expires_at: datetime | None
     reason: str | None
     consumed_by: str | None
     slot: int = 0
@@ -153,8 +154,8 @@ class PoolRow:
     policy: PoolPolicy
     policy_digest: str
     status: PoolStatus
-    created_at: str
-    updated_at: str
+    created_at: datetime
+    updated_at: datetime
     head_seq: int
     head_digest: str
     active_turns: int = 0  # open turns of the loops and agents drawing from it

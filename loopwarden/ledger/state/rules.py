@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from loopwarden.clock import parse_time
+from loopwarden.clock import format_time
 from loopwarden.ledger.state.events import Evidence, ToolUse
 from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.policy.decision import Reason, ReasonCode
@@ -40,12 +40,11 @@ def claim_facts(
     claims_in_window: int,
     agent: str,
     now: datetime,
-    now_text: str,
     lease_seconds: int,
 ) -> ClaimFacts:
     """What a claim by `agent` is decided on: leases live at `now` (expired ones are swept
     first), per agent, and the claims already in the rate window."""
-    live = [t for t in open_turns if t.lease_expires_at >= now_text]
+    live = [t for t in open_turns if t.lease_expires_at >= now]
     return ClaimFacts(
         agent=agent,
         status=loop.status,
@@ -61,7 +60,7 @@ def claim_facts(
 def host_attached(loop: LoopRow, agent: str, now: datetime, lease_seconds: int) -> bool:
     """Whether `agent`'s host hooks spoke for this loop within the last lease window."""
     seen = loop.hosts.get(agent)
-    return seen is not None and parse_time(seen.at) >= now - timedelta(seconds=lease_seconds)
+    return seen is not None and seen.at >= now - timedelta(seconds=lease_seconds)
 
 
 def observed_counts(turn: TurnRow) -> tuple[tuple[str, int], ...]:
@@ -132,7 +131,7 @@ def covered_tools(
     evidence: Iterable[Evidence],
     turn: TurnRow,
     approvals: dict[str, ApprovalRow],
-    now: str,
+    now: datetime,
 ) -> tuple[frozenset[str], tuple[Reason, ...]]:
     """Tools covered by the approvals a report cites, and what is wrong with any of them.
 
@@ -150,7 +149,7 @@ def covered_tools(
         elif approval.status != ApprovalStatus.APPROVED:
             problem = f"is {approval.status}"
         elif approval.expires_at is not None and now >= approval.expires_at:
-            problem = f"expired at {approval.expires_at}"
+            problem = f"expired at {format_time(approval.expires_at)}"
         elif approval.artifact_digest and approval.artifact_digest not in digests:
             problem = (
                 f"is bound to artifact {approval.artifact_digest}, which no evidence item carries"
@@ -172,12 +171,9 @@ def report_facts(
     approvals: dict[str, ApprovalRow],
     report: ReportLike,
     now: datetime,
-    now_text: str,
 ) -> ReportFacts:
     """What a report on `turn` is decided on."""
-    covered, problems = covered_tools(
-        report.approval_ids, report.evidence, turn, approvals, now_text
-    )
+    covered, problems = covered_tools(report.approval_ids, report.evidence, turn, approvals, now)
     return ReportFacts(
         agent=agent,
         loop_status=loop.status,
@@ -186,7 +182,7 @@ def report_facts(
         turn_fence=turn.fence,
         todo_fence=todo.fence if todo else -1,
         given_fence=report.fence,
-        lease_expires_at=parse_time(turn.lease_expires_at),
+        lease_expires_at=turn.lease_expires_at,
         now=now,
         outcome=report.outcome,
         has_evidence=bool(report.evidence),
@@ -210,7 +206,7 @@ def tool_call_facts(
     approvals: Iterable[ApprovalRow],
     agent: str,
     call: tuple[str, str, str | None],
-    now_text: str,
+    now: datetime,
     *,
     internal: bool = False,
 ) -> ToolCallFacts:
@@ -226,7 +222,7 @@ def tool_call_facts(
         if turn is not None
         and a.turn_id == turn.turn_id
         and a.status == ApprovalStatus.APPROVED
-        and (a.expires_at is None or now_text < a.expires_at)
+        and (a.expires_at is None or now < a.expires_at)
     )
     return ToolCallFacts(
         agent=agent,
@@ -238,7 +234,7 @@ def tool_call_facts(
         command=command,
         approved=approved,
         tool_calls=loop.totals.tool_calls + sum(unsettled_calls(t) for t in open_turns),
-        lease_expired=turn is not None and turn.lease_expires_at < now_text,
+        lease_expired=turn is not None and turn.lease_expires_at < now,
         internal=internal,
     )
 

@@ -38,12 +38,8 @@ class CursorWriter(Reader):
     _lock: str  # how the transaction locks a row it reads (`GuardedReader`)
 
     @property
-    def now(self) -> str:
+    def now(self) -> datetime:
         raise NotImplementedError  # the transaction's time (`Txn.now`)
-
-    @property
-    def now_dt(self) -> datetime:
-        raise NotImplementedError
 
     def export_cursor(self, sink: str) -> ExportCursor | None:
         """The sink's cursor, its row held by this transaction until it ends."""
@@ -58,7 +54,7 @@ class CursorWriter(Reader):
         (a new sink's cursor starts before the first receipt); None while another holder's lease
         is live."""
         cursor = self.export_cursor(sink)
-        until = format_time(self.now_dt + timedelta(seconds=seconds))
+        until = self.now + timedelta(seconds=seconds)
         if cursor is None:
             cursor = ExportCursor(sink, -1, target, holder, until, None, None, None, 0)
             self.conn.execute(self.dialect.insert(EXPORT_CURSORS), EXPORT_CURSORS.encode(cursor))
@@ -70,7 +66,7 @@ class CursorWriter(Reader):
         cursor = replace(cursor, holder=holder, lease_expires_at=until, target=target)
         self.conn.execute(
             "UPDATE export_cursors SET holder = ?, lease_expires_at = ?, target = ? WHERE sink = ?",
-            (holder, until, target, sink),
+            (holder, format_time(until), target, sink),
         )
         return Lease(cursor, took_over)
 
@@ -83,11 +79,11 @@ class CursorWriter(Reader):
         cursor = self.export_cursor(sink)
         if cursor is None or cursor.holder != holder:
             return False
-        until = format_time(self.now_dt + timedelta(seconds=seconds))
+        until = format_time(self.now + timedelta(seconds=seconds))
         self.conn.execute(
             "UPDATE export_cursors SET exported = ?, sent = sent + ?, succeeded_at = ?, "
             "error = NULL, lease_expires_at = ? WHERE sink = ?",
-            (max(exported, cursor.exported), sent, self.now, until, sink),
+            (max(exported, cursor.exported), sent, format_time(self.now), until, sink),
         )
         return True
 
@@ -99,7 +95,7 @@ class CursorWriter(Reader):
             return False
         self.conn.execute(
             "UPDATE export_cursors SET failed_at = ?, error = ? WHERE sink = ?",
-            (self.now, error[:MAX_ERROR], sink),
+            (format_time(self.now), error[:MAX_ERROR], sink),
         )
         return True
 

@@ -20,6 +20,7 @@ row" (the audit reports it), and which open todo comes first is the database's a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
@@ -246,12 +247,12 @@ class GuardedReader(Reader):
             return self.open_turns(loop_id)
         return super().loop_turns(loop_id, status)
 
-    def expired_turns(self, loop_id: str, now: str) -> list[TurnRow]:
+    def expired_turns(self, loop_id: str, now: datetime) -> list[TurnRow]:
         stale = [t for t in self.open_turns(loop_id) if t.lease_expires_at < now]
         return sorted(stale, key=lambda t: (t.lease_expires_at, t.turn_id))
 
     def count_open_turns(
-        self, loop_id: str, agent: str | None = None, *, live_at: str | None = None
+        self, loop_id: str, agent: str | None = None, *, live_at: datetime | None = None
     ) -> int:
         return sum(
             1
@@ -260,7 +261,7 @@ class GuardedReader(Reader):
             and (live_at is None or t.lease_expires_at >= live_at)
         )
 
-    def claims_since(self, loop_id: str, since: str) -> int:
+    def claims_since(self, loop_id: str, since: datetime) -> int:
         """Turns claimed after `since`: claims are numbered in time order, so the first claim in
         the window is found by binary search over proved rows."""
         loop = self.loop_row(loop_id)

@@ -35,7 +35,6 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from datetime import datetime
 
-from loopwarden.clock import parse_time
 from loopwarden.ledger.storage.backends import first_line
 from loopwarden.ledger.storage.dialect import Connection
 
@@ -53,7 +52,7 @@ MAX_PENDING = 10_000
 `Store.write`): about ten seconds of the fleet's writes at this machine's rates. The count is
 read at every poll, so a burst between two polls can pass it by what arrives in one interval."""
 
-Integrate = Callable[[Connection, int], list[str]]
+Integrate = Callable[[Connection, int], list[datetime]]
 """`Txn.integrate` on a connection: gives up to that many pending receipts their leaves and
 returns their times."""
 Delays = Callable[[Sequence[float]], None]
@@ -62,7 +61,7 @@ Delays = Callable[[Sequence[float]], None]
 
 def integrate_batch(
     conn: Connection, integrate: Integrate, limit: int = BATCH, *, wait: bool = False
-) -> list[str] | None:
+) -> list[datetime] | None:
     """One batch in its own transaction on `conn` (an autocommit connection): the times of the
     receipts given leaves (none if nothing is pending), or None if another integrator holds
     the log's row (with `wait`: after it lets go)."""
@@ -168,7 +167,7 @@ class Integrator:
             self.backlog = max(self.backlog - len(times), 0)
         if times and self._delays is not None:
             now = self._clock()
-            self._delays([max((now - parse_time(at)).total_seconds(), 0.0) for at in times])
+            self._delays([max((now - at).total_seconds(), 0.0) for at in times])
         return len(times)
 
     def drain(self) -> int:

@@ -7,10 +7,12 @@ thread, or a read-only audit connection). Rows come back as the projection's dat
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
 from typing import Any
 
 from loopwarden.canonical import digest_of
+from loopwarden.clock import format_time
 from loopwarden.errors import IntegrityError
 from loopwarden.ledger.state.rows import (
     ApprovalRow,
@@ -234,12 +236,12 @@ class Reader:
         found = self.turns(loop.open_turns) if loop is not None else {}
         return [found[t] for t in (loop.open_turns if loop else ()) if t in found]
 
-    def expired_turns(self, loop_id: str, now: str) -> list[TurnRow]:
+    def expired_turns(self, loop_id: str, now: datetime) -> list[TurnRow]:
         tail = "AND status = 'open' AND lease_expires_at < ? ORDER BY lease_expires_at, turn_id"
-        return self._loop_turns(loop_id, tail, now)
+        return self._loop_turns(loop_id, tail, format_time(now))
 
     def count_open_turns(
-        self, loop_id: str, agent: str | None = None, *, live_at: str | None = None
+        self, loop_id: str, agent: str | None = None, *, live_at: datetime | None = None
     ) -> int:
         """Open turns of the loop (of one agent); with `live_at`, only those whose lease has
         not expired at that time (expired ones are swept on claim)."""
@@ -250,13 +252,14 @@ class Reader:
             params.append(agent)
         if live_at is not None:
             sql += " AND lease_expires_at >= ?"
-            params.append(live_at)
+            params.append(format_time(live_at))
         r = self._one(sql, tuple(params))
         return int(r[0]) if r else 0
 
-    def claims_since(self, loop_id: str, since: str) -> int:
+    def claims_since(self, loop_id: str, since: datetime) -> int:
         r = self._one(
-            "SELECT count(*) FROM turns WHERE loop_id = ? AND claimed_at > ?", (loop_id, since)
+            "SELECT count(*) FROM turns WHERE loop_id = ? AND claimed_at > ?",
+            (loop_id, format_time(since)),
         )
         return int(r[0]) if r else 0
 
@@ -498,9 +501,21 @@ class Reader:
             raise LookupError(f"Merkle node ({level}, {index}) is not stored")
         return bytes(r[0])
 
-    def checkpoints(self) -> list[CheckpointRow]:
+    def checkpoints(
+        self, unreadable: Callable[[int, IntegrityError], None] | None = None
+    ) -> list[CheckpointRow]:
+        """The stored checkpoints by size. A row that does not decode (a time written outside
+        loopwarden) raises, or with `unreadable` is passed to it (its size) and left out."""
         rows = self.conn.execute(f"SELECT {CHECKPOINTS.row_names} FROM checkpoints ORDER BY size")
-        return [CHECKPOINTS.decode(r) for r in rows]
+        found = []
+        for r in rows:
+            try:
+                found.append(CHECKPOINTS.decode(r))
+            except IntegrityError as exc:
+                if unreadable is None:
+                    raise
+                unreadable(int(r[0]), exc)
+        return found
 
     def latest_checkpoint(self) -> CheckpointRow | None:
         r = self._one(f"SELECT {CHECKPOINTS.row_names} FROM checkpoints ORDER BY size DESC LIMIT 1")
@@ -545,7 +560,7 @@ class Reader:
         rows = self.conn.execute(sql + " ORDER BY window_start", params)
         return [POOL_USAGE.decode(r) for r in rows]
 
-    def loops_with_expired_turns_in(self, pool: str, now: str) -> list[str]:
+    def loops_with_expired_turns_in(self, pool: str, now: datetime) -> list[str]:
         """The loops holding an open turn admitted under `pool` whose lease ran out before
         `now` (candidates only: the write path sweeps each through its proved rows)."""
         if self.legacy:
@@ -553,7 +568,10 @@ class Reader:
         rows = self.conn.execute(
             "SELECT DISTINCT loop_id FROM turns WHERE status = 'open' AND lease_expires_at < ? "
             "AND pools LIKE ? ESCAPE '!' ORDER BY loop_id",
-            (now, '%"' + pool.replace("_", "!_") + '"%'),  # a name's `_` is no wildcard
+            (
+                format_time(now),
+                '%"' + pool.replace("_", "!_") + '"%',
+            ),  # a name's `_` is no wildcard
         )
         return [loop_id for (loop_id,) in rows]
 

@@ -11,6 +11,7 @@ the edit. `loopwarden verify` reads such a database as it is, and says what diff
 
 from __future__ import annotations
 
+from loopwarden.clock import parse_time
 from loopwarden.errors import IntegrityError
 from loopwarden.ledger.log.integrity import LOG_MAC, RECORD_MAC, TOKEN_MAC, Integrity
 from loopwarden.ledger.log.receipts import open_envelope
@@ -83,10 +84,11 @@ def rebuild_projection(conn: Connection, integrity: Integrity) -> None:
             "UPDATE tokens SET mac = ? WHERE token_hash = ?",
             (integrity.mac(TOKEN_MAC, token.mac_values()), token.token_hash),
         )
-    for principal, key, operation, digest, response in conn.execute(
-        "SELECT principal, key, operation, request_digest, response FROM idempotency"
+    for principal, key, operation, digest, response, at in conn.execute(
+        "SELECT principal, key, operation, request_digest, response, created_at FROM idempotency"
     ).fetchall():
-        record = IdempotencyRecord(principal, key, operation, digest, unpack_response(response), "")
+        text = unpack_response(response)
+        record = IdempotencyRecord(principal, key, operation, digest, text, parse_time(at))
         conn.execute(
             "UPDATE idempotency SET mac = ? WHERE principal = ? AND key = ?",
             (integrity.mac(RECORD_MAC, record.mac_values()), principal, key),

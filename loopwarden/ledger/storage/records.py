@@ -9,7 +9,10 @@ fold makes them; the table each record is stored in is described in `schema.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import NamedTuple
+
+from loopwarden.clock import format_optional, format_time
 
 
 @dataclass(frozen=True)
@@ -21,7 +24,7 @@ class SealedRow:
     kind: str
     receipt_id: str
     digest: str
-    at: str
+    at: datetime
     turn_id: str | None
     envelope: bytes
 
@@ -63,7 +66,7 @@ class CheckpointRow:
     root: bytes
     note: str
     key_id: str
-    signed_at: str
+    signed_at: datetime
 
 
 @dataclass(frozen=True)
@@ -72,13 +75,13 @@ class TokenRow:
     token_id: str
     agent: str
     role: str
-    created_at: str
-    revoked_at: str | None
-    expires_at: str | None = None
+    created_at: datetime
+    revoked_at: datetime | None
+    expires_at: datetime | None = None
     mac: bytes | None = None
 
-    def live_at(self, now: str) -> bool:
-        """Neither revoked nor expired at `now` (a `format_time` string)."""
+    def live_at(self, now: datetime) -> bool:
+        """Neither revoked nor expired at `now`."""
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
 
     def mac_values(self) -> list[object]:
@@ -88,9 +91,9 @@ class TokenRow:
             self.token_id,
             self.agent,
             self.role,
-            self.created_at,
-            self.revoked_at,
-            self.expires_at,
+            format_time(self.created_at),
+            format_optional(self.revoked_at),
+            format_optional(self.expires_at),
         ]
 
 
@@ -103,7 +106,7 @@ class IdempotencyRecord:
     operation: str
     request_digest: str
     response: str
-    created_at: str
+    created_at: datetime
     mac: bytes | None = None
 
     def mac_values(self) -> list[object]:
@@ -119,7 +122,7 @@ class OutsiderRefusal:
     loop_id: str
     seq: int
     principal: str
-    at: str
+    at: datetime
     suppressed: int
 
 
@@ -151,8 +154,8 @@ class ExportCursor:
     exported: int
     target: str
     holder: str | None
-    lease_expires_at: str | None
-    succeeded_at: str | None
-    failed_at: str | None
+    lease_expires_at: datetime | None
+    succeeded_at: datetime | None
+    failed_at: datetime | None
     error: str | None
     sent: int  # receipts acknowledged by the receiver, duplicates after a takeover included

@@ -15,9 +15,11 @@ import functools
 import json
 import zlib
 from dataclasses import fields
+from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
+from loopwarden.clock import format_optional, format_time, parse_time
 from loopwarden.errors import IntegrityError
 from loopwarden.ledger.state.rows import (
     ApprovalRow,
@@ -81,9 +83,29 @@ def _enum(kind: type) -> Codec:
     return Codec(None, kind)  # a StrEnum is stored as its string
 
 
+def _stored_time(text: str) -> datetime:
+    """A stored time read back: loopwarden writes `format_time`'s text, so anything else was
+    written outside it (an `IntegrityError`, never a guess)."""
+    try:
+        return parse_time(text)
+    except (TypeError, ValueError):
+        raise IntegrityError(
+            f"a stored time was changed outside loopwarden: {text!r:.40}"
+        ) from None
+
+
+TIME = Codec(format_time, _stored_time)
+"""An instant: an aware datetime in a row, its fixed-width UTC text in the database (`clock`)."""
+MAYBE_TIME = Codec(format_optional, lambda text: None if text is None else _stored_time(text))
 STRINGS = Codec(lambda v: json.dumps(list(v)), lambda s: tuple(json.loads(s)))
 """A tuple of strings as a JSON array."""
-HOSTS = Codec(_json_object, lambda s: {a: HostSeen(*seen) for a, seen in json.loads(s).items()})
+HOSTS = Codec(
+    lambda hosts: _json_object({a: (h, s, format_time(at)) for a, (h, s, at) in hosts.items()}),
+    lambda text: {
+        a: HostSeen(h, s, _stored_time(at)) for a, (h, s, at) in json.loads(text).items()
+    },
+)
+"""Each agent's last host session (`HostSeen`), a JSON object."""
 OBSERVED = Codec(_json_object, lambda s: {t: Observed(*seen) for t, seen in json.loads(s).items()})
 COUNTS = Codec(_json_object, json.loads)
 BLOB = Codec(None, bytes)
@@ -140,7 +162,7 @@ JOURNAL = Table(
         _text("kind"),
         _text("receipt_id"),
         _text("digest"),
-        _text("at"),
+        _text("at", codec=TIME),
         _null("turn_id"),
         # A receipt's envelope, stored as its parts (`envelopes.py`): the envelope itself only
         # when its parts do not build it back, else empty; the payload deflated, the key id,
@@ -162,7 +184,7 @@ PENDING = Table(
     (
         Column("ticket", SqlType.TICKET, since=10),
         *(
-            Column(c.name, c.type, null=c.null, since=10, field=c.field)
+            Column(c.name, c.type, null=c.null, codec=c.codec, since=10, field=c.field)
             for c in JOURNAL.columns[1:]
         ),
         Column("leaf_hash", BYTES, since=10, codec=BLOB),
@@ -199,7 +221,7 @@ CHECKPOINTS = Table(
         Column("root", BYTES, codec=BLOB),
         Column("note", DOCUMENT),
         _text("key_id"),
-        _text("signed_at"),
+        _text("signed_at", codec=TIME),
     ),
     key=("size",),
     rowid="size",
@@ -219,7 +241,7 @@ LOOPS = Table(
         _text("status", codec=_enum(LoopStatus)),
         _null("stop_reason"),
         _text("policy_digest"),
-        _text("opened_at"),
+        _text("opened_at", codec=TIME),
         _text("opened_by"),
         *(_int(name, field="totals") for name in TOTALS),
         *(_int(name, field="todo_counts") for name in TODO_COUNTS),
@@ -227,7 +249,7 @@ LOOPS = Table(
         _int("failure_streak"),
         _int("head_seq"),
         _text("head_digest"),
-        _text("updated_at"),
+        _text("updated_at", codec=TIME),
         Column("open_turns", DOCUMENT, default="[]", since=4, codec=STRINGS),
         _int("slots", default=0, since=4),
         # The loop row's proofs, outside the row: its state tree's root, and its MAC over the
@@ -277,9 +299,9 @@ TURNS = Table(
         _text("agent"),
         _int("fence"),
         _text("status", codec=_enum(TurnStatus)),
-        _text("claimed_at"),
-        _text("lease_expires_at"),
-        _null("closed_at"),
+        _text("claimed_at", codec=TIME),
+        _text("lease_expires_at", codec=TIME),
+        _null("closed_at", codec=MAYBE_TIME),
         _null("outcome"),
         _slot(),
         _int("number", default=0, since=4),
@@ -311,10 +333,10 @@ APPROVALS = Table(
         _null("artifact_digest"),
         _text("status", codec=_enum(ApprovalStatus)),
         _text("requested_by"),
-        _text("requested_at"),
+        _text("requested_at", codec=TIME),
         _null("decided_by"),
-        _null("decided_at"),
-        _null("expires_at"),
+        _null("decided_at", codec=MAYBE_TIME),
+        _null("expires_at", codec=MAYBE_TIME),
         Column("reason", DOCUMENT, null=True),
         _null("consumed_by"),
         _slot(),
@@ -339,8 +361,8 @@ POOLS = Table(
         Column("policy", DOCUMENT, codec=POOL_POLICY, since=8),
         _text("policy_digest", since=8),
         _text("status", codec=_enum(PoolStatus), since=8),
-        _text("created_at", since=8),
-        _text("updated_at", since=8),
+        _text("created_at", codec=TIME, since=8),
+        _text("updated_at", codec=TIME, since=8),
         _int("head_seq", since=8),
         _text("head_digest", since=8),
         _int("active_turns", since=8),
@@ -383,7 +405,7 @@ IDEMPOTENCY = Table(
         _text("operation"),
         _text("request_digest"),
         Column("response", COMPRESSED, codec=RESPONSE),
-        _text("created_at"),
+        _text("created_at", codec=TIME),
         _mac(),
     ),
     key=("principal", "key"),
@@ -397,10 +419,10 @@ TOKENS = Table(
         _text("token_id"),
         _text("agent"),
         _text("role"),
-        _text("created_at"),
-        _null("revoked_at"),
+        _text("created_at", codec=TIME),
+        _null("revoked_at", codec=MAYBE_TIME),
         _mac(),
-        _null("expires_at", since=5),
+        _null("expires_at", codec=MAYBE_TIME, since=5),
     ),
     key=("token_hash",),
     unique=(("token_id",),),
@@ -408,7 +430,13 @@ TOKENS = Table(
 OUTSIDER_REFUSALS = Table(
     "outsider_refusals",
     OutsiderRefusal,
-    (_text("loop_id"), _int("seq"), _text("principal"), _text("at"), _int("suppressed")),
+    (
+        _text("loop_id"),
+        _int("seq"),
+        _text("principal"),
+        _text("at", codec=TIME),
+        _int("suppressed"),
+    ),
     key=("loop_id", "seq"),
     clustered=True,
     indexes=(Index("outsider_refusals_by_principal", ("loop_id", "principal", "seq")),),
@@ -423,9 +451,9 @@ EXPORT_CURSORS = Table(
         _int("exported", since=8),
         _text("target", since=8),
         _null("holder", since=8),
-        _null("lease_expires_at", since=8),
-        _null("succeeded_at", since=8),
-        _null("failed_at", since=8),
+        _null("lease_expires_at", codec=MAYBE_TIME, since=8),
+        _null("succeeded_at", codec=MAYBE_TIME, since=8),
+        _null("failed_at", codec=MAYBE_TIME, since=8),
         _null("error", since=8),
         _int("sent", default=0, since=8),
     ),

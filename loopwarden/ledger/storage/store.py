@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar, Unpack
 
@@ -295,7 +296,7 @@ class Store:
         conn = conn if conn is not None else self.backend.writer
         return Txn(conn, self.policies, self.integrity, self, self.clock, wait=wait)
 
-    def _integrate(self, conn: Connection, limit: int) -> list[str]:
+    def _integrate(self, conn: Connection, limit: int) -> list[datetime]:
         return self._txn(conn).integrate(limit)
 
     def pending_backlog(self) -> int:

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from loopwarden.canonical import canonical_bytes
-from loopwarden.clock import format_time
+from loopwarden.clock import parse_time
 from loopwarden.errors import Conflict, NotFound
 from loopwarden.ledger.log import merkle
 from loopwarden.ledger.log.checkpoints import sign_checkpoint
@@ -180,29 +180,20 @@ class Txn(ProjectionWriter, CursorWriter):
         super().__init__(conn, policies, integrity, wait=wait)
         self._store = store
         self._clock = clock
-        self._now: tuple[datetime, str] | None = None
+        self._now: datetime | None = None
         self.kinds: list[ReceiptKind] = []  # what this transaction sealed, in order (observers)
 
     # --- the transaction's time ---------------------------------------------------------------
 
     @property
-    def now_dt(self) -> datetime:
+    def now(self) -> datetime:
         """The transaction's instant: the clock read when first asked for, so that a body that
         locks its loop's row first (every scoped operation does: `runner._write`) reads it
         after the last holder of that row committed. Its receipts' times then never run behind
         the loop's, and a lease granted from it is the one the judge recomputes from the
         receipt's time."""
-        return self._instant()[0]
-
-    @property
-    def now(self) -> str:
-        """`now_dt` as stored text."""
-        return self._instant()[1]
-
-    def _instant(self) -> tuple[datetime, str]:
         if self._now is None:
-            now = self._clock()
-            self._now = (now, format_time(now))
+            self._now = self._clock()
         return self._now
 
     # --- receipts -----------------------------------------------------------------------------
@@ -271,7 +262,7 @@ class Txn(ProjectionWriter, CursorWriter):
         kind: ReceiptKind,
         seq: int,
         prev: str | None,
-        at: str,
+        at: datetime,
         principal: Principal,
         data: Fact,
         *,
@@ -362,7 +353,7 @@ class Txn(ProjectionWriter, CursorWriter):
 
     # --- the Merkle log -----------------------------------------------------------------------
 
-    def integrate(self, limit: int | None = None) -> list[str]:
+    def integrate(self, limit: int | None = None) -> list[datetime]:
         """Give up to `limit` pending receipts (all, by default) the next Merkle leaves, in
         ticket order, and sign a checkpoint at every `checkpoint_every` leaves; returns their
         times (`at`, in leaf order). The caller holds the log's row (SQLite's write lock, or the
@@ -385,7 +376,7 @@ class Txn(ProjectionWriter, CursorWriter):
         self.conn.executemany("DELETE FROM pending WHERE ticket = ?", tickets)
         self.conn.executemany(self.dialect.insert(MERKLE_NODES), nodes)
         self._set_log(size + len(rows), frontier)
-        return [at for _, _, at in rows]
+        return [parse_time(at) for _, _, at in rows]
 
     def _set_log(self, size: int, frontier: list[bytes]) -> None:
         joined = b"".join(frontier)
@@ -448,7 +439,12 @@ class Txn(ProjectionWriter, CursorWriter):
         self.conn.execute(self.dialect.insert(IDEMPOTENCY), IDEMPOTENCY.encode(record))
 
     def add_token(
-        self, token_hash: str, token_id: str, agent: str, role: str, expires_at: str | None = None
+        self,
+        token_hash: str,
+        token_id: str,
+        agent: str,
+        role: str,
+        expires_at: datetime | None = None,
     ) -> None:
         token = TokenRow(token_hash, token_id, agent, role, self.now, None, expires_at)
         token = with_fields(token, mac=self.integrity.mac(TOKEN_MAC, token.mac_values()))

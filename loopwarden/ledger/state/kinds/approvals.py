@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from loopwarden.clock import parse_time
 from loopwarden.ledger.state.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -83,7 +82,7 @@ def _judge_decided(
     """An operator's decision; an approval lasts from a second to 30 days."""
     if data.expires_at is None:
         return []
-    at, expires = parse_time(body.at), parse_time(data.expires_at)
+    at, expires = body.at, data.expires_at
     if not at < expires <= at + MAX_APPROVAL:
         return [
             Verdict(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from loopwarden.canonical import digest_of
-from loopwarden.clock import parse_time
 from loopwarden.ledger.state import rules
 from loopwarden.ledger.state.events import (
     LoopOpened,
@@ -156,7 +155,7 @@ def _judge_stopped(
     violation = _for_violation(ctx, body, data)
     if violation is not None:
         return violation + _close_charges(view, data)
-    due = evaluate_stop(view.policy, rules.stop_facts(view.loop, parse_time(body.at)))
+    due = evaluate_stop(view.policy, rules.stop_facts(view.loop, body.at))
     if due is None or due.code != data.reason:
         return [Verdict(VerdictRule.STOP_REASON, f"stopped for {data.reason}, which had not fired")]
     if (body.kind == ReceiptKind.LOOP_COMPLETED) != (data.reason == ReasonCode.ALL_TODOS_DONE):

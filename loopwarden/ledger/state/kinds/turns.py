@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from loopwarden.clock import format_time, parse_time
 from loopwarden.ledger.state import rules
 from loopwarden.ledger.state.events import (
     ClaimRefused,
@@ -112,7 +111,7 @@ def _judge_claimed(
         return [
             Verdict(VerdictRule.LEASE_NOT_SWEPT, "granted while an expired lease was still held")
         ]
-    due = evaluate_stop(policy, rules.stop_facts(view.loop, parse_time(at)))
+    due = evaluate_stop(policy, rules.stop_facts(view.loop, at))
     if due is not None:
         return [Verdict(VerdictRule.STOP_DUE, f"granted although {due.code} had fired")]
     denied = evaluate_claim(policy, claim_facts(ctx.record, view, body), digest="").codes
@@ -136,7 +135,7 @@ def _judge_claimed(
                 f"todo {todo.todo_id} claimed before {', '.join(undone)}",
             )
         ]
-    lease = format_time(parse_time(at) + timedelta(seconds=policy.claims.lease_seconds))
+    lease = at + timedelta(seconds=policy.claims.lease_seconds)
     terms = (data.lease_expires_at, data.allowed_tools, data.approval_tools)
     if terms != (lease, policy.tools.allow, policy.tools.approval):
         return [
@@ -185,7 +184,7 @@ def _judge_renewed(
     reasons = turn_problems(view, view.turns[data.turn_id], body)
     if reasons:
         return verdicts(tuple(r.code for r in reasons), "lease renewed")
-    lease = format_time(parse_time(body.at) + timedelta(seconds=view.policy.claims.lease_seconds))
+    lease = body.at + timedelta(seconds=view.policy.claims.lease_seconds)
     return (
         []
         if data.lease_expires_at == lease
