@@ -232,9 +232,8 @@ class Txn(ProjectionWriter, CursorWriter):
         leaf), projection rows.
 
         `policy_digest` is required for `loop.opened` and otherwise taken from the loop; `refs`
-        are what else the receipt names. A
-        receipt's time never goes back within its loop (another process's clock may lag: then
-        it takes the loop's last time). Raises `SealError` if the receipt cannot be sealed,
+        are what else the receipt names. A receipt's time never goes back within its loop
+        (another process's clock may lag: then it takes the loop's last time). Raises `SealError` if the receipt cannot be sealed,
         `FoldError` if it does not fit the loop's state and `IntegrityError` if a row it reads
         fails its proof; the caller's transaction then rolls back whole.
         """
