@@ -126,7 +126,10 @@ class TurnRow:
 
 
 @dataclass(frozen=True)
-class ApprovalRow:
+class Approval:
+    """An approval as published: its row without the store's `slot`. The operations' result
+    (`ApprovalOut`) takes its fields from here."""
+
     approval_id: str
     loop_id: str
     turn_id: str
@@ -142,6 +145,10 @@ class ApprovalRow:
     expires_at: str | None
     reason: str | None
     consumed_by: str | None
+
+
+@dataclass(frozen=True)
+class ApprovalRow(Approval):
     slot: int = 0
 
 
