@@ -11,7 +11,7 @@ from pydantic import Field
 from loopwarden.clock import format_time
 from loopwarden.ledger.state.events import LoopId, Timestamp
 from loopwarden.ledger.state.pools import claim_reasons
-from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
+from loopwarden.ledger.state.rows import Approval, ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.ledger.state.rules import observed_counts
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.operations.admission import claims_in_window
@@ -78,24 +78,8 @@ def turn_out(t: TurnRow) -> TurnOut:
     )
 
 
-class ApprovalOut(Model):
+class ApprovalOut(Model, Approval):  # its fields: the ledger's `Approval`, read by pydantic
     """An approval as published (its row, without the store's `slot`)."""
-
-    approval_id: str
-    loop_id: str
-    turn_id: str
-    todo_id: str
-    tool: str
-    summary: str
-    artifact_digest: str | None
-    status: ApprovalStatus
-    requested_by: str
-    requested_at: Timestamp
-    decided_by: str | None
-    decided_at: Timestamp | None
-    expires_at: Timestamp | None
-    reason: str | None
-    consumed_by: str | None
 
 
 class Attention(Model):

@@ -180,27 +180,41 @@ def consistency_proof(old_size: int, new_size: int, nodes: NodeSource) -> list[b
     return path
 
 
+def _sides(fn: int, sn: int, count: int) -> list[bool] | None:
+    """The walk up the tree both verifiers take (RFC 9162 §2.1.3.2, §2.1.4.2: the loop over the
+    proof and the final `sn == 0`), from the node numbers `fn` and `sn`: for each of `count`
+    proof hashes, whether it is hashed in on the left; None if the proof does not end at the
+    root (longer or shorter than the path)."""
+    sides: list[bool] = []
+    for _ in range(count):
+        if sn == 0:
+            return None
+        if fn & 1 or fn == sn:
+            sides.append(True)
+            if not fn & 1:
+                while not fn & 1 and fn != 0:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            sides.append(False)
+        fn >>= 1
+        sn >>= 1
+    return sides if sn == 0 else None
+
+
 def verify_inclusion(
     leaf: bytes, index: int, size: int, proof: Sequence[bytes], root: bytes
 ) -> bool:
     """RFC 9162 §2.1.3.2. `leaf` is the leaf *hash*. Never raises on malformed input."""
     if not 0 <= index < size or any(len(p) != HASH_SIZE for p in proof):
         return False
-    fn, sn, r = index, size - 1, leaf
-    for p in proof:
-        if sn == 0:
-            return False
-        if fn & 1 or fn == sn:
-            r = node_hash(p, r)
-            if not fn & 1:
-                while not fn & 1 and fn != 0:
-                    fn >>= 1
-                    sn >>= 1
-        else:
-            r = node_hash(r, p)
-        fn >>= 1
-        sn >>= 1
-    return sn == 0 and r == root
+    sides = _sides(index, size - 1, len(proof))
+    if sides is None:
+        return False
+    r = leaf
+    for p, left in zip(proof, sides, strict=True):
+        r = node_hash(p, r) if left else node_hash(r, p)
+    return r == root
 
 
 def verify_consistency(
@@ -222,19 +236,14 @@ def verify_consistency(
     while fn & 1:
         fn >>= 1
         sn >>= 1
+    sides = _sides(fn, sn, len(path) - 1)
+    if sides is None:
+        return False
     fr = sr = path[0]
-    for c in path[1:]:
-        if sn == 0:
-            return False
-        if fn & 1 or fn == sn:
+    for c, left in zip(path[1:], sides, strict=True):
+        if left:
             fr = node_hash(c, fr)
             sr = node_hash(c, sr)
-            if not fn & 1:
-                while not fn & 1 and fn != 0:
-                    fn >>= 1
-                    sn >>= 1
         else:
             sr = node_hash(sr, c)
-        fn >>= 1
-        sn >>= 1
-    return fr == old_root and sr == new_root and sn == 0
+    return fr == old_root and sr == new_root

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
+from loopwarden.ledger.state.events import Timestamp
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.policy.pools import PoolPolicy
@@ -127,7 +128,10 @@ class TurnRow:
 
 
 @dataclass(frozen=True)
-class ApprovalRow:
+class Approval:
+    """An approval as published: its row without the store's `slot`. The operations' result
+    (`ApprovalOut`) takes its fields from here."""
+
     approval_id: str
     loop_id: str
     turn_id: str
@@ -137,12 +141,16 @@ class ApprovalRow:
     artifact_digest: str | None
     status: ApprovalStatus
     requested_by: str
-    requested_at: datetime
+    requested_at: Timestamp  # a datetime; Timestamp says how ApprovalOut's JSON writes it
     decided_by: str | None
-    decided_at: datetime | None
-    expires_at: datetime | None
+    decided_at: Timestamp | None
+    expires_at: Timestamp | None
     reason: str | None
     consumed_by: str | None
+
+
+@dataclass(frozen=True)
+class ApprovalRow(Approval):
     slot: int = 0
 
 

@@ -43,6 +43,17 @@ def no_rows(body: ReceiptBody, data: Any) -> Touched:
     return Touched()
 
 
+def touching(**rows: str) -> Touches:
+    """The `touches` of a kind whose data names one row of each sort it touches:
+    `touching(todos="todo_id", turns="turn_id")` touches the todo `data.todo_id` and the turn
+    `data.turn_id` (each keyword a field of `Touched`, each value a field of the kind's data)."""
+
+    def touches(body: ReceiptBody, data: Any) -> Touched:
+        return Touched(**{sort: frozenset([getattr(data, name)]) for sort, name in rows.items()})
+
+    return touches
+
+
 @dataclass(frozen=True)
 class Opening:
     """How an opening kind (`loop.opened`) makes a view, and how its decision is judged."""

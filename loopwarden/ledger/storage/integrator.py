@@ -33,6 +33,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 
 from loopwarden.ledger.storage.backends import first_line
@@ -84,39 +85,35 @@ def pending_count(conn: Connection) -> int:
     return int(row[0]) if row else 0
 
 
+@dataclass(eq=False, repr=False)
 class Integrator:
     """A replica's integrator thread: it runs a batch when woken (`poke`, after a commit that
     left receipts pending) or every `interval`, and batches again at once while they come full.
     A failed batch (the database away, a damaged log) changes nothing; it is counted, its first
-    line kept in `last_error`, and the next poll tries again on a fresh connection."""
+    line kept in `last_error`, and the next poll tries again on a fresh connection.
 
-    def __init__(
-        self,
-        connect: Callable[[], Connection],
-        integrate: Integrate,
-        *,
-        clock: Callable[[], datetime],
-        delays: Delays | None = None,
-        batch: int = BATCH,
-        interval: float = INTERVAL,
-        gather: float = GATHER,
-    ) -> None:
-        self._connect = connect
-        self._integrate = integrate
-        self._clock = clock
-        self._delays = delays
-        self.batch = batch
-        self.interval = interval
-        self.gather = gather
+    `connect` opens its autocommit connection, `integrate` gives pending receipts their leaves
+    on it, `delays` is told each batch's delays (times by `clock`)."""
+
+    connect: Callable[[], Connection]
+    integrate: Integrate
+    _: KW_ONLY
+    clock: Callable[[], datetime]
+    delays: Delays | None = None
+    batch: int = BATCH
+    interval: float = INTERVAL
+    gather: float = GATHER
+    integrated: int = field(default=0, init=False)  # receipts this replica gave leaves
+    backlog: int = field(default=0, init=False)  # pending across the store, at the last poll
+    failures: int = field(default=0, init=False)
+    last_error: str | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
         self._conn: Connection | None = None
         self._using = threading.Lock()  # the connection: this thread's, or a `drain`'s caller's
         self._wake = threading.Event()
         self._stopping = threading.Event()  # set when the thread is to end (wakes its waits)
         self._thread = threading.Thread(target=self._run, name="loopwarden-integrator", daemon=True)
-        self.integrated = 0  # receipts this replica gave leaves
-        self.backlog = 0  # receipts pending across the store, as counted at the last poll
-        self.failures = 0
-        self.last_error: str | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -149,11 +146,11 @@ class Integrator:
         how many receipts it gave leaves. A failure leaves the count fresh and raises."""
         with self._using:
             if self._conn is None:
-                self._conn = self._connect()
+                self._conn = self.connect()
             try:
                 self.backlog = pending_count(self._conn)
                 times = (
-                    integrate_batch(self._conn, self._integrate, self.batch, wait=wait)
+                    integrate_batch(self._conn, self.integrate, self.batch, wait=wait)
                     if self.backlog
                     else []
                 )
@@ -165,9 +162,9 @@ class Integrator:
             times = times or []  # None: another replica's integrator holds the log
             self.integrated += len(times)
             self.backlog = max(self.backlog - len(times), 0)
-        if times and self._delays is not None:
-            now = self._clock()
-            self._delays([max((now - at).total_seconds(), 0.0) for at in times])
+        if times and self.delays is not None:
+            now = self.clock()
+            self.delays([max((now - at).total_seconds(), 0.0) for at in times])
         return len(times)
 
     def drain(self) -> int:

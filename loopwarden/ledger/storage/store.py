@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar, Unpack
@@ -100,34 +101,29 @@ class OpenOptions(TypedDict, total=False):
     backlog: int
 
 
+@dataclass(eq=False, repr=False)
 class Store:
     """The store. Open with `await Store.open(...)`; close with `await store.close()`."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        location: Location,
-        signer: Signer,
-        keyring: Keyring,
-        integrity: Integrity,
-        clock: Clock,
-        checkpoint_every: int,
-        backlog: int = BACKLOG,
-    ) -> None:
-        self.backend = backend
-        self.location = location
-        self.signer = signer
-        self.keyring = keyring
-        self.integrity = integrity
-        self.clock = clock
-        self.checkpoint_every = checkpoint_every
-        self.backlog = backlog
-        self.observer: Observer = NOBODY  # a server sets its telemetry here (`observe/`)
-        self.policies = PolicyCache()
-        self.origin = Reader(backend.writer).meta("origin") or "loopwarden.local/unknown"
+    backend: Backend
+    location: Location
+    signer: Signer
+    keyring: Keyring
+    integrity: Integrity
+    clock: Clock
+    checkpoint_every: int
+    backlog: int = BACKLOG
+    # A server sets its telemetry here (`observe/`).
+    observer: Observer = field(default=NOBODY, init=False)
+    policies: PolicyCache = field(default_factory=PolicyCache, init=False)
+    # That of a started store whose writes lock rows only.
+    integrator: Integrator | None = field(default=None, init=False)
+    # Receipts awaiting leaves past which writes are refused.
+    max_pending: int = field(default=MAX_PENDING, init=False)
+
+    def __post_init__(self) -> None:
+        self.origin = Reader(self.backend.writer).meta("origin") or "loopwarden.local/unknown"
         self._writer = Worker("loopwarden-writer", self._commit_group)
-        self.integrator: Integrator | None = None  # a started store whose writes lock rows only
-        self.max_pending = MAX_PENDING  # receipts awaiting leaves past which writes are refused
         self._started = False  # `open` started the writer thread and the read side
         self._closed = False
 

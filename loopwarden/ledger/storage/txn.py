@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 from loopwarden.canonical import canonical_bytes
 from loopwarden.clock import parse_time
@@ -69,6 +69,16 @@ from loopwarden.ledger.storage.schema import (
 from loopwarden.ledger.storage.statetree import EMPTY, StateTree, node
 from loopwarden.policy.decision import Decision
 from loopwarden.principals import Principal
+
+
+class Refs(TypedDict, total=False):
+    """What a receipt names besides its loop (each absent or None if it names none): the turn,
+    todo and approval it is about, and the idempotency key of the call that made it."""
+
+    turn_id: str | None
+    todo_id: str | None
+    approval_id: str | None
+    idempotency_key: str | None
 
 
 class Sealer(Protocol):
@@ -207,17 +217,14 @@ class Txn(ProjectionWriter, CursorWriter):
         *,
         decision: Decision | None = None,
         policy_digest: str | None = None,
-        turn_id: str | None = None,
-        todo_id: str | None = None,
-        approval_id: str | None = None,
-        idempotency_key: str | None = None,
+        **refs: Unpack[Refs],
     ) -> Appended:
         """Seal one receipt and apply it: its place in its loop's chain (pending its Merkle
         leaf), projection rows.
 
-        `policy_digest` is required for `loop.opened` and otherwise taken from the loop. A
-        receipt's time never goes back within its loop (another process's clock may lag: then
-        it takes the loop's last time). Raises `SealError` if the receipt cannot be sealed,
+        `policy_digest` is required for `loop.opened` and otherwise taken from the loop; `refs`
+        are what else the receipt names. A receipt's time never goes back within its loop
+        (another process's clock may lag: then it takes the loop's last time). Raises `SealError` if the receipt cannot be sealed,
         `FoldError` if it does not fit the loop's state and `IntegrityError` if a row it reads
         fails its proof; the caller's transaction then rolls back whole.
         """
@@ -233,20 +240,9 @@ class Txn(ProjectionWriter, CursorWriter):
             seq, prev, policy_digest = loop.head_seq + 1, loop.head_digest, loop.policy_digest
             at = max(at, loop.updated_at)
         body, sealed = self._seal(
-            loop_id,
-            kind,
-            seq,
-            prev,
-            at,
-            principal,
-            data,
-            decision=decision,
-            policy_digest=policy_digest,
-            turn_id=turn_id,
-            todo_id=todo_id,
-            approval_id=approval_id,
-            idempotency_key=idempotency_key,
-        )
+            loop_id, kind, seq, prev, at, principal, data,
+            decision=decision, policy_digest=policy_digest, **refs,
+        )  # fmt: skip
         if isinstance(body.data, LoopOpened):
             self.conn.execute(
                 self.dialect.insert_new(POLICIES),
@@ -268,7 +264,7 @@ class Txn(ProjectionWriter, CursorWriter):
         *,
         decision: Decision | None,
         policy_digest: str | None,
-        **refs: str | None,
+        **refs: Unpack[Refs],
     ) -> tuple[ReceiptBody, Sealed]:
         """Make, sign and keep one receipt of `chain` (a loop, or a pool's `pool:<name>`),
         pending its Merkle leaf."""

@@ -12,8 +12,8 @@ from loopwarden.ledger.state.events import (
 )
 from loopwarden.ledger.state.folding import FoldError, next_slot, open_turn, row_of
 from loopwarden.ledger.state.judging import Judging, Verdict, VerdictRule, turn_problems, verdicts
-from loopwarden.ledger.state.rows import ApprovalRow, LoopView, Touched, replace
-from loopwarden.ledger.state.spec import AGENTS, OPERATORS, KindSpec
+from loopwarden.ledger.state.rows import ApprovalRow, LoopView, replace
+from loopwarden.ledger.state.spec import AGENTS, OPERATORS, KindSpec, touching
 from loopwarden.policy.decision import ReasonCode
 from loopwarden.policy.evaluate import explain, tool_reasons
 from loopwarden.statuses import ApprovalStatus
@@ -21,8 +21,7 @@ from loopwarden.statuses import ApprovalStatus
 MAX_APPROVAL = timedelta(days=30)
 
 
-def _touches_requested(body: ReceiptBody, data: ApprovalRequested) -> Touched:
-    return Touched(turns=frozenset([data.turn_id]))
+_touches_requested = touching(turns="turn_id")
 
 
 def _requested(view: LoopView, body: ReceiptBody, f: ApprovalRequested) -> None:
@@ -58,8 +57,7 @@ def _judge_requested(
     return verdicts(tuple(reasons), "approval requested")
 
 
-def _touches_decided(body: ReceiptBody, data: ApprovalDecided) -> Touched:
-    return Touched(approvals=frozenset([data.approval_id]))
+_touches_decided = touching(approvals="approval_id")
 
 
 def _decided(view: LoopView, body: ReceiptBody, f: ApprovalDecided) -> None:

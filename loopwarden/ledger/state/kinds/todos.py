@@ -8,7 +8,7 @@ from loopwarden.ledger.state.folding import FoldError, add_todo, row_of, set_tod
 from loopwarden.ledger.state.judging import Judging, Verdict, todo_facts, verdicts
 from loopwarden.ledger.state.rows import LoopView, Touched
 from loopwarden.ledger.state.rules import cancel_problem
-from loopwarden.ledger.state.spec import AGENTS, OPERATORS, KindSpec
+from loopwarden.ledger.state.spec import AGENTS, OPERATORS, KindSpec, touching
 from loopwarden.policy.evaluate import evaluate_todo_add
 from loopwarden.statuses import TodoStatus
 
@@ -29,8 +29,7 @@ def _judge_added(ctx: Judging, view: LoopView, body: ReceiptBody, data: TodoAdde
     return verdicts(found, "todo added")
 
 
-def _touches_cancelled(body: ReceiptBody, data: TodoCancelled) -> Touched:
-    return Touched(todos=frozenset([data.todo_id]))
+_touches_cancelled = touching(todos="todo_id")
 
 
 def _cancelled(view: LoopView, body: ReceiptBody, f: TodoCancelled) -> None:

@@ -46,7 +46,7 @@ from loopwarden.ledger.state.judging import (
 )
 from loopwarden.ledger.state.pools import pool_refs
 from loopwarden.ledger.state.rows import LoopView, TodoRow, Touched, TurnRow, replace
-from loopwarden.ledger.state.spec import AGENTS, KindSpec
+from loopwarden.ledger.state.spec import AGENTS, KindSpec, touching
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.decision import VIOLATIONS
 from loopwarden.policy.evaluate import evaluate_claim, evaluate_stop
@@ -55,8 +55,7 @@ from loopwarden.statuses import ApprovalStatus, TodoStatus, TurnStatus
 # --- turn.claimed ------------------------------------------------------------------------------
 
 
-def _touches_todo(body: ReceiptBody, data: TurnClaimed) -> Touched:
-    return Touched(todos=frozenset([data.todo_id]))
+_touches_todo = touching(todos="todo_id")
 
 
 def _claimed(view: LoopView, body: ReceiptBody, f: TurnClaimed) -> None:
@@ -170,8 +169,7 @@ def _judge_claim_refused(
 # --- leases ------------------------------------------------------------------------------------
 
 
-def _touches_turn(body: ReceiptBody, data: LeaseRenewed | LeaseExpired) -> Touched:
-    return Touched(todos=frozenset([data.todo_id]), turns=frozenset([data.turn_id]))
+_touches_turn = touching(todos="todo_id", turns="turn_id")
 
 
 def _renewed(view: LoopView, body: ReceiptBody, f: LeaseRenewed) -> None:
