@@ -146,7 +146,7 @@ ALLOW = Decision("allow")
 
 def _refuse(call: Call[Txn], req: HookEvent, decision: Decision) -> HookAnswer:
     """An event from outside the loop's agents: recorded (bounded, `outsiders.py`), blocked."""
-    receipt = refuse_request(call.tx, call.who, call.loop.loop_id, "hook", decision)
+    receipt = refuse_request(call, "hook", decision)
     return _answer(decision, block=req.phase == "pre", binding=True, receipt_id=receipt)
 
 

@@ -271,12 +271,9 @@ def projection(call: Call[Reader], req: ProjectionRequest) -> ProjectionResult:
         loop, pending, live, eligible, due_stop(reader, loop, now), next(iter(blocked), None)
     )
     recent = reader.recent_turns(loop.loop_id, RECENT)
-    return ProjectionResult(
-        loop_id=loop.loop_id,
-        objective=loop.objective,
-        status=loop.status,
-        stop_reason=loop.stop_reason,
-        policy_digest=loop.policy_digest,
+    return from_row(
+        ProjectionResult,
+        loop,
         budgets=budgets_out(policy, loop),
         rate=rate_out(policy, claims_in_window(policy, reader, loop.loop_id, now)),
         todo_counts=loop.counts_by_status(),

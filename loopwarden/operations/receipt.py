@@ -14,7 +14,7 @@ from loopwarden.ledger.state.events import MAX_FENCE, RECEIPT_ID_PATTERN, LoopId
 from loopwarden.ledger.storage.reader import CheckpointRow, Reader
 from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.operation import Call
-from loopwarden.operations.results import Model
+from loopwarden.operations.results import Model, from_row
 from loopwarden.operations.runner import NeedsPublication, operation
 from loopwarden.operations.visibility import by_receipt
 
@@ -113,12 +113,9 @@ def receipt(call: Call[Reader], req: ReceiptRequest) -> ReceiptResult:
     if req.wait and not published and not call.waited:
         raise NeedsPublication()
     opened = open_envelope(row.envelope, store.keyring)
-    return ReceiptResult(
-        receipt_id=row.receipt_id,
-        loop_id=row.loop_id,
-        seq=row.seq,
-        kind=row.kind,
-        digest=row.digest,
+    return from_row(
+        ReceiptResult,
+        row,
         envelope=opened.envelope,
         body=opened.body,
         verified=opened.verified,

@@ -62,7 +62,7 @@ class TodoAddResult(Model):
 
 
 def _refuse(call: Call[Txn], req: TodoAddRequest, decision: Decision) -> TodoAddResult:
-    receipt_id = refuse_request(call.tx, call.who, call.loop.loop_id, "todo_add", decision)
+    receipt_id = refuse_request(call, "todo_add", decision)
     return TodoAddResult(
         added=False,
         reasons=reasons_out(decision.reasons),
