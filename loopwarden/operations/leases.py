@@ -14,7 +14,7 @@ from loopwarden.ledger.state.events import (
 )
 from loopwarden.ledger.state.pools import drawn
 from loopwarden.ledger.state.rows import TurnRow
-from loopwarden.ledger.state.rules import unsettled_calls
+from loopwarden.ledger.state.rules import turn_facts, unsettled_calls
 from loopwarden.ledger.storage.reader import Reader
 from loopwarden.ledger.storage.store import Appended, Txn
 from loopwarden.operations.operation import Call
@@ -79,17 +79,7 @@ def turn_problems(tx: Txn, who: Principal, turn: TurnRow, fence: int) -> list[Re
     todo = tx.todo(turn.loop_id, turn.todo_id)
     loop = tx.loop_row(turn.loop_id)
     assert loop is not None
-    return turn_reasons(
-        agent=who.id,
-        loop_status=loop.status,
-        turn_agent=turn.agent,
-        turn_status=turn.status,
-        turn_fence=turn.fence,
-        todo_fence=todo.fence if todo else -1,
-        given_fence=fence,
-        lease_expires_at=turn.lease_expires_at,
-        now=tx.now,
-    )
+    return turn_reasons(turn_facts(who.id, loop, turn, todo, fence, tx.now))
 
 
 class HeartbeatRequest(Model):

@@ -206,8 +206,9 @@ def evaluate_claim(policy: LoopPolicy, facts: ClaimFacts, *, digest: str) -> Dec
 
 
 @dataclass(frozen=True)
-class ReportFacts:
-    """A turn report against the turn and todo as stored."""
+class TurnFacts:
+    """Who acts on a turn, with which fence, against the turn and its todo as stored, at `now`:
+    what every act on a turn (report, heartbeat, approval request) is decided on first."""
 
     agent: str
     loop_status: LoopStatus
@@ -218,6 +219,12 @@ class ReportFacts:
     given_fence: int
     lease_expires_at: datetime
     now: datetime
+
+
+@dataclass(frozen=True)
+class ReportFacts(TurnFacts):
+    """A turn report against the turn and todo as stored."""
+
     outcome: str
     has_evidence: bool
     tools: tuple[str, ...]
@@ -227,39 +234,29 @@ class ReportFacts:
     observed: tuple[tuple[str, int], ...] = ()  # what the host's hooks saw in the turn
 
 
-def turn_reasons(
-    *,
-    agent: str,
-    loop_status: LoopStatus,
-    turn_agent: str,
-    turn_status: TurnStatus,
-    turn_fence: int,
-    todo_fence: int,
-    given_fence: int,
-    lease_expires_at: datetime,
-    now: datetime,
-) -> list[Reason]:
-    """Why `agent` may not act on a turn now (report, heartbeat, approval request).
+def turn_reasons(facts: TurnFacts) -> list[Reason]:
+    """Why `facts.agent` may not act on a turn now (report, heartbeat, approval request).
 
     Ownership is checked first and alone: a caller acting on someone else's turn learns nothing
     more about it. Then liveness: the loop closed, the turn closed, a stale fence (the given
     one, or the todo re-claimed since), the lease run out.
     """
-    if agent != turn_agent:
+    if facts.agent != facts.turn_agent:
         return [Reason(ReasonCode.NOT_TURN_OWNER, "this turn belongs to another agent")]
     reasons = []
-    if loop_status in CLOSED_LOOP_STATUSES:
-        reasons.append(Reason(ReasonCode.LOOP_NOT_ACTIVE, f"the loop is {loop_status}"))
-    if turn_status != TurnStatus.OPEN:
-        reasons.append(Reason(ReasonCode.TURN_CLOSED, f"the turn is already {turn_status}"))
-    if given_fence != turn_fence or turn_fence != todo_fence:
+    if facts.loop_status in CLOSED_LOOP_STATUSES:
+        reasons.append(Reason(ReasonCode.LOOP_NOT_ACTIVE, f"the loop is {facts.loop_status}"))
+    if facts.turn_status != TurnStatus.OPEN:
+        reasons.append(Reason(ReasonCode.TURN_CLOSED, f"the turn is already {facts.turn_status}"))
+    if facts.given_fence != facts.turn_fence or facts.turn_fence != facts.todo_fence:
         reasons.append(
             Reason(
                 ReasonCode.STALE_FENCE,
-                f"fence {given_fence} is not current (the todo's fence is {todo_fence})",
+                f"fence {facts.given_fence} is not current (the todo's fence is "
+                f"{facts.todo_fence})",
             )
         )
-    if turn_status == TurnStatus.OPEN and now > lease_expires_at:
+    if facts.turn_status == TurnStatus.OPEN and facts.now > facts.lease_expires_at:
         reasons.append(Reason(ReasonCode.LEASE_EXPIRED, "the turn's lease has expired"))
     return reasons
 
@@ -271,17 +268,7 @@ def evaluate_report(policy: LoopPolicy, facts: ReportFacts, *, digest: str) -> D
     The turn's owner and liveness first (`turn_reasons`), then tool use and approvals
     (violations), then evidence rules.
     """
-    reasons = turn_reasons(
-        agent=facts.agent,
-        loop_status=facts.loop_status,
-        turn_agent=facts.turn_agent,
-        turn_status=facts.turn_status,
-        turn_fence=facts.turn_fence,
-        todo_fence=facts.todo_fence,
-        given_fence=facts.given_fence,
-        lease_expires_at=facts.lease_expires_at,
-        now=facts.now,
-    )
+    reasons = turn_reasons(facts)
     if any(r.code == ReasonCode.NOT_TURN_OWNER for r in reasons):
         return Decision.of(reasons, digest)
     reasons.extend(facts.approval_problems)

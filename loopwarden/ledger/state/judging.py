@@ -243,12 +243,9 @@ def turn_problems(
 ) -> list[Reason]:
     """Why the caller could not act on `turn` at the receipt's time, with the fence it sent
     (the turn's own, when the receipt does not record one)."""
-    return turn_reasons(
-        agent=body.principal.id, loop_status=view.loop.status, turn_agent=turn.agent,
-        turn_status=turn.status, turn_fence=turn.fence, todo_fence=view.todos[turn.todo_id].fence,
-        given_fence=turn.fence if fence is None else fence,
-        lease_expires_at=turn.lease_expires_at, now=body.at,
-    )  # fmt: skip
+    given = turn.fence if fence is None else fence
+    todo = view.todos[turn.todo_id]
+    return turn_reasons(rules.turn_facts(body.principal.id, view.loop, turn, todo, given, body.at))
 
 
 def verdicts(found: tuple[str, ...], what: str) -> list[Verdict]:

@@ -1,8 +1,8 @@
 """The facts the policy evaluator decides on, built from projection rows, once.
 
 The write path builds them from the rows it has proved; the judging audit (`judge.py`) from
-the rows it has replayed. Both call these functions, so a claim, a report or a stop is judged
-on exactly the facts it was decided on.
+the rows it has replayed. Both call these functions, so a claim, an act on a turn (a report, a
+heartbeat, an approval request) or a stop is judged on exactly the facts it was decided on.
 """
 
 from __future__ import annotations
@@ -15,7 +15,13 @@ from loopwarden.clock import format_time
 from loopwarden.ledger.state.events import Evidence, ToolUse
 from loopwarden.ledger.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
 from loopwarden.policy.decision import Reason, ReasonCode
-from loopwarden.policy.evaluate import ClaimFacts, ReportFacts, StopFacts, ToolCallFacts
+from loopwarden.policy.evaluate import (
+    ClaimFacts,
+    ReportFacts,
+    StopFacts,
+    ToolCallFacts,
+    TurnFacts,
+)
 from loopwarden.statuses import ApprovalStatus, TodoStatus, TurnStatus
 
 
@@ -163,6 +169,25 @@ def covered_tools(
     return frozenset(covered), tuple(problems)
 
 
+def turn_facts(
+    agent: str, loop: LoopRow, turn: TurnRow, todo: TodoRow | None, fence: int, now: datetime
+) -> TurnFacts:
+    """What an act of `agent` on `turn` with `fence` at `now` is decided on first (a report, a
+    heartbeat, an approval request): the turn's owner and liveness. A missing todo has fence -1,
+    which no turn's fence matches."""
+    return TurnFacts(
+        agent=agent,
+        loop_status=loop.status,
+        turn_agent=turn.agent,
+        turn_status=turn.status,
+        turn_fence=turn.fence,
+        todo_fence=todo.fence if todo else -1,
+        given_fence=fence,
+        lease_expires_at=turn.lease_expires_at,
+        now=now,
+    )
+
+
 def report_facts(
     agent: str,
     loop: LoopRow,
@@ -175,15 +200,7 @@ def report_facts(
     """What a report on `turn` is decided on."""
     covered, problems = covered_tools(report.approval_ids, report.evidence, turn, approvals, now)
     return ReportFacts(
-        agent=agent,
-        loop_status=loop.status,
-        turn_agent=turn.agent,
-        turn_status=turn.status,
-        turn_fence=turn.fence,
-        todo_fence=todo.fence if todo else -1,
-        given_fence=report.fence,
-        lease_expires_at=turn.lease_expires_at,
-        now=now,
+        **vars(turn_facts(agent, loop, turn, todo, report.fence, now)),
         outcome=report.outcome,
         has_evidence=bool(report.evidence),
         tools=tuple(t.name for t in report.tools_used),
