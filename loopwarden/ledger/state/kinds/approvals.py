@@ -26,14 +26,10 @@ _touches_requested = touching(turns="turn_id")
 
 def _requested(view: LoopView, body: ReceiptBody, f: ApprovalRequested) -> None:
     open_turn(view, f.turn_id)
+    # The row is the request as sealed (its fields are the fact's, by name), pending.
     view.approvals[f.approval_id] = ApprovalRow(
-        approval_id=f.approval_id,
+        **dict(f),
         loop_id=view.loop.loop_id,
-        turn_id=f.turn_id,
-        todo_id=f.todo_id,
-        tool=f.tool,
-        summary=f.summary,
-        artifact_digest=f.artifact_digest,
         status=ApprovalStatus.PENDING,
         requested_by=body.principal.id,
         requested_at=body.at,
