@@ -86,6 +86,21 @@ class _Call:
             "loopwarden.agent": self.agent,
         }
 
+    async def answer(self, store: Store) -> Reply:
+        """The `hook` operation's decision in the host's form, or its failure answer."""
+        try:
+            with store.observer.span(self.span_name, self.span_attributes):
+                return self.reply(await hook(store, self.observer, self.request))
+        except Exception as exc:
+            return self.failed(exc)
+
+    def answer_now(self, store: Store) -> Reply:
+        """`answer` on the calling thread (`run_now`)."""
+        try:
+            return self.reply(run_now(hook, store, self.observer, self.request))
+        except Exception as exc:
+            return self.failed(exc)
+
     def reply(self, answer: HookAnswer) -> Reply:
         return hosts.get(self.host).reply(self.event.phase, answer.block, answer.message)
 
@@ -108,13 +123,7 @@ async def handle(
 ) -> Reply:
     """Answer one event of `host` for `agent`'s observer in `loop_id`, as that host expects."""
     call = _prepare(host, raw, loop_id, agent, servers)
-    if not isinstance(call, _Call):
-        return call
-    try:
-        with store.observer.span(call.span_name, call.span_attributes):
-            return call.reply(await hook(store, call.observer, call.request))
-    except Exception as exc:
-        return call.failed(exc)
+    return await call.answer(store) if isinstance(call, _Call) else call
 
 
 def handle_now(
@@ -122,9 +131,4 @@ def handle_now(
 ) -> Reply:
     """`handle` on the calling thread, for the one event a hook process answers."""
     call = _prepare(host, raw, loop_id, agent, servers)
-    if not isinstance(call, _Call):
-        return call
-    try:
-        return call.reply(run_now(hook, store, call.observer, call.request))
-    except Exception as exc:
-        return call.failed(exc)
+    return call.answer_now(store) if isinstance(call, _Call) else call

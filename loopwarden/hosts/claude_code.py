@@ -18,18 +18,16 @@ from typing import Any, ClassVar
 
 from loopwarden.hosts.host import (
     SHELL,
-    Event,
     Files,
-    Hook,
     Host,
+    On,
     Phase,
     Place,
     Reply,
     Trust,
     digest,
-    field_of,
+    duration_of,
     json_text,
-    optional_id,
 )
 
 
@@ -47,13 +45,13 @@ def deny(reason: str) -> dict[str, Any]:
 class ClaudeCode(Host):
     name = "claude-code"
     title = "Claude Code"
-    events: ClassVar[Mapping[str, Phase]] = {
-        "SessionStart": "session",
-        "PreToolUse": "pre",
-        "PostToolUse": "post",
-        "PostToolUseFailure": "post",
-        "Stop": "stop",
-        "SubagentStop": "stop",
+    events: ClassVar[Mapping[str, On]] = {
+        "SessionStart": On("session"),
+        "PreToolUse": On("pre", "*", extra={"onFailure": "block"}),
+        "PostToolUse": On("post", "*"),
+        "PostToolUseFailure": On("post", "*"),
+        "Stop": On("stop", timeout=60),
+        "SubagentStop": On("stop", installed=False),
     }
     names: ClassVar[Mapping[str, str]] = {
         "Read": "fs.read",
@@ -83,37 +81,18 @@ class ClaudeCode(Host):
     )  # fmt: skip
     settings_file = ".claude/settings.json"
     http_hooks = True
-    subagents = True
+    ids = ("tool_use_id", "agent_id", "agent_type")  # a subagent's call names the subagent
 
-    def read(self, event: dict[str, Any]) -> Event:
-        phase, session, whole = self.opening(event)
-        if whole is not None:
-            return whole
-        common = self.tool_call(event, session)
-        if phase == "pre":
-            return Event("pre", **common)
+    def outcome(self, event: dict[str, Any]) -> dict[str, Any]:
         response = event.get("tool_response", event.get("error"))
         errored = event.get("hook_event_name") == "PostToolUseFailure" or (
             isinstance(response, dict)
             and (response.get("is_error") is True or response.get("success") is False)
         )
-        duration = event.get("duration_ms")
-        return Event(
-            "post",
-            **common,
-            response_digest=digest(response),
-            errored=errored,
-            duration_ms=float(duration) if isinstance(duration, int | float) else None,
-        )
-
-    def tool_call(self, event: dict[str, Any], session: str) -> dict[str, Any]:
-        """The parts of a tool event: `tool_name`, `tool_input`, `tool_use_id`, and the
-        subagent's `agent_id` / `agent_type` if a subagent made the call."""
         return {
-            **self.tool_fields(event, session, field_of(event, "tool_name", str)),
-            "tool_use_id": optional_id(event, "tool_use_id"),
-            "agent_id": optional_id(event, "agent_id"),
-            "agent_type": optional_id(event, "agent_type"),
+            "response_digest": digest(response),
+            "errored": errored,
+            "duration_ms": duration_of(event, "duration_ms"),
         }
 
     def reply(self, phase: Phase, block: bool, message: str) -> Reply:
@@ -123,12 +102,9 @@ class ClaudeCode(Host):
             return Reply(json_text({"decision": "block", "reason": f"loopwarden: {message}"}))
         return Reply()
 
-    def failure(self, phase: Phase | None, message: str) -> Reply:
-        """Exit 2 blocks a tool call (and is the answer when the phase is unknown); after a
-        tool ran, at a session's start or at a stop, exit 1 reports without blocking (a stop
-        blocked on every failure could never end)."""
-        blocking = phase in (None, "pre")
-        return Reply(stderr=f"loopwarden: {message}\n", exit_code=2 if blocking else 1)
+    def blocking_failure(self, message: str) -> Reply:
+        """Exit 2, with the reason on stderr."""
+        return Reply(stderr=f"loopwarden: {message}\n", exit_code=2)
 
     def http(self, reply: Reply) -> tuple[int, str]:
         """The same reply for an `http` hook, which has no exit code: Claude Code reads a 2xx
@@ -140,40 +116,6 @@ class ClaudeCode(Host):
         if reply.exit_code:
             return 500, reply.stderr
         return 200, reply.stdout
-
-    def hooks(self, hook: Hook) -> dict[str, Any]:
-        return self.groups(
-            hook,
-            {
-                "PreToolUse": ("*", {"timeout": 30, "onFailure": "block"}),
-                "PostToolUse": ("*", {"timeout": 30}),
-                "PostToolUseFailure": ("*", {"timeout": 30}),
-                "SessionStart": (None, {"timeout": 30}),
-                "Stop": (None, {"timeout": 60}),
-            },
-        )
-
-    def groups(
-        self, hook: Hook, events: dict[str, tuple[str | None, dict[str, Any]]]
-    ) -> dict[str, Any]:
-        """One matcher group per event (matcher, the hook's extra settings): an `http` hook
-        where the host posts itself and a URL is given, else a command."""
-
-        def entry(extra: dict[str, Any]) -> dict[str, Any]:
-            if hook.url is not None and self.http_hooks:
-                return {
-                    "type": "http",
-                    "url": hook.url,
-                    "headers": {"Authorization": f"Bearer ${hook.token_variable}"},
-                    "allowedEnvVars": [hook.token_variable],
-                    **extra,
-                }
-            return {"type": "command", "command": hook.command, **extra}
-
-        return {
-            event: {**({"matcher": matcher} if matcher else {}), "hooks": [entry(extra)]}
-            for event, (matcher, extra) in events.items()
-        }
 
     def trust(self, place: Place, files: Files) -> Trust:
         """Claude Code asks to trust a folder the first time an interactive session opens it

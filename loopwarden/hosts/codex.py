@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from loopwarden.hosts.claude_code import ClaudeCode
-from loopwarden.hosts.host import SHELL, Files, Hook, Phase, Place, Trust
+from loopwarden.hosts.host import SHELL, Files, On, Place, Trust
 
 
 def git_root(path: Path) -> Path | None:
@@ -35,11 +35,11 @@ def git_root(path: Path) -> Path | None:
 class Codex(ClaudeCode):
     name = "codex"
     title = "Codex CLI"
-    events: ClassVar[Mapping[str, Phase]] = {
-        "SessionStart": "session",
-        "PreToolUse": "pre",
-        "PostToolUse": "post",
-        "Stop": "stop",
+    events: ClassVar[Mapping[str, On]] = {
+        "SessionStart": On("session", "startup|resume"),
+        "PreToolUse": On("pre", "*"),
+        "PostToolUse": On("post", "*"),
+        "Stop": On("stop", timeout=60),
     }
     names: ClassVar[Mapping[str, str]] = {
         "Bash": SHELL,  # Codex reports every shell tool (and file reads and searches) as Bash
@@ -62,17 +62,6 @@ class Codex(ClaudeCode):
     internal = frozenset({"update_plan", "request_user_input"})
     settings_file = ".codex/hooks.json"
     http_hooks = False
-
-    def hooks(self, hook: Hook) -> dict[str, Any]:
-        return self.groups(
-            hook,
-            {
-                "PreToolUse": ("*", {"timeout": 30}),
-                "PostToolUse": ("*", {"timeout": 30}),
-                "SessionStart": ("startup|resume", {"timeout": 30}),
-                "Stop": (None, {"timeout": 60}),
-            },
-        )
 
     def trust(self, place: Place, files: Files) -> Trust:
         """Project trust (for project hooks), then hook trust, read from Codex's config."""

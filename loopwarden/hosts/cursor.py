@@ -20,28 +20,33 @@ from loopwarden.hosts.host import (
     Hook,
     Host,
     MalformedEvent,
+    On,
     Phase,
     Reply,
     digest,
+    duration_of,
     field_of,
     hook_entry_is_ours,
     json_text,
-    optional_id,
     session_of,
 )
+
+CLOSED = {"failClosed": True}  # a hook that fails (or times out) blocks the tool
 
 
 class Cursor(Host):
     name = "cursor"
     title = "Cursor"
-    events: ClassVar[Mapping[str, Phase]] = {
-        "sessionStart": "session",
-        "preToolUse": "pre",
-        "beforeShellExecution": "pre",
-        "beforeMCPExecution": "pre",
-        "beforeReadFile": "pre",
-        "postToolUse": "post",
-        "stop": "stop",
+    # Each tool is decided once: by the before* event that names its command, MCP server or file,
+    # the rest by preToolUse.
+    events: ClassVar[Mapping[str, On]] = {
+        "sessionStart": On("session"),
+        "preToolUse": On("pre", "^(Write|Delete|Grep|Fetch|WebSearch|Task|List)$", extra=CLOSED),
+        "beforeShellExecution": On("pre", extra=CLOSED),
+        "beforeMCPExecution": On("pre", extra=CLOSED),
+        "beforeReadFile": On("pre", extra=CLOSED),
+        "postToolUse": On("post"),
+        "stop": On("stop", extra={"loop_limit": 1}),
     }
     names: ClassVar[Mapping[str, str]] = {
         "Shell": SHELL,
@@ -86,19 +91,13 @@ class Cursor(Host):
             return Event("pre", session, host_tool="Read", input_digest=digest({"file_path": path}))
         if name not in ("preToolUse", "postToolUse"):
             raise MalformedEvent(f"loopwarden does not handle {name!r} events")
-        common = {
-            **self.tool_fields(event, session, field_of(event, "tool_name", str)),
-            "tool_use_id": optional_id(event, "tool_use_id"),
+        return self.tool_event(event, self.events[name].phase, session)
+
+    def outcome(self, event: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "response_digest": digest(event.get("tool_output")),
+            "duration_ms": duration_of(event, "duration"),
         }
-        if name == "preToolUse":
-            return Event("pre", **common)
-        duration = event.get("duration")
-        return Event(
-            "post",
-            **common,
-            response_digest=digest(event.get("tool_output")),
-            duration_ms=float(duration) if isinstance(duration, int | float) else None,
-        )
 
     def reply(self, phase: Phase, block: bool, message: str) -> Reply:
         text = f"loopwarden: {message}"
@@ -109,30 +108,14 @@ class Cursor(Host):
             return Reply(json_text({"followup_message": text}))
         return Reply()
 
-    def failure(self, phase: Phase | None, message: str) -> Reply:
-        if phase in (None, "pre"):  # the documented deny: exit 0 with the deny document
-            return Reply(self.reply("pre", True, message).stdout, f"loopwarden: {message}\n")
-        return Reply(stderr=f"loopwarden: {message}\n", exit_code=1)
+    def blocking_failure(self, message: str) -> Reply:
+        """The documented deny: exit 0 with the deny document."""
+        return Reply(self.reply("pre", True, message).stdout, f"loopwarden: {message}\n")
 
-    def hooks(self, hook: Hook) -> dict[str, Any]:
-        """Decisions come from the before* events (which name the command, the MCP server and
-        the file), the rest of the tools from preToolUse; none is decided twice."""
-
-        def entry(**extra: Any) -> dict[str, Any]:
-            return {"command": hook.command, "timeout": 30, **extra}
-
-        closed = {"failClosed": True}
-        return {
-            "beforeShellExecution": entry(**closed),
-            "beforeMCPExecution": entry(**closed),
-            "beforeReadFile": entry(**closed),
-            "preToolUse": entry(
-                matcher="^(Write|Delete|Grep|Fetch|WebSearch|Task|List)$", **closed
-            ),
-            "postToolUse": entry(),
-            "sessionStart": entry(),
-            "stop": entry(loop_limit=1),
-        }
+    def group(self, hook: Hook, name: str, on: On) -> dict[str, Any]:
+        """Cursor lists hook entries per event directly (no matcher groups)."""
+        matcher = {"matcher": on.matcher} if on.matcher else {}
+        return {"command": hook.command, "timeout": on.timeout, **matcher, **on.extra}
 
     def install(self, settings: dict[str, Any], hook: Hook) -> dict[str, Any]:
         """Cursor lists hook entries per event directly (no matcher groups)."""

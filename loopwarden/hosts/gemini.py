@@ -17,22 +17,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from loopwarden.hosts.host import (
     SHELL,
-    Event,
     Files,
     Hook,
     Host,
+    On,
     Phase,
     Place,
     Reply,
     Trust,
     digest,
-    field_of,
     json_text,
 )
 
@@ -57,11 +57,11 @@ def _within(location: Path, root: Path) -> bool:
 class Gemini(Host):
     name = "gemini"
     title = "Gemini CLI"
-    events: ClassVar[Mapping[str, Phase]] = {
-        "SessionStart": "session",
-        "BeforeTool": "pre",
-        "AfterTool": "post",
-        "AfterAgent": "stop",
+    events: ClassVar[Mapping[str, On]] = {
+        "SessionStart": On("session"),
+        "BeforeTool": On("pre", ".*"),
+        "AfterTool": On("post", ".*"),
+        "AfterAgent": On("stop", timeout=60),
     }
     names: ClassVar[Mapping[str, str]] = {
         "run_shell_command": SHELL,
@@ -86,48 +86,41 @@ class Gemini(Host):
          "tracker_list_tasks", "tracker_add_dependency", "tracker_visualize"}
     )  # fmt: skip
     settings_file = ".gemini/settings.json"
+    ids = ()  # its events carry no tool call id
 
-    def read(self, event: dict[str, Any]) -> Event:
-        phase, session, whole = self.opening(event)
-        if whole is not None:
-            return whole
-        tool = field_of(event, "tool_name", str)
+    def tool_name(self, event: dict[str, Any]) -> str:
+        """An MCP tool is named from `mcp_context` (the flat `mcp_<server>_<tool>` is
+        ambiguous)."""
+        tool = super().tool_name(event)
         context = event.get("mcp_context")
         if isinstance(context, dict) and isinstance(context.get("server_name"), str):
             tool = f"mcp__{context['server_name']}__{context.get('tool_name') or tool}"
-        common = self.tool_fields(event, session, tool)
-        if phase == "pre":
-            return Event("pre", **common)
+        return tool
+
+    def outcome(self, event: dict[str, Any]) -> dict[str, Any]:
         response = event.get("tool_response")
         errored = isinstance(response, dict) and bool(response.get("error"))
-        return Event("post", **common, response_digest=digest(response), errored=errored)
+        return {"response_digest": digest(response), "errored": errored}
 
     def reply(self, phase: Phase, block: bool, message: str) -> Reply:
         if phase in ("pre", "stop") and block:
             return Reply(json_text({"decision": "deny", "reason": f"loopwarden: {message}"}))
         return Reply()
 
-    def failure(self, phase: Phase | None, message: str) -> Reply:
-        if phase in (None, "pre"):
-            document = {"decision": "deny", "reason": f"loopwarden: {message}"}
-            return Reply(json_text(document), f"loopwarden: {message}\n", exit_code=2)
-        return Reply(stderr=f"loopwarden: {message}\n", exit_code=1)
+    def blocking_failure(self, message: str) -> Reply:
+        """The deny document, and exit 2 (exit 2 alone lets the tool run)."""
+        return Reply(
+            self.reply("pre", True, message).stdout, f"loopwarden: {message}\n", exit_code=2
+        )
 
-    def hooks(self, hook: Hook) -> dict[str, Any]:
-        def named(name: str, timeout_ms: int, matcher: str | None = None) -> dict[str, Any]:
-            entry = {
-                "name": f"loopwarden-{name}",
-                "type": "command",
-                "command": hook.command,
-                "timeout": timeout_ms,  # milliseconds
-            }
-            return {**({"matcher": matcher} if matcher else {}), "hooks": [entry]}
-
+    def entry(self, hook: Hook, name: str, on: On) -> dict[str, Any]:
+        """A named command hook (`loopwarden-before-tool`), its timeout in milliseconds."""
+        words = re.sub(r"(?<!^)(?=[A-Z])", "-", name).lower()
         return {
-            "BeforeTool": named("before-tool", 30_000, ".*"),
-            "AfterTool": named("after-tool", 30_000, ".*"),
-            "SessionStart": named("session-start", 30_000),
-            "AfterAgent": named("after-agent", 60_000),
+            "name": f"loopwarden-{words}",
+            "type": "command",
+            "command": hook.command,
+            "timeout": on.timeout * 1000,
         }
 
     def install(self, settings: dict[str, Any], hook: Hook) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """What an agent host is: the `Host` each host module declares, and the parts hosts share.
 
 A host's hooks send events (JSON on stdin, or an HTTP body) and read answers (stdout and the
-exit code, or an HTTP response). A `Host` reads one event into the host-neutral `Event`
-(`read`), writes one answer (`reply`: a decision; `failure`: what a hook that could not decide
-says, which blocks before a tool runs), maps a reply onto HTTP (`http`), merges its hook
-entries into its settings file (`install`) and tells whether it trusts them (`trust`). It
-decides nothing: the `hook` operation does.
+exit code, or an HTTP response). A `Host` declares its events once (`events`: each one's phase
+and the hook installed for it), reads one event into the host-neutral `Event` (`read`), writes
+one answer (`reply`: a decision; `failure`: what a hook that could not decide says, which blocks
+before a tool runs), maps a reply onto HTTP (`http`), merges its hook entries into its settings
+file (`install`) and tells whether it trusts them (`trust`). It decides nothing: the `hook`
+operation does.
 
 Its data is read by the policy layer and the judge: the default tool-name table (`names`), the
 tools that carry a shell command line and where (`shell`), the host-internal tools
@@ -86,6 +87,19 @@ class Place:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class On:
+    """One hook event a host sends: the phase loopwarden reads it as, and the hook the installer
+    adds for it (the event's matcher if it has one, the timeout in seconds, the host's other
+    settings for it), or none (`installed=False`: read if a person installs it)."""
+
+    phase: Phase
+    matcher: str | None = None
+    timeout: int = 30
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    installed: bool = True
+
+
 Files = Callable[[Path], str | None]
 """Reads a file for `Host.trust`: its text, or None if there is none."""
 
@@ -141,6 +155,13 @@ def optional_id(event: Mapping[str, Any], name: str) -> str | None:
     return value[:MAX_ID] if isinstance(value, str) and value else None
 
 
+def duration_of(event: Mapping[str, Any], name: str) -> float | None:
+    """The event's `name` (a call's duration in milliseconds) as a float, None if it is not a
+    number."""
+    value = event.get(name)
+    return float(value) if isinstance(value, int | float) else None
+
+
 def argv_line(argv: list[str]) -> str:
     """An argv quoted back into the line that runs it: the command reader reads `bash -lc
     SCRIPT` (how Codex runs commands) as bash does, any flag cluster, any shell."""
@@ -160,33 +181,42 @@ def hook_entry_is_ours(entry: Any, host: str) -> bool:
 
 
 class Host:
-    """One agent host. A host module subclasses this, fills in the class attributes and
-    `read` and `hooks`, overrides what its host does differently, and exports `HOST`."""
+    """One agent host. A host module subclasses this, fills in the class attributes,
+    `outcome`, `blocking_failure` and `reply`, overrides what its host does differently, and
+    exports `HOST`."""
 
     name: ClassVar[str]  # as the CLI, the receipts and `[observe.names.<name>]` spell it
     title: ClassVar[str]  # as people call it
-    events: ClassVar[Mapping[str, Phase]]  # the hook events loopwarden handles, by phase
+    events: ClassVar[Mapping[str, On]]  # the hook events loopwarden handles, in install order
+    ids: ClassVar[tuple[str, ...]] = ("tool_use_id",)  # the ids its tool events carry
     names: ClassVar[Mapping[str, str]]  # host tool → policy name (documented in docs/hooks.md)
     shell: ClassVar[Mapping[str, str]]  # shell tools → the key of `tool_input` with the line
     dialects: ClassVar[Mapping[str, str]] = {}  # shell tools whose line is not bash → language
     internal: ClassVar[frozenset[str]] = frozenset()  # host tools acting on nothing outside it
     settings_file: ClassVar[str]  # relative to the project (project scope) or the user's home
     http_hooks: ClassVar[bool] = False  # it can post events itself (else: a command forwards)
-    subagents: ClassVar[bool] = False  # its events name the subagent (`agent_id`, `agent_type`)
+
+    @property
+    def subagents(self) -> bool:
+        """Whether its events name the subagent that made a call (`agent_id`, `agent_type`)."""
+        return "agent_id" in self.ids
 
     @property
     def pre_events(self) -> frozenset[str]:
         """The events that guard a tool call (a failure to answer one blocks the call)."""
-        return frozenset(name for name, phase in self.events.items() if phase == "pre")
+        return frozenset(name for name, on in self.events.items() if on.phase == "pre")
 
     def phase_of(self, event: Any) -> Phase | None:
         """The phase of an event read as JSON, or None if it is not one this host sends."""
         name = event.get("hook_event_name") if isinstance(event, dict) else None
-        return self.events.get(name) if isinstance(name, str) else None
+        on = self.events.get(name) if isinstance(name, str) else None
+        return on.phase if on is not None else None
 
     def read(self, event: dict[str, Any]) -> Event:
-        """The host's event (a JSON object) as an `Event`; `MalformedEvent` if it is not one."""
-        raise NotImplementedError
+        """The host's event (a JSON object) as an `Event`; `MalformedEvent` if it is not one: a
+        session start or a stop read whole (`opening`), a tool call by `tool_event`."""
+        phase, session, whole = self.opening(event)
+        return whole if whole is not None else self.tool_event(event, phase, session)
 
     def opening(self, event: dict[str, Any]) -> tuple[Phase, str, Event | None]:
         """The event's phase and session, and the whole `Event` for a session start or a stop
@@ -194,9 +224,10 @@ class Host:
         `MalformedEvent` for an event this host does not send."""
         name = field_of(event, "hook_event_name", str)
         session = session_of(event)
-        phase = self.events.get(name)
-        if phase is None:
+        on = self.events.get(name)
+        if on is None:
             raise MalformedEvent(f"loopwarden does not handle {name!r} events")
+        phase = on.phase
         if phase == "session":
             return phase, session, Event("session", session)
         if phase == "stop":
@@ -204,10 +235,30 @@ class Host:
             return phase, session, Event("stop", session, stop_active=active)
         return phase, session, None
 
+    def tool_event(self, event: dict[str, Any], phase: Phase, session: str) -> Event:
+        """A tool call's `Event`, before it runs or after (with what came of it: `outcome`):
+        the fields hosts read alike, and the ids the host's events carry (`ids`)."""
+        common = {
+            **self.tool_fields(event, session, self.tool_name(event)),
+            **{name: optional_id(event, name) for name in self.ids},
+        }
+        if phase == "pre":
+            return Event("pre", **common)
+        return Event("post", **common, **self.outcome(event))
+
+    def tool_name(self, event: dict[str, Any]) -> str:
+        """The host's name of the tool called: the event's `tool_name`."""
+        return str(field_of(event, "tool_name", str))
+
+    def outcome(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The `Event` fields of what a tool call came to (`response_digest`, `errored`,
+        `duration_ms`), read from the event after it."""
+        raise NotImplementedError
+
     def tool_fields(self, event: dict[str, Any], session: str, tool: str) -> dict[str, Any]:
         """The `Event` fields of a call of `tool` that hosts read alike: the session, the tool,
         the digest of its `tool_input`, and the command line a shell tool carries with that
-        line's language. A host adds the ids its events carry."""
+        line's language."""
         tool_input = event.get("tool_input", {})
         return {
             "session_id": session,
@@ -236,7 +287,14 @@ class Host:
 
     def failure(self, phase: Phase | None, message: str) -> Reply:
         """The answer when no decision could be made: a block before a tool runs (and when the
-        phase is unknown), a report without blocking otherwise."""
+        phase is unknown: `blocking_failure`), otherwise exit 1 with the reason on stderr, which
+        reports without blocking (a stop blocked on every failure could never end)."""
+        if phase in (None, "pre"):
+            return self.blocking_failure(message)
+        return Reply(stderr=f"loopwarden: {message}\n", exit_code=1)
+
+    def blocking_failure(self, message: str) -> Reply:
+        """The answer that blocks a tool call no decision could be made for."""
         raise NotImplementedError
 
     def http(self, reply: Reply) -> tuple[int, str]:
@@ -248,8 +306,30 @@ class Host:
         return 500, reply.stderr
 
     def hooks(self, hook: Hook) -> dict[str, Any]:
-        """Per event, the one entry (matcher group) loopwarden installs."""
-        raise NotImplementedError
+        """Per event loopwarden installs (`On.installed`), the one entry (matcher group) it
+        installs."""
+        return {
+            name: self.group(hook, name, on) for name, on in self.events.items() if on.installed
+        }
+
+    def group(self, hook: Hook, name: str, on: On) -> dict[str, Any]:
+        """The matcher group of one event: its matcher if it has one, and loopwarden's hook."""
+        matcher = {"matcher": on.matcher} if on.matcher else {}
+        return {**matcher, "hooks": [self.entry(hook, name, on)]}
+
+    def entry(self, hook: Hook, name: str, on: On) -> dict[str, Any]:
+        """Loopwarden's hook for one event: an `http` hook where the host posts events itself
+        and a URL is given, else a command; then the event's timeout and other settings."""
+        settings = {"timeout": on.timeout, **on.extra}
+        if hook.url is not None and self.http_hooks:
+            return {
+                "type": "http",
+                "url": hook.url,
+                "headers": {"Authorization": f"Bearer ${hook.token_variable}"},
+                "allowedEnvVars": [hook.token_variable],
+                **settings,
+            }
+        return {"type": "command", "command": hook.command, **settings}
 
     def install(self, settings: dict[str, Any], hook: Hook) -> dict[str, Any]:
         """`settings` (a copy of a settings file's JSON object, its `hooks` an object) with

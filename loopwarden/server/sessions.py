@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import anyio
@@ -61,25 +61,21 @@ def holder_of(scope: Scope, launch: str | None) -> Holder | None:
     return None
 
 
+@dataclass(eq=False)
 class SessionLimits:
-    """The per-principal session table in front of one SDK session manager."""
+    """The per-principal session table in front of one SDK session manager: at most `limit`
+    sessions per holder (a refusal says that an idle one closes after `idle_seconds`), the
+    sessions of tokens `live_tokens` no longer names swept, and `launch` the id of the launch
+    principal, who holds the sessions when there is no auth."""
 
-    def __init__(
-        self,
-        manager: StreamableHTTPSessionManager,
-        *,
-        limit: int,
-        idle_seconds: float,
-        live_tokens: LiveTokens,
-        launch: str | None = None,
-    ) -> None:
-        self.manager = manager
-        self.limit = limit
-        self.idle_seconds = idle_seconds
-        self._live_tokens = live_tokens
-        self.launch = launch
-        self._sessions: dict[str, Holder] = {}
-        self._opening: Counter[str] = Counter()
+    manager: StreamableHTTPSessionManager
+    _: KW_ONLY
+    limit: int
+    idle_seconds: float
+    live_tokens: LiveTokens
+    launch: str | None = None
+    _sessions: dict[str, Holder] = field(default_factory=dict, init=False)
+    _opening: Counter[str] = field(default_factory=Counter, init=False)
 
     def _open(self, session_id: str) -> StreamableHTTPServerTransport | None:
         # The manager keeps no public list of its sessions; this one read of its table is the
@@ -105,7 +101,7 @@ class SessionLimits:
         tokens = {h.token_id for h in self._sessions.values() if h.token_id is not None}
         if not tokens:
             return 0
-        live = await anyio.to_thread.run_sync(self._live_tokens, tokens)
+        live = await anyio.to_thread.run_sync(self.live_tokens, tokens)
         closed = 0
         for session_id, holder in list(self._sessions.items()):
             if holder.token_id is None or holder.token_id in live:
