@@ -7,7 +7,7 @@ server turns these into MCP tool errors. A policy refusal is never an exception:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -37,102 +37,80 @@ def describe_validation(exc: ValidationError) -> str:
 
 
 class LoopwardenError(Exception):
-    """Base class. `code` is a stable, machine-readable identifier; the message is for humans."""
+    """Base class. `code` is a stable, machine-readable identifier; the message is for humans.
 
-    code = "error"
+    A subclass names its code where it is declared, `class NotFound(LoopwardenError,
+    code="not_found")`; one that names none keeps its base's."""
+
+    code: ClassVar[str] = "error"
+
+    def __init_subclass__(cls, code: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
 
     @property
     def message(self) -> str:
         return str(self.args[0]) if self.args else self.code
 
 
-class InvalidInput(LoopwardenError):
+class InvalidInput(LoopwardenError, code="invalid_input"):
     """The caller sent something malformed; nothing was changed."""
 
-    code = "invalid_input"
 
-
-class PolicyError(InvalidInput):
+class PolicyError(InvalidInput, code="policy_invalid"):
     """A policy file or value is invalid. The message names the field and the reason."""
 
-    code = "policy_invalid"
 
-
-class NotFound(LoopwardenError):
+class NotFound(LoopwardenError, code="not_found"):
     """A loop, todo, turn, approval or receipt id does not exist."""
 
-    code = "not_found"
 
-
-class Forbidden(LoopwardenError):
+class Forbidden(LoopwardenError, code="forbidden"):
     """The principal may not call this operation at all (for example an agent on an operator tool)."""
 
-    code = "forbidden"
 
-
-class Conflict(LoopwardenError):
+class Conflict(LoopwardenError, code="conflict"):
     """The request contradicts durable state (for example an id that already exists)."""
 
-    code = "conflict"
 
-
-class StoreError(LoopwardenError):
+class StoreError(LoopwardenError, code="store_error"):
     """The database failed or could not be opened; no partial state was committed."""
 
-    code = "store_error"
 
-
-class IntegrityError(StoreError):
+class IntegrityError(StoreError, code="integrity_error"):
     """The stored journal, Merkle log or projection disagree; the store refuses to serve."""
 
-    code = "integrity_error"
 
-
-class StoreUnavailable(StoreError):
+class StoreUnavailable(StoreError, code="store_unavailable"):
     """The store cannot take the request now (starting, stopping, closed, or its connection
     lost before the write committed): nothing was written; retry."""
 
-    code = "store_unavailable"
 
-
-class StoreBusy(StoreError):
+class StoreBusy(StoreError, code="store_busy"):
     """The database's write lock could not be had in time: nothing was written; retry."""
 
-    code = "store_busy"
 
-
-class CommitUnknown(StoreError):
+class CommitUnknown(StoreError, code="commit_unknown"):
     """The connection was lost while committing and the outcome could not be read back: retry
     with the same idempotency key (a repeat returns the original result if it committed)."""
 
-    code = "commit_unknown"
 
-
-class SecretMismatch(StoreError):
+class SecretMismatch(StoreError, code="integrity_secret_mismatch"):
     """This process's integrity secret is not the one the database was opened with."""
 
-    code = "integrity_secret_mismatch"
 
-
-class AddressInUse(LoopwardenError):
+class AddressInUse(LoopwardenError, code="address_in_use"):
     """Another server listens on the address `serve` was given."""
 
-    code = "address_in_use"
 
-
-class BindFailed(LoopwardenError):
+class BindFailed(LoopwardenError, code="bind_failed"):
     """`serve` could not listen on its address for another reason (the message says which)."""
 
-    code = "bind_failed"
 
-
-class KeyFileError(LoopwardenError):
+class KeyFileError(LoopwardenError, code="key_error"):
     """A signing key is missing, unreadable or has unsafe permissions."""
 
-    code = "key_error"
 
-
-class SealError(LoopwardenError):
+class SealError(LoopwardenError, code="seal_error"):
     """A receipt could not be canonicalized, signed or its own signature did not verify."""
-
-    code = "seal_error"

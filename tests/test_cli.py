@@ -48,7 +48,7 @@ from loopwarden.clock import parse_time
 from loopwarden.ledger.homes import DB_NAME
 from loopwarden.ledger.log.keys import Signer, public_key_b64
 from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
+from loopwarden.ledger.state.events import TIME_PATTERN, Evidence, ToolUse, Usage
 from loopwarden.ledger.storage.store import Store
 from loopwarden.operations.approvals import ApprovalRequest, request_approval
 from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
@@ -1792,3 +1792,19 @@ def test_policy_init_json_names_the_file_and_the_digest(tmp_path):
     printed = ok_json("policy init")
     assert (printed["file"], printed["digest"]) == (None, STARTER_DIGEST)
     assert printed["text"] == target.read_text()
+
+
+def test_times_print_in_the_one_utc_form_in_json_and_in_text(home, loop, two_pending):
+    """An instant is a datetime in memory; wherever the CLI prints one it is `format_time`'s
+    text (never Python's `2026-01-01 00:00:00+00:00`)."""
+    stamp = re.compile(TIME_PATTERN.strip("^$"))
+    first, _ = two_pending
+    approved = cli(f"approve {first} --expires 30m --home {home}")
+    said = approved.stdout + approved.stderr
+    assert approved.exit_code == 0 and stamp.search(said) and "+00:00" not in said
+    listed = ok_json(f"loop list --home {home}")["loops"]
+    assert listed and all(re.fullmatch(stamp, lp["opened_at"]) for lp in listed)
+    made = ok_json(f"token create --agent builder --expires 1h --home {home}")
+    assert re.fullmatch(stamp, made["expires_at"])
+    (token,) = ok_json(f"token list --home {home}")["tokens"]
+    assert all(re.fullmatch(stamp, token[k]) for k in ("created_at", "expires_at"))

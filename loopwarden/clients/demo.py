@@ -13,7 +13,8 @@ import hashlib
 import json
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -23,6 +24,7 @@ from rich.markup import escape
 
 from loopwarden.clients import admin, render
 from loopwarden.clients.agent import AgentClient
+from loopwarden.clock import format_optional
 from loopwarden.errors import Conflict
 from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
 from loopwarden.ledger.audit.database import audit
@@ -30,6 +32,7 @@ from loopwarden.ledger.homes import DB_NAME
 from loopwarden.ledger.log.keys import Keyring
 from loopwarden.operations.approvals import DecideApprovalRequest, decide_approval
 from loopwarden.operations.loops import OpenLoopRequest, open_loop
+from loopwarden.operations.update import UpdateResult
 from loopwarden.policy.digest import policy_document
 from loopwarden.policy.loader import parse_policy
 
@@ -93,15 +96,14 @@ def _reasons(reasons) -> list[str]:
     return [r.code for r in reasons]
 
 
-async def _open(
-    home: Path, n: Narrator, loop_id: str, objective: str, policy: str, todos: list[dict]
-) -> None:
+async def _open(home: Path, n: Narrator, loop_id: str, objective: str, todos: list[dict]) -> None:
+    """The operator opens `loop_id` under its demo policy (`demo_policies/<loop_id>.toml`)."""
     async with admin.open_store(home) as store:
         result = await open_loop(
             store,
             OPERATOR,
             OpenLoopRequest(
-                objective=objective, policy=_policy(policy), todos=todos, loop_id=loop_id
+                objective=objective, policy=_policy(f"{loop_id}.toml"), todos=todos, loop_id=loop_id
             ),
         )
     n.step(
@@ -113,63 +115,80 @@ async def _open(
     )
 
 
-async def _claim(
-    n: Narrator, who: str, agent: AgentClient, loop_id: str, todo_id: str | None = None
-):
-    grant = await agent.claim(loop_id, todo_id)
-    action = f"claim {todo_id}" if todo_id else "claim"
-    if grant.granted:
-        n.step(
-            who,
-            action,
-            f"granted {grant.todo_id} “{grant.todo_title}” (fence {grant.fence})",
-            decision="allow",
-            turn_id=grant.turn_id or "",
-            receipt_id=grant.receipt_id or "",
+@dataclass
+class Actor:
+    """An agent as the demo narrates it: its name and its own MCP connection (`_agents`)."""
+
+    name: str
+    client: AgentClient
+    n: Narrator
+
+    async def claim(self, loop_id: str, todo_id: str | None = None) -> Any:
+        """The `ClaimResult`, narrated: granted, not yet (nothing to claim), or refused."""
+        grant = await self.client.claim(loop_id, todo_id)
+        action = f"claim {todo_id}" if todo_id else "claim"
+        if grant.granted:
+            self.n.step(
+                self.name,
+                action,
+                f"granted {grant.todo_id} “{grant.todo_title}” (fence {grant.fence})",
+                decision="allow",
+                turn_id=grant.turn_id or "",
+                receipt_id=grant.receipt_id or "",
+            )
+        elif grant.receipt_id is None:  # nothing to claim yet: a plain answer, not a refusal
+            self.n.step(
+                self.name,
+                action,
+                "not yet: " + "; ".join(r.message for r in grant.reasons),
+                decision="wait",
+                reasons=_reasons(grant.reasons),
+            )
+        else:
+            self.n.step(
+                self.name,
+                action,
+                "refused: " + ", ".join(_reasons(grant.reasons)),
+                decision="deny",
+                receipt_id=grant.receipt_id,
+                reasons=_reasons(grant.reasons),
+            )
+        return grant
+
+    async def update(
+        self, grant: Any, key: str, summary: str, tools: dict[str, int], **report: Any
+    ) -> UpdateResult:
+        """Report the turn `grant` opened as completed, having used `tools` (name → calls)."""
+        used = [{"name": name, "count": count} for name, count in tools.items()]
+        result = await self.client.update(
+            grant.turn_id, grant.fence, "completed", summary, key, tools_used=used, **report
         )
-    elif grant.receipt_id is None:  # nothing to claim yet: a plain answer, not a refusal
-        n.step(
-            who,
-            action,
-            "not yet: " + "; ".join(r.message for r in grant.reasons),
-            decision="wait",
-            reasons=_reasons(grant.reasons),
+        listed = ", ".join(f"{name}×{count}" for name, count in tools.items())
+        if result.accepted:
+            outcome_text = "accepted"
+        else:
+            outcome_text = "refused: " + ", ".join(_reasons(result.reasons))
+        if result.status != "active":
+            outcome_text += f"; loop {result.status} ({result.stop_reason})"
+        self.n.step(
+            self.name,
+            f"update completed ({listed})",
+            outcome_text,
+            decision="allow" if result.accepted else "deny",
+            route=result.route,
+            turn_id=result.turn_id,
+            receipt_id=result.receipt_id,
+            reasons=_reasons(result.reasons),
         )
-    else:
-        n.step(
-            who,
-            action,
-            "refused: " + ", ".join(_reasons(grant.reasons)),
-            decision="deny",
-            receipt_id=grant.receipt_id,
-            reasons=_reasons(grant.reasons),
-        )
-    return grant
+        return result
 
 
-async def _update(
-    n: Narrator, who: str, agent: AgentClient, grant, key: str, outcome: str, summary: str, **report
-):
-    result = await agent.update(grant.turn_id, grant.fence, outcome, summary, key, **report)
-    tools = ", ".join(f"{t['name']}×{t.get('count', 1)}" for t in report.get("tools_used", []))
-    action = f"update {outcome}" + (f" ({tools})" if tools else "")
-    if result.accepted:
-        outcome_text = "accepted"
-    else:
-        outcome_text = "refused: " + ", ".join(_reasons(result.reasons))
-    if result.status != "active":
-        outcome_text += f"; loop {result.status} ({result.stop_reason})"
-    n.step(
-        who,
-        action,
-        outcome_text,
-        decision="allow" if result.accepted else "deny",
-        route=result.route,
-        turn_id=result.turn_id,
-        receipt_id=result.receipt_id,
-        reasons=_reasons(result.reasons),
-    )
-    return result
+@asynccontextmanager
+async def _agents(home: Path, n: Narrator, *names: str) -> AsyncIterator[list[Actor]]:
+    """One `Actor` per name, each with its own `loopwarden serve` subprocess over stdio."""
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(AgentClient.stdio(name, home)) for name in names]
+        yield [Actor(name, client, n) for name, client in zip(names, clients, strict=True)]
 
 
 def _usage(calls: int, cost: float, seconds: float) -> dict[str, Any]:
@@ -185,22 +204,11 @@ def _usage(calls: int, cost: float, seconds: float) -> dict[str, Any]:
 
 async def scenario_success(home: Path, n: Narrator, work: Path) -> bool:
     n.section("success", "1. success — two agents build and review a change")
-    await _open(
-        home,
-        n,
-        "build-review",
-        "Add CSV export with a reviewed test",
-        "build-review.toml",
-        [
-            {"id": "build", "title": "implement CSV export and its test"},
-            {"id": "review", "title": "review the change", "depends_on": ["build"]},
-        ],
-    )
-    async with (
-        AgentClient.stdio("builder", home) as builder,
-        AgentClient.stdio("reviewer", home) as reviewer,
-    ):
-        q = await builder.quota("build-review")
+    build = {"id": "build", "title": "implement CSV export and its test"}
+    review = {"id": "review", "title": "review the change", "depends_on": ["build"]}
+    await _open(home, n, "build-review", "Add CSV export with a reviewed test", [build, review])
+    async with _agents(home, n, "builder", "reviewer") as (builder, reviewer):
+        q = await builder.client.quota("build-review")
         turns = q.budgets["turns"]
         n.step(
             "builder",
@@ -208,36 +216,22 @@ async def scenario_success(home: Path, n: Narrator, work: Path) -> bool:
             f"allowed={q.allowed} (turns {turns.used}/{turns.limit})",
             decision="allow" if q.allowed else "deny",
         )
-        early = await _claim(
-            n, "reviewer", reviewer, "build-review", "review"
-        )  # waits for the build
-        grant = await _claim(n, "builder", builder, "build-review")
-        await _update(
-            n,
-            "builder",
-            builder,
+        early = await reviewer.claim("build-review", "review")  # waits for the build
+        grant = await builder.claim("build-review")
+        await builder.update(
             grant,
             "build-1",
-            "completed",
             "Wrote export_csv() and test_export_csv; tests pass.",
-            tools_used=[
-                {"name": "fs.read", "count": 3},
-                {"name": "fs.write", "count": 2},
-                {"name": "tests.run", "count": 1},
-            ],
+            {"fs.read": 3, "fs.write": 2, "tests.run": 1},
             usage=_usage(4, 0.21, 95.0),
             evidence=[{"kind": "test", "summary": "tests/test_export.py: 6 passed"}],
         )
-        grant = await _claim(n, "reviewer", reviewer, "build-review", "review")
-        final = await _update(
-            n,
-            "reviewer",
-            reviewer,
+        grant = await reviewer.claim("build-review", "review")
+        final = await reviewer.update(
             grant,
             "review-1",
-            "completed",
             "Reviewed the diff; approved.",
-            tools_used=[{"name": "git.diff", "count": 1}, {"name": "fs.read", "count": 2}],
+            {"git.diff": 1, "fs.read": 2},
             usage=_usage(2, 0.08, 40.0),
             evidence=[{"kind": "review", "summary": "diff reviewed: no issues"}],
         )
@@ -246,32 +240,22 @@ async def scenario_success(home: Path, n: Narrator, work: Path) -> bool:
 
 async def scenario_refusal(home: Path, n: Narrator, work: Path) -> bool:
     n.section("refusal", "2. refusal — a turn reports a tool outside the policy")
-    await _open(
-        home,
-        n,
-        "guarded",
-        "Fix the flaky test without touching the remote",
-        "guarded.toml",
-        [
-            {"id": "fix", "title": "fix the flaky test"},
-            {"id": "docs", "title": "update the changelog"},
-        ],
-    )
-    async with AgentClient.stdio("builder", home) as builder:
-        grant = await _claim(n, "builder", builder, "guarded")
-        result = await _update(
-            n,
-            "builder",
-            builder,
+    todos = [
+        {"id": "fix", "title": "fix the flaky test"},
+        {"id": "docs", "title": "update the changelog"},
+    ]
+    await _open(home, n, "guarded", "Fix the flaky test without touching the remote", todos)
+    async with _agents(home, n, "builder") as (builder,):
+        grant = await builder.claim("guarded")
+        result = await builder.update(
             grant,
             "fix-1",
-            "completed",
             "Fixed the test and pushed the branch.",
-            tools_used=[{"name": "fs.write", "count": 1}, {"name": "git.push", "count": 1}],
+            {"fs.write": 1, "git.push": 1},
             usage=_usage(3, 0.12, 60.0),
             evidence=[{"kind": "test", "summary": "test passes 50/50 runs"}],
         )
-        again = await _claim(n, "builder", builder, "guarded")
+        again = await builder.claim("guarded")
     return (
         not result.accepted
         and result.stop_reason == "policy_violation"
@@ -296,7 +280,7 @@ async def _approve(home: Path, n: Narrator, approval_id: str) -> None:
     n.step(
         "operator",
         f"approve {decided.approval_id}",
-        f"{decided.status} until {decided.expires_at}",
+        f"{decided.status} until {format_optional(decided.expires_at)}",
         decision="allow",
         receipt_id=decided.receipt_id,
     )
@@ -304,21 +288,15 @@ async def _approve(home: Path, n: Narrator, approval_id: str) -> None:
 
 async def scenario_approval(home: Path, n: Narrator, work: Path) -> bool:
     n.section("approval", "3. approval — a deploy needs a human, once")
-    await _open(
-        home,
-        n,
-        "release",
-        "Ship release 1.4 to staging",
-        "deploy.toml",
-        [
-            {"id": "deploy", "title": "deploy build 1.4 to staging"},
-            {"id": "smoke", "title": "smoke-test staging"},
-        ],
-    )
+    todos = [
+        {"id": "deploy", "title": "deploy build 1.4 to staging"},
+        {"id": "smoke", "title": "smoke-test staging"},
+    ]
+    await _open(home, n, "release", "Ship release 1.4 to staging", todos)
     artifact = "sha256:" + hashlib.sha256(b"release-1.4.tar.gz").hexdigest()
-    async with AgentClient.stdio("builder", home) as builder:
-        grant = await _claim(n, "builder", builder, "release")
-        asked = await builder.request_approval(
+    async with _agents(home, n, "builder") as (builder,):
+        grant = await builder.claim("release")
+        asked = await builder.client.request_approval(
             grant.turn_id,
             grant.fence,
             "deploy.staging",
@@ -333,30 +311,24 @@ async def scenario_approval(home: Path, n: Narrator, work: Path) -> bool:
             turn_id=grant.turn_id,
             receipt_id=asked.receipt_id,
         )
+        if asked.approval_id is None:  # refused: the step above says why
+            return False
         await _approve(home, n, asked.approval_id)
-        await _update(
-            n,
-            "builder",
-            builder,
+        await builder.update(
             grant,
             "deploy-1",
-            "completed",
             "Deployed 1.4 to staging.",
-            tools_used=[{"name": "deploy.staging", "count": 1}],
+            {"deploy.staging": 1},
             usage=_usage(2, 0.05, 120.0),
             evidence=[{"kind": "deploy", "summary": "staging runs 1.4", "digest": artifact}],
             approval_ids=[asked.approval_id],
         )
-        grant2 = await _claim(n, "builder", builder, "release")
-        reuse = await _update(
-            n,
-            "builder",
-            builder,
-            grant2,
+        again = await builder.claim("release")
+        reuse = await builder.update(
+            again,
             "smoke-1",
-            "completed",
             "Smoke test passed; redeployed a hotfix with the same approval.",
-            tools_used=[{"name": "deploy.staging", "count": 1}, {"name": "tests.run", "count": 1}],
+            {"deploy.staging": 1, "tests.run": 1},
             usage=_usage(1, 0.02, 30.0),
             evidence=[{"kind": "test", "summary": "smoke suite green", "digest": artifact}],
             approval_ids=[asked.approval_id],
@@ -457,21 +429,19 @@ async def _hook(home: Path, n: Narrator, event: dict[str, Any], action: str) -> 
 
 async def scenario_hooks(home: Path, n: Narrator, work: Path) -> bool:
     n.section("hooks", "4. hooks — the agent's host asks before every tool call")
-    await _open(
-        home,
-        n,
-        "hooked",
-        "Fix the failing test; never push",
-        "hooked.toml",
-        [{"id": "fix", "title": "fix the failing test"}, {"id": "notes", "title": "write notes"}],
-    )
+    todos = [
+        {"id": "fix", "title": "fix the failing test"},
+        {"id": "notes", "title": "write notes"},
+    ]
+    await _open(home, n, "hooked", "Fix the failing test; never push", todos)
 
     def bash(command: str, phase: str = "PreToolUse", **more: Any) -> dict[str, Any]:
         return _host_event(phase, "Bash", tool_input={"command": command}, **more)
 
+    tested = [{"kind": "test", "summary": "3 passed"}]
     await _hook(home, n, _host_event("SessionStart", source="startup"), "SessionStart")
-    async with AgentClient.stdio("builder", home) as builder:
-        grant = await _claim(n, "builder", builder, "hooked")
+    async with _agents(home, n, "builder") as (builder,):
+        grant = await builder.claim("hooked")
         ran = await _hook(home, n, bash("pytest -q"), "Bash: pytest -q")
         await _hook(
             home,
@@ -480,29 +450,17 @@ async def scenario_hooks(home: Path, n: Narrator, work: Path) -> bool:
             "Bash ran",
         )
         pushed = await _hook(home, n, bash("git push origin main"), "Bash: git push origin main")
-        under = await _update(
-            n,
-            "builder",
-            builder,
-            grant,
-            "hooked-1",
-            "completed",
-            "Fixed the test.",
-            tools_used=[{"name": "fs.write", "count": 1}],
-            evidence=[{"kind": "test", "summary": "3 passed"}],
+        under = await builder.update(
+            grant, "hooked-1", "Fixed the test.", {"fs.write": 1}, evidence=tested
         )
-        again = await _claim(n, "builder", builder, "hooked")
+        again = await builder.claim("hooked")
         await _hook(home, n, bash("pytest -q"), "Bash: pytest -q")
-        honest = await _update(
-            n,
-            "builder",
-            builder,
+        honest = await builder.update(
             again,
             "hooked-2",
-            "completed",
             "Fixed the test; reported what the host saw.",
-            tools_used=[{"name": "shell.run", "count": 1}],
-            evidence=[{"kind": "test", "summary": "3 passed"}],
+            {"shell.run": 1},
+            evidence=tested,
         )
     return (
         ran is None

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from loopwarden.clock import format_time
 from loopwarden.ledger.audit.findings import Report
 from loopwarden.operations.projection import ProjectionResult
 
@@ -71,6 +73,8 @@ class Styled(str):
 def cell(value: Any) -> str | Text:
     if isinstance(value, Styled):
         return value
+    if isinstance(value, datetime):
+        return Text(format_time(value))
     return Text(visible(value) if isinstance(value, str) else _num(value))
 
 
@@ -93,8 +97,14 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun if n == 1 else noun + 's'}"
 
 
+def _plain(value: object) -> str:
+    """What a value JSON has no type for prints as: a time as every time is written
+    (`format_time`), anything else as its text."""
+    return format_time(value) if isinstance(value, datetime) else str(value)
+
+
 def emit_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, sort_keys=False, default=str))
+    print(json.dumps(value, indent=2, sort_keys=False, default=_plain))
 
 
 def bar(used: float, limit: float | None, width: int = 20) -> Styled:
@@ -155,7 +165,10 @@ def projection(p: ProjectionResult) -> None:
         table(
             "active leases",
             ["turn", "todo", "agent", "fence", "expires"],
-            [[x.turn_id, x.todo_id, x.agent, x.fence, x.lease_expires_at] for x in p.active_leases],
+            [
+                [x.turn_id, x.todo_id, x.agent, x.fence, format_time(x.lease_expires_at)]
+                for x in p.active_leases
+            ],
         )
     _observed_tool_use(p)
     if p.approvals:

@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from loopwarden.clock import format_time
 from loopwarden.dashboard import approval, oidc
 from loopwarden.dashboard.app import Ctx, Dashboard, Probe, operator_problem
 from loopwarden.dashboard.sessions import COOKIE, LOGIN_COOKIE, new_secret, next_page, same_secret
@@ -336,7 +337,7 @@ class Pages:
             ctx.session.say("error", f"Rejecting {approval_id} needs a reason.")
             return RedirectResponse(back, status_code=303)
         result = await decide_approval(ctx.store, ctx.who, request)
-        until = f" until {result.expires_at}" if result.expires_at else ""
+        until = f" until {format_time(result.expires_at)}" if result.expires_at else ""
         ctx.session.say(
             "ok", f"{approval_id} {result.status}{until} (receipt {result.receipt_id})."
         )

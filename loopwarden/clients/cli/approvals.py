@@ -8,6 +8,7 @@ import typer
 
 from loopwarden.clients import render
 from loopwarden.clients.cli.common import Options, Reason, fail, parse_duration, shared_options
+from loopwarden.clock import format_time
 from loopwarden.errors import LoopwardenError
 from loopwarden.operations.approvals import decide_approval, list_approvals
 
@@ -63,7 +64,7 @@ def _decide(
     if options.json_out:
         render.emit_json(result.model_dump(mode="json"))
     else:
-        until = f" until {result.expires_at}" if result.expires_at else ""
+        until = f" until {format_time(result.expires_at)}" if result.expires_at else ""
         render.console.print(
             f"approval {result.approval_id} {result.status}{until} (receipt {result.receipt_id})"
         )

@@ -97,33 +97,45 @@ class Options:
         return run(action, as_json=self.json_out)
 
 
-def shared_options(*names: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Give a command the shared options `names` (keys of SHARED), in that order, where its
-    keyword-only parameter `options: Options` stands: typer sees, and --help lists, each one
-    as a parameter of its own, and the command receives them as one `Options`. The command's
-    annotations must resolve when it is decorated (a NameError otherwise)."""
+def gather(
+    name: str, added: list[inspect.Parameter], build: Callable[[dict[str, Any]], Any]
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the parameters `added` where its parameter `name` stands: typer sees, and
+    --help lists, each one as a parameter of its own, and the command receives `build` of their
+    values (by parameter name) as `name`. The command's annotations must resolve when it is
+    decorated (a NameError otherwise)."""
 
     def decorate(fn: Callable[..., None]) -> Callable[..., None]:
         signature = inspect.signature(fn, eval_str=True)
-        fields = [SHARED[name][0] for name in names]
-        added = [
-            inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=t)
-            for field, t, default in (SHARED[name] for name in names)
-        ]
+        fields = [parameter.name for parameter in added]
         parameters: list[inspect.Parameter] = []
         for parameter in signature.parameters.values():
-            parameters += added if parameter.name == "options" else [parameter]
+            if parameter.name == name:
+                parameters += [p.replace(kind=parameter.kind) for p in added]
+            else:
+                parameters.append(parameter)
 
         @functools.wraps(fn)
         def command(**given: Any) -> None:
-            options = Options(**{field: given.pop(field) for field in fields})
-            fn(**given, options=options)
+            gathered = build({field: given.pop(field) for field in fields})
+            fn(**given, **{name: gathered})
 
         # typer reads a command's parameters from its signature: this one declares them all
         command.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
         return command
 
     return decorate
+
+
+def shared_options(*names: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the shared options `names` (keys of SHARED), in that order, where its
+    keyword-only parameter `options: Options` stands (`gather`): the command receives them as
+    one `Options`."""
+    added = [
+        inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=t)
+        for field, t, default in (SHARED[name] for name in names)
+    ]
+    return gather("options", added, lambda given: Options(**given))
 
 
 def fail(

@@ -2,25 +2,45 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Annotated, Any
 
+import annotated_types
 import typer
+from pydantic.fields import FieldInfo
 
 from loopwarden.clients import render
-from loopwarden.clients.cli.common import Options, control_command, shared_options
+from loopwarden.clients.cli.common import Options, control_command, gather, shared_options
 from loopwarden.clock import format_time
 from loopwarden.operations.pools import POOL_CONTROLS, PoolOut, pool_define, pools
+from loopwarden.policy.model import Budgets
 
 app = typer.Typer(no_args_is_help=True, help="Budget pools: limits that span loops.")
 
 NAMED = typer.Argument(help="The pool's name, e.g. team-a.")
 Name = Annotated[str, NAMED]
-Int = Annotated[int | None, typer.Option(min=0)]
-Money = Annotated[float | None, typer.Option(min=0.0)]
 
 
-def _limits(**given: Any) -> dict[str, Any]:
-    return {key: value for key, value in given.items() if value is not None}
+def _floor(info: FieldInfo) -> Any:
+    """The budget's lower bound (its `ge`), as its option's `min`."""
+    return next((m.ge for m in info.metadata if isinstance(m, annotated_types.Ge)), None)
+
+
+# One --max-… option per budget of a policy (`Budgets`), with its type and lower bound: a budget
+# added there is a pool flag here. The command receives those given, as a `budgets` dict.
+_budget_options = gather(
+    "budgets",
+    [
+        inspect.Parameter(
+            field,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[info.annotation, typer.Option(min=_floor(info))],
+        )
+        for field, info in Budgets.model_fields.items()
+    ],
+    lambda given: {key: value for key, value in given.items() if value is not None},
+)
 
 
 def _policy(
@@ -45,15 +65,10 @@ def _define(name: str, policy: dict[str, Any], create_only: bool, options: Optio
 
 def _command(create_only: bool, verb: str) -> Any:
     @shared_options("home", "store", "json", "as")
+    @_budget_options
     def command(
         name: Name,
-        max_cost_usd: Money = None,
-        max_turns: Annotated[int | None, typer.Option(min=1)] = None,
-        max_model_calls: Int = None,
-        max_tool_calls: Int = None,
-        max_input_tokens: Int = None,
-        max_output_tokens: Int = None,
-        max_wall_seconds: Money = None,
+        budgets: dict[str, Any],
         window: Annotated[
             str, typer.Option("--window", help="total, 1h or 1d (UTC calendar hours or days).")
         ] = "total",
@@ -65,15 +80,6 @@ def _command(create_only: bool, verb: str) -> Any:
         *,
         options: Options,
     ) -> None:
-        budgets = _limits(
-            max_cost_usd=max_cost_usd,
-            max_turns=max_turns,
-            max_model_calls=max_model_calls,
-            max_tool_calls=max_tool_calls,
-            max_input_tokens=max_input_tokens,
-            max_output_tokens=max_output_tokens,
-            max_wall_seconds=max_wall_seconds,
-        )
         policy = _policy(window, max_concurrent_turns, agent, budgets)
         _define(name, policy, create_only, options)
 
