@@ -38,8 +38,10 @@ class ManualClock:
         self._now = when.astimezone(UTC)
 
 
+@functools.lru_cache(maxsize=4096)  # a write encodes the same rows' times several times over
 def format_time(when: datetime) -> str:
-    """Render an aware datetime as `YYYY-MM-DDTHH:MM:SS.ffffffZ` (always UTC, always 27 chars)."""
+    """Render an aware datetime as `YYYY-MM-DDTHH:MM:SS.ffffffZ` (always UTC, always 27 chars).
+    Memoized: equal instants are equal keys whatever their time zone, and render alike."""
     if when.tzinfo is None:
         raise ValueError("naive datetime: loopwarden only handles aware UTC times")
     if when.tzinfo is not UTC:

@@ -41,7 +41,7 @@ from loopwarden.operations.approvals import (
 from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
 from loopwarden.operations.loops import LoopControlRequest, OpenLoopRequest, TodoInput, open_loop
 from loopwarden.operations.update import UpdateRequest, update
-from loopwarden.policy.commands.reading import read_line
+from loopwarden.policy.commands.lines import read_line
 from loopwarden.policy.hosts import policy_tool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hooks"

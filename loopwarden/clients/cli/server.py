@@ -43,53 +43,45 @@ HeaderTimeout = Annotated[
 BodyTimeout = Annotated[
     float | None, typer.Option(help="HTTP: seconds to send a request body (default 30).")
 ]
+
+
+def _given(metavar: str, help: str) -> Any:
+    """A flag that takes a value named `metavar` (a URL, a FILE, …)."""
+    return typer.Option(metavar=metavar, help=help)
+
+
 # OAuth and approval links (server/identity.py, server/elicitation.py).
 OAuthIssuer = Annotated[
-    str | None,
-    typer.Option(metavar="URL", help="HTTP: accept JWT access tokens from this OAuth issuer."),
+    str | None, _given("URL", "HTTP: accept JWT access tokens from this OAuth issuer.")
 ]
 Resource = Annotated[
-    str | None,
-    typer.Option(metavar="URL", help="HTTP with OAuth: this server's /mcp URL (the audience)."),
+    str | None, _given("URL", "HTTP with OAuth: this server's /mcp URL (the audience).")
 ]
 OAuthConfig = Annotated[
-    str | None,
-    typer.Option(metavar="FILE", help="HTTP: OAuth settings, an [oauth] table in TOML."),
+    str | None, _given("FILE", "HTTP: OAuth settings, an [oauth] table in TOML.")
 ]
 PublicUrl = Annotated[
-    str | None,
-    typer.Option(metavar="URL", help="The dashboard as users reach it (approval links)."),
+    str | None, _given("URL", "The dashboard as users reach it (approval links).")
 ]
 ApprovalWebhook = Annotated[
-    str | None,
-    typer.Option(metavar="URL", help="POST each new approval's link here (e.g. a chat hook)."),
+    str | None, _given("URL", "POST each new approval's link here (e.g. a chat hook).")
 ]
 
 # The receipt stream's webhook sink (server/exports.py, server/sink.py).
 ExportWebhook = Annotated[
     str | None,
-    typer.Option(
-        metavar="URL",
-        help="POST every receipt, signed, to this URL (or $LOOPWARDEN_EXPORT_WEBHOOK).",
-    ),
+    _given("URL", "POST every receipt, signed, to this URL (or $LOOPWARDEN_EXPORT_WEBHOOK)."),
 ]
 ExportSecretFile = Annotated[
     Path | None,
-    typer.Option(
-        metavar="FILE",
-        help="The webhook's HMAC secret (or $LOOPWARDEN_EXPORT_SECRET), 16 bytes or more.",
-    ),
+    _given("FILE", "The webhook's HMAC secret (or $LOOPWARDEN_EXPORT_SECRET), 16 bytes or more."),
 ]
 ExportName = Annotated[
-    str | None,
-    typer.Option(metavar="NAME", help="The webhook sink's name, its cursor's key (webhook)."),
+    str | None, _given("NAME", "The webhook sink's name, its cursor's key (webhook).")
 ]
 ExportLease = Annotated[
     float | None,
-    typer.Option(
-        metavar="SECONDS",
-        help="How long a sender's lease lives (120): one replica sends at a time.",
-    ),
+    _given("SECONDS", "How long a sender's lease lives (120): one replica sends at a time."),
 ]
 
 
@@ -194,6 +186,16 @@ def _run(settings: Settings) -> None:
         anyio.run(serve_http, server, settings, sock, mounts, runtime.observer)
 
 
+LIMIT_FLAGS = {
+    "sessions_per_principal": "max_sessions_per_principal",
+    "session_idle_seconds": "session_idle_timeout",
+    "connections_per_address": "max_connections_per_address",
+    "header_seconds": "header_timeout",
+    "body_seconds": "body_timeout",
+}
+"""Each HTTP limit (`HttpLimits.create`'s parameters) and the `serve` flag that sets it."""
+
+
 def _settings(flags: dict[str, Any]) -> Settings:
     """`serve`'s flags as validated settings; a bad one exits 2 naming it."""
     from loopwarden.server.exports import export_target
@@ -202,13 +204,7 @@ def _settings(flags: dict[str, Any]) -> Settings:
 
     try:
         oauth = oauth_settings(flags["oauth_issuer"], flags["resource"], flags["oauth_config"])
-        limits = HttpLimits.create(
-            sessions_per_principal=flags["max_sessions_per_principal"],
-            session_idle_seconds=flags["session_idle_timeout"],
-            connections_per_address=flags["max_connections_per_address"],
-            header_seconds=flags["header_timeout"],
-            body_seconds=flags["body_timeout"],
-        )
+        limits = HttpLimits.create(**{limit: flags[flag] for limit, flag in LIMIT_FLAGS.items()})
         settings = Settings.create(
             home=flags["home"],
             store=flags["store"],

@@ -135,13 +135,12 @@ def _batches(rows: Iterable[JournalRow], size: int) -> Iterator[list[JournalRow]
         yield batch
 
 
+WHERE = ("loop_id", "seq", "receipt_id", "leaf_index")
+"""What a finding about a journal row points at: the row's own fields of these names."""
+
+
 def _where(row: JournalRow) -> dict[str, Any]:
-    return {
-        "loop_id": row.loop_id,
-        "seq": row.seq,
-        "receipt_id": row.receipt_id,
-        "leaf_index": row.leaf_index,
-    }
+    return {name: getattr(row, name) for name in WHERE}
 
 
 class _Audit:

@@ -1,7 +1,7 @@
 """Shell command lines read with a real grammar and judged against `[tools.commands]`.
 
-`reading.py` reads a line into the commands it runs (readers `bash.py`, `powershell.py`; what
-commands run in turn, `carriers.py`, `launchers.py`); `rules.py` reads and matches rules over
+`lines.py` reads a line into the commands it runs (a `Reading`, `reading.py`, filled by the
+readers `bash.py`, `powershell.py`; what commands run in turn, `carriers.py`, `launchers.py`); `rules.py` reads and matches rules over
 argv with the programs of `programs.py`; `verdicts.py` judges a line. The grammars and the
 tables are imported only when a line must be decided (`judge_line`), so a hook that decides no
 shell line pays nothing for them.

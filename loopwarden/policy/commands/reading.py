@@ -1,12 +1,14 @@
-"""One command line read into the runs it makes: the readers (bash, PowerShell) report each
-command they find to a `Reading`, which records it and unwraps what it runs in turn
-(launchers, shells, interpreters, `eval`, …; `carriers.py`), reading nested command text with
-the right reader again, to a bounded depth.
+"""What one command line runs, as it is read: the readers (bash, PowerShell) report each
+command they find to a `Reading`, which records it and hands it to its `unwrap` step (what it
+runs in turn: launchers, shells, interpreters, `eval`, …) and hands nested command text to its
+`read` step, to a bounded depth. Both steps are given to it by `lines.read_line`, which wires
+the readers and the carriers together; this module imports none of them.
 """
 
 from __future__ import annotations
 
-from loopwarden.policy.commands import carriers
+from collections.abc import Callable
+
 from loopwarden.policy.commands.programs import program_name
 from loopwarden.policy.commands.runs import TERMINAL, Dialect, Doubt, Run, Stdin, Tail
 from loopwarden.policy.commands.words import Word
@@ -19,12 +21,19 @@ class TooManyRuns(Exception):
     """The line runs more commands than `MAX_RUNS`: the reading stops (a doubt)."""
 
 
+Unwrap = Callable[["Reading", Run, Stdin], None]
+"""What a recorded run runs in turn, read into the reading (`carriers.unwrap`)."""
+ReadText = Callable[["Reading", str, Dialect, str, "Run | None", int], None]
+"""Nested command text read with its dialect's reader (`lines.read_text`)."""
+
+
 class Reading:
     """The runs of one line, in the order the line names them, and what could not be read."""
 
-    __slots__ = ("aliases", "assigned", "doubts", "functions", "runs")
+    __slots__ = ("aliases", "assigned", "doubts", "functions", "read", "runs", "unwrap")
 
-    def __init__(self) -> None:
+    def __init__(self, unwrap: Unwrap, read: ReadText) -> None:
+        self.unwrap, self.read = unwrap, read
         self.runs: list[Run] = []
         self.doubts: list[Doubt] = []  # of the line as a whole
         self.functions: set[str] = set()  # defined in the line
@@ -56,7 +65,7 @@ class Reading:
                 self.doubt(run, "its program is a name this line binds (alias, hash -p)")
             if program in self.functions:
                 run.function = True
-        carriers.unwrap(self, run, stdin)
+        self.unwrap(self, run, stdin)
         return run
 
     def doubt(self, run: Run | None, what: str, opaque: bool = False) -> None:
@@ -77,33 +86,7 @@ class Reading:
         if depth > MAX_DEPTH:
             self.doubt(parent, f"commands are nested deeper than {MAX_DEPTH} levels")
             return
-        read_text(self, text.text, dialect, via, parent, depth)
-
-
-def read_text(
-    reading: Reading, text: str, dialect: Dialect, via: str, parent: Run | None, depth: int
-) -> None:
-    """Read `text` with the dialect's reader (the grammar is imported on first use)."""
-    if dialect == "powershell":
-        from loopwarden.policy.commands import powershell
-
-        powershell.read(reading, text, via, parent, depth)
-    else:
-        from loopwarden.policy.commands import bash
-
-        bash.read(reading, text, via, parent, depth)
-
-
-def read_line(text: str, dialect: Dialect = "bash") -> Reading:
-    """Every command `text` runs. Never raises on content: what cannot be read is a doubt."""
-    reading = Reading()
-    try:
-        read_text(reading, text, dialect, "", None, 0)
-    except TooManyRuns:
-        reading.doubts.append(Doubt(f"the line runs more than {MAX_RUNS} commands"))
-    except RecursionError:
-        reading.doubts.append(Doubt("the line is nested too deeply to read"))
-    return reading
+        self.read(self, text.text, dialect, via, parent, depth)
 
 
 def name_of(run: Run) -> str | None:

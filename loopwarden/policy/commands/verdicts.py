@@ -14,8 +14,9 @@ import re
 import shlex
 from typing import Literal, NamedTuple
 
+from loopwarden.policy.commands.lines import read_line
 from loopwarden.policy.commands.programs import Command, read
-from loopwarden.policy.commands.reading import Reading, name_of, read_line
+from loopwarden.policy.commands.reading import Reading, name_of
 from loopwarden.policy.commands.rules import Match, Rule, glob_matches, match, rules_of
 from loopwarden.policy.commands.runs import Dialect, Run
 from loopwarden.policy.decision import Reason, ReasonCode

@@ -1,0 +1,37 @@
+"""A command line read whole: `read_line` gives a `Reading` its two steps — the readers of
+each dialect (`bash.py`, `powershell.py`, their grammars imported on first use) for nested
+command text, and `carriers.unwrap` for what each command runs in turn — and reads the line.
+The modules it ties together import only `reading.py` below them, never each other's reader.
+"""
+
+from __future__ import annotations
+
+from loopwarden.policy.commands import carriers
+from loopwarden.policy.commands.reading import MAX_RUNS, Reading, TooManyRuns
+from loopwarden.policy.commands.runs import Dialect, Doubt, Run
+
+
+def read_text(
+    reading: Reading, text: str, dialect: Dialect, via: str, parent: Run | None, depth: int
+) -> None:
+    """Read `text` with the dialect's reader (the grammar is imported on first use)."""
+    if dialect == "powershell":
+        from loopwarden.policy.commands import powershell
+
+        powershell.read(reading, text, via, parent, depth)
+    else:
+        from loopwarden.policy.commands import bash
+
+        bash.read(reading, text, via, parent, depth)
+
+
+def read_line(text: str, dialect: Dialect = "bash") -> Reading:
+    """Every command `text` runs. Never raises on content: what cannot be read is a doubt."""
+    reading = Reading(carriers.unwrap, read_text)
+    try:
+        read_text(reading, text, dialect, "", None, 0)
+    except TooManyRuns:
+        reading.doubts.append(Doubt(f"the line runs more than {MAX_RUNS} commands"))
+    except RecursionError:
+        reading.doubts.append(Doubt("the line is nested too deeply to read"))
+    return reading
