@@ -99,7 +99,7 @@ def counted(n: int, noun: str) -> str:
 
 def _plain(value: object) -> str:
     """What a value JSON has no type for prints as: a time as every time is written
-    (`format_time`), anything else as its text."""
+    (`format_time`; the one place CLI output turns a datetime into JSON), else its text."""
     return format_time(value) if isinstance(value, datetime) else str(value)
 
 

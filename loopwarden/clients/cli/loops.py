@@ -16,7 +16,6 @@ from loopwarden.clients.cli.common import (
     read_policy_file,
     shared_options,
 )
-from loopwarden.clock import format_time
 from loopwarden.errors import InvalidInput, LoopwardenError
 from loopwarden.operations.loops import cancel_loop, list_loops, open_loop, pause_loop, resume_loop
 from loopwarden.operations.operation import Operation
@@ -101,7 +100,7 @@ def loop_list(*, options: Options) -> None:
                         "status": lp.status,
                         "stop_reason": lp.stop_reason,
                         "objective": lp.objective,
-                        "opened_at": format_time(lp.opened_at),
+                        "opened_at": lp.opened_at,
                         "receipts": lp.head_seq,
                         "todos": lp.todos,
                     }

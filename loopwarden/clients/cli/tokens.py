@@ -9,7 +9,7 @@ import typer
 
 from loopwarden.clients import admin, render
 from loopwarden.clients.cli.common import Options, parse_duration, run, shared_options
-from loopwarden.clock import format_optional, format_time
+from loopwarden.clock import format_time
 from loopwarden.errors import InvalidInput
 from loopwarden.ledger.storage.reader import TokenRow
 from loopwarden.principals import principal
@@ -54,7 +54,7 @@ def token_create(
                 "token_id": issued.token_id,
                 "agent": issued.agent,
                 "role": issued.role,
-                "expires_at": format_optional(issued.expires_at),
+                "expires_at": issued.expires_at,
             }
         )
     else:  # the token alone on stdout: TOKEN=$(loopwarden token create --agent NAME)
@@ -89,9 +89,9 @@ def token_list(*, options: Options) -> None:
             "token_id": t.token_id,
             "agent": t.agent,
             "role": t.role,
-            "created_at": format_time(t.created_at),
-            "revoked_at": format_optional(t.revoked_at),
-            "expires_at": format_optional(t.expires_at),
+            "created_at": t.created_at,
+            "revoked_at": t.revoked_at,
+            "expires_at": t.expires_at,
         }
         for t in run(action, as_json=options.json_out)
     ]

@@ -224,9 +224,10 @@ class Txn(ProjectionWriter, CursorWriter):
 
         `policy_digest` is required for `loop.opened` and otherwise taken from the loop; `refs`
         are what else the receipt names. A receipt's time never goes back within its loop
-        (another process's clock may lag: then it takes the loop's last time). Raises `SealError` if the receipt cannot be sealed,
-        `FoldError` if it does not fit the loop's state and `IntegrityError` if a row it reads
-        fails its proof; the caller's transaction then rolls back whole.
+        (another process's clock may lag: then it takes the loop's last time). Raises
+        `SealError` if the receipt cannot be sealed, `FoldError` if it does not fit the loop's
+        state and `IntegrityError` if a row it reads fails its proof; the caller's transaction
+        then rolls back whole.
         """
         loop = self.loop_row(loop_id)
         at = self.now
