@@ -133,13 +133,14 @@ def command_hook(
     return samples
 
 
-# The in-process hook with its imports done first and timed, then the same main as the
-# entry point's: what is left after the imports is the decision (store, evaluation, receipt,
-# the fsync'd commit, and the command-line parser's own imports on a shell call).
+# The in-process hook with its imports done first and timed, then the same main and the same
+# exit (no interpreter teardown) as the entry point's: what is left after the imports is the
+# decision (store, evaluation, receipt, the fsync'd commit, and the command-line parser's own
+# imports on a shell call).
 PHASES = """
 import sys, time
 t0 = time.perf_counter()
-from loopwarden.clients.entry import lean
+from loopwarden.clients.entry import lean, leave
 lean()
 from loopwarden.clients import admin, hook_command
 from loopwarden.hooks import handle
@@ -150,7 +151,7 @@ t1 = time.perf_counter()
 code = hook_command.main(sys.argv[2:])  # argv: -c hook HOST …
 t2 = time.perf_counter()
 sys.stderr.write(f"\\nphases {t1 - t0} {t2 - t1}\\n")
-sys.exit(code)
+leave(code)
 """
 
 

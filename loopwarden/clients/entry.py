@@ -9,6 +9,10 @@ import sys
 
 from loopwarden.hosts import NAMES as HOSTS  # the registry alone: no host module is imported
 
+TYPE_CHECKING = False  # `typing` is not imported: the forwarder needs nothing beyond `sys`
+if TYPE_CHECKING:
+    from typing import NoReturn
+
 PLUGINS_OFF = ("__all__", "1", "true")  # the values with which pydantic loads no plugin
 
 
@@ -17,15 +21,28 @@ def main() -> None:
     if len(argv) >= 2 and argv[0] == "hook" and argv[1] in HOSTS and "--server" in argv:
         from loopwarden.clients.hook_forward import main as forward
 
-        sys.exit(forward(argv[1:]))
+        leave(forward(argv[1:]))
     if len(argv) >= 2 and argv[0] == "hook" and argv[1] in HOSTS:
         lean()
         from loopwarden.clients.hook_command import main as hook_main
 
-        sys.exit(hook_main(argv[1:]))
+        leave(hook_main(argv[1:]))
     from loopwarden.clients.cli import main as cli_main
 
     cli_main()
+
+
+def leave(code: int) -> NoReturn:
+    """End a hook process once its answer is written, without the interpreter's teardown.
+
+    By then the store is closed (its last transaction committed or rolled back) and the answer
+    is flushed here; what the teardown would still do is free, one by one, the tens of
+    thousands of objects the imports built (the final garbage collection runs even with the
+    collector off): 40–60 ms of every tool call on this machine, for nothing the host sees.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def lean() -> None:
