@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -97,18 +98,70 @@ async def prepare(home: Path) -> None:
             raise RuntimeError(f"the bench turn was refused: {granted.reasons}")
 
 
-def hook_env(**extra: str) -> dict[str, str]:
-    """The bench's child environment with bytecode caching on: a host runs an installed
-    loopwarden, compiled once (pip compiles it on install); with PYTHONDONTWRITEBYTECODE set
-    every hook process would compile every module it imports."""
-    env = h.child_env(**extra)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
+@dataclass(frozen=True)
+class Install:
+    """The loopwarden a hook process runs. A host runs an installed one: a wheel of this tree,
+    built and installed here into a scratch venv whose dependencies are the bench's own (a
+    `.pth` line names the bench venv's site-packages, so no import finder of this checkout's
+    editable install is loaded), compiled as pip compiles it. If the wheel cannot be built
+    here (no package index for its build backend), this checkout's editable install instead,
+    said so in the report. Every process starts in `cwd`, outside the checkout, so that
+    `python -m`/`-c` do not import the source tree from the working directory."""
+
+    executable: str
+    pythonpath: str | None  # the checkout on the path (the editable fallback), else nothing
+    cwd: Path
+    label: str
+
+    def python(self, *args: str) -> list[str]:
+        return [self.executable, *args]
+
+    def run(self, args: list[str], raw: bytes, **extra: str) -> subprocess.CompletedProcess[bytes]:
+        # bytecode caching on: pip compiles an installed package once; with
+        # PYTHONDONTWRITEBYTECODE set every hook process would compile every module it imports
+        env = h.child_env(**extra)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env.pop("PYTHONPATH", None)
+        if self.pythonpath:
+            env["PYTHONPATH"] = self.pythonpath
+        return subprocess.run(
+            args, input=raw, capture_output=True, env=env, cwd=self.cwd, timeout=60
+        )  # fmt: skip
 
 
-def timed_process(args: list[str], raw: bytes, env: dict[str, str]) -> float:
+def installed(scratch: Path) -> Install:
+    """A wheel of this tree installed in a venv under `scratch` (or the editable fallback)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    source, wheels, venv = scratch / "source", scratch / "wheels", scratch / "venv"
+    skip = shutil.ignore_patterns("__pycache__")  # a copy: no stale build/ of the checkout's
+    shutil.copytree(h.REPO / "loopwarden", source / "loopwarden", ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(h.REPO / name, source / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    try:
+        for step in (
+            [*pip, "wheel", "--no-deps", "-w", str(wheels), str(source)],
+            [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+        ):
+            subprocess.run(step, check=True, capture_output=True, timeout=180)
+        (site,) = venv.glob("lib/python3*/site-packages")
+        deps = next(Path(p) for p in sys.path if p.endswith("site-packages"))
+        (site / "_bench_dependencies.pth").write_text(f"{deps}\n")
+        (wheel,) = wheels.glob("loopwarden-*.whl")
+        python = str(venv / "bin" / "python")
+        install = [*pip, "--python", python, "install", "--no-deps", str(wheel)]
+        subprocess.run(install, check=True, capture_output=True, timeout=180)
+    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+        why = f"the wheel could not be built and installed here ({type(exc).__name__})"
+        return Install(
+            sys.executable, str(h.REPO), scratch, f"this checkout's editable install: {why}"
+        )
+    return Install(python, None, scratch, "a wheel of this tree installed in a scratch venv")
+
+
+def timed_process(inst: Install, args: list[str], raw: bytes, **extra: str) -> float:
     t0 = time.perf_counter()
-    done = subprocess.run(args, input=raw, capture_output=True, env=env, timeout=60)
+    done = inst.run(args, raw, **extra)
     elapsed = time.perf_counter() - t0
     if done.returncode != 0 or done.stdout.strip():
         raise RuntimeError(f"the hook did not admit the call: {done.returncode} {done.stderr!r}")
@@ -119,17 +172,17 @@ HOOK = ["hook", "claude-code", "--loop", LOOP, "--agent", h.AGENT.id]
 
 
 def command_hook(
-    home: Path, cfg: Config, deadline: h.Deadline, server: str | None, token: str
+    inst: Install, home: Path, cfg: Config, deadline: h.Deadline, server: str | None, token: str
 ) -> list[float]:
-    program = h.python("-m", "loopwarden", *HOOK)
-    extra = ["--server", server] if server else ["--home", str(home)]
-    env = hook_env(LOOPWARDEN_OBSERVER_TOKEN=token) if server else hook_env()
-    timed_process([*program, *extra], event(-1 if server else -2), env)  # writes the bytecode
+    program = [*inst.python("-m", "loopwarden", *HOOK)]
+    program += ["--server", server] if server else ["--home", str(home)]
+    env = {"LOOPWARDEN_OBSERVER_TOKEN": token} if server else {}
+    timed_process(inst, program, event(-1 if server else -2), **env)  # the bytecode, if missing
     samples: list[float] = []
     for n in range(cfg.processes):
         if deadline.expired and len(samples) >= MIN_SAMPLES:
             break
-        samples.append(timed_process([*program, *extra], event(n), env))
+        samples.append(timed_process(inst, program, event(n), **env))
     return samples
 
 
@@ -155,16 +208,13 @@ leave(code)
 """
 
 
-def phases(home: Path, runs: int) -> dict[str, list[float]]:
+def phases(inst: Install, home: Path, runs: int) -> dict[str, list[float]]:
     """`runs` in-process hooks, each timed from outside (`whole`) and inside (`imports`,
     `decision`); `outside` is the rest: the interpreter's start and exit, the pipes."""
     found: dict[str, list[float]] = defaultdict(list)
     for n in range(runs):
         t0 = time.perf_counter()
-        done = subprocess.run(
-            h.python("-c", PHASES, *HOOK, "--home", str(home)),
-            input=event(20_000 + n), capture_output=True, env=hook_env(), timeout=60,
-        )  # fmt: skip
+        done = inst.run(inst.python("-c", PHASES, *HOOK, "--home", str(home)), event(20_000 + n))
         whole = time.perf_counter() - t0
         line = done.stderr.decode().rsplit("phases ", 1)[-1].split()
         if done.returncode != 0 or done.stdout.strip() or len(line) != 2:
@@ -241,12 +291,10 @@ class Imported:
     total: int
 
 
-def importtime(args: list[str], raw: bytes, env: dict[str, str]) -> list[Imported]:
+def importtime(inst: Install, args: list[str], raw: bytes, **env: str) -> list[Imported]:
     """The modules `python -X importtime ARGS` imports, in its order; the process must answer
     (exit 0, nothing on stdout: an admitted call)."""
-    done = subprocess.run(
-        h.python("-X", "importtime", *args), input=raw, capture_output=True, env=env, timeout=60
-    )
+    done = inst.run(inst.python("-X", "importtime", *args), raw, **env)
     if done.returncode != 0 or done.stdout.strip():
         raise RuntimeError(f"the traced hook failed: {done.returncode} {done.stderr[-300:]!r}")
     found = []
@@ -273,12 +321,12 @@ def group_of(name: str, startup: set[str]) -> str:
     return "other packages (PyNaCl, tree-sitter, rfc8785, anyio, …)"
 
 
-def import_breakdown(home: Path, runs: int) -> tuple[Table, Table, dict[str, float]]:
+def import_breakdown(inst: Install, home: Path, runs: int) -> tuple[Table, Table, dict[str, float]]:
     """The in-process hook's imports, median of `runs` traced runs: the top modules by
     cumulative time, and the time by package (with the figures the targets' notes use)."""
-    startup = {m.name for m in importtime(["-c", "pass"], b"", hook_env())}
+    startup = {m.name for m in importtime(inst, ["-c", "pass"], b"")}
     traced = [
-        importtime(["-m", "loopwarden", *HOOK, "--home", str(home)], event(10_000 + n), hook_env())
+        importtime(inst, ["-m", "loopwarden", *HOOK, "--home", str(home)], event(10_000 + n))
         for n in range(runs)
     ]
     own: dict[str, list[int]] = defaultdict(list)
@@ -313,11 +361,11 @@ def import_breakdown(home: Path, runs: int) -> tuple[Table, Table, dict[str, flo
     return by_module, by_package, figures
 
 
-def forwarder_imports(base: str, token: str) -> list[Imported]:
+def forwarder_imports(inst: Install, base: str, token: str) -> list[Imported]:
     """What the forwarder imports beyond the bare interpreter's own start-up."""
-    env = hook_env(LOOPWARDEN_OBSERVER_TOKEN=token)
-    startup = {m.name for m in importtime(["-c", "pass"], b"", env)}
-    traced = importtime(["-m", "loopwarden", *HOOK, "--server", base], event(-3), env)
+    startup = {m.name for m in importtime(inst, ["-c", "pass"], b"")}
+    args = ["-m", "loopwarden", *HOOK, "--server", base]
+    traced = importtime(inst, args, event(-3), LOOPWARDEN_OBSERVER_TOKEN=token)
     return [m for m in traced if m.name not in startup]
 
 
@@ -329,8 +377,9 @@ def _row(label: str, samples: list[float]) -> list[str]:
 HOW = (
     "a Claude Code PreToolUse event for Bash that the policy admits (`tool.admitted` sealed per "
     'call) on a loop with an open turn, `[observe] mode = "enforce"`, synchronous=full. Command '
-    "hook: `python -m loopwarden hook claude-code …` started per event (stdin in, answer out, "
-    "bytecode cached as an installed package has it; one untimed run first), {processes} runs; "
+    "hook: `python -m loopwarden hook claude-code …` started per event (stdin in, answer out; "
+    "a wheel of this tree installed in a scratch venv, compiled as pip compiles it, started "
+    "outside the checkout; one untimed run first), {processes} runs; "
     "the forwarder: the same command with `--server` posting to a running `serve --http`; HTTP "
     "hook: sequential `POST /hooks/claude-code` with an observer token, {requests} requests. The "
     "interpreter alone (`python -c pass`, and without the `site` module: `python -S -c pass`) is "
@@ -352,18 +401,21 @@ async def run(quick: bool, budget: float) -> Section:
     with h.temp_home(NAME) as home:
         await prepare(home)
         token = mint(home, h.AGENT.id, "observer")
+        h.progress(NAME, "installing a wheel of this tree")
+        inst = installed(home.parent / "installed")
+        section.notes.append(f"the hook processes run {inst.label}")
         h.progress(NAME, "interpreter start")
         for args, key in ((["-c", "pass"], "bare"), (["-S", "-c", "pass"], "bare -S")):
-            results[key] = [timed_process(h.python(*args), b"", hook_env()) for _ in range(10)]
+            results[key] = [timed_process(inst, inst.python(*args), b"") for _ in range(10)]
         h.progress(NAME, "command hook")
-        results["command"] = command_hook(home, cfg, deadline, None, token)
+        results["command"] = command_hook(inst, home, cfg, deadline, None, token)
         h.progress(NAME, "phases and imports of the command hook")
-        results.update(phases(home, runs))
-        by_module, by_package, figures = import_breakdown(home, traces)
+        results.update(phases(inst, home, runs))
+        by_module, by_package, figures = import_breakdown(inst, home, traces)
         async with http_server(home, home.parent / "serve.log", "loopwarden", "serve") as base:
             h.progress(NAME, "forwarder")
-            results["forward"] = command_hook(home, cfg, deadline, base, token)
-            forwarded = forwarder_imports(base, token)
+            results["forward"] = command_hook(inst, home, cfg, deadline, base, token)
+            forwarded = forwarder_imports(inst, base, token)
             h.progress(NAME, "HTTP hook")
             results["http"] = http_hook(base, token, cfg, deadline)
     section.tables += [_latencies(results), _phases(results), by_module, by_package]
@@ -432,7 +484,7 @@ def _targets(
     own = sum(m.own for m in forwarded) / 1e6
     forwarded_note = (
         f"{h.ms(forward.p50 - 0.030)} ms over: the interpreter alone takes {h.ms(bare)} ms here "
-        f"({h.ms(bare - bare_s)} ms of it is `site`, with this editable install's import finder), "
+        f"({h.ms(bare - bare_s)} ms of it is `site`), "
         f"the forwarder's own imports {h.ms(own)} ms under `-X importtime`, the server's answer "
         f"~{h.ms(http.p50)} ms (the HTTP hook's p50)"
     )
