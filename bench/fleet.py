@@ -283,7 +283,9 @@ class Held:
     the measured window. Writes no longer take it: an integrator holds it while it gives a
     batch of pending receipts their leaves (`ledger/storage/integrator.py`). `held`: the share
     of samples in which an integrator was in a transaction (holding the row, or about to);
-    `idle`: of those, the share it sat idle in transaction (waiting for its replica's Python);
+    `idle`: of those, the share it sat idle in transaction (waiting for its replica's Python;
+    the integrator now sends its batch in a pipeline, and a session in the middle of a pipeline
+    reads `active` until the pipeline syncs, so this share is ~0 and `held` is the measure);
     `waited`: the share in which some writer waited for a row lock (another write's loop or
     pool row)."""
 

@@ -11,6 +11,7 @@ SQL spells.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol
 
 from loopwarden.ledger.storage.table import Column, SqlType, Table
@@ -25,6 +26,11 @@ class Connection(Protocol):
     def execute(self, sql: str, params: Any = ..., /) -> Any: ...
     def executemany(self, sql: str, rows: Any, /) -> Any: ...
     def close(self) -> None: ...
+    def pipeline(self) -> AbstractContextManager[object]:
+        """Around statements that may be sent without waiting for each other's answers
+        (PostgreSQL's pipeline mode; a read waits for what came before it); every answer is in
+        when it ends, so their database errors are raised in it."""
+        ...
 
 
 def qmarks(count: int) -> str:

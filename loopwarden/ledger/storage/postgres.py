@@ -45,7 +45,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
@@ -141,6 +141,19 @@ class PgConnection:
 
     def close(self) -> None:
         self.raw.close()
+
+    @contextmanager
+    def pipeline(self) -> Iterator[object]:
+        """psycopg's pipeline mode: statements go out without a round trip each, a fetch waits
+        for what came before it, and the pipeline is synced when the block ends, so their errors
+        are raised in it. A block that fails leaves no prepared statement behind that the server
+        does not have (`forget_prepared`)."""
+        try:
+            with self.raw.pipeline() as pipeline:
+                yield pipeline
+        except BaseException:
+            forget_prepared(self.raw)
+            raise
 
 
 def connect(url: str, *, application: str = "loopwarden") -> PgConnection:
@@ -287,20 +300,10 @@ class PostgresBackend:
             old = format_time(datetime.now(UTC) - MARKER_AGE)
             self.writer.execute("DELETE FROM commits WHERE at < ?", (old,))
 
-    @contextmanager
-    def body(self) -> Iterator[object]:
-        """A pipeline (psycopg's pipeline mode): a body's writes go out without a round trip
-        each, and the pipeline is synced when the body ends, so its errors are raised in it
-        (before its savepoint is released) and are never another body's. A body that fails
-        leaves no prepared statement behind that the server does not have
-        (`forget_prepared`)."""
-        raw = self.writer.raw
-        try:
-            with raw.pipeline() as pipeline:
-                yield pipeline
-        except BaseException:
-            forget_prepared(raw)
-            raise
+    def body(self) -> AbstractContextManager[object]:
+        """The writer's pipeline (`PgConnection.pipeline`): a body's errors are raised in it,
+        before its savepoint is released, and are never another body's."""
+        return self.writer.pipeline()
 
     def commit(self) -> None:
         """COMMIT; if the connection is lost on the way, find out whether it committed."""

@@ -161,6 +161,9 @@ class SqliteConnection(sqlite3.Connection):
 
     dialect: Dialect = SQLITE
 
+    def pipeline(self) -> AbstractContextManager[object]:
+        return nullcontext()  # each statement runs in process: nothing to wait for
+
 
 def connect(
     path: Path, *, synchronous: Synchronous = "full", readonly: bool = False
@@ -271,7 +274,7 @@ class SqliteBackend:
         begin_immediate(self.writer, self._room)
 
     def body(self) -> AbstractContextManager[object]:
-        return nullcontext()  # each statement runs in process: nothing to wait for
+        return self.writer.pipeline()
 
     def commit(self) -> None:
         self.writer.execute("COMMIT")

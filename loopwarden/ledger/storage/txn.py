@@ -13,6 +13,7 @@ commits whole or not at all.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol, TypedDict, Unpack
@@ -357,10 +358,14 @@ class Txn(ProjectionWriter, CursorWriter):
         integrator's lock on PostgreSQL), so the leaves it gives are the next ones and no one
         else gives them."""
         sql = "SELECT ticket, leaf_hash, at FROM pending ORDER BY ticket"
-        rows = self.conn.execute(sql + (f" LIMIT {int(limit)}" if limit else "")).fetchall()
+        # Both reads asked before either is fetched: in a pipeline, one round trip for the two.
+        # The cursor is closed whatever happens (a damaged log raises in between), so that no
+        # statement is left open on SQLite's connection.
+        with closing(self.conn.execute(sql + (f" LIMIT {int(limit)}" if limit else ""))) as pending:
+            size, frontier = self.log_state()
+            rows = pending.fetchall()
         if not rows:
             return []
-        size, frontier = self.log_state()
         nodes: list[tuple[int, int, bytes]] = []
         every = self._store.checkpoint_every
         for index, (_, leaf, _) in enumerate(rows, start=size):
