@@ -67,10 +67,10 @@ def integrate_batch(
     receipts given leaves (none if nothing is pending), or None if another integrator holds
     the log's row (with `wait`: after it lets go).
 
-    In one pipeline (`Connection.pipeline`): while the log's row is held, a round trip each for
-    the lock, the pending receipts and the log's state, then one for every write and the
-    COMMIT — not one a statement: under a busy machine each round trip waits for this
-    replica's turn on a core, and every other integrator waits for the row meanwhile."""
+    In one pipeline (`Connection.pipeline`), three round trips: the lock; the pending receipts
+    and the log's state (`Txn.integrate` asks for both before fetching either); every write and
+    the COMMIT — not one a statement (nine before): on a busy machine each round trip waits for
+    this replica's turn on a core, and every other integrator waits for the row meanwhile."""
     lock = "FOR UPDATE" if wait else "FOR UPDATE SKIP LOCKED"
     try:
         with conn.pipeline():
