@@ -253,8 +253,9 @@ _STUCK_REPLICA = textwrap.dedent(
     home, url = sys.argv[1], sys.argv[2]
     real = Txn.integrate
 
-    def stuck(self, limit=None):  # the journal rows written, the transaction never committed
-        moved = real(self, limit)
+    def stuck(self, limit=None, **given):  # the journal rows written, never committed
+        moved = real(self, limit, **given)
+        self.conn.execute("SELECT 1").fetchone()  # the pipeline's writes sent and run
         print("integrating", moved, flush=True)
         time.sleep(3600)
         return moved

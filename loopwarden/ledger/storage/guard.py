@@ -303,9 +303,12 @@ class GuardedReader(Reader):
 
     # --- the Merkle log and idempotency records -----------------------------------------------
 
-    def log_state(self) -> LogState:
+    def log_state(self, *, asked: bool = False) -> LogState:
+        """The Merkle log's size and frontier, proved (MAC, and the journal ends at its last
+        leaf). Reading it takes its row (the integrator's), unless the caller `asked` for the
+        row already in this transaction."""
         if self._log is None:
-            if self._lock:  # the integrator's row: a write that reads it takes it
+            if self._lock and not asked:  # the integrator's row: a write that reads it takes it
                 self.conn.execute(f"SELECT 1 FROM log_state WHERE id = 1{self._lock}")
             r = self._one(
                 "SELECT size, frontier, mac, (SELECT max(leaf_index) FROM journal) "

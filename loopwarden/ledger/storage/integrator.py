@@ -53,9 +53,9 @@ MAX_PENDING = 10_000
 `Store.write`): about ten seconds of the fleet's writes at this machine's rates. The count is
 read at every poll, so a burst between two polls can pass it by what arrives in one interval."""
 
-Integrate = Callable[[Connection, int], list[datetime]]
+Integrate = Callable[[Connection, int, Callable[[], bool]], list[datetime] | None]
 """`Txn.integrate` on a connection: gives up to that many pending receipts their leaves and
-returns their times."""
+returns their times, if the third argument says the log's row was granted (else None)."""
 Delays = Callable[[Sequence[float]], None]
 """Told, after each batch, each receipt's seconds from its time to its leaf."""
 
@@ -67,16 +67,17 @@ def integrate_batch(
     receipts given leaves (none if nothing is pending), or None if another integrator holds
     the log's row (with `wait`: after it lets go).
 
-    In one pipeline (`Connection.pipeline`), three round trips: the lock; the pending receipts
-    and the log's state (`Txn.integrate` asks for both before fetching either); every write and
-    the COMMIT — not one a statement (nine before): on a busy machine each round trip waits for
-    this replica's turn on a core, and every other integrator waits for the row meanwhile."""
+    In one pipeline (`Connection.pipeline`), two round trips: the lock with the pending
+    receipts and the log's state (`Txn.integrate` asks for them behind the lock, and reads the
+    lock's answer first); then every write and the COMMIT — not one a statement (nine before):
+    on a busy machine each round trip waits for this replica's turn on a core, and every other
+    integrator waits for the row meanwhile."""
     lock = "FOR UPDATE" if wait else "FOR UPDATE SKIP LOCKED"
     try:
         with conn.pipeline():
             conn.execute("BEGIN")
-            held = conn.execute(f"SELECT 1 FROM log_state WHERE id = 1 {lock}")
-            moved = integrate(conn, limit) if held.fetchone() is not None else None
+            taken = conn.execute(f"SELECT 1 FROM log_state WHERE id = 1 {lock}")
+            moved = integrate(conn, limit, lambda: taken.fetchone() is not None)
             conn.execute("COMMIT")
     except BaseException:
         with suppress(Exception):  # a lost connection rolls back by itself

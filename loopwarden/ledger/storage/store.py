@@ -292,8 +292,10 @@ class Store:
         conn = conn if conn is not None else self.backend.writer
         return Txn(conn, self.policies, self.integrity, self, self.clock, wait=wait)
 
-    def _integrate(self, conn: Connection, limit: int) -> list[datetime]:
-        return self._txn(conn).integrate(limit)
+    def _integrate(
+        self, conn: Connection, limit: int, held: Callable[[], bool]
+    ) -> list[datetime] | None:
+        return self._txn(conn).integrate(limit, held=held)
 
     def pending_backlog(self) -> int:
         """Receipts sealed and awaiting their Merkle leaves, as this replica's integrator last

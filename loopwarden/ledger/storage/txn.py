@@ -351,18 +351,27 @@ class Txn(ProjectionWriter, CursorWriter):
 
     # --- the Merkle log -----------------------------------------------------------------------
 
-    def integrate(self, limit: int | None = None) -> list[datetime]:
+    def integrate(
+        self, limit: int | None = None, *, held: Callable[[], bool] | None = None
+    ) -> list[datetime] | None:
         """Give up to `limit` pending receipts (all, by default) the next Merkle leaves, in
         ticket order, and sign a checkpoint at every `checkpoint_every` leaves; returns their
         times (`at`, in leaf order). The caller holds the log's row (SQLite's write lock, or the
         integrator's lock on PostgreSQL), so the leaves it gives are the next ones and no one
-        else gives them."""
+        else gives them.
+
+        `held`: the caller has asked for the log's row without waiting and not yet read the
+        answer; this asks for the pending receipts and the log's state behind it (in a
+        pipeline, one round trip answers all three), then `held()` says whether the row was
+        granted. If not, nothing is written and None is returned. The reads ran after the lock
+        in the same transaction, so when it was granted they saw the log as its holder."""
         sql = "SELECT ticket, leaf_hash, at FROM pending ORDER BY ticket"
-        # Both reads asked before either is fetched: in a pipeline, one round trip for the two.
-        # The cursor is closed whatever happens (a damaged log raises in between), so that no
-        # statement is left open on SQLite's connection.
+        # The cursor is closed whatever happens (a damaged log raises before it is read), so
+        # that no statement is left open on SQLite's connection.
         with closing(self.conn.execute(sql + (f" LIMIT {int(limit)}" if limit else ""))) as pending:
-            size, frontier = self.log_state()
+            size, frontier = self.log_state(asked=held is not None)
+            if held is not None and not held():
+                return None
             rows = pending.fetchall()
         if not rows:
             return []
