@@ -241,6 +241,38 @@ async def test_two_replicas_integrating_at_once_keep_every_receipt_once_in_seq_o
         await second.close()
 
 
+async def test_replicas_take_turns_a_replica_lets_receipts_gather_after_another_s_batch(
+    home, pg_url
+):
+    """A replica's integrator that finds the log grown by another replica's batch since it last
+    looked leaves its receipts pending for `gather` more (the next batch then serves both
+    replicas' commits); after that, or for a drain, it batches."""
+    first, second = _halted(await _open(home, pg_url)), _halted(await _open(home, pg_url))
+    try:
+        now = [100.0]
+        mine, theirs = second.integrator, first.integrator
+        assert mine is not None and theirs is not None
+        mine.monotonic = theirs.monotonic = lambda: now[0]
+        assert mine.run_once() == 0  # nothing pending: it has looked at the log
+        await open_test_loop(first, 0)
+        assert theirs.run_once() == 1  # the other replica's batch
+        await second.write(_add("L1", 1))
+        await second.write(_add("L1", 2))
+        assert mine.run_once() == 0 and mine.backlog == 2  # the log grew since it looked
+        now[0] += mine.gather / 2
+        assert mine.run_once() == 0 and _counts(pg_url) == (1, 2)
+        now[0] += mine.gather
+        assert mine.run_once() == 2 and _counts(pg_url) == (3, 0)
+        await first.write(_add("L1", 3))
+        assert theirs.run_once() == 0  # it found the log grown by the other replica
+        assert await first.integrate() == 1  # a drain does not wait its turn
+        report = _audit(home, pg_url)
+        assert report.clean and report.pending == 0, report.findings
+    finally:
+        await first.close()
+        await second.close()
+
+
 _STUCK_REPLICA = textwrap.dedent(
     """
     import sys, time, anyio

@@ -30,7 +30,9 @@ share no row; a batch integrates what is committed, and the late one comes in a 
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import KW_ONLY, dataclass, field
@@ -92,6 +94,14 @@ def pending_count(conn: Connection) -> int:
     return int(row[0]) if row else 0
 
 
+def pending_and_size(conn: Connection) -> tuple[int, int]:
+    """`pending_count`, and the Merkle log's size (one statement)."""
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM pending), (SELECT size FROM log_state WHERE id = 1)"
+    ).fetchone()
+    return (int(row[0]), int(row[1] or 0)) if row else (0, 0)
+
+
 @dataclass(eq=False, repr=False)
 class Integrator:
     """A replica's integrator thread: it runs a batch when woken (`poke`, after a commit that
@@ -99,8 +109,17 @@ class Integrator:
     A failed batch (the database away, a damaged log) changes nothing; it is counted, its first
     line kept in `last_error`, and the next poll tries again on a fresh connection.
 
+    Replicas take turns without talking: a poll that finds the log grown since this integrator
+    last looked (another replica's batch just ran, and took every receipt pending then, this
+    replica's too) lets what came since gather for `gather` more before it batches. Each batch
+    then serves every replica's commits of that time, as one replica's does, instead of each
+    replica running its own small one: the row is held once per `gather` across the fleet, not
+    once per replica. A replica that finds the log still for that long batches (a dead
+    replica's integrator holds nothing up); `drain` never waits.
+
     `connect` opens its autocommit connection, `integrate` gives pending receipts their leaves
-    on it, `delays` is told each batch's delays (times by `clock`)."""
+    on it, `delays` is told each batch's delays (times by `clock`); `monotonic` times the turns.
+    """
 
     connect: Callable[[], Connection]
     integrate: Integrate
@@ -110,6 +129,7 @@ class Integrator:
     batch: int = BATCH
     interval: float = INTERVAL
     gather: float = GATHER
+    monotonic: Callable[[], float] = time.monotonic
     integrated: int = field(default=0, init=False)  # receipts this replica gave leaves
     backlog: int = field(default=0, init=False)  # pending across the store, at the last poll
     failures: int = field(default=0, init=False)
@@ -117,6 +137,8 @@ class Integrator:
 
     def __post_init__(self) -> None:
         self._conn: Connection | None = None
+        self._size: int | None = None  # the log's size when this integrator last looked
+        self._grown_at = -math.inf  # when it last found the log grown by another replica
         self._using = threading.Lock()  # the connection: this thread's, or a `drain`'s caller's
         self._wake = threading.Event()
         self._stopping = threading.Event()  # set when the thread is to end (wakes its waits)
@@ -155,10 +177,11 @@ class Integrator:
             if self._conn is None:
                 self._conn = self.connect()
             try:
-                self.backlog = pending_count(self._conn)
+                self.backlog, size = pending_and_size(self._conn)
+                turn = wait or not self._grown_lately(size)
                 times = (
                     integrate_batch(self._conn, self.integrate, self.batch, wait=wait)
-                    if self.backlog
+                    if self.backlog and turn
                     else []
                 )
             except BaseException:
@@ -167,12 +190,24 @@ class Integrator:
                     conn.close()
                 raise
             times = times or []  # None: another replica's integrator holds the log
+            if times:  # the size it left (if another batch ran in between, the next look says so)
+                self._size = size + len(times)
             self.integrated += len(times)
             self.backlog = max(self.backlog - len(times), 0)
         if times and self.delays is not None:
             now = self.clock()
             self.delays([max((now - at).total_seconds(), 0.0) for at in times])
         return len(times)
+
+    def _grown_lately(self, size: int) -> bool:
+        """Whether another replica's integrator grew the log less than `gather` ago, as far as
+        this one can tell: since its last look, or within `gather` of the look that found it
+        grown."""
+        now = self.monotonic()
+        if self._size is not None and size != self._size:
+            self._grown_at = now
+        self._size = size
+        return now - self._grown_at < self.gather
 
     def drain(self) -> int:
         """Integrate every receipt committed before the call, waiting for another replica's
