@@ -151,7 +151,10 @@ async def test_a_store_that_does_not_exist_is_not_created_by_a_reading_command(h
 # --- ambiguous commits, with the connection really cut -----------------------------------------
 
 
-COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # the simple-query message psycopg sends for COMMIT
+COMMIT = (
+    b"Q\x00\x00\x00\x0bCOMMIT\x00",  # the simple-query message psycopg sends for COMMIT
+    b"P\x00\x00\x00\x0e\x00COMMIT\x00",  # its Parse message in a pipeline (extended protocol)
+)
 
 
 class _Cut:
@@ -210,7 +213,7 @@ class CuttingProxy:
     def _up(self, client: socket.socket, server: socket.socket, cut: _Cut) -> None:
         try:
             while data := client.recv(65536):
-                if self.mode and COMMIT in data:
+                if self.mode and any(message in data for message in COMMIT):
                     mode, self.mode = self.mode, None
                     self.cuts += 1
                     if mode == "after":

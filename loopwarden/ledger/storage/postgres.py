@@ -306,13 +306,14 @@ class PostgresBackend:
         return self.writer.pipeline()
 
     def commit(self) -> None:
-        """COMMIT; if the connection is lost on the way, find out whether it committed."""
+        """COMMIT, with its marker in one round trip; if the connection is lost on the way, find
+        out whether it committed (the marker is there only if it did)."""
         marker = secrets.token_hex(16)
-        self.writer.execute(
-            "INSERT INTO commits (id, at) VALUES (?, ?)", (marker, format_time(datetime.now(UTC)))
-        )
+        at = format_time(datetime.now(UTC))
         try:
-            self.writer.execute("COMMIT")
+            with self.writer.pipeline():
+                self.writer.execute("INSERT INTO commits (id, at) VALUES (?, ?)", (marker, at))
+                self.writer.execute("COMMIT")
         except psycopg.OperationalError as exc:
             if not self.writer.lost:
                 raise  # the server answered: it refused the commit, nothing was written
