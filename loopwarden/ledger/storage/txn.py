@@ -369,12 +369,14 @@ class Txn(ProjectionWriter, CursorWriter):
         # The cursor is closed whatever happens (a damaged log raises before it is read), so
         # that no statement is left open on SQLite's connection.
         with closing(self.conn.execute(sql + (f" LIMIT {int(limit)}" if limit else ""))) as pending:
-            size, frontier = self.log_state(asked=held is not None)
-            if held is not None and not held():
-                return None
+            if held is not None:
+                self.log_state(asked=True)  # its answer comes with the lock's: one round trip
+                if not held():
+                    return None
             rows = pending.fetchall()
         if not rows:
             return []
+        size, frontier = self.log_state()  # as read above, for the integrator's batch
         nodes: list[tuple[int, int, bytes]] = []
         every = self._store.checkpoint_every
         for index, (_, leaf, _) in enumerate(rows, start=size):
