@@ -28,9 +28,9 @@ class CountingReads:
         self.reads = 0
         self._read = store.read
 
-    async def read(self, fn):
+    async def read(self, fn, **given):
         self.reads += 1
-        return await self._read(fn)
+        return await self._read(fn, **given)
 
 
 async def mint(store, agent="builder", lifetime=None):
@@ -77,7 +77,7 @@ async def test_a_closed_store_or_a_failing_version_read_refuses_every_token(stor
     verifier = StoreTokenVerifier(lambda: current["store"])
     assert await verifier.verify_token(issued.token) is not None
 
-    async def failing(fn):
+    async def failing(fn, **given):
         raise OSError("disk gone")
 
     monkeypatch.setattr(store, "read", failing)

@@ -43,7 +43,7 @@ class StoreTokenVerifier:
         store = self._store()
         if store is None:
             raise LookupError("no store")
-        return await store.read(lambda r: r.tokens_version())
+        return await store.read(lambda r: r.tokens_version(), snapshot=False)  # one statement
 
     async def verify_token(self, token: str) -> AccessToken | None:
         store = self._store()

@@ -368,11 +368,13 @@ class PostgresBackend:
         self._reading = Worker("loopwarden-pg-reader", threads=self._readers)
         self._reading.start()
 
-    async def read(self, fn: Callable[[Connection], T]) -> T:
-        """Run `fn(connection)` on a reader thread inside one read-only snapshot."""
+    async def read(self, fn: Callable[[Connection], T], *, snapshot: bool = True) -> T:
+        """Run `fn(connection)` on a reader thread inside one read-only snapshot (or, not
+        `snapshot`, one statement on its own: autocommit)."""
         if self._reading is None:
             raise StoreClosed()
-        result: T = await self._reading.call(lambda: self._snapshot(fn))
+        run = self._snapshot if snapshot else self._plain
+        result: T = await self._reading.call(lambda: run(fn))
         return result
 
     def _reader_conn(self) -> PgConnection:
@@ -384,14 +386,19 @@ class PostgresBackend:
         return conn
 
     def _snapshot(self, fn: Callable[[Connection], T]) -> T:
-        try:
-            conn = self._reader_conn()
+        def within(conn: PgConnection) -> T:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
                 return fn(conn)
             finally:
                 if not conn.lost and conn.in_transaction:
                     conn.execute("ROLLBACK")
+
+        return self._plain(within)
+
+    def _plain(self, fn: Callable[[PgConnection], T]) -> T:
+        try:
+            return fn(self._reader_conn())
         except psycopg.Error as exc:
             raise StoreError(f"database error: {first_line(exc)}") from exc
 

@@ -296,26 +296,33 @@ class SqliteBackend:
         self._reader = aiosqlite.Connection(connector, iter_chunk_size=64)
         await self._reader
 
-    async def read(self, fn: Callable[[Connection], T]) -> T:
-        """Run `fn(connection)` on aiosqlite's thread inside one read transaction."""
+    async def read(self, fn: Callable[[Connection], T], *, snapshot: bool = True) -> T:
+        """Run `fn(connection)` on aiosqlite's thread inside one read transaction (or, not
+        `snapshot`, one statement on its own)."""
         if self._reader is None:
             raise StoreClosed()
         try:
             run = cast(Callable[..., Awaitable[T]], self._reader._execute)
-            result = await run(self._snapshot, fn)
+            result = await run(self._snapshot if snapshot else self._plain, fn)
         except ValueError as exc:  # aiosqlite: the connection is closed
             raise StoreClosed(str(exc)) from None
         return result
 
     def _snapshot(self, fn: Callable[[Connection], T]) -> T:
-        conn = self._reader_conn
-        assert isinstance(conn, SqliteConnection)
-        try:
+        def within(conn: SqliteConnection) -> T:
             conn.execute("BEGIN")
             try:
                 return fn(conn)
             finally:
                 _rollback(conn)
+
+        return self._plain(within)
+
+    def _plain(self, fn: Callable[[SqliteConnection], T]) -> T:
+        conn = self._reader_conn
+        assert isinstance(conn, SqliteConnection)
+        try:
+            return fn(conn)
         except sqlite3.Error as exc:
             raise StoreError(f"database error: {exc}") from exc
 
