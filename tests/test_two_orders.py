@@ -246,7 +246,7 @@ async def test_replicas_take_turns_a_replica_lets_receipts_gather_after_another_
 ):
     """A replica's integrator that finds the log grown by another replica's batch since it last
     looked leaves its receipts pending for `gather` more (the next batch then serves both
-    replicas' commits); after that, or for a drain, it batches."""
+    replicas' commits); after that, or for a drain, or as it stops, it batches."""
     first, second = _halted(await _open(home, pg_url)), _halted(await _open(home, pg_url))
     try:
         now = [100.0]
@@ -266,6 +266,10 @@ async def test_replicas_take_turns_a_replica_lets_receipts_gather_after_another_
         await first.write(_add("L1", 3))
         assert theirs.run_once() == 0  # it found the log grown by the other replica
         assert await first.integrate() == 1  # a drain does not wait its turn
+        await second.write(_add("L1", 4))
+        assert mine.run_once() == 0  # the other replica's drain grew the log
+        mine.stop()  # nor does a replica's last batch as it stops
+        assert _counts(pg_url) == (5, 0)
         report = _audit(home, pg_url)
         assert report.clean and report.pending == 0, report.findings
     finally:

@@ -115,7 +115,7 @@ class Integrator:
     then serves every replica's commits of that time, as one replica's does, instead of each
     replica running its own small one: the row is held once per `gather` across the fleet, not
     once per replica. A replica that finds the log still for that long batches (a dead
-    replica's integrator holds nothing up); `drain` never waits.
+    replica's integrator holds nothing up); `drain` and `stop` never wait their turn.
 
     `connect` opens its autocommit connection, `integrate` gives pending receipts their leaves
     on it, `delays` is told each batch's delays (times by `clock`); `monotonic` times the turns.
@@ -163,22 +163,23 @@ class Integrator:
         replica, or the next start, does it otherwise)."""
         self.halt()
         with suppress(Exception):
-            while self.run_once():
+            while self.run_once(turns=False):  # its last batch does not wait its turn
                 pass
         if self._conn is not None:
             with suppress(Exception):
                 self._conn.close()
             self._conn = None
 
-    def run_once(self, *, wait: bool = False) -> int:
-        """Count what is pending (`backlog`), then one batch (see `integrate_batch`); returns
-        how many receipts it gave leaves. A failure leaves the count fresh and raises."""
+    def run_once(self, *, wait: bool = False, turns: bool = True) -> int:
+        """Count what is pending (`backlog`), then one batch (see `integrate_batch`) unless
+        another replica's just ran (`turns`; never with `wait`); returns how many receipts it
+        gave leaves. A failure leaves the count fresh and raises."""
         with self._using:
             if self._conn is None:
                 self._conn = self.connect()
             try:
                 self.backlog, size = pending_and_size(self._conn)
-                turn = wait or not self._grown_lately(size)
+                turn = not self._grown_lately(size) or wait or not turns
                 times = (
                     integrate_batch(self._conn, self.integrate, self.batch, wait=wait)
                     if self.backlog and turn
