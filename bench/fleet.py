@@ -586,9 +586,9 @@ async def run(quick: bool, budget: float) -> Section:
             "its `pg_stat_activity` sampled every 2 ms for the writers' and integrators' sessions "
             "(an integrator whose transaction has a transaction id holds the sequencer row: "
             "locking it gives one, and an integrator does nothing else that does before it; "
-            "writes take only their loop's row), and each replica's `loopwarden_integration_delay_seconds` histogram "
-            "read from `GET /metrics` before and after the window (commit to Merkle leaf). "
-            "SQLite synchronous=full (the default)."
+            "writes take only their loop's row), and each replica's "
+            "`loopwarden_integration_delay_seconds` histogram read from `GET /metrics` before "
+            "and after the window (commit to Merkle leaf). SQLite synchronous=full (the default)."
         ),
     )
     results: list[Measured] = []

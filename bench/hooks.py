@@ -133,7 +133,7 @@ def installed(scratch: Path) -> Install:
     """A wheel of this tree installed in a venv under `scratch` (or the editable fallback)."""
     scratch.mkdir(parents=True, exist_ok=True)
     source, wheels, venv = scratch / "source", scratch / "wheels", scratch / "venv"
-    skip = shutil.ignore_patterns("__pycache__")  # a copy: no stale build/ of the checkout's
+    skip = shutil.ignore_patterns("__pycache__")  # a copy: no stale build/ gets into the wheel
     shutil.copytree(h.REPO / "loopwarden", source / "loopwarden", ignore=skip)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(h.REPO / name, source / name)
@@ -151,7 +151,7 @@ def installed(scratch: Path) -> Install:
         python = str(venv / "bin" / "python")
         install = [*pip, "--python", python, "install", "--no-deps", str(wheel)]
         subprocess.run(install, check=True, capture_output=True, timeout=180)
-    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+    except (subprocess.SubprocessError, OSError, ValueError, StopIteration) as exc:
         why = f"the wheel could not be built and installed here ({type(exc).__name__})"
         return Install(
             sys.executable, str(h.REPO), scratch, f"this checkout's editable install: {why}"
