@@ -79,11 +79,11 @@ class CursorWriter(Reader):
         cursor = self.export_cursor(sink)
         if cursor is None or cursor.holder != holder:
             return False
-        until = format_time(self.now + timedelta(seconds=seconds))
+        until = self.now + timedelta(seconds=seconds)
         self.conn.execute(
             "UPDATE export_cursors SET exported = ?, sent = sent + ?, succeeded_at = ?, "
             "error = NULL, lease_expires_at = ? WHERE sink = ?",
-            (max(exported, cursor.exported), sent, format_time(self.now), until, sink),
+            (max(exported, cursor.exported), sent, format_time(self.now), format_time(until), sink),
         )
         return True
 

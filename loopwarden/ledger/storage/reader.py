@@ -565,13 +565,11 @@ class Reader:
         `now` (candidates only: the write path sweeps each through its proved rows)."""
         if self.legacy:
             return []
+        named = '%"' + pool.replace("_", "!_") + '"%'  # a name's `_` is no wildcard
         rows = self.conn.execute(
             "SELECT DISTINCT loop_id FROM turns WHERE status = 'open' AND lease_expires_at < ? "
             "AND pools LIKE ? ESCAPE '!' ORDER BY loop_id",
-            (
-                format_time(now),
-                '%"' + pool.replace("_", "!_") + '"%',
-            ),  # a name's `_` is no wildcard
+            (format_time(now), named),
         )
         return [loop_id for (loop_id,) in rows]
 
