@@ -41,24 +41,24 @@ from support import loopwarden as loopwarden_process
 from typer.testing import CliRunner
 
 import loopwarden
+from loopwarden.approvals.approval_ops import ApprovalRequest, request_approval
 from loopwarden.canonical import canonical_bytes, sha256_digest
+from loopwarden.cli.root import app
 from loopwarden.clients import admin, demo, render
-from loopwarden.clients.cli import app
 from loopwarden.clock import parse_time
-from loopwarden.ledger.homes import DB_NAME
-from loopwarden.ledger.log.keys import Signer, public_key_b64
-from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import TIME_PATTERN, Evidence, ToolUse, Usage
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.approvals import ApprovalRequest, request_approval
-from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
-from loopwarden.operations.projection import ProjectionRequest, projection
-from loopwarden.operations.quota import QuotaRequest
-from loopwarden.operations.quota import quota as quota_op
-from loopwarden.operations.update import UpdateRequest, UpdateResult, update
+from loopwarden.kernel.log.keys import Signer, public_key_b64
+from loopwarden.kernel.log.seals import open_envelope
+from loopwarden.kernel.state.events import TIME_PATTERN, Evidence, ToolUse, Usage
+from loopwarden.kernel.store.homes import DB_NAME
+from loopwarden.kernel.store.store import Store
 from loopwarden.policy.digest import policy_digest
 from loopwarden.policy.loader import parse_policy
 from loopwarden.principals import Principal
+from loopwarden.projection.projection import ProjectionRequest, projection
+from loopwarden.turns.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.turns.quota import QuotaRequest
+from loopwarden.turns.quota import quota as quota_op
+from loopwarden.turns.update import UpdateRequest, UpdateResult, update
 
 T = TypeVar("T")
 

@@ -66,10 +66,10 @@ from support import (
 
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clock import ManualClock
-from loopwarden.ledger.storage.store import snapshot
-from loopwarden.operations.claim import ClaimResult
-from loopwarden.operations.update import UpdateResult
+from loopwarden.kernel.store.store import snapshot
 from loopwarden.principals import Principal
+from loopwarden.turns.claim import ClaimResult
+from loopwarden.turns.update import UpdateResult
 
 pytestmark = pytest.mark.anyio
 

@@ -34,10 +34,11 @@ from support import (
     running,
 )
 
+from loopwarden.approvals.approval_ops import request_approval
 from loopwarden.clock import ManualClock, format_time
 from loopwarden.dashboard.charts import MAX_POINTS, budget_chart
 from loopwarden.dashboard.history import Histories, LoopHistory
-from loopwarden.dashboard.sessions import IDLE, Sessions
+from loopwarden.dashboard.operator_sessions import IDLE, Sessions
 from loopwarden.dashboard.views import (
     FRESH,
     OPEN_TURNS,
@@ -46,14 +47,14 @@ from loopwarden.dashboard.views import (
     fresh_refusals,
     loop_pools,
 )
-from loopwarden.operations.approvals import request_approval
-from loopwarden.operations.claim import claim
-from loopwarden.operations.journal import ReceiptLine
-from loopwarden.operations.loops import cancel_loop, list_loops, open_loop, pause_loop
-from loopwarden.operations.pools import pool_define, pools
-from loopwarden.operations.projection import projection
-from loopwarden.operations.update import update
+from loopwarden.journal.listing import ReceiptLine
+from loopwarden.loops.lifecycle import cancel_loop, open_loop, pause_loop
 from loopwarden.policy.model import LoopPolicy
+from loopwarden.pools.pool_ops import pool_define, pools
+from loopwarden.projection.loop_list import list_loops
+from loopwarden.projection.projection import projection
+from loopwarden.turns.claim import claim
+from loopwarden.turns.update import update
 
 pytestmark = pytest.mark.anyio
 CSRF_FIELD = re.compile(r'name="csrf" value="([^"]+)"')
@@ -406,7 +407,7 @@ def test_the_dashboard_command_creates_no_home(tmp_path):
 
 def test_the_cli_still_starts_without_the_web_stack():
     code = (
-        "import sys; from loopwarden.clients.cli import app; "
+        "import sys; from loopwarden.cli.root import app; "
         "print(sorted(m for m in ('mcp', 'starlette', 'jinja2', 'uvicorn') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -31,11 +31,11 @@ from support import cli, cli_env, free_port, kill_server, start_server, stop_ser
 
 from loopwarden.clients.admin import open_store
 from loopwarden.errors import InvalidInput
-from loopwarden.ledger.storage.store import Store
+from loopwarden.exports.sink import Pacing, WebhookSink, sending
+from loopwarden.exports.targets import ExportTarget, export_target, verify_signature
+from loopwarden.kernel.store.store import Store
+from loopwarden.loops.lifecycle import OpenLoopRequest, open_loop
 from loopwarden.observe.telemetry import Telemetry
-from loopwarden.operations.loops import OpenLoopRequest, open_loop
-from loopwarden.server.exports import ExportTarget, export_target, verify_signature
-from loopwarden.server.sink import Pacing, WebhookSink, sending
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
@@ -251,7 +251,7 @@ async def _caught_up(cursor: Callable[[], Any], expected: list[str]) -> Any:
 
 
 def test_a_signature_verifies_only_for_its_body_secret_and_a_fresh_timestamp():
-    from loopwarden.server.exports import signature
+    from loopwarden.exports.targets import signature
 
     body, stamp = b'[{"id":"r1"}]', "1767225600"
     header = signature(SECRET, stamp, body)

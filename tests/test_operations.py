@@ -15,37 +15,37 @@ import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER, STRANGER
 from support import codes, control_loop, make_policy
 
-from loopwarden.canonical import canonical_bytes
-from loopwarden.clock import parse_time
-from loopwarden.errors import Conflict, Forbidden, InvalidInput, NotFound, PolicyError
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log import merkle
-from loopwarden.ledger.log.checkpoints import open_checkpoint
-from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
-from loopwarden.ledger.state.rows import LoopView
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.approvals import (
+from loopwarden.approvals.approval_ops import (
     ApprovalRequest,
     DecideApprovalRequest,
     decide_approval,
     request_approval,
 )
-from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
-from loopwarden.operations.leases import HeartbeatRequest, heartbeat
-from loopwarden.operations.loops import (
+from loopwarden.audit.database import audit
+from loopwarden.canonical import canonical_bytes
+from loopwarden.clock import parse_time
+from loopwarden.errors import Conflict, Forbidden, InvalidInput, NotFound, PolicyError
+from loopwarden.journal.receipt import ReceiptRequest, receipt
+from loopwarden.kernel.log import merkle
+from loopwarden.kernel.log.checkpoints import open_checkpoint
+from loopwarden.kernel.log.seals import open_envelope
+from loopwarden.kernel.runner.outsiders import WINDOW as OUTSIDER_WINDOW
+from loopwarden.kernel.state.events import Evidence, ToolUse, Usage
+from loopwarden.kernel.state.rows import LoopView
+from loopwarden.kernel.store.store import Store
+from loopwarden.loops.lifecycle import (
     LoopControlRequest,
     OpenLoopRequest,
     TodoInput,
     open_loop,
 )
-from loopwarden.operations.outsiders import WINDOW as OUTSIDER_WINDOW
-from loopwarden.operations.projection import ProjectionRequest, projection
-from loopwarden.operations.quota import QuotaRequest, quota
-from loopwarden.operations.receipt import ReceiptRequest, receipt
-from loopwarden.operations.todos import TodoAddRequest, todo_add
-from loopwarden.operations.update import UpdateRequest, UpdateResult, update
 from loopwarden.principals import Principal
+from loopwarden.projection.projection import ProjectionRequest, projection
+from loopwarden.todos.todo_ops import TodoAddRequest, todo_add
+from loopwarden.turns.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.turns.leases import HeartbeatRequest, heartbeat
+from loopwarden.turns.quota import QuotaRequest, quota
+from loopwarden.turns.update import UpdateRequest, UpdateResult, update
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
@@ -1176,7 +1176,7 @@ async def test_receipt_of_unknown_id_is_not_found(store):
 
 
 async def test_an_operator_cancels_an_open_todo_which_is_never_claimed_and_no_longer_owed(store):
-    from loopwarden.operations.todos import todo_cancel
+    from loopwarden.todos.todo_ops import todo_cancel
 
     await open_test_loop(store)
     done = await todo_cancel(store, OPERATOR, {"loop_id": "L1", "todo_id": "a", "reason": "dup"})
@@ -1197,7 +1197,7 @@ async def test_an_operator_cancels_an_open_todo_which_is_never_claimed_and_no_lo
 
 
 async def test_todo_cancel_refuses_what_it_cannot_cancel_and_changes_nothing(store):
-    from loopwarden.operations.todos import todo_cancel
+    from loopwarden.todos.todo_ops import todo_cancel
 
     await open_test_loop(
         store,

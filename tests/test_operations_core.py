@@ -21,22 +21,23 @@ from conftest import BASIC_POLICY, BUILDER, OPERATOR, STRANGER
 from mcp import Client
 from support import cli, cli_env
 
+from loopwarden.audit.database import audit
+from loopwarden.catalog import OPERATIONS, TOOLS
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clock import ManualClock
 from loopwarden.errors import Forbidden, InvalidInput, NotFound
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.homes import DB_NAME
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.storage.store import Store, snapshot
-from loopwarden.operations.catalog import OPERATIONS, TOOLS
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, open_loop
-from loopwarden.operations.quota import QuotaRequest, quota
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.store.homes import DB_NAME
+from loopwarden.kernel.store.store import Store, snapshot
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import OpenLoopRequest, open_loop
 from loopwarden.policy.evaluate import evaluate_claim
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.server.app import build_server
 from loopwarden.server.schemas import slim
 from loopwarden.server.settings import Settings
+from loopwarden.turns.claim import ClaimRequest, claim
+from loopwarden.turns.quota import QuotaRequest, quota
 
 RELEASE_0_1_0 = Path(__file__).parent / "fixtures" / "release-0.1.0"
 
@@ -182,7 +183,9 @@ def _rows(home: Path) -> list[Any]:
 async def test_a_release_0_1_0_database_keeps_working_and_still_verifies(tmp_path):
     home = _release_copy(tmp_path)
     keys = KeyStore(home)
-    store = await Store.open(home / DB_NAME, keys.load_signer(), keyring=keys.keyring())
+    store = await Store.open(
+        home / DB_NAME, keys.load_signer(), keyring=keys.keyring(), kinds=KINDS
+    )
     try:
         opened = await open_loop(
             store,
@@ -204,7 +207,7 @@ def test_a_receipt_summary_follows_the_envelope_it_is_given_not_a_remembered_one
     # is keyed by the envelope's hash, so a row whose envelope changed is summarized anew.
     from dataclasses import replace
 
-    from loopwarden.operations.journal import receipt_summary
+    from loopwarden.journal.listing import receipt_summary
 
     home = _release_copy(tmp_path)
     with snapshot(home / DB_NAME) as reader:

@@ -22,49 +22,48 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import CallCharges, control_loop, make_policy, scale
 
-from loopwarden.clock import ManualClock
-from loopwarden.errors import LoopwardenError, NotFound
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import (
-    Evidence,
-    ReceiptBody,
-    ToolUse,
-    TurnRefused,
-    TurnReport,
-    TurnReported,
-    Usage,
-)
-from loopwarden.ledger.state.fold import rebuild
-from loopwarden.ledger.state.registry import DATA_MODELS, parse_body
-from loopwarden.ledger.state.rows import LoopView
-from loopwarden.ledger.storage.store import Store, snapshot
-from loopwarden.operations.approvals import (
+from loopwarden.approvals.approval_ops import (
     ApprovalRequest,
     DecideApprovalRequest,
     decide_approval,
     request_approval,
 )
-from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
-from loopwarden.operations.hooks import HookEvent, hook
-from loopwarden.operations.leases import HeartbeatRequest, heartbeat
-from loopwarden.operations.loops import (
+from loopwarden.audit.database import audit
+from loopwarden.clock import ManualClock
+from loopwarden.errors import LoopwardenError, NotFound
+from loopwarden.hosts.hook import HookEvent, hook
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.log.seals import open_envelope
+from loopwarden.kernel.state.events import (
+    Evidence,
+    ReceiptBody,
+    ToolUse,
+    TurnRefused,
+    TurnReport,
+    Usage,
+)
+from loopwarden.kernel.state.rows import LoopView
+from loopwarden.kernel.store.store import Store, snapshot
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import (
     LoopControlRequest,
     OpenLoopRequest,
     TodoInput,
     open_loop,
 )
-from loopwarden.operations.pools import (
+from loopwarden.pools.pool_ops import (
     PoolControlRequest,
     PoolDefineRequest,
     pool_define,
     pool_pause,
     pool_resume,
 )
-from loopwarden.operations.todos import TodoAddRequest, TodoCancelRequest, todo_add, todo_cancel
-from loopwarden.operations.update import UpdateRequest, UpdateResult, update
 from loopwarden.principals import Principal
+from loopwarden.todos.todo_ops import TodoAddRequest, TodoCancelRequest, todo_add, todo_cancel
+from loopwarden.turns.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.turns.leases import HeartbeatRequest, heartbeat
+from loopwarden.turns.turn_kinds import TurnReported
+from loopwarden.turns.update import UpdateRequest, UpdateResult, update
 
 CAROL = Principal(id="carol", role="agent")
 AGENTS = (BUILDER, REVIEWER, CAROL)
@@ -91,12 +90,12 @@ async def fold_check(store: Store, loop_id: str) -> tuple[list[ReceiptBody], Loo
     for expected_seq, row in enumerate(rows, start=1):
         opened = open_envelope(row.envelope, store.keyring)
         assert opened.verified, opened.problems
-        body = parse_body(opened.body)
+        body = KINDS.parse_body(opened.body)
         assert (body.seq, row.seq) == (expected_seq, expected_seq), "seq is not contiguous from 1"
         assert body.prev == prev, f"receipt {body.seq} does not chain to its predecessor"
         prev = row.digest
         bodies.append(body)
-    rebuilt = rebuild([(b, row.digest) for b, row in zip(bodies, rows, strict=True)])[loop_id]
+    rebuilt = KINDS.rebuild([(b, row.digest) for b, row in zip(bodies, rows, strict=True)])[loop_id]
     assert stored is not None
     assert rebuilt.loop == stored.loop
     assert rebuilt.todos == stored.todos
@@ -395,7 +394,9 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(store, clo
         await store.read(lambda r: [j.kind for j in r.iter_journal() if j.loop_id == "pool:team"])
     )
 
-    assert set(seen) == set(DATA_MODELS), f"kinds never exercised: {set(DATA_MODELS) - set(seen)}"
+    assert set(seen) == set(KINDS.data_models), (
+        f"kinds never exercised: {set(KINDS.data_models) - set(seen)}"
+    )
     report = await store.read(lambda r: audit(r, store.keyring, workers=0))
     assert report.findings == [], "every decision of the scenario is judged legal"
 
@@ -599,7 +600,7 @@ async def _drive(data: st.DataObject, on_violation: str) -> None:
         clock = ManualClock()
         keys = KeyStore(home)
         store = await Store.open(
-            home / "loopwarden.db", keys.load_signer(), clock=clock, checkpoint_every=8
+            home / "loopwarden.db", keys.load_signer(), clock=clock, checkpoint_every=8, kinds=KINDS
         )
         try:
             policy = copy.deepcopy(FUZZ_POLICY)

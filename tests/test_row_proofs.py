@@ -1,4 +1,4 @@
-"""The write path proves every row it acts on (ledger/storage/guard.py), beyond the attacks of
+"""The write path proves every row it acts on (kernel/store/guard.py), beyond the attacks of
 `test_tamper_rows.py`: each row kind a write reads, edited with plain sqlite3 between two
 writes, makes the next write on that loop fail with `IntegrityError` having sealed nothing, and
 `verify` names it; loops the edit does not touch keep working; putting the row back heals both.
@@ -15,13 +15,14 @@ import pytest
 from conftest import BUILDER, OPERATOR, REVIEWER
 from support import make_policy
 
+from loopwarden.audit.database import audit
 from loopwarden.errors import IntegrityError
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log.integrity import Integrity
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.storage.store import Store, snapshot
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.kernel.log.integrity import Integrity
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.store.store import Store, snapshot
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.turns.claim import ClaimRequest, claim
 
 pytestmark = pytest.mark.anyio
 DB = "loopwarden.db"
@@ -115,7 +116,7 @@ EDITS: dict[str, tuple[Edit, set[str]]] = {
 async def _opened(home: Path, clock) -> Store:
     keys = KeyStore(home)
     return await Store.open(
-        home / DB, keys.load_signer(), keyring=keys.keyring(), clock=clock, check=False
+        home / DB, keys.load_signer(), keyring=keys.keyring(), clock=clock, check=False, kinds=KINDS
     )
 
 

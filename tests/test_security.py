@@ -49,7 +49,7 @@ from support import (
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clock import ManualClock
 from loopwarden.errors import InvalidInput
-from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.kernel.log.keys import KeyStore
 from loopwarden.server.settings import Settings
 from loopwarden.server.transports import transport_security
 
@@ -529,7 +529,7 @@ def everything(level=logging.DEBUG):  # every logger, the SDK's and uvicorn's in
                         format="%(levelname)s %(name)s: %(message)s")
 
 transports.configure_logging = everything
-from loopwarden.clients.cli import main
+from loopwarden.cli.root import main
 main()
 """
 

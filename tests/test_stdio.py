@@ -18,9 +18,9 @@ from conftest import BASIC_POLICY
 from support import cli, cli_env, initialize_request, loopwarden
 
 from loopwarden.clients.agent import AgentClient, ToolCallError
-from loopwarden.operations.claim import ClaimResult
-from loopwarden.operations.update import UpdateResult
 from loopwarden.server.tools import error_of
+from loopwarden.turns.claim import ClaimResult
+from loopwarden.turns.update import UpdateResult
 
 pytestmark = pytest.mark.anyio
 

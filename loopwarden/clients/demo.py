@@ -22,19 +22,19 @@ from typing import Any
 
 from rich.markup import escape
 
+from loopwarden.approvals.approval_ops import DecideApprovalRequest, decide_approval
+from loopwarden.audit.bundles import export_bundle, verify_bundle
+from loopwarden.audit.database import audit
 from loopwarden.clients import admin, render
 from loopwarden.clients.agent import AgentClient
 from loopwarden.clock import format_optional
 from loopwarden.errors import Conflict
-from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.homes import DB_NAME
-from loopwarden.ledger.log.keys import Keyring
-from loopwarden.operations.approvals import DecideApprovalRequest, decide_approval
-from loopwarden.operations.loops import OpenLoopRequest, open_loop
-from loopwarden.operations.update import UpdateResult
+from loopwarden.kernel.log.keys import Keyring
+from loopwarden.kernel.store.homes import DB_NAME
+from loopwarden.loops.lifecycle import OpenLoopRequest, open_loop
 from loopwarden.policy.digest import policy_document
 from loopwarden.policy.loader import parse_policy
+from loopwarden.turns.update import UpdateResult
 
 OPERATOR = admin.operator("operator")
 

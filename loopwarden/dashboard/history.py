@@ -31,10 +31,10 @@ from typing import Any
 import anyio
 from pydantic import ValidationError
 
-from loopwarden.ledger.state.events import ReceiptKind, Usage
-from loopwarden.ledger.state.folding import usage_totals
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.journal import JournalRequest, ReceiptLine, journal
+from loopwarden.journal.listing import JournalRequest, ReceiptLine, journal
+from loopwarden.kernel.state.events import ReceiptKind, Usage
+from loopwarden.kernel.state.fold import usage_totals
+from loopwarden.kernel.store.store import Store
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.model import BUDGET_DIMENSIONS
 from loopwarden.principals import Principal

@@ -1,5 +1,5 @@
 """Operators sign into the dashboard with OpenID Connect when an issuer is configured
-(`[oauth] dashboard_client_id`, `server/identity.py`); the token sign-in stays beside it.
+(`[oauth] dashboard_client_id`, `auth/identity.py`); the token sign-in stays beside it.
 
 `GET /login/oidc` sends the browser to the issuer's authorization endpoint (authorization code
 flow with PKCE `S256`, a fresh `state` and `nonce`, `resource` = this server's `/mcp`, scope
@@ -29,10 +29,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from loopwarden.auth.oauth import IssuerUnavailable, JwtVerifier, granted_scopes
 from loopwarden.clock import Clock, system_clock
-from loopwarden.dashboard.sessions import COOKIE, next_page
+from loopwarden.dashboard.operator_sessions import COOKIE, next_page
 from loopwarden.principals import Principal
-from loopwarden.server.oauth import IssuerUnavailable, JwtVerifier, granted_scopes
 
 log = logging.getLogger("loopwarden.dashboard")
 

@@ -13,10 +13,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from loopwarden.dashboard import pages
-from loopwarden.dashboard.app import Dashboard, fault
+from loopwarden.dashboard.board import Dashboard, fault
 from loopwarden.dashboard.oidc import OidcLogin
+from loopwarden.dashboard.operator_sessions import COOKIE
 from loopwarden.dashboard.security import Guard
-from loopwarden.dashboard.sessions import COOKIE
 from loopwarden.server.runtime import Runtime
 
 

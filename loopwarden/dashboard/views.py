@@ -10,14 +10,14 @@ from datetime import datetime, timedelta
 
 from loopwarden.dashboard.charts import Chart, budget_chart
 from loopwarden.dashboard.history import Line, LoopHistory, TurnTools
-from loopwarden.ledger.state.registry import REFUSALS
-from loopwarden.ledger.storage.reader import JournalRow
-from loopwarden.operations.loops import LoopSummary
-from loopwarden.operations.pools import PoolOut
-from loopwarden.operations.projection import TodoOut
-from loopwarden.operations.results import BudgetOut
+from loopwarden.kernel.runner.results import BudgetOut
+from loopwarden.kernel.store.reader import JournalRow
+from loopwarden.kinds import KINDS
 from loopwarden.policy.decision import ReasonCode
 from loopwarden.policy.model import LoopPolicy
+from loopwarden.pools.pool_ops import PoolOut
+from loopwarden.projection.loop_list import LoopSummary
+from loopwarden.projection.projection import TodoOut
 from loopwarden.statuses import TODO_STATUSES
 
 PAGE_LINES = 200  # journal lines per page
@@ -179,7 +179,7 @@ class Fresh:
 def fresh_refusals(rows: list[JournalRow], now: datetime) -> Fresh | None:
     """The refusals among a loop's newest receipts sealed since `now - FRESH`, or None."""
     since = now - FRESH
-    recent = [row for row in rows if row.kind in REFUSALS and row.at >= since]
+    recent = [row for row in rows if row.kind in KINDS.refusals and row.at >= since]
     return Fresh(len(recent), max(row.at for row in recent)) if recent else None
 
 

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from loopwarden.hosts.host import (
-    SHELL,
     Files,
     Host,
     On,
@@ -29,6 +28,7 @@ from loopwarden.hosts.host import (
     duration_of,
     json_text,
 )
+from loopwarden.policy.patterns import SHELL
 
 
 def deny(reason: str) -> dict[str, Any]:

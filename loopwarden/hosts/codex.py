@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from loopwarden.hosts.claude_code import ClaudeCode
-from loopwarden.hosts.host import SHELL, Files, On, Place, Trust
+from loopwarden.hosts.host import Files, On, Place, Trust
+from loopwarden.policy.patterns import SHELL
 
 
 def git_root(path: Path) -> Path | None:

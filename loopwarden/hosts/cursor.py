@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 
 from loopwarden.hosts.host import (
     MAX_ID,
-    SHELL,
     Event,
     Hook,
     Host,
@@ -30,6 +29,7 @@ from loopwarden.hosts.host import (
     json_text,
     session_of,
 )
+from loopwarden.policy.patterns import SHELL
 
 CLOSED = {"failClosed": True}  # a hook that fails (or times out) blocks the tool
 

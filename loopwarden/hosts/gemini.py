@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from loopwarden.hosts.host import (
-    SHELL,
     Files,
     Hook,
     Host,
@@ -35,6 +34,7 @@ from loopwarden.hosts.host import (
     digest,
     json_text,
 )
+from loopwarden.policy.patterns import SHELL
 
 TRUST_VARIABLE = "GEMINI_CLI_TRUST_WORKSPACE"
 

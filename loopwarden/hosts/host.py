@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 from loopwarden.errors import InvalidInput
 
 Phase = Literal["session", "pre", "post", "stop"]
-SHELL = "shell.run"  # the policy name of every host's shell tools
+
 MAX_EVENT = 32 * 1024 * 1024  # bytes of one event (a Write of a large file carries it whole)
 MAX_ID = 200  # characters kept of a host's ids (session, subagent)
 

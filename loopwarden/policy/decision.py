@@ -48,7 +48,7 @@ class ReasonCode(StrEnum):
     )
     TOOL_UNREPORTED = "tool_unreported"  # the same, as a warning (record mode)
     TOOL_UNOBSERVED = "tool_unobserved"  # reported, never observed: a warning
-    # a budget pool the claim draws from (policy/pools.py) has no room
+    # a budget pool the claim draws from (policy/pool_policy.py) has no room
     POOL_PAUSED = "pool_paused"
     POOL_EXHAUSTED = "pool_exhausted"
     POOL_BUSY = "pool_busy"

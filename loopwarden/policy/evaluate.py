@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Literal, ParamSpec
 
 from loopwarden.policy.budgets import Totals, exhausted
 from loopwarden.policy.decision import Decision, Reason, ReasonCode, budget_code
-from loopwarden.policy.hosts import SHELL
 from loopwarden.policy.model import CommandRules, LoopPolicy
-from loopwarden.policy.patterns import first_match
+from loopwarden.policy.patterns import SHELL, first_match
 from loopwarden.statuses import CLOSED_LOOP_STATUSES, LoopStatus, TurnStatus
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from loopwarden.errors import PolicyError, clip, one_line
 from loopwarden.policy.model import LoopPolicy
-from loopwarden.policy.pools import PoolPolicy
+from loopwarden.policy.pool_policy import PoolPolicy
 
 if TYPE_CHECKING:
     import yaml

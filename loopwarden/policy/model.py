@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from loopwarden import hosts
+from loopwarden import hostnames as hosts
 from loopwarden.errors import clip
 from loopwarden.policy.commands import check_command_pattern
 from loopwarden.policy.patterns import check_pattern, is_tool_name
@@ -272,7 +272,7 @@ class LoopPolicy(_Section):
     todos: TodoRules = TodoRules()
     observe: ObserveRules | None = None  # None (the default) is `off`, and keeps older digests
     pools: PoolNames | None = Field(
-        default=None, description="The budget pools the loop draws from (policy/pools.py)."
+        default=None, description="The budget pools the loop draws from (policy/pool_policy.py)."
     )  # None (the default) draws from none, and keeps older digests
 
     @model_validator(mode="after")

@@ -12,16 +12,16 @@ from mcp.server.mcpserver import MCPServer
 from pydantic import AnyHttpUrl
 
 from loopwarden import __version__
+from loopwarden.auth.oauth import BearerVerifier, JwtVerifier
 from loopwarden.clock import Clock, system_clock
+from loopwarden.exports.sink import WebhookSink, sending
 from loopwarden.observe import tracing_wanted, watching
 from loopwarden.server.elicitation import ApprovalLinks, with_approval_links
 from loopwarden.server.notifications import ChangeFeed, CountingBus, subscribe_handlers
-from loopwarden.server.oauth import BearerVerifier, JwtVerifier
 from loopwarden.server.request_state import request_state_security
 from loopwarden.server.resources import register_resources
 from loopwarden.server.runtime import Runtime
 from loopwarden.server.settings import Settings, url_host
-from loopwarden.server.sink import WebhookSink, sending
 from loopwarden.server.tools import build_tools
 
 INSTRUCTIONS = """\

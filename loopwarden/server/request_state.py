@@ -20,7 +20,7 @@ import os
 from mcp.server.request_state import RequestStateSecurity
 
 from loopwarden.errors import InvalidInput
-from loopwarden.ledger.log.keys import KeyStore
+from loopwarden.kernel.log.keys import KeyStore
 from loopwarden.server.settings import Settings
 
 ENV = "LOOPWARDEN_REQUEST_STATE_KEYS"

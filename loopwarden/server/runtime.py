@@ -7,17 +7,18 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from loopwarden.auth.bearer import StoreTokenVerifier, principal_from_token
 from loopwarden.clock import Clock, system_clock
 from loopwarden.errors import StoreUnavailable
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.storage.store import Store
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.store.store import Store
+from loopwarden.kinds import KINDS
 from loopwarden.observe import NOBODY, Observer
 from loopwarden.principals import Principal
-from loopwarden.server.auth import StoreTokenVerifier, principal_from_token
 from loopwarden.server.settings import Settings
 
 if TYPE_CHECKING:
-    from loopwarden.server.oauth import JwtVerifier
+    from loopwarden.auth.oauth import JwtVerifier
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Runtime:
             clock=self.clock,
             checkpoint_every=self.settings.checkpoint_every,
             synchronous=self.settings.synchronous,
+            kinds=KINDS,
         )
         store.observer = self.observer
         self.observer.gauge(

@@ -1,6 +1,6 @@
 """Who the server speaks for and how it listens: resolved once, from flags and environment.
 
-The data directory and the store are resolved by `ledger/homes.py`, below every edge.
+The data directory and the store are resolved by `kernel/store/homes.py`, below every edge.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from loopwarden.auth.identity import OAuthSettings, checked_url
 from loopwarden.errors import InvalidInput
-from loopwarden.ledger.homes import DB_NAME, resolve_home, store_source, synchronous_mode
-from loopwarden.ledger.storage.backends import Synchronous
-from loopwarden.ledger.storage.location import Location, parse_location
+from loopwarden.exports.targets import ExportTarget
+from loopwarden.kernel.sql.backends import Synchronous
+from loopwarden.kernel.sql.location import Location, parse_location
+from loopwarden.kernel.store.homes import DB_NAME, resolve_home, store_source, synchronous_mode
 from loopwarden.principals import Principal, principal
-from loopwarden.server.exports import ExportTarget
-from loopwarden.server.identity import OAuthSettings, checked_url
 
 SERVE_ROLES = ("agent", "operator")  # an observer speaks through hooks, not tools
 DEFAULT_CHECKPOINT_EVERY = 256

@@ -22,9 +22,9 @@ from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase, FuncMetad
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel
 
+from loopwarden.catalog import TOOLS
 from loopwarden.errors import IntegrityError, LoopwardenError, StoreError
-from loopwarden.operations.catalog import TOOLS
-from loopwarden.operations.operation import Operation
+from loopwarden.kernel.runner.operation import Operation
 from loopwarden.server.runtime import Runtime
 from loopwarden.server.schemas import slim
 
