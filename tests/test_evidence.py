@@ -149,7 +149,7 @@ async def test_a_report_on_a_turn_a_refusal_closed_is_not_charged_again(store):
     under = await update(store, BUILDER, honest_report(granted, "u1", {}, usage={"cost_usd": 1}))
     assert not under.accepted and under.turn_status == "refused", "the answer says it closed"
     totals = (await store.read(lambda r: r.loop_row(LOOP))).totals
-    assert (totals.tool_calls, totals.cost_micros) == (2, 1_000_000)
+    assert (totals.tool_calls, totals.units("cost_usd")) == (2, 1_000_000)
     again = await update(
         store, BUILDER, honest_report(granted, "u2", {"shell.run": 2}, usage={"cost_usd": 1})
     )

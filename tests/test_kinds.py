@@ -82,8 +82,8 @@ async def test_verify_reports_receipts_of_a_kind_it_cannot_judge(store, clock, w
 
 
 def test_every_budget_dimension_has_its_reason_code():
+    from loopwarden.policy.budgets import BUDGET_DIMENSIONS
     from loopwarden.policy.decision import ReasonCode, budget_code
-    from loopwarden.policy.model import BUDGET_DIMENSIONS
 
     assert {budget_code(d) for d in BUDGET_DIMENSIONS} == {
         c for c in ReasonCode if c.startswith("budget_exhausted:")

@@ -349,7 +349,7 @@ async def test_a_version_7_sqlite_file_upgraded_gains_the_export_cursors_and_kee
 ):
     await _used(home, str(home / "loopwarden.db"))
     conn = sqlite3.connect(home / "loopwarden.db", isolation_level=None)
-    for version in (10, 9, 8):  # back to what version 7 made
+    for version in sorted((v for v in UPGRADES if v > 7), reverse=True):  # back to version 7
         for step in reversed(UPGRADES[version]):
             revert(conn, step)
     conn.execute("PRAGMA user_version = 7")

@@ -494,7 +494,7 @@ async def test_update_replay_with_same_key_returns_identical_result_and_no_recei
     again = await report(store, BUILDER, first, usage=Usage(cost_usd=0.1), key="u-1")
     assert again == original
     assert await journal_count(store) == before
-    assert (await view(store)).loop.totals.cost_micros == 100_000
+    assert (await view(store)).loop.totals.units("cost_usd") == 100_000
 
 
 async def test_update_same_key_different_arguments_is_idempotency_conflict(store):
@@ -510,7 +510,7 @@ async def test_update_same_key_different_arguments_is_idempotency_conflict(store
     # report on it is not charged again, and the answer says the turn is over.
     assert body["kind"] == "turn.refused" and body["data"]["charged"] is False
     assert conflict.turn_status == "reported"
-    assert (await view(store)).loop.totals.cost_micros == 100_000
+    assert (await view(store)).loop.totals.units("cost_usd") == 100_000
 
 
 async def test_a_refusal_on_an_open_turn_is_charged_and_says_the_turn_is_open(store):
@@ -524,7 +524,7 @@ async def test_a_refusal_on_an_open_turn_is_charged_and_says_the_turn_is_open(st
     assert not refused.accepted and refused.turn_status == "open"
     body = await body_of(store, refused.receipt_id)
     assert body["data"]["charged"] is True
-    assert (await view(store)).loop.totals.cost_micros == 300_000
+    assert (await view(store)).loop.totals.units("cost_usd") == 300_000
 
 
 async def test_update_by_non_owner_is_refused_and_not_charged(store):
@@ -535,7 +535,7 @@ async def test_update_by_non_owner_is_refused_and_not_charged(store):
     body = await body_of(store, result.receipt_id)
     assert body["kind"] == "turn.refused" and body["data"]["charged"] is False
     state = await view(store)
-    assert state.loop.totals.cost_micros == 0
+    assert state.loop.totals.units("cost_usd") == 0
     assert state.turns[first.turn_id].status == "open"  # type: ignore[index]
     assert (await report(store, BUILDER, first)).accepted
 
@@ -802,7 +802,7 @@ async def test_an_outsider_reusing_its_own_update_key_on_another_loops_turn_chan
     added = (await loop_kinds(store))[len(kinds_before) :]
     assert added == ["turn.refused"]  # its refusal, sealed; no lease.expired in its name
     state = await view(store)
-    assert state.turns[theirs.turn_id].status == "open" and state.loop.totals.cost_micros == 0  # type: ignore[index]
+    assert state.turns[theirs.turn_id].status == "open" and state.loop.totals.units("cost_usd") == 0  # type: ignore[index]
 
 
 async def test_an_outsider_claim_is_sealed_but_reveals_nothing_and_sweeps_nothing(store, clock):

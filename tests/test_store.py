@@ -524,7 +524,7 @@ async def test_several_processes_share_one_store_without_breaking_invariants(hom
         loop = await store.read(lambda r: r.loop_row("L1"))
         assert loop.status == "completed"
         turns = sum(1 for b in bodies if b.kind == "turn.claimed")
-        assert loop.totals.turns == turns and loop.totals.model_calls == turns
+        assert loop.totals.turns == turns and loop.totals.units("model_calls") == turns
     finally:
         await store.close()
 

@@ -57,7 +57,7 @@ def _check_macs(reader: Reader, integrity: Integrity, report: Report) -> None:
         (POOL_USAGE, POOL_USAGE_MAC, "stored usage"),
     ):
         for *values, mac in reader.conn.execute(f"SELECT {table.row_names}, mac FROM {table.name}"):
-            if not integrity.valid(kind, values, mac):  # over the stored values, as MACed
+            if not integrity.valid(kind, table.mac_values(values), mac):  # as MACed
                 name = values[0]  # a pool's name, or the pool a usage row is of
                 report.add(
                     FindingCode.MAC_INVALID,

@@ -35,8 +35,7 @@ from loopwarden.journal.listing import JournalRequest, ReceiptLine, journal
 from loopwarden.kernel.state.events import ReceiptKind, Usage
 from loopwarden.kernel.state.fold import usage_totals
 from loopwarden.kernel.store.store import Store
-from loopwarden.policy.budgets import Totals
-from loopwarden.policy.model import BUDGET_DIMENSIONS
+from loopwarden.policy.budgets import BUDGET_DIMENSIONS, Totals
 from loopwarden.principals import Principal
 
 CHUNK = 100  # receipts per read (~10 ms): bounds how long one read holds the store's read side

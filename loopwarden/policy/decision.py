@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
+from loopwarden.policy.budgets import BUDGET_EXHAUSTED, DIMENSIONS
+
 Effect = Literal["allow", "deny"]
 
 
@@ -53,14 +55,12 @@ class ReasonCode(StrEnum):
     POOL_EXHAUSTED = "pool_exhausted"
     POOL_BUSY = "pool_busy"
     POOL_UNKNOWN = "pool_unknown"
-    # a budget used up, by dimension (policy.model.BUDGET_DIMENSIONS)
-    BUDGET_EXHAUSTED_TURNS = "budget_exhausted:turns"
-    BUDGET_EXHAUSTED_MODEL_CALLS = "budget_exhausted:model_calls"
-    BUDGET_EXHAUSTED_INPUT_TOKENS = "budget_exhausted:input_tokens"
-    BUDGET_EXHAUSTED_OUTPUT_TOKENS = "budget_exhausted:output_tokens"
-    BUDGET_EXHAUSTED_TOOL_CALLS = "budget_exhausted:tool_calls"
-    BUDGET_EXHAUSTED_COST_USD = "budget_exhausted:cost_usd"
-    BUDGET_EXHAUSTED_WALL_SECONDS = "budget_exhausted:wall_seconds"
+    # a budget used up, one per dimension (`budget_exhausted:<dimension>`, derived from
+    # `policy/budgets.DIMENSIONS`: the enum's documented `_ignore_`/`vars()` form)
+    _ignore_ = "_members _d"
+    _members = vars()
+    for _d in DIMENSIONS:
+        _members[f"BUDGET_EXHAUSTED_{_d.name.upper()}"] = f"{BUDGET_EXHAUSTED}:{_d.name}"
     # the stop rules that close a loop by themselves
     ALL_TODOS_DONE = "all_todos_done"
     MAX_TURNS = "max_turns"
@@ -74,9 +74,6 @@ class ReasonCode(StrEnum):
     APPROVED = "approved"
     REJECTED = "rejected"
 
-
-BUDGET_EXHAUSTED = "budget_exhausted"
-"""The prefix of every budget's reason code."""
 
 VIOLATIONS = frozenset(
     {

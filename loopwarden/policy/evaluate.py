@@ -401,7 +401,7 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
         reasons.append(reason)
     if facts.tool == SHELL and policy.tools.commands is not None:
         reasons.extend(command_reasons(policy.tools.commands, facts.command, facts.dialect))
-    limit = policy.budgets.max_tool_calls
+    limit = policy.budgets.limit("tool_calls")
     if limit is not None and facts.tool_calls >= limit:
         reasons.append(
             Reason(
@@ -521,7 +521,7 @@ def _stop_reason(policy: LoopPolicy, facts: StopFacts) -> Reason | None:
                 f"the {dimension} budget is used up ({facts.totals.used(dimension)} of "
                 f"{policy.budgets.limit(dimension)})",
             )
-    max_turns = policy.budgets.max_turns
+    max_turns = policy.budgets.limit("turns")
     if max_turns is not None and facts.totals.turns >= max_turns and facts.open_turns == 0:
         return Reason(ReasonCode.MAX_TURNS, f"all {max_turns} turns of the budget are used")
     deadline = policy.stop.deadline

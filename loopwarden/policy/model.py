@@ -20,21 +20,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from loopwarden import hostnames as hosts
 from loopwarden.errors import clip
+from loopwarden.policy.budgets import Budgets
 from loopwarden.policy.commands import check_command_pattern
 from loopwarden.policy.patterns import check_pattern, is_tool_name
 
 AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$")
-
-BUDGET_DIMENSIONS: tuple[str, ...] = (
-    "turns",
-    "model_calls",
-    "input_tokens",
-    "output_tokens",
-    "tool_calls",
-    "cost_usd",
-    "wall_seconds",
-)
-"""Budget dimensions, in display order. `turns` is limited by `max_turns`, the rest by `max_<dim>`."""
 
 MAX_TODOS_CEILING = 100_000
 MAX_HOST_TOOL = 200
@@ -139,38 +129,6 @@ class ToolRules(_Section):
                         f"tools.{second}; keep it in one list"
                     )
         return self
-
-
-class Budgets(_Section):
-    """Limits per loop. A missing key means no limit on that dimension."""
-
-    max_turns: int | None = Field(default=None, ge=1, le=10_000_000)
-    max_model_calls: int | None = Field(default=None, ge=0, le=10**12)
-    max_input_tokens: int | None = Field(default=None, ge=0, le=10**15)
-    max_output_tokens: int | None = Field(default=None, ge=0, le=10**15)
-    max_tool_calls: int | None = Field(default=None, ge=0, le=10**12)
-    max_cost_usd: float | None = Field(default=None, ge=0, le=10**9, allow_inf_nan=False)
-    max_wall_seconds: float | None = Field(default=None, ge=0, le=10**9, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_null_limits(cls, data: object) -> object:
-        # `null` would read as "no limit": that must be said by leaving the key out, never
-        # arrive by accident (a NaN turned into null on the wire, say).
-        if isinstance(data, dict):
-            for key, value in data.items():
-                if value is None:
-                    raise ValueError(
-                        f"budgets.{key} is null; leave the key out for no limit on that dimension"
-                    )
-        return data
-
-    def limit(self, dimension: str) -> float | int | None:
-        limit: float | int | None = getattr(self, f"max_{dimension}")
-        return limit
-
-    def is_empty(self) -> bool:
-        return all(self.limit(dim) is None for dim in BUDGET_DIMENSIONS)
 
 
 class Rate(_Section):

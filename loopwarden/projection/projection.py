@@ -194,7 +194,7 @@ def _warnings(
 ) -> list[str]:
     soon = now + timedelta(seconds=LEASE_WARNING_SECONDS)
     warnings = []
-    for dim, line in budget_lines(policy, loop.totals).items():
+    for dim, line in budget_lines(policy.budgets, loop.totals).items():
         if line.limit and WARN_FRACTION * line.limit <= line.used < line.limit:
             warnings.append(f"{dim}: {line.used} of {line.limit} used")
     for t in open_turns:

@@ -112,7 +112,7 @@ def _report(req: UpdateRequest, turn: TurnRow, *, owner: bool, charged: bool) ->
     """The report as sealed. The owner's records what the turn was charged before it and what
     it charges now (nothing, when it is not charged); another agent's records neither."""
     before = turn.tool_calls_charged if owner else None
-    due = tool_calls_due(req, req.usage.tool_calls, turn) if owner and charged else 0
+    due = tool_calls_due(req, int(req.usage.amount("tool_calls")), turn) if owner and charged else 0
     return TurnReport(
         turn_id=turn.turn_id,
         todo_id=turn.todo_id,

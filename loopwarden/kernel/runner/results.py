@@ -64,7 +64,7 @@ def reasons_out(reasons: Iterable[Reason]) -> list[ReasonOut]:
 def budgets_out(policy: LoopPolicy, loop: LoopRow) -> dict[str, BudgetOut]:
     return {
         dim: BudgetOut(limit=line.limit, used=line.used, remaining=line.remaining)
-        for dim, line in budget_lines(policy, loop.totals).items()
+        for dim, line in budget_lines(policy.budgets, loop.totals).items()
     }
 
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import zlib
-from dataclasses import fields
 from datetime import datetime
-from operator import attrgetter
 from typing import Any
 
 from loopwarden.clock import format_optional, format_time, parse_time
@@ -42,11 +40,11 @@ from loopwarden.kernel.state.rows import (
     TodoRow,
     TurnRow,
 )
-from loopwarden.policy.budgets import Totals
+from loopwarden.policy.budgets import DIMENSIONS, STORED, Dimension, Totals
 from loopwarden.policy.pool_policy import PoolPolicy
 from loopwarden.statuses import ApprovalStatus, LoopStatus, PoolStatus, TodoStatus, TurnStatus
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 LEGACY_SCHEMA = 3
 """The last schema without the proof fields (loopwarden 0.1.0): still readable by an audit."""
 REBUILT_AT = 8
@@ -122,9 +120,27 @@ POOL_POLICY = Codec(
 )
 RESPONSE = Codec(lambda text: zlib.compress(text.encode(), 6), unpack_response)
 
-TOTALS = ("turns", "model_calls", "input_tokens", "output_tokens", "tool_calls",
-          "cost_micros", "wall_micros")  # fmt: skip
-assert tuple(f.name for f in fields(Totals)) == TOTALS, "a loop's totals columns are its Totals"
+TOTALS = STORED
+"""A loop's and a pool window's totals columns: one per budget dimension (`policy/budgets.py`),
+in the dimensions' order. Those of the first schema stand among a loop's first columns; a
+dimension added later has its columns added last (`AddDimension`, `upgrades.py`), from its
+`since` version, and they count in a row's MAC only once they hold a charge."""
+FIRST = 1
+MAC_WHEN_SET_AFTER = 10
+"""Dimensions added after this version count in a row's MAC only once they hold a charge."""
+LATE_DIMENSIONS = tuple(d for d in DIMENSIONS if d.since > FIRST)
+assert all(d.since == FIRST for d in DIMENSIONS[: len(DIMENSIONS) - len(LATE_DIMENSIONS)]), (
+    "a dimension added later is declared after every first one (its columns come last)"
+)
+TOTALS_GROUP = Group(lambda *values: Totals.of(values), Totals.values)
+
+
+def _dimension_column(d: Dimension, since: int) -> Column:
+    return _int(
+        d.stored, default=0, since=since, field="totals", mac_when_set=since > MAC_WHEN_SET_AFTER
+    )
+
+
 TODO_COUNTS = ("todos_open", "todos_claimed", "todos_done", "todos_blocked")  # TODO_STATUSES order
 # ... and `todos_cancelled`, added at version 7 (last, as every added column).
 
@@ -243,7 +259,7 @@ LOOPS = Table(
         _text("policy_digest"),
         _text("opened_at", codec=TIME),
         _text("opened_by"),
-        *(_int(name, field="totals") for name in TOTALS),
+        *(_int(d.stored, field="totals") for d in DIMENSIONS if d.since == FIRST),
         *(_int(name, field="todo_counts") for name in TODO_COUNTS),
         _null("failure_signature"),
         _int("failure_streak"),
@@ -258,11 +274,12 @@ LOOPS = Table(
         _mac(),
         Column("hosts", DOCUMENT, default="{}", since=6, codec=HOSTS),
         _int("todos_cancelled", default=0, since=7, field="todo_counts"),
+        *(_dimension_column(d, d.since) for d in LATE_DIMENSIONS),
     ),
     key=("loop_id",),
     clustered=True,
     groups={
-        "totals": Group(Totals, attrgetter(*TOTALS)),
+        "totals": TOTALS_GROUP,
         "todo_counts": Group(lambda *counts: counts, tuple),
     },
 )
@@ -379,12 +396,13 @@ POOL_USAGE = Table(
     (
         _text("pool", since=8),
         _text("window_start", since=8),
-        *(_int(name, field="totals", since=8) for name in TOTALS),
+        *(_dimension_column(d, 8) for d in DIMENSIONS if d.since == FIRST),
         _mac(since=8),
+        *(_dimension_column(d, d.since) for d in LATE_DIMENSIONS),
     ),
     key=("pool", "window_start"),
     clustered=True,
-    groups={"totals": Group(Totals, attrgetter(*TOTALS))},
+    groups={"totals": TOTALS_GROUP},
 )
 """What each window of each pool has used, under its MAC."""
 

@@ -58,7 +58,10 @@ class Group:
 class Column:
     """One column. `default` is a SQL literal's value (text or integer): the value an added
     column gives existing rows, and what a read of a schema older than `since` returns for it.
-    `field`: the row field the column holds, when not its own name (the columns of a `Group`)."""
+    `field`: the row field the column holds, when not its own name (the columns of a `Group`).
+    `mac_when_set`: the column counts in its row's MAC only while it holds other than its
+    default, so the rows written before it existed keep their MACs (a budget dimension added
+    later, `policy/budgets.py`: a row it never charged is MACed as it was)."""
 
     name: str
     type: SqlType
@@ -67,6 +70,7 @@ class Column:
     codec: Codec | None = None
     since: int = 1
     field: str | None = None
+    mac_when_set: bool = False
 
     @property
     def holds(self) -> str:
@@ -175,6 +179,22 @@ class Table(Generic[R]):
             clustered=self.clustered,
             check=self.check,
         )
+
+    @cached_property
+    def _unset_in_mac(self) -> tuple[tuple[int, object], ...]:
+        return tuple((i, c.default) for i, c in enumerate(self.row_columns) if c.mac_when_set)
+
+    def mac_values(self, values: Sequence[Any]) -> list[Any]:
+        """What a row's MAC covers of its stored values (in `row_columns` order): every value,
+        but a `mac_when_set` column's while it holds its default."""
+        if not self._unset_in_mac:
+            return list(values)
+        left_out = {i for i, default in self._unset_in_mac if values[i] == default}
+        return [v for i, v in enumerate(values) if i not in left_out]
+
+    def column(self, name: str) -> Column:
+        """The column called `name` (`KeyError` if there is none)."""
+        return next(c for c in self.columns if c.name == name)
 
     def fields_since(self, version: int) -> frozenset[str]:
         """The row fields held by columns added after `version`."""

@@ -23,7 +23,10 @@ from loopwarden.kernel.sql.dialect import Connection, Dialect
 from loopwarden.kernel.sql.envelopes import packed, unpacked
 from loopwarden.kernel.sql.schema import (
     EXPORT_CURSORS,
+    LATE_DIMENSIONS,
     LOG_STATE,
+    LOOPS,
+    MAC_WHEN_SET_AFTER,
     META,
     PENDING,
     POOL_USAGE,
@@ -161,6 +164,19 @@ UPGRADES: dict[int, tuple[Step, ...]] = {
     # store never holds a pending receipt.
     10: (CreateTable(PENDING, 10),),
 }
+# From version 11 on, a budget dimension (`policy/budgets.py`) arrives with its `since` version:
+# its columns, added to the loops and to the pools' windows, are that version's steps. Zero
+# for every row already there, they count in no row's MAC until they hold a charge
+# (`Column.mac_when_set`), so no row is re-proved.
+for _dimension in LATE_DIMENSIONS:
+    if _dimension.since > MAC_WHEN_SET_AFTER:
+        UPGRADES[_dimension.since] = (
+            *UPGRADES.get(_dimension.since, ()),
+            *(
+                AddColumn(table.name, table.column(_dimension.stored))
+                for table in (LOOPS, POOL_USAGE)
+            ),
+        )
 assert max(UPGRADES) == SCHEMA_VERSION, "a new schema version needs its upgrade here"
 
 

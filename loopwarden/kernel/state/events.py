@@ -14,7 +14,7 @@ import re
 import secrets
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -23,10 +23,12 @@ from pydantic import (
     PlainSerializer,
     PlainValidator,
     WithJsonSchema,
+    create_model,
     model_validator,
 )
 
 from loopwarden.clock import format_time, parse_time
+from loopwarden.policy.budgets import DIMENSIONS, Totals, charged
 from loopwarden.policy.patterns import TOOL_NAME_RE
 
 RECEIPT_SCHEMA: Final = "loopwarden.receipt/v1"
@@ -107,15 +109,30 @@ class Fact(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
-class Usage(Fact):
-    """What a turn consumed. All values are non-negative and finite."""
+class Reported(Fact):
+    """What a turn consumed, as reported: one field per budget dimension an agent reports
+    (`policy/budgets.DIMENSIONS`, `reported`), each non-negative and finite."""
 
-    model_calls: Count = 0
-    input_tokens: Count = 0
-    output_tokens: Count = 0
-    tool_calls: Count = 0
-    cost_usd: Amount = 0.0
-    wall_seconds: Amount = 0.0
+    def amount(self, dimension: str) -> int | float:
+        """The reported amount of `dimension`, in the policy's unit."""
+        value: int | float = getattr(self, dimension)
+        return value
+
+    def charge(self) -> Totals:
+        """What this usage charges, in exact units (`Totals`)."""
+        return charged({d.name: self.amount(d.name) for d in DIMENSIONS if d.reported})
+
+
+if TYPE_CHECKING:
+    Usage = Reported
+else:
+    Usage = create_model(
+        "Usage",
+        __base__=Reported,
+        __module__=__name__,
+        __doc__=Reported.__doc__,
+        **{d.name: (Amount, 0.0) if d.micro else (Count, 0) for d in DIMENSIONS if d.reported},
+    )
 
 
 class ToolUse(Fact):
@@ -226,7 +243,7 @@ class TurnReport(Fact):
         """The tool calls this report charges."""
         if self.tool_calls_charged is not None:
             return self.tool_calls_charged
-        return self.usage.tool_calls
+        return int(self.usage.amount("tool_calls"))
 
 
 class TurnRefused(TurnReport):

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from loopwarden.errors import LoopwardenError
 from loopwarden.kernel.state.events import ClosedTurn, ReceiptBody, TodoSpec, TurnReport, Usage
 from loopwarden.kernel.state.rows import LoopView, TodoRow, TurnRow, replace
-from loopwarden.policy.budgets import Totals, to_micros
+from loopwarden.policy.budgets import Totals
 from loopwarden.statuses import TODO_STATUSES, TodoStatus, TurnStatus
 
 TYPE_CHECKING = False
@@ -42,14 +42,10 @@ class FoldError(LoopwardenError):
 def usage_totals(usage: Usage, tool_calls: int | None = None) -> Totals:
     """What one report charges, in exact units (turns are charged at claim time); `tool_calls`
     if given (`TurnReport.tool_calls`), else the reported usage's."""
-    return Totals(
-        model_calls=usage.model_calls,
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-        tool_calls=usage.tool_calls if tool_calls is None else tool_calls,
-        cost_micros=to_micros(usage.cost_usd),
-        wall_micros=to_micros(usage.wall_seconds),
-    )
+    totals = usage.charge()
+    if tool_calls is None:
+        return totals
+    return totals.minus(Totals(tool_calls=totals.tool_calls)).plus(Totals(tool_calls=tool_calls))
 
 
 def row_of(table: dict[str, Any], key: str, what: str) -> Any:

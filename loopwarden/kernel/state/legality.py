@@ -193,7 +193,7 @@ def charged(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict
     if data.tool_calls_charged is None or turn is None or body.principal.id != turn.agent:
         return []
     if data.tool_calls_before is None:
-        expected = rules.legacy_tool_calls_charged(data, data.usage.tool_calls, turn)
+        expected = rules.legacy_tool_calls_charged(data, int(data.usage.amount("tool_calls")), turn)
     elif data.tool_calls_before != turn.tool_calls_charged:
         return [
             Verdict(
@@ -205,7 +205,7 @@ def charged(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict
     elif isinstance(data, TurnRefused) and not data.charged:
         expected = 0
     else:
-        expected = rules.tool_calls_due(data, data.usage.tool_calls, turn)
+        expected = rules.tool_calls_due(data, int(data.usage.amount("tool_calls")), turn)
     if data.tool_calls_charged == expected:
         return []
     return [

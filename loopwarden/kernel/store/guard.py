@@ -59,7 +59,7 @@ catalog, then pool rows by name."""
 
 def loop_mac_values(loop: LoopRow, root: bytes) -> list[object]:
     """What a loop row's MAC covers: its stored values, then its state tree's root."""
-    return [*LOOPS.encode(loop), root.hex()]
+    return [*LOOPS.mac_values(LOOPS.encode(loop)), root.hex()]
 
 
 RowKey = tuple[str, str] | str
@@ -396,7 +396,7 @@ class GuardedReader(Reader):
             if r is not None:
                 *values, mac = r
                 what = f"the stored usage of pool {pool!r}"
-                self.integrity.check(POOL_USAGE_MAC, values, mac, what)
+                self.integrity.check(POOL_USAGE_MAC, POOL_USAGE.mac_values(values), mac, what)
                 totals = POOL_USAGE.decode(values).totals
             self._usage[key] = totals
         return self._usage[key]

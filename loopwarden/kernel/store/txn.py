@@ -348,7 +348,7 @@ class Txn(ProjectionWriter, CursorWriter):
     def put_usage(self, usage: PoolUsage) -> None:
         """Write what one window of a pool used, under its MAC."""
         values = POOL_USAGE.encode(usage)
-        mac = self.integrity.mac(POOL_USAGE_MAC, list(values))
+        mac = self.integrity.mac(POOL_USAGE_MAC, POOL_USAGE.mac_values(values))
         self.conn.execute(self.dialect.upsert(POOL_USAGE, _USAGE_WRITE), (*values, mac))
         self._usage[(usage.pool, usage.window_start)] = usage.totals
 
