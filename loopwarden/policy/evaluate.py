@@ -231,6 +231,10 @@ class ReportFacts(TurnFacts):
     approval_problems: tuple[Reason, ...] = ()
     reported: tuple[tuple[str, int], ...] = ()  # tools_used: (name, count)
     observed: tuple[tuple[str, int], ...] = ()  # what the host's hooks saw in the turn
+    # The model usage the report gives and what the model gateway observed in the turn, per
+    # budget dimension, in its integer unit (micro-dollars for cost_usd)
+    model_reported: tuple[tuple[str, int], ...] = ()
+    model_observed: tuple[tuple[str, int], ...] = ()
 
 
 def turn_reasons(facts: TurnFacts) -> list[Reason]:
@@ -283,6 +287,8 @@ def evaluate_report(policy: LoopPolicy, facts: ReportFacts, *, digest: str) -> D
             )
         )
     violations, warnings = observation_reasons(policy, facts.reported, facts.observed)
+    late, noted = model_usage_reasons(policy, facts.model_reported, facts.model_observed)
+    violations, warnings = violations + late, warnings + noted
     reasons.extend(violations)
     if reasons:
         return Decision("deny", tuple(reasons), digest)
@@ -323,6 +329,38 @@ def observation_reasons(
                     f"the report names {tool} ×{count}, which the host's hooks never saw run",
                 )
             )
+    return violations, warnings
+
+
+def model_usage_reasons(
+    policy: LoopPolicy,
+    reported: tuple[tuple[str, int], ...],
+    observed: tuple[tuple[str, int], ...],
+) -> tuple[list[Reason], list[Reason]]:
+    """A report's model usage against what the model gateway observed in the turn:
+    (violations, warnings). A dimension the report gives (non-zero) below what was observed is
+    `unreported_model_use` (a violation) in `enforce` mode and `model_usage_unreported` (a
+    warning) in `record` mode; a dimension left out (zero) claims nothing and is not compared:
+    a model cannot know its own token counts, and the gateway's figures are charged anyway.
+    Mode `off` compares nothing."""
+    mode = policy.observe_mode
+    if mode == "off" or not observed:
+        return [], []
+    said = dict(reported)
+    violations, warnings = [], []
+    for name, seen in observed:
+        given = said.get(name, 0)
+        if not given or given >= seen:
+            continue
+        shown = (given / 1_000_000, seen / 1_000_000) if name == "cost_usd" else (given, seen)
+        message = (
+            f"the report gives {name} {shown[0]} where loopwarden's model gateway observed "
+            f"{shown[1]} in this turn: leave it out, or report at least what was observed"
+        )
+        if mode == "enforce":
+            violations.append(Reason(ReasonCode.UNREPORTED_MODEL_USE, message))
+        else:
+            warnings.append(Reason(ReasonCode.MODEL_USAGE_UNREPORTED, message))
     return violations, warnings
 
 

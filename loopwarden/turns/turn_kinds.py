@@ -40,6 +40,7 @@ from loopwarden.kernel.state.legality import (
     charged,
     claim_facts,
     codes_of,
+    model_observed,
     pool_codes,
     refusal_rule,
     report_codes,
@@ -301,7 +302,7 @@ def _judge_reported(
     if body.decision.effect != "allow":
         return [Verdict(VerdictRule.EFFECT, "an accepted report records a deny")]
     found = report_codes(view, body, data, view.turns[data.turn_id])
-    return verdicts(found, "accepted") + charged(view, body, data)
+    return verdicts(found, "accepted") + charged(view, body, data) + model_observed(view, body, data)
 
 
 def _refused(view: LoopView, body: ReceiptBody, f: TurnRefused) -> None:
@@ -340,7 +341,11 @@ def _judge_refused(
     ctx: Judging, view: LoopView, body: ReceiptBody, data: TurnRefused
 ) -> list[Verdict]:
     """The refusal's own rules, and in every case whether its charge is right."""
-    return _refusal_rules(ctx, view, body, data) + charged(view, body, data)
+    return (
+        _refusal_rules(ctx, view, body, data)
+        + charged(view, body, data)
+        + model_observed(view, body, data)
+    )
 
 
 def _remember_report(ctx: Judging, view: LoopView, body: ReceiptBody, data: TurnReport) -> None:

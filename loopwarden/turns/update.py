@@ -9,6 +9,7 @@ from loopwarden.kernel.runner.results import BudgetOut, Model, ReasonOut, budget
 from loopwarden.kernel.runner.runner import operation
 from loopwarden.kernel.runner.visibility import by_turn
 from loopwarden.kernel.state.events import (
+    ModelSpend,
     MAX_EVIDENCE_ITEMS,
     MAX_SUMMARY,
     MAX_TOOLS_USED,
@@ -29,6 +30,7 @@ from loopwarden.kernel.state.facts import report_facts, tool_calls_due
 from loopwarden.kernel.state.rows import TurnRow
 from loopwarden.kernel.store.store import Appended, Txn
 from loopwarden.loops.stops import apply_stop_rules, close_loop
+from loopwarden.policy.budgets import Totals
 from loopwarden.policy.decision import VIOLATIONS, Decision, Reason, ReasonCode
 from loopwarden.policy.evaluate import evaluate_report
 from loopwarden.statuses import LoopStatus, TodoStatus, TurnStatus
@@ -126,6 +128,9 @@ def _report(req: UpdateRequest, turn: TurnRow, *, owner: bool, charged: bool) ->
         approval_ids=tuple(dict.fromkeys(req.approval_ids)),
         tool_calls_charged=due if owner else None,
         tool_calls_before=before,
+        model_observed=(
+            ModelSpend.of(turn.model) if owner and charged and turn.model != Totals() else None
+        ),
     )
 
 
@@ -207,7 +212,9 @@ def update(call: Call[Txn], req: UpdateRequest) -> UpdateResult:
     `usage` (tool calls: the largest of usage.tool_calls, the sum of tools_used counts and what
     your host's hooks observed, less what the turn was already charged); tools are checked against the loop's policy (a forbidden tool
     is refused and may stop the loop). If the loop observes your host, list every tool it ran
-    under the name the refusal or warning gives (e.g. shell.run for Bash). Completing a todo
+    under the name the refusal or warning gives (e.g. shell.run for Bash). If your model calls
+    go through loopwarden's model gateway, their usage is charged as the gateway observed it:
+    leave usage's model fields out (or report at least what was observed). Completing a todo
     may require evidence. Then follow `route`: continue (claim again), wait,
     user_action_required (stop and tell the user), or stop.
 

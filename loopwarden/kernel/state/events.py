@@ -161,6 +161,41 @@ class TodoSpec(Fact):
     depends_on: tuple[TodoId, ...] = Field(default=(), max_length=MAX_DEPENDENCIES)
 
 
+MODEL_DIMENSIONS: tuple[str, ...] = (
+    "model_calls", "input_tokens", "output_tokens", "cost_usd", "cache_write_tokens",
+    "cache_read_tokens",
+)  # fmt: skip
+"""The budget dimensions a call to a model spends: what the model gateway observes and
+charges (`model_gateway/`), and what a report no longer charges once the gateway saw the turn."""
+
+
+class ModelSpend(Fact):
+    """What calls to a model spent, as the model gateway read it from the provider's answers:
+    calls, tokens (uncached input, output, written to and read from the prompt cache) and their
+    cost in US dollars at the price the gateway charged."""
+
+    model_calls: Count = 0
+    input_tokens: Count = 0
+    output_tokens: Count = 0
+    cache_write_tokens: Count = 0
+    cache_read_tokens: Count = 0
+    cost_usd: Amount = 0.0
+
+    def charge(self) -> Totals:
+        """What this spend charges, in exact units."""
+        return charged({name: getattr(self, name) for name in MODEL_DIMENSIONS})
+
+    @classmethod
+    def of(cls, totals: Totals) -> ModelSpend:
+        """The model dimensions of `totals` (the rest left out)."""
+        return cls(**{name: totals.used(name) for name in MODEL_DIMENSIONS})
+
+
+def model_part(totals: Totals) -> Totals:
+    """The model dimensions of `totals` alone (the rest zero)."""
+    return ModelSpend.of(totals).charge()
+
+
 class ClosedTurn(Fact):
     turn_id: TurnId
     todo_id: TodoId
@@ -196,6 +231,8 @@ class ReceiptKind(StrEnum):
     POOL_DEFINED = "pool.defined"
     POOL_PAUSED = "pool.paused"
     POOL_RESUMED = "pool.resumed"
+    MODEL_CALLED = "model.called"
+    MODEL_REFUSED = "model.refused"
 
 
 POOL_KINDS = frozenset(
@@ -237,6 +274,10 @@ class TurnReport(Fact):
     # expiry, its loop's close). Absent before 0.2.0, whose reports charged the largest of
     # usage.tool_calls, the tools_used sum and the observed calls, whatever came before.
     tool_calls_before: Count | None = None
+    # What the model gateway observed in the turn when it was reported (absent when it
+    # observed nothing): then the report's model usage is kept beside it and not charged,
+    # because each observed call was charged as it ended (`model.called`).
+    model_observed: ModelSpend | None = None
 
     @property
     def tool_calls(self) -> int:

@@ -13,8 +13,9 @@ from typing import Protocol
 
 from loopwarden.clock import format_time
 from loopwarden.errors import InvalidInput
-from loopwarden.kernel.state.events import Evidence, ToolUse
+from loopwarden.kernel.state.events import Evidence, ToolUse, Usage
 from loopwarden.kernel.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
+from loopwarden.policy.budgets import Totals
 from loopwarden.policy.decision import Reason, ReasonCode
 from loopwarden.policy.evaluate import (
     ClaimFacts,
@@ -39,6 +40,8 @@ class ReportLike(Protocol):
     def tools_used(self) -> Sequence[ToolUse]: ...
     @property
     def approval_ids(self) -> Sequence[str]: ...
+    @property
+    def usage(self) -> Usage: ...
 
 
 def claim_facts(
@@ -68,6 +71,17 @@ def host_attached(loop: LoopRow, agent: str, now: datetime, lease_seconds: int) 
     """Whether `agent`'s host hooks spoke for this loop within the last lease window."""
     seen = loop.hosts.get(agent)
     return seen is not None and seen.at >= now - timedelta(seconds=lease_seconds)
+
+
+def model_counts(totals: Totals) -> tuple[tuple[str, int], ...]:
+    """The model dimensions an agent reports (calls, tokens, cost), in their integer units,
+    where they are not zero."""
+    out = []
+    for name in ("model_calls", "input_tokens", "output_tokens", "cost_usd"):
+        units = totals.units(name)
+        if units:
+            out.append((name, units))
+    return tuple(out)
 
 
 def observed_counts(turn: TurnRow) -> tuple[tuple[str, int], ...]:
@@ -209,6 +223,8 @@ def report_facts(
         approval_problems=problems,
         reported=tuple((t.name, t.count) for t in report.tools_used),
         observed=observed_counts(turn),
+        model_reported=model_counts(report.usage.charge()),
+        model_observed=model_counts(turn.model),
     )
 
 

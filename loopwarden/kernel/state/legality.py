@@ -16,8 +16,9 @@ from typing import TypeVar
 
 from loopwarden.kernel.state import facts as rules
 from loopwarden.kernel.state.charges import PoolBook, claim_reasons
-from loopwarden.kernel.state.events import ReceiptBody, TurnRefused, TurnReport
+from loopwarden.kernel.state.events import ModelSpend, ReceiptBody, TurnRefused, TurnReport
 from loopwarden.kernel.state.rows import LoopView, TurnRow
+from loopwarden.policy.budgets import Totals
 from loopwarden.policy.decision import Reason, ReasonCode
 from loopwarden.policy.evaluate import (
     ClaimFacts,
@@ -50,6 +51,8 @@ class VerdictRule(StrEnum):
     ENFORCED = "enforced"
     GRANT_TERMS = "grant_terms"
     HOOK_TURN = "hook_turn"
+    MODEL_OBSERVED = "model_observed"
+    MODEL_PRICE = "model_price"
     IDEMPOTENCY = "idempotency"
     LEASE_LIVE = "lease_live"
     LEASE_NOT_SWEPT = "lease_not_swept"
@@ -85,6 +88,8 @@ class VerdictRule(StrEnum):
     HOOK_REASONS = "hook_reasons"
     DECIDE_APPROVAL_REFUSED = "decide_approval_refused"
     DECIDE_APPROVAL_REASONS = "decide_approval_reasons"
+    MODEL_REFUSED = "model_refused"
+    MODEL_REASONS = "model_reasons"
 
 
 @dataclass(frozen=True)
@@ -212,6 +217,25 @@ def charged(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict
         Verdict(
             VerdictRule.CHARGE,
             f"charged {data.tool_calls_charged} tool calls where the rules say {expected}",
+        )
+    ]
+
+
+def model_observed(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict]:
+    """A charged report by the turn's owner records what the model gateway observed in the
+    turn (and so charges none of its own model usage); any other report records nothing."""
+    turn = view.turns.get(data.turn_id)
+    charging = not isinstance(data, TurnRefused) or data.charged
+    expected = None
+    if turn is not None and body.principal.id == turn.agent and charging:
+        expected = ModelSpend.of(turn.model) if turn.model != Totals() else None
+    if data.model_observed == expected:
+        return []
+    return [
+        Verdict(
+            VerdictRule.MODEL_OBSERVED,
+            f"records model usage observed as {data.model_observed} where the gateway's "
+            f"receipts say {expected}",
         )
     ]
 

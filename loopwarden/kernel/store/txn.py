@@ -462,8 +462,11 @@ class Txn(ProjectionWriter, CursorWriter):
         agent: str,
         role: str,
         expires_at: datetime | None = None,
+        loop_id: str | None = None,
     ) -> None:
-        token = TokenRow(token_hash, token_id, agent, role, self.now, None, expires_at)
+        token = TokenRow(
+            token_hash, token_id, agent, role, self.now, None, expires_at, loop_id=loop_id
+        )
         token = with_fields(token, mac=self.integrity.mac(TOKEN_MAC, token.mac_values()))
         self.conn.execute(self.dialect.insert(TOKENS), TOKENS.encode(token))
 
