@@ -30,6 +30,7 @@ class Counts:
     cache_write_tokens: int = 0
     cache_read_tokens: int = 0
     seen: bool = False
+    complete: bool = False  # the answer's final figures were read (not cut before them)
 
     @property
     def prompt_tokens(self) -> int:
@@ -78,6 +79,7 @@ class UsageReader:
                 answer = None
             if isinstance(answer, dict):
                 self.on_answer(answer)
+                self.counts.complete = self.counts.seen
             self._body = bytearray()
         return self.counts
 

@@ -52,7 +52,7 @@ def model_allowed(policy: LoopPolicy, model: str) -> Reason | None:
         return Reason(
             ReasonCode.MODEL_NOT_ALLOWED,
             "this loop's policy has no [model] section, so no model may be called through the "
-            "gateway: an operator adds e.g. [model] allow = [\"claude-*\"] to a new loop's policy",
+            'gateway: an operator adds e.g. [model] allow = ["claude-*"] to a new loop\'s policy',
         )
     denied = first_match(rules.deny, name)
     if denied is not None:

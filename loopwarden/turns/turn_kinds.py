@@ -302,7 +302,9 @@ def _judge_reported(
     if body.decision.effect != "allow":
         return [Verdict(VerdictRule.EFFECT, "an accepted report records a deny")]
     found = report_codes(view, body, data, view.turns[data.turn_id])
-    return verdicts(found, "accepted") + charged(view, body, data) + model_observed(view, body, data)
+    return (
+        verdicts(found, "accepted") + charged(view, body, data) + model_observed(view, body, data)
+    )
 
 
 def _refused(view: LoopView, body: ReceiptBody, f: TurnRefused) -> None:

@@ -9,7 +9,6 @@ from loopwarden.kernel.runner.results import BudgetOut, Model, ReasonOut, budget
 from loopwarden.kernel.runner.runner import operation
 from loopwarden.kernel.runner.visibility import by_turn
 from loopwarden.kernel.state.events import (
-    ModelSpend,
     MAX_EVIDENCE_ITEMS,
     MAX_SUMMARY,
     MAX_TOOLS_USED,
@@ -17,6 +16,7 @@ from loopwarden.kernel.state.events import (
     Evidence,
     Fence,
     IdempotencyKey,
+    ModelSpend,
     Outcome,
     ReceiptKind,
     ToolUse,
