@@ -31,7 +31,6 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import anyio
@@ -60,7 +59,7 @@ from loopwarden.model_gateway.providers import (
     registry,
 )
 from loopwarden.model_gateway.reservations import Reservations, loop_scope, pool_scope
-from loopwarden.model_gateway.usage import Counts
+from loopwarden.model_gateway.usage import Counts, UsageReader
 from loopwarden.policy.budgets import MICRO
 
 log = logging.getLogger("loopwarden.model_gateway")
@@ -341,7 +340,8 @@ class ModelGateway:
         outgoing.update(provider.upstream_auth(key))
         outgoing["accept-encoding"] = "identity"  # the gateway reads the answer's usage
         reader = provider.reader(call.route, call.shape.stream) if call is not None else None
-        status, outcome, streamed, _started = 0, "unreachable", 0, False
+        status, streamed = 0, 0
+        outcome: Outcome = "unreachable"
         client = self.client()
         try:
             request = client.build_request(
@@ -375,44 +375,50 @@ class ModelGateway:
             if call is not None:
                 counts = reader.finish() if reader is not None else Counts()
                 with anyio.CancelScope(shield=True):
-                    await self._settle(call, counts, status, outcome, streamed)  # type: ignore[arg-type]
+                    await self._settle(call, counts, status, outcome, streamed)
 
     async def _stream(
-        self, response: httpx2.Response, reader: Any, send: Send, receive: Receive
-    ) -> tuple[str, int]:
-        """Pass the answer's bytes on as they come; (how it ended, bytes passed)."""
+        self, response: httpx2.Response, reader: UsageReader | None, send: Send, receive: Receive
+    ) -> tuple[Outcome, int]:
+        """Pass the answer's bytes on as they come; (how it ended, bytes passed). A client that
+        goes away mid-answer ends the call (its upstream request is closed)."""
         streamed = 0
-        outcome = "ok"
-        gone = anyio.Event()
+        outcome: Outcome = "ok"
+        finished = False
+        gone = False
 
-        async def watch() -> None:
+        async def watch(scope: anyio.CancelScope) -> None:
+            nonlocal gone
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
-                    gone.set()
-                    scope.cancel()
+                    if not finished:
+                        gone = True
+                        scope.cancel()
                     return
 
         async with anyio.create_task_group() as group:
-            scope = group.cancel_scope
-            group.start_soon(watch)
+            group.start_soon(watch, group.cancel_scope)
             try:
                 async for chunk in response.aiter_raw():
                     if reader is not None:
                         reader.feed(chunk)
                     streamed += len(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                finished = True
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             except httpx2.TimeoutException:
                 outcome = "timeout"
+                finished = True
                 await _end(send)
             except httpx2.HTTPError:
                 outcome = "upstream_cut"
+                finished = True
                 await _end(send)
             except OSError:
                 outcome = "client_gone"
             group.cancel_scope.cancel()
-        if gone.is_set():
+        if gone:
             outcome = "client_gone"
         return outcome, streamed
 

@@ -1,0 +1,273 @@
+"""The model gateway end to end: the official Anthropic, OpenAI and Google GenAI SDKs as clients
+of a real `loopwarden serve --http`, in front of a scripted upstream on loopback
+(`model_upstream.py`) whose usage figures the receipts must charge."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+from google import genai
+from google.genai import types as genai_types
+from model_upstream import ScriptedUpstream
+from support import (
+    cli,
+    cli_env,
+    cli_open_loop,
+    loop_entries,
+    loopwarden,
+    make_policy,
+    open_db,
+    start_server,
+    stop_server,
+)
+
+from loopwarden.kernel.state.events import ReceiptKind
+from loopwarden.model_gateway.prices import load_prices
+
+LOOP = "ship"
+SETTLE_WAIT = 10.0  # seconds a test waits for a call's receipt
+MODEL_POLICY = make_policy(
+    agents=["builder"],
+    budgets={"max_turns": 20, "max_cost_usd": 5.0, "max_model_calls": 100},
+    model={"allow": ["claude-*", "gpt-*", "gemini-*"]},
+    observe={"mode": "record"},
+)
+
+
+@dataclass
+class Served:
+    """One server and one scripted upstream for the module; each test gets its own loop."""
+
+    home: Path
+    base: str
+    upstream: ScriptedUpstream
+
+
+@dataclass
+class Gateway:
+    home: Path
+    base: str
+    token: str
+    upstream: ScriptedUpstream
+    loop: str = LOOP
+
+    def url(self, provider: str) -> str:
+        return f"{self.base}/model/{provider}"
+
+    def receipts(self, kind: ReceiptKind | None = None, at_least: int = 0) -> list:
+        """The loop's receipts (of `kind`), waiting (bounded) until there are `at_least`: a
+        call is sealed right after its answer has gone to the client."""
+        deadline = time.monotonic() + SETTLE_WAIT
+        while True:
+            with open_db(self.home) as reader:
+                entries = loop_entries(reader, self.home, self.loop)
+            found = [e.body for e in entries if kind is None or e.body.kind == kind]
+            if len(found) >= at_least or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
+
+    def called(self, n: int = 1) -> list:
+        """The `model.called` receipts, once there are `n`."""
+        return self.receipts(ReceiptKind.MODEL_CALLED, at_least=n)
+
+    def totals(self):
+        with open_db(self.home) as reader:
+            loop = reader.loop_row(self.loop)
+        assert loop is not None
+        return loop.totals
+
+
+def set_key(home: Path, provider: str, key: str) -> None:
+    done = subprocess.run(
+        loopwarden("model", "key", "set", provider, "--home", str(home)),
+        input=key + "\n", capture_output=True, text=True, env=cli_env(), timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def gateway_token(home: Path, agent: str = "builder", loop: str = LOOP) -> str:
+    done = cli("model", "token", "--agent", agent, "--loop", loop, "--home", str(home), "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["token"]
+
+
+@contextmanager
+def serving_gateway(root: Path, *args: str) -> Iterator[Served]:
+    home = root / "home"
+    home.mkdir(parents=True)
+    with ScriptedUpstream() as upstream:
+        for provider in ("anthropic", "openai", "gemini"):
+            set_key(home, provider, upstream.key)
+        ups = [f"--model-upstream={p}={upstream.url}" for p in ("anthropic", "openai", "gemini")]
+        served = start_server(home, root / "logs", *ups, *args)
+        try:
+            yield Served(home, served.url.removesuffix("/mcp"), upstream)
+        finally:
+            stop_server(served)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with serving_gateway(tmp_path_factory.mktemp("gateway"), "--model-timeout", "3") as served:
+        yield served
+
+
+def new_loop(server: Served, policy: dict, agent: str = "builder") -> Gateway:
+    """A fresh loop (its own id) and gateway token on the module's server."""
+    loop = f"loop-{secrets.token_hex(4)}"
+    cli_open_loop(server.home, loop, policy, ("build it",))
+    upstream = server.upstream
+    with upstream.lock:
+        upstream.seen.clear()
+    upstream.mode, upstream.pieces, upstream.delay = "ok", 3, 0.0
+    upstream.release.clear()
+    token = gateway_token(server.home, agent, loop)
+    return Gateway(server.home, server.base, token, upstream, loop)
+
+
+@pytest.fixture
+def gw(server: Served) -> Gateway:
+    return new_loop(server, MODEL_POLICY)
+
+
+def expected_cost(model: str, gw: Gateway) -> float:
+    u = gw.upstream.usage
+    price = load_prices().price(model)
+    assert price is not None
+    return price.cost_micros(u.input, u.output, u.cache_write, u.cache_read) / 1_000_000
+
+
+def test_anthropic_sdk_call_is_charged_the_upstreams_usage_and_sealed(gw: Gateway) -> None:
+    client = anthropic.Anthropic(api_key=gw.token, base_url=gw.url("anthropic"), max_retries=0)
+    answer = client.messages.create(
+        model="claude-sonnet-4-5", max_tokens=1000, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert answer.content[0].text.startswith("part0")
+    assert answer.usage.input_tokens == gw.upstream.usage.input
+    [called] = gw.called()
+    usage = called.data.usage
+    u = gw.upstream.usage
+    assert (usage.model_calls, usage.input_tokens, usage.output_tokens) == (1, u.input, u.output)
+    assert (usage.cache_write_tokens, usage.cache_read_tokens) == (u.cache_write, u.cache_read)
+    assert usage.cost_usd == pytest.approx(expected_cost("claude-sonnet-4-5", gw))
+    assert called.data.source == "provider" and called.data.outcome == "ok"
+    gw.called()
+    totals = gw.totals()
+    assert totals.units("model_calls") == 1 and totals.units("input_tokens") == u.input
+    assert totals.units("cache_read_tokens") == u.cache_read
+    # the real key went upstream, the gateway token did not, the body byte for byte
+    [seen] = gw.upstream.calls()
+    assert seen.headers["x-api-key"] == gw.upstream.key
+    assert gw.token not in json.dumps(seen.headers)
+    assert called.data.request_digest.startswith("sha256:")
+
+
+def test_anthropic_sdk_stream_is_passed_through_and_charged(gw: Gateway) -> None:
+    client = anthropic.Anthropic(api_key=gw.token, base_url=gw.url("anthropic"), max_retries=0)
+    with client.messages.stream(
+        model="claude-haiku-4-5", max_tokens=500, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "part0 part1 part2 "
+    assert final.usage.output_tokens == gw.upstream.usage.output
+    [called] = gw.called()
+    assert called.data.stream and called.data.usage.output_tokens == gw.upstream.usage.output
+    assert called.data.usage.cost_usd == pytest.approx(expected_cost("claude-haiku-4-5", gw))
+
+
+def test_anthropic_count_tokens_and_models_pass_through_uncharged(gw: Gateway) -> None:
+    client = anthropic.Anthropic(api_key=gw.token, base_url=gw.url("anthropic"), max_retries=0)
+    counted = client.messages.count_tokens(
+        model="claude-sonnet-4-5", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert counted.input_tokens == 42
+    assert [m.id for m in client.models.list()] == ["claude-sonnet-4-5"]
+    assert gw.receipts(ReceiptKind.MODEL_CALLED) == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_sdk_responses_are_charged(gw: Gateway, stream: bool) -> None:
+    client = openai.OpenAI(api_key=gw.token, base_url=gw.url("openai") + "/v1", max_retries=0)
+    if stream:
+        with client.responses.stream(model="gpt-5", input="hi") as events:
+            final = events.get_final_response()
+    else:
+        final = client.responses.create(model="gpt-5", input="hi")
+    assert final.output_text == "part0 part1 part2 "
+    [called] = gw.called()
+    u = called.data.usage
+    assert (u.input_tokens, u.cache_read_tokens, u.output_tokens) == (
+        gw.upstream.usage.input, gw.upstream.usage.cache_read, gw.upstream.usage.output,
+    )  # fmt: skip
+    assert called.data.api == "responses" and called.data.stream == stream
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_sdk_chat_completions_are_charged_and_a_stream_asked_for_usage(
+    gw: Gateway, stream: bool
+) -> None:
+    client = openai.OpenAI(api_key=gw.token, base_url=gw.url("openai") + "/v1", max_retries=0)
+    messages = [{"role": "user", "content": "hi"}]
+    if stream:
+        pieces = client.chat.completions.create(model="gpt-4.1", messages=messages, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
+    else:
+        text = (
+            client.chat.completions.create(model="gpt-4.1", messages=messages)
+            .choices[0]
+            .message.content
+        )
+    assert text == "part0 part1 part2 "
+    [called] = gw.called()
+    assert called.data.usage.output_tokens == gw.upstream.usage.output
+    assert called.data.source == "provider"
+    [seen] = gw.upstream.calls()
+    if stream:  # the one change the gateway makes to a body: asking a stream for its usage
+        assert json.loads(seen.body)["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_google_genai_sdk_calls_are_charged(gw: Gateway, stream: bool) -> None:
+    client = genai.Client(
+        api_key=gw.token, http_options=genai_types.HttpOptions(base_url=gw.url("gemini"))
+    )
+    if stream:
+        text = "".join(
+            c.text or ""
+            for c in client.models.generate_content_stream(model="gemini-2.5-flash", contents="hi")
+        )
+    else:
+        text = client.models.generate_content(model="gemini-2.5-flash", contents="hi").text
+    assert text == "part0 part1 part2 "
+    [called] = gw.called()
+    u = called.data.usage
+    assert (u.input_tokens, u.cache_read_tokens, u.output_tokens) == (
+        gw.upstream.usage.input, gw.upstream.usage.cache_read, gw.upstream.usage.output,
+    )  # fmt: skip
+    [seen] = gw.upstream.calls()
+    assert seen.headers["x-goog-api-key"] == gw.upstream.key
+    assert gw.token not in seen.path
+
+
+def test_a_request_body_goes_upstream_byte_for_byte(gw: Gateway) -> None:
+    import httpx2
+
+    raw = b'{"model":  "claude-sonnet-4-5", "max_tokens": 10,\n "messages": [{"role":"user","content":"\\u00e9"}]}'
+    answer = httpx2.post(
+        gw.url("anthropic") + "/v1/messages", content=raw,
+        headers={"x-api-key": gw.token, "content-type": "application/json"}, timeout=30,
+    )  # fmt: skip
+    assert answer.status_code == 200
+    [seen] = gw.upstream.calls()
+    assert seen.body == raw
