@@ -271,3 +271,177 @@ def test_a_request_body_goes_upstream_byte_for_byte(gw: Gateway) -> None:
     assert answer.status_code == 200
     [seen] = gw.upstream.calls()
     assert seen.body == raw
+
+
+# --- refusals -------------------------------------------------------------------------------------
+
+
+def anthropic_client(gw: Gateway, token: str | None = None) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        api_key=token or gw.token, base_url=gw.url("anthropic"), max_retries=0
+    )
+
+
+def ask(client: anthropic.Anthropic, model: str = "claude-sonnet-4-5", max_tokens: int = 1000):
+    return client.messages.create(
+        model=model, max_tokens=max_tokens, messages=[{"role": "user", "content": "hi"}]
+    )
+
+
+def test_a_budget_that_cannot_hold_the_call_refuses_it_in_the_providers_shape(
+    server: Served,
+) -> None:
+    policy = make_policy(
+        agents=["builder"], budgets={"max_turns": 20, "max_cost_usd": 0.03},
+        model={"allow": ["claude-*"]},
+    )  # fmt: skip
+    gw = new_loop(server, policy)
+    client = anthropic_client(gw)
+    ask(client, max_tokens=100)  # reserves $0.0066 at most; spends $0.0092 … of $0.03
+    gw.called()
+    with pytest.raises(anthropic.PermissionDeniedError) as refused:
+        ask(client, max_tokens=4000)  # its worst case ($0.06) does not fit what is left
+    message = str(refused.value)
+    assert "loopwarden" in message and f"loop {gw.loop}" in message
+    assert "cost_usd budget" in message and "loopwarden loop open" in message
+    [refusal] = gw.receipts(ReceiptKind.MODEL_REFUSED)
+    assert {r.code for r in refusal.decision.reasons} == {"budget_exhausted:cost_usd"}
+    assert refusal.data.reserve.output_tokens == 4000
+    assert len(gw.upstream.calls()) == 1  # the refused call never went upstream
+
+
+def test_a_model_the_policy_does_not_allow_is_refused(server: Served) -> None:
+    policy = make_policy(
+        agents=["builder"], model={"allow": ["claude-*"], "deny": ["claude-opus-*"]}
+    )
+    gw = new_loop(server, policy)
+    with pytest.raises(anthropic.PermissionDeniedError, match="denied by"):
+        ask(anthropic_client(gw), model="claude-opus-4-1")
+    openai_client = openai.OpenAI(
+        api_key=gw.token, base_url=gw.url("openai") + "/v1", max_retries=0
+    )
+    with pytest.raises(openai.PermissionDeniedError, match="not in this loop's"):
+        openai_client.responses.create(model="gpt-5", input="hi")
+    assert gw.upstream.calls() == []
+    refused = gw.receipts(ReceiptKind.MODEL_REFUSED)
+    assert [r.decision.reasons[0].code for r in refused] == ["model_not_allowed"] * 2
+
+
+def test_a_loop_without_a_model_section_admits_no_model_call(server: Served) -> None:
+    gw = new_loop(server, make_policy(agents=["builder"]))
+    with pytest.raises(anthropic.PermissionDeniedError, match=r"no \[model\] section"):
+        ask(anthropic_client(gw))
+    assert gw.upstream.calls() == []
+
+
+def test_an_unpriced_model_is_refused_never_free(gw: Gateway) -> None:
+    with pytest.raises(anthropic.PermissionDeniedError, match="no price"):
+        ask(anthropic_client(gw), model="claude-unheard-of-9")
+    assert gw.upstream.calls() == []
+
+
+@pytest.mark.parametrize("which", ["none", "agent_token", "garbage", "revoked"])
+def test_only_a_live_gateway_token_is_taken(server: Served, which: str) -> None:
+    gw = new_loop(server, MODEL_POLICY)
+    token = {"none": "", "garbage": "lwm_nope", "revoked": gw.token}.get(which, "")
+    if which == "agent_token":
+        done = cli("token", "create", "--agent", "builder", "--home", str(gw.home), "--json")
+        token = json.loads(done.stdout)["token"]
+    if which == "revoked":
+        listed = cli("token", "list", "--home", str(gw.home), "--json")
+        ids = [
+            t["token_id"] for t in json.loads(listed.stdout)["tokens"] if t["role"] == "observer"
+        ]
+        for token_id in ids:
+            cli("token", "revoke", token_id, "--home", str(gw.home))
+    import httpx2
+
+    answer = httpx2.post(
+        gw.url("anthropic") + "/v1/messages",
+        json={"model": "claude-sonnet-4-5", "max_tokens": 10, "messages": []},
+        headers={"x-api-key": token}, timeout=30,
+    )  # fmt: skip
+    assert answer.status_code == 401
+    error = answer.json()
+    assert error["type"] == "error" and error["error"]["type"] == "authentication_error"
+    assert "loopwarden" in error["error"]["message"]
+    assert gw.upstream.calls() == []
+
+
+def test_a_gateway_token_is_refused_by_mcp_and_the_hooks(gw: Gateway) -> None:
+    import httpx2
+
+    bearer = {"authorization": f"Bearer {gw.token}"}
+    for method, path in (
+        ("POST", "/mcp"), ("POST", "/hooks/claude-code?loop=" + gw.loop), ("GET", "/metrics")
+    ):  # fmt: skip
+        answer = httpx2.request(method, gw.base + path, json={}, headers=bearer, timeout=30)
+        refused = answer.status_code in (401, 403) or "not valid" in answer.text
+        assert refused, (path, answer.text)
+
+
+def test_the_providers_errors_come_back_as_they_are(gw: Gateway) -> None:
+    gw.upstream.mode = "error"
+    with pytest.raises(anthropic.InternalServerError, match="scripted failure"):
+        ask(anthropic_client(gw))
+    [called] = gw.called()
+    assert called.data.status == 500 and called.data.outcome == "upstream_error"
+    assert called.data.source == "none" and called.data.usage.cost_usd == 0
+    assert called.data.usage.model_calls == 1
+
+
+def test_a_stream_the_upstream_drops_is_charged_what_was_observed(gw: Gateway) -> None:
+    gw.upstream.mode = "drop"
+    client = anthropic_client(gw)
+    with pytest.raises((anthropic.APIConnectionError, anthropic.APIError)):  # noqa: PT012
+        with client.messages.stream(
+            model="claude-sonnet-4-5", max_tokens=500, messages=[{"role": "user", "content": "hi"}]
+        ) as stream:
+            "".join(stream.text_stream)
+            stream.get_final_message()
+    [called] = gw.called()
+    assert called.data.outcome == "upstream_cut" and called.data.source == "provider"
+    usage = called.data.usage
+    assert usage.input_tokens == gw.upstream.usage.input  # message_start said so
+    assert usage.output_tokens >= 1
+    assert usage.cost_usd > 0
+
+
+def test_a_stalled_upstream_ends_the_call_charged_its_reservation(gw: Gateway) -> None:
+    gw.upstream.mode = "stall"
+    client = anthropic.Anthropic(
+        api_key=gw.token, base_url=gw.url("anthropic"), max_retries=0, timeout=30
+    )
+    started = time.monotonic()
+    with pytest.raises((anthropic.APIConnectionError, anthropic.APIError)):  # noqa: PT012
+        with client.messages.stream(
+            model="claude-sonnet-4-5", max_tokens=500, messages=[{"role": "user", "content": "hi"}]
+        ) as stream:
+            stream.get_final_message()
+    assert time.monotonic() - started < 25  # the gateway's --model-timeout (3 s) ended it
+    gw.upstream.release.set()
+    [called] = gw.called()
+    assert called.data.outcome == "timeout" and called.data.source == "reserved"
+    assert called.data.usage.output_tokens == 500  # its reservation: never free
+
+
+def test_a_client_that_goes_away_mid_stream_is_charged_and_frees_its_reservation(
+    server: Served,
+) -> None:
+    import httpx2
+
+    gw = new_loop(server, MODEL_POLICY)
+    gw.upstream.pieces, gw.upstream.delay = 40, 0.05
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 50, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    with httpx2.stream(
+        "POST", gw.url("anthropic") + "/v1/messages", json=body,
+        headers={"x-api-key": gw.token}, timeout=30,
+    ) as answer:  # fmt: skip
+        for _ in answer.iter_raw():
+            break  # the first bytes, then away
+    [called] = gw.called()
+    assert called.data.outcome == "client_gone"
+    assert called.data.usage.input_tokens == gw.upstream.usage.input
+    ask(anthropic_client(gw), max_tokens=10)  # its reservation is free again
+    gw.called(2)

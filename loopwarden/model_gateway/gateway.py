@@ -407,14 +407,10 @@ class ModelGateway:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 finished = True
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
-            except httpx2.TimeoutException:
-                outcome = "timeout"
-                finished = True
-                await _end(send)
+            except httpx2.TimeoutException:  # the answer stays unfinished: the client sees it cut
+                outcome, finished = "timeout", True
             except httpx2.HTTPError:
-                outcome = "upstream_cut"
-                finished = True
-                await _end(send)
+                outcome, finished = "upstream_cut", True
             except OSError:
                 outcome = "client_gone"
             group.cancel_scope.cancel()
