@@ -390,15 +390,20 @@ def test_the_providers_errors_come_back_as_they_are(gw: Gateway) -> None:
     assert called.data.usage.model_calls == 1
 
 
+def read_stream(client: anthropic.Anthropic) -> None:
+    """Read a streamed answer to its end (its final message, or the SDK's error)."""
+    with client.messages.stream(
+        model="claude-sonnet-4-5", max_tokens=500, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
+        "".join(stream.text_stream)
+        stream.get_final_message()
+
+
 def test_a_stream_the_upstream_drops_is_charged_what_was_observed(gw: Gateway) -> None:
     gw.upstream.mode = "drop"
     client = anthropic_client(gw)
-    with pytest.raises((anthropic.APIConnectionError, anthropic.APIError)):  # noqa: PT012
-        with client.messages.stream(
-            model="claude-sonnet-4-5", max_tokens=500, messages=[{"role": "user", "content": "hi"}]
-        ) as stream:
-            "".join(stream.text_stream)
-            stream.get_final_message()
+    with pytest.raises((anthropic.APIConnectionError, anthropic.APIError)):
+        read_stream(client)
     [called] = gw.called()
     assert called.data.outcome == "upstream_cut" and called.data.source == "provider"
     usage = called.data.usage
@@ -413,11 +418,8 @@ def test_a_stalled_upstream_ends_the_call_charged_its_reservation(gw: Gateway) -
         api_key=gw.token, base_url=gw.url("anthropic"), max_retries=0, timeout=30
     )
     started = time.monotonic()
-    with pytest.raises((anthropic.APIConnectionError, anthropic.APIError)):  # noqa: PT012
-        with client.messages.stream(
-            model="claude-sonnet-4-5", max_tokens=500, messages=[{"role": "user", "content": "hi"}]
-        ) as stream:
-            stream.get_final_message()
+    with pytest.raises((anthropic.APIConnectionError, anthropic.APIError)):
+        read_stream(client)
     assert time.monotonic() - started < 25  # the gateway's --model-timeout (3 s) ended it
     gw.upstream.release.set()
     [called] = gw.called()
@@ -445,3 +447,59 @@ def test_a_client_that_goes_away_mid_stream_is_charged_and_frees_its_reservation
     assert called.data.usage.input_tokens == gw.upstream.usage.input
     ask(anthropic_client(gw), max_tokens=10)  # its reservation is free again
     gw.called(2)
+
+
+# --- concurrency ----------------------------------------------------------------------------------
+
+RACERS = 16
+
+
+def test_concurrent_streams_racing_the_last_units_never_overshoot_the_budget(
+    server: Served,
+) -> None:
+    """16 streams at once against a budget that holds only a few of them: the calls admitted
+    spend at most what the budget has left (every reservation bounds its call's spend: a
+    prompt of at most its bytes, output at most its max_tokens), the rest are refused before
+    they reach the upstream, and what was charged is what the upstream reported."""
+    import asyncio
+
+    u = server.upstream.usage
+    price = load_prices().price("claude-haiku-4-5")
+    assert price is not None
+    one = price.cost_micros(u.input, u.output, u.cache_write, u.cache_read)
+    limit = 5.5 * one / 1_000_000  # room for five calls' real spend, not for 16 reservations
+    policy = make_policy(
+        agents=["builder"], budgets={"max_turns": 20, "max_cost_usd": round(limit, 6)},
+        model={"allow": ["claude-*"]},
+    )  # fmt: skip
+    gw = new_loop(server, policy)
+    gw.upstream.pieces, gw.upstream.delay = 5, 0.05  # each stream stays in flight a while
+    client = anthropic.AsyncAnthropic(api_key=gw.token, base_url=gw.url("anthropic"), max_retries=0)
+
+    async def one_stream() -> str:
+        try:
+            async with client.messages.stream(
+                model="claude-haiku-4-5", max_tokens=u.output,
+                messages=[{"role": "user", "content": "x" * 1500}],
+            ) as stream:  # fmt: skip
+                await stream.get_final_message()
+            return "ok"
+        except anthropic.RateLimitError:
+            return "retry"
+        except anthropic.PermissionDeniedError:
+            return "refused"
+
+    async def race() -> list[str]:
+        return await asyncio.wait_for(
+            asyncio.gather(*(one_stream() for _ in range(RACERS))), timeout=120
+        )
+
+    outcomes = asyncio.run(race())
+    admitted = outcomes.count("ok")
+    assert 1 <= admitted < RACERS and set(outcomes) <= {"ok", "retry", "refused"}
+    called = gw.called(admitted)
+    assert len(called) == admitted == len(gw.upstream.calls())
+    totals = gw.totals()
+    assert totals.units("cost_usd") == admitted * one <= round(limit * 1_000_000)
+    refused = gw.receipts(ReceiptKind.MODEL_REFUSED)
+    assert len(refused) == RACERS - admitted
