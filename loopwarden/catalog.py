@@ -14,7 +14,7 @@ from loopwarden.journal.listing import journal
 from loopwarden.journal.receipt import receipt
 from loopwarden.kernel.runner.operation import Operation
 from loopwarden.loops.lifecycle import cancel_loop, open_loop, pause_loop, resume_loop
-from loopwarden.model_gateway.model_ops import model_admit, model_settle
+from loopwarden.model_gateway.model_ops import model_admit, model_check, model_settle
 from loopwarden.pools.pool_ops import pool_define, pool_pause, pool_resume, pools
 from loopwarden.projection.loop_list import list_loops
 from loopwarden.projection.projection import loop_policy, projection
@@ -48,6 +48,7 @@ OPERATIONS: tuple[Operation[Any, Any], ...] = (
     pool_resume,
     pools,
     hook,
+    model_check,
     model_admit,
     model_settle,
 )

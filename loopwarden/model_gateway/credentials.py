@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
 from loopwarden.auth.tokens import GATEWAY_TOKEN_PREFIX, token_hash, token_problem
+from loopwarden.auth.verified import Coalesced
 from loopwarden.errors import InvalidInput
 from loopwarden.kernel.store.store import Store
 from loopwarden.principals import Principal
 
 KEYS_DIR = "model-keys"
 MAX_KEY = 4096
+MAX_KNOWN = 4096  # verified gateway tokens remembered; past it the memory starts afresh
 
 
 class KeyMissing(Exception):
@@ -93,6 +95,41 @@ class Bearer:
     principal: Principal
     loop_id: str
     token_id: str
+    expires_at: datetime | None = None
+
+
+class GatewayTokens:
+    """Verified gateway tokens, remembered as the server's bearer tokens are (`auth/verified.py`):
+    a repeat request skips the row read and the MAC check, never the revocation and expiry
+    checks (the tokens version is read per request, concurrent requests sharing one read)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._known: dict[str, tuple[Bearer, datetime | None, object]] = {}
+        self.versions = Coalesced(self._version)
+
+    async def _version(self) -> object:
+        return await self.store.read(lambda r: r.tokens_version(), snapshot=False)
+
+    async def verify(self, token: str | None) -> tuple[Bearer | None, str]:
+        """As `verify_gateway_token`, from what was verified under the same tokens version."""
+        if not token or not token.startswith(GATEWAY_TOKEN_PREFIX) or len(token) > 200:
+            return await verify_gateway_token(self.store, token, self.store.clock())
+        hashed = token_hash(token)
+        version = await self.versions()
+        now = self.store.clock()
+        known = self._known.get(hashed)
+        if known is not None:
+            remembered, expires, seen = known
+            if seen == version and (expires is None or now < expires):
+                return remembered, ""
+            del self._known[hashed]
+        found, why = await verify_gateway_token(self.store, token, now)
+        if found is not None:
+            if len(self._known) >= MAX_KNOWN:
+                self._known.clear()
+            self._known[hashed] = (found, found.expires_at, version)
+        return found, why
 
 
 async def verify_gateway_token(
@@ -110,4 +147,5 @@ async def verify_gateway_token(
         return None, problem or "unknown"
     if row.loop_id is None or row.role != "observer":
         return None, "unbound"
-    return Bearer(Principal(id=row.agent, role="observer"), row.loop_id, row.token_id), ""
+    bearer = Bearer(Principal(id=row.agent, role="observer"), row.loop_id, row.token_id)
+    return replace(bearer, expires_at=row.expires_at), ""

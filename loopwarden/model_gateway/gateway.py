@@ -40,13 +40,14 @@ from starlette.types import Receive, Scope, Send
 from loopwarden.errors import LoopwardenError, NotFound
 from loopwarden.kernel.state.events import ModelSpend
 from loopwarden.kernel.store.store import Store
-from loopwarden.model_gateway.credentials import Bearer, KeyMissing, read_key, verify_gateway_token
+from loopwarden.model_gateway.credentials import Bearer, GatewayTokens, KeyMissing, read_key
 from loopwarden.model_gateway.gateway_config import GatewaySettings
 from loopwarden.model_gateway.model_kinds import ModelPrice, Outcome, Source
 from loopwarden.model_gateway.model_ops import (
     AdmitRequest,
     SettleRequest,
     model_admit,
+    model_check,
     model_settle,
 )
 from loopwarden.model_gateway.prices import Price
@@ -170,6 +171,7 @@ class ModelGateway:
         self._admitting: asyncio.Lock | None = None
         self._transport = transport
         self._client: httpx2.AsyncClient | None = None
+        self._tokens: GatewayTokens | None = None
 
     def upstream(self, provider: Provider) -> str:
         return self.settings.upstreams.get(provider.name, provider.default_upstream).rstrip("/")
@@ -229,7 +231,9 @@ class ModelGateway:
         headers = _headers(scope)
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         credential = provider.credential(headers, dict(query))
-        bearer, why = await verify_gateway_token(store, credential, store.clock())
+        if self._tokens is None or self._tokens.store is not store:
+            self._tokens = GatewayTokens(store)
+        bearer, why = await self._tokens.verify(credential)
         if bearer is None:
             raise Failed(
                 401, "authentication", _UNAUTHENTICATED.get(why, _UNAUTHENTICATED["unknown"])
@@ -296,9 +300,13 @@ class ModelGateway:
                     if scope.startswith("pool:")
                 },
             )
-            try:
-                admission = await model_admit(store, who, request)
+            try:  # a snapshot first: an admission seals nothing and need not wait to write
+                admission = await model_check(store, who, request)
+                if not admission.admitted:  # decided again where its refusal is sealed
+                    admission = await model_admit(store, who, request)
             except NotFound:
+                with contextlib.suppress(LoopwardenError):  # an outsider's refusal, recorded
+                    await model_admit(store, who, request)
                 raise Failed(
                     403,
                     "permission",

@@ -11,6 +11,8 @@ reservation made before it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from loopwarden.kernel.runner.operation import OBSERVER_CALLERS, Call
@@ -22,13 +24,14 @@ from loopwarden.kernel.state.charges import drawn
 from loopwarden.kernel.state.events import LoopId, ModelSpend, ReceiptKind
 from loopwarden.kernel.state.facts import agent_turn
 from loopwarden.kernel.state.rows import TurnRow
+from loopwarden.kernel.store.reader import Reader
 from loopwarden.kernel.store.store import Txn
 from loopwarden.model_gateway.model_kinds import ModelCall, ModelCalled, ModelRefused
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.policy.model_calls import ModelCallFacts, budget_reasons, evaluate_model_call
 from loopwarden.policy.pool_policy import window_start
-from loopwarden.statuses import PoolStatus
+from loopwarden.statuses import LoopStatus, PoolStatus
 
 
 class AdmitRequest(ModelCall):
@@ -61,11 +64,11 @@ class Settlement(Model):
     turn_id: str | None
 
 
-def _turn(call: Call[Txn]) -> TurnRow | None:
+def _turn(call: Call[Any]) -> TurnRow | None:
     return agent_turn(call.tx.open_turns(call.loop.loop_id), call.who.id)
 
 
-def _pools(call: Call[Txn], turn: TurnRow | None) -> list[str]:
+def _pools(call: Call[Any], turn: TurnRow | None) -> list[str]:
     """The pools a call by the caller draws from now: its open turn's, else the loop's and
     the agent's."""
     if turn is not None:
@@ -74,7 +77,7 @@ def _pools(call: Call[Txn], turn: TurnRow | None) -> list[str]:
     return drawn(call.tx.pools(), policy, call.who.id)
 
 
-def _pool_reasons(call: Call[Txn], req: AdmitRequest, names: list[str]) -> list[Reason]:
+def _pool_reasons(call: Call[Any], req: AdmitRequest, names: list[str]) -> list[Reason]:
     """Why the pools refuse the call: paused, or a budget that its reservation does not fit."""
     tx, reserve = call.tx, req.reserve.charge()
     tx.hold(names)
@@ -86,7 +89,7 @@ def _pool_reasons(call: Call[Txn], req: AdmitRequest, names: list[str]) -> list[
             continue
         if row.status == PoolStatus.PAUSED:
             reasons.append(Reason(ReasonCode.POOL_PAUSED, f"pool {name!r} is paused"))
-        used = tx.usage(name, window_start(row.policy.window, tx.now))
+        used = tx.usage(name, window_start(row.policy.window, call.now))
         held = req.pools_in_flight.get(name, ModelSpend()).charge()
         remedy = f"an operator raises it with loopwarden pool create {name} --policy FILE"
         for reason in budget_reasons(
@@ -94,6 +97,23 @@ def _pool_reasons(call: Call[Txn], req: AdmitRequest, names: list[str]) -> list[
         ):
             reasons.append(Reason(ReasonCode.POOL_EXHAUSTED, reason.message))
     return reasons
+
+
+def _decide(call: Call[Any], req: AdmitRequest) -> tuple[Decision, list[str], TurnRow | None]:
+    """The decision on a call (`model_call_reasons`, then its pools'), the pools it draws
+    from and the agent's open turn: the same on a snapshot (`model_check`) and in the write
+    transaction that seals a refusal (`model_admit`)."""
+    loop = call.loop
+    policy = call.tx.policy(loop.policy_digest)
+    turn = _turn(call)
+    pools = _pools(call, turn)
+    decision = evaluate_model_call(
+        policy, _facts(call, req, req.in_flight.charge()), digest=loop.policy_digest
+    )
+    pooled = _pool_reasons(call, req, pools) if loop.status == LoopStatus.ACTIVE else []
+    if pooled:
+        decision = Decision("deny", decision.reasons + tuple(pooled), loop.policy_digest)
+    return decision, pools, turn
 
 
 def _refuse(call: Call[Txn], req: AdmitRequest, decision: Decision) -> Admission:
@@ -110,7 +130,7 @@ def _refuse(call: Call[Txn], req: AdmitRequest, decision: Decision) -> Admission
     )
 
 
-def _facts(call: Call[Txn], req: AdmitRequest, in_flight: Totals) -> ModelCallFacts:
+def _facts(call: Call[Any], req: AdmitRequest, in_flight: Totals) -> ModelCallFacts:
     return ModelCallFacts(
         loop_id=call.loop.loop_id,
         loop_status=call.loop.status,
@@ -122,9 +142,32 @@ def _facts(call: Call[Txn], req: AdmitRequest, in_flight: Totals) -> ModelCallFa
     )
 
 
+@operation(access="read", scope=by_loop, callers=OBSERVER_CALLERS, tool=False)
+def model_check(call: Call[Reader], req: AdmitRequest) -> Admission:
+    """Decide one model call on a snapshot, sealing nothing.
+
+    \f
+    The gateway's fast way: the decision `model_admit` makes, on the loop's committed state
+    (a read, which never waits for the store's writer). An admission needs no receipt; a
+    refusal does, so the gateway then asks `model_admit`, which decides again in a write
+    transaction and seals it. What calls in flight hold comes in the request, read before this
+    snapshot, so a call charged in between is counted twice at most, never missed.
+    """
+    decision, pools, turn = _decide(call, req)
+    return Admission(
+        admitted=decision.allowed,
+        reasons=reasons_out(decision.reasons),
+        message="; ".join(r.message for r in decision.reasons),
+        retry=False,
+        pools=pools,
+        turn_id=turn.turn_id if turn else None,
+        receipt_id=None,
+    )
+
+
 @operation(access="write", scope=by_loop, callers=OBSERVER_CALLERS, refuse=_refuse, tool=False)
 def model_admit(call: Call[Txn], req: AdmitRequest) -> Admission:
-    """Decide one model call before it goes upstream.
+    """Decide one model call before it goes upstream, sealing a refusal.
 
     \f
     By the pure decision (`policy/model_calls.py`): the loop active, the model allowed by the
@@ -136,15 +179,7 @@ def model_admit(call: Call[Txn], req: AdmitRequest) -> Admission:
     """
     tx, loop = call.tx, call.loop
     policy = tx.policy(loop.policy_digest)
-    turn = _turn(call)
-    pools = _pools(call, turn)
-    decision = evaluate_model_call(
-        policy, _facts(call, req, req.in_flight.charge()), digest=loop.policy_digest
-    )
-    pooled = _pool_reasons(call, req, pools) if loop.status.value == "active" else []
-    if pooled:
-        reasons = decision.reasons + tuple(pooled)
-        decision = Decision("deny", reasons, loop.policy_digest)
+    decision, pools, turn = _decide(call, req)
     if decision.allowed:
         return Admission(
             admitted=True, reasons=[], message="", retry=False, pools=pools,
