@@ -503,3 +503,26 @@ def test_concurrent_streams_racing_the_last_units_never_overshoot_the_budget(
     assert totals.units("cost_usd") == admitted * one <= round(limit * 1_000_000)
     refused = gw.receipts(ReceiptKind.MODEL_REFUSED)
     assert len(refused) == RACERS - admitted
+
+
+def test_a_compressed_body_is_read_for_its_model_and_forwarded_as_sent(gw: Gateway) -> None:
+    import gzip
+
+    import httpx2
+
+    raw = gzip.compress(json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 10}).encode())
+    answer = httpx2.post(
+        gw.url("anthropic") + "/v1/messages", content=raw, timeout=30,
+        headers={"x-api-key": gw.token, "content-type": "application/json",
+                 "content-encoding": "gzip"},
+    )  # fmt: skip
+    assert answer.status_code == 200
+    [called] = gw.called()
+    assert called.data.model == "claude-sonnet-4-5"
+    [seen] = gw.upstream.calls()
+    assert seen.body == raw and seen.headers["content-encoding"] == "gzip"
+    odd = httpx2.post(
+        gw.url("anthropic") + "/v1/messages", content=b"\x28\xb5", timeout=30,
+        headers={"x-api-key": gw.token, "content-encoding": "zstd"},
+    )  # fmt: skip
+    assert odd.status_code == 415 and "zstd" in odd.json()["error"]["message"]

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
 import secrets
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
@@ -250,7 +252,9 @@ class ModelGateway:
                 method, provider, path, query, headers, raw, key, None, send, receive
             )
             return
-        call = self._call(bearer, provider, route, raw)
+        call = self._call(bearer, provider, route, raw, headers.get("content-encoding", ""))
+        if call.shape.body is not raw:  # rewritten (a stream asked for its usage): plain JSON
+            headers.pop("content-encoding", None)
         await self._admit(store, call)
         try:
             await self._forward(
@@ -259,15 +263,20 @@ class ModelGateway:
         finally:
             self.reservations.release(call.call_id)
 
-    def _call(self, bearer: Bearer, provider: Provider, route: Route, raw: bytes) -> Call:
+    def _call(
+        self, bearer: Bearer, provider: Provider, route: Route, raw: bytes, encoding: str
+    ) -> Call:
+        text = _decoded(raw, encoding.strip().lower())
         try:
-            document = json.loads(raw) if raw else None
+            document = json.loads(text) if text else None
         except ValueError:
             document = None
         if not isinstance(document, dict):
             raise Failed(400, "invalid_request", "the request body is not a JSON object")
         try:
             shape = provider.shape(route, raw, document)
+            if text is not raw:  # the prompt is bounded by what it says, not its compressed size
+                shape = dataclasses.replace(shape, decoded_size=len(text))
         except BadRequest as exc:
             raise Failed(400, "invalid_request", str(exc)) from None
         price = self.settings.prices.price(shape.model)
@@ -472,6 +481,23 @@ class _Gone(Exception):
 
 def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _decoded(raw: bytes, encoding: str) -> bytes:
+    """A request body as its JSON text: gzip and deflate are undone (bounded), anything else
+    but no encoding is refused (the gateway must read what it charges)."""
+    if encoding in ("", "identity"):
+        return raw
+    if encoding not in ("gzip", "deflate"):
+        raise Failed(415, "invalid_request", f"the gateway cannot read a body encoded {encoding!r}")
+    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        text = inflater.decompress(raw, MAX_REQUEST)
+    except zlib.error:
+        raise Failed(400, "invalid_request", f"the body is not valid {encoding}") from None
+    if inflater.unconsumed_tail:
+        raise Failed(413, "too_large", f"the request is larger than {MAX_REQUEST} bytes")
+    return text
 
 
 async def _read_body(scope: Scope, receive: Receive) -> bytes:

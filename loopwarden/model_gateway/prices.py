@@ -45,6 +45,7 @@ class PriceFile(BaseModel):
 
     as_of: str | None = None
     source: str | None = None
+    replace: bool = False  # an operator's table in place of the shipped one, not over it
     models: dict[str, PriceEntry] = Field(default_factory=dict)
     default: PriceEntry | None = None
 
@@ -127,6 +128,9 @@ class PriceTable:
         self.models = dict(shipped.models)
         self.default = shipped.default
         if override is not None:
+            if override.replace:
+                self.models, self.default = {}, None
+                self.source = override.source or "the operator's table"
             self.models.update(override.models)
             self.default = override.default or self.default
         self._keys = sorted(self.models, key=len, reverse=True)

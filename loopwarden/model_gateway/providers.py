@@ -50,12 +50,14 @@ class Shape:
     stream: bool
     held_context: bool
     body: bytes
+    decoded_size: int | None = None  # a compressed body's size once inflated
 
     def prompt_bound(self) -> int:
         """The most prompt tokens this request can be (see `HELD_CONTEXT`, `PROMPT_SLACK`)."""
+        size = self.decoded_size if self.decoded_size is not None else len(self.body)
         if self.held_context:
-            return HELD_CONTEXT + len(self.body)
-        return len(self.body) + PROMPT_SLACK
+            return HELD_CONTEXT + size
+        return size + PROMPT_SLACK
 
 
 class BadRequest(ValueError):
