@@ -526,3 +526,21 @@ def test_a_compressed_body_is_read_for_its_model_and_forwarded_as_sent(gw: Gatew
         headers={"x-api-key": gw.token, "content-encoding": "zstd"},
     )  # fmt: skip
     assert odd.status_code == 415 and "zstd" in odd.json()["error"]["message"]
+
+
+def test_the_metrics_show_observed_spend(gw: Gateway) -> None:
+    import httpx2
+
+    ask(anthropic_client(gw), max_tokens=100)
+    [called] = gw.called()
+    done = cli(
+        "token", "create", "--agent", "ops", "--role", "operator", "--home", str(gw.home), "--json"
+    )
+    operator = json.loads(done.stdout)["token"]
+    text = httpx2.get(
+        gw.base + "/metrics", headers={"authorization": f"Bearer {operator}"}, timeout=30
+    ).text
+    assert 'loopwarden_model_calls_total{outcome="ok",provider="anthropic"}' in text
+    assert 'loopwarden_model_tokens_total{provider="anthropic",sort="cache_read"}' in text
+    assert "loopwarden_model_cost_usd_total" in text
+    assert gw.token not in text and gw.upstream.key not in text

@@ -461,6 +461,12 @@ class ModelGateway:
             await model_settle(store, call.bearer.principal, request)
         except Exception as exc:  # the answer is gone already: an operator must know
             log.error("model gateway: a call's charge could not be sealed", exc_info=exc)
+            return
+        tokens = {
+            "input": spend.input_tokens, "output": spend.output_tokens,
+            "cache_write": spend.cache_write_tokens, "cache_read": spend.cache_read_tokens,
+        }  # fmt: skip
+        store.observer.spent(call.provider.name, outcome, tokens, spend.cost_usd)
 
 
 _UNAUTHENTICATED = {
