@@ -347,7 +347,11 @@ def test_only_a_live_gateway_token_is_taken(server: Served, which: str) -> None:
     if which == "agent_token":
         done = cli("token", "create", "--agent", "builder", "--home", str(gw.home), "--json")
         token = json.loads(done.stdout)["token"]
-    if which == "revoked":
+    if which == "revoked":  # a token the gateway verified and remembers, revoked since
+        ask(anthropic_client(gw), max_tokens=10)
+        gw.called()
+        with gw.upstream.lock:
+            gw.upstream.seen.clear()
         listed = cli("token", "list", "--home", str(gw.home), "--json")
         ids = [
             t["token_id"] for t in json.loads(listed.stdout)["tokens"] if t["role"] == "observer"
@@ -532,7 +536,7 @@ def test_the_metrics_show_observed_spend(gw: Gateway) -> None:
     import httpx2
 
     ask(anthropic_client(gw), max_tokens=100)
-    [called] = gw.called()
+    gw.called()
     done = cli(
         "token", "create", "--agent", "ops", "--role", "operator", "--home", str(gw.home), "--json"
     )

@@ -111,6 +111,19 @@ class GatewayTokens:
     async def _version(self) -> object:
         return await self.store.read(lambda r: r.tokens_version(), snapshot=False)
 
+    def remembered(self, token: str | None) -> tuple[Bearer, str] | None:
+        """The bearer `token` was verified for and the tokens version then (repr), if it is
+        remembered and unexpired: to be confirmed against a version read for this request."""
+        if not token or not token.startswith(GATEWAY_TOKEN_PREFIX) or len(token) > 200:
+            return None
+        known = self._known.get(token_hash(token))
+        if known is None:
+            return None
+        bearer, expires, version = known
+        if expires is not None and self.store.clock() >= expires:
+            return None
+        return bearer, repr(version)
+
     async def verify(self, token: str | None) -> tuple[Bearer | None, str]:
         """As `verify_gateway_token`, from what was verified under the same tokens version."""
         if not token or not token.startswith(GATEWAY_TOKEN_PREFIX) or len(token) > 200:

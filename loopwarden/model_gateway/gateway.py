@@ -235,11 +235,16 @@ class ModelGateway:
         credential = provider.credential(headers, dict(query))
         if self._tokens is None or self._tokens.store is not store:
             self._tokens = GatewayTokens(store)
-        bearer, why = await self._tokens.verify(credential)
-        if bearer is None:
-            raise Failed(
-                401, "authentication", _UNAUTHENTICATED.get(why, _UNAUTHENTICATED["unknown"])
-            )
+        remembered = self._tokens.remembered(credential) if route.api is not None else None
+        if remembered is not None:  # confirmed by the tokens version the admission reads
+            bearer, version = remembered
+        else:
+            found, why = await self._tokens.verify(credential)
+            if found is None:
+                raise Failed(
+                    401, "authentication", _UNAUTHENTICATED.get(why, _UNAUTHENTICATED["unknown"])
+                )
+            bearer, version = found, ""
         raw = await _read_body(scope, receive)
         try:
             key = read_key(self.settings.home, provider.name)
@@ -255,7 +260,7 @@ class ModelGateway:
         call = self._call(bearer, provider, route, raw, headers.get("content-encoding", ""))
         if call.shape.body is not raw:  # rewritten (a stream asked for its usage): plain JSON
             headers.pop("content-encoding", None)
-        await self._admit(store, call)
+        await self._admit(store, call, credential, version)
         try:
             await self._forward(
                 method, provider, path, query, headers, call.shape.body, key, call, send, receive
@@ -286,8 +291,10 @@ class ModelGateway:
             started=time.monotonic(), digest="sha256:" + hashlib.sha256(raw).hexdigest(),
         )  # fmt: skip
 
-    async def _admit(self, store: Store, call: Call) -> None:
-        """Decide the call; hold its reservation, or raise the refusal's answer."""
+    async def _admit(self, store: Store, call: Call, credential: str | None, version: str) -> None:
+        """Decide the call; hold its reservation, or raise the refusal's answer. `version`: the
+        tokens version the caller's remembered token was verified under ("" if it was verified
+        for this request): one the admission's snapshot does not share is verified again."""
         if self._admitting is None:
             self._admitting = asyncio.Lock()
         who, loop_id = call.bearer.principal, call.bearer.loop_id
@@ -311,9 +318,17 @@ class ModelGateway:
             )
             try:  # a snapshot first: an admission seals nothing and need not wait to write
                 admission = await model_check(store, who, request)
+                if version and admission.tokens != version:
+                    assert self._tokens is not None
+                    found, why = await self._tokens.verify(credential)
+                    if found is None or found != call.bearer:
+                        message = _UNAUTHENTICATED.get(why, _UNAUTHENTICATED["unknown"])
+                        raise Failed(401, "authentication", message)
                 if not admission.admitted:  # decided again where its refusal is sealed
                     admission = await model_admit(store, who, request)
             except NotFound:
+                if version and (await self._tokens_verify(credential)) != call.bearer:
+                    raise Failed(401, "authentication", _UNAUTHENTICATED["unknown"]) from None
                 with contextlib.suppress(LoopwardenError):  # an outsider's refusal, recorded
                     await model_admit(store, who, request)
                 raise Failed(
@@ -334,6 +349,10 @@ class ModelGateway:
         if admission.retry:
             raise Failed(429, "rate_limit", admission.message + receipt, retry_after=2)
         raise Failed(403, "quota", admission.message + receipt)
+
+    async def _tokens_verify(self, credential: str | None) -> Bearer | None:
+        assert self._tokens is not None
+        return (await self._tokens.verify(credential))[0]
 
     # --- upstream -----------------------------------------------------------------------------
 

@@ -53,6 +53,9 @@ class Admission(Model):
     pools: list[str] = Field(description="The pools the call draws from (its reservation's).")
     turn_id: str | None
     receipt_id: str | None = Field(description="The refusal's receipt, if refused.")
+    tokens: str = Field(
+        default="", description="The tokens version of the snapshot decided on (model_check)."
+    )
 
 
 class SettleRequest(ModelCalled):
@@ -148,13 +151,15 @@ def model_check(call: Call[Reader], req: AdmitRequest) -> Admission:
 
     \f
     The gateway's fast way: the decision `model_admit` makes, on the loop's committed state
-    (a read, which never waits for the store's writer). An admission needs no receipt; a
+    (a read, which never waits for the store's writer), with the tokens version of the same
+    snapshot (so a gateway token verified before is known to be unrevoked in the same read). An admission needs no receipt; a
     refusal does, so the gateway then asks `model_admit`, which decides again in a write
     transaction and seals it. What calls in flight hold comes in the request, read before this
     snapshot, so a call charged in between is counted twice at most, never missed.
     """
     decision, pools, turn = _decide(call, req)
     return Admission(
+        tokens=repr(call.tx.tokens_version()),  # the gateway's remembered token still holds?
         admitted=decision.allowed,
         reasons=reasons_out(decision.reasons),
         message="; ".join(r.message for r in decision.reasons),
