@@ -101,10 +101,10 @@ def model_requests(log: Path) -> list[dict[str, object]]:
     calls = []
     for line in log.read_text().splitlines():
         entry = json.loads(line)
-        path = str(entry.get("path", ""))
+        path = str(entry.get("path", "")).lower()
         if (
             entry.get("method") == "POST"
-            and any(p in path for p in ("/v1/messages", "/v1/responses", "generateContent"))
+            and any(p in path for p in ("/v1/messages", "/v1/responses", "generatecontent"))
             and "count_tokens" not in path
         ):
             calls.append(entry)

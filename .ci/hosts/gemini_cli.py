@@ -160,17 +160,18 @@ class GeminiCli:
         def answer(path: str, body: dict[str, Any]) -> Reply:
             if ":countTokens" in path:
                 return json_reply({"totalTokens": 10}, "countTokens")
-            schema = (body.get("generationConfig") or {}).get("responseJsonSchema")
+            config = body.get("generationConfig") or {}
+            schema = config.get("responseJsonSchema")
             if ":generateContent" in path and schema is not None:
                 value = filled(schema)
+                output = script.output_tokens(config.get("maxOutputTokens"))
                 return json_reply(
-                    _candidate([{"text": json.dumps(value)}]),
+                    _candidate([{"text": json.dumps(value)}], output),
                     f"structured {json.dumps(value)[:200]}",
                 )
             if ":streamGenerateContent" not in path and ":generateContent" not in path:
                 return NOT_FOUND
             parts, summary = _parts(script.next(conversation(body), tool_call))
-            config = body.get("generationConfig") or {}
             output = script.output_tokens(config.get("maxOutputTokens"))
             if ":streamGenerateContent" in path:
                 return sse_reply([(None, _candidate(parts, output))], summary)
