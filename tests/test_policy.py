@@ -1104,6 +1104,7 @@ SCALAR_CHANGES = [
     ("tools", "commands", {"deny": ["git push*"]}),
     (None, "observe", {"mode": "record"}),
     (None, "pools", ["team-a"]),
+    (None, "model", {"allow": ["claude-*"]}),
 ]
 
 

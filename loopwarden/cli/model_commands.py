@@ -87,7 +87,7 @@ def model_token(
     *,
     options: Options,
 ) -> None:
-    """Mint a gateway token for one agent in one loop, printed once.
+    """A gateway token for one agent in one loop, printed once.
 
     The host puts it where the provider key goes (ANTHROPIC_API_KEY, OPENAI_API_KEY,
     GEMINI_API_KEY); it is taken by the model gateway only, and revoked like any token
