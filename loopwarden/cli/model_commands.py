@@ -40,9 +40,9 @@ def key_set(
     *,
     options: Options,
 ) -> None:
-    """Store a provider's key, read from stdin (never an argument: those show in `ps`).
+    """Store a provider's key, read from stdin.
 
-    The key is kept in the home (`model-keys/PROVIDER`, 0600); it never leaves loopwarden but
+    Never an argument: those show in `ps`. The key is kept in the home (`model-keys/PROVIDER`, 0600); it never leaves loopwarden but
     in the calls the gateway sends that provider.
     """
     from loopwarden.model_gateway.credentials import write_key
@@ -139,7 +139,11 @@ def model_prices(
     *,
     options: Options,
 ) -> None:
-    """The price table the gateway charges by: US dollars per million tokens, its date and source."""
+    """The prices the gateway charges by, dated, with their source.
+
+    US dollars per million tokens: input, output, cache write, cache read, and each model's
+    most output in one call. `--model-prices FILE` shows an operator's table over them.
+    """
     from pathlib import Path
 
     from loopwarden.model_gateway.gateway_config import gateway_settings
