@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from loopwarden.model_gateway.providers import (
+    MODELS,
     BadRequest,
     Route,
     Shape,
@@ -71,7 +72,7 @@ class Anthropic:
             return Route("messages")
         if method == "POST" and path == "/v1/messages/count_tokens":
             return Route(None)
-        if method == "GET" and (path == "/v1/models" or path.startswith("/v1/models/")):
+        if method == "GET" and MODELS.fullmatch(path):
             return Route(None)
         return None
 

@@ -20,8 +20,8 @@ from loopwarden.model_gateway.providers import (
 )
 from loopwarden.model_gateway.usage import UsageReader, count
 
-_CALL = re.compile(r"^/(v1beta|v1)/models/([A-Za-z0-9._@-]{1,128}):([A-Za-z]+)$")
-_LIST = re.compile(r"^/(v1beta|v1)/models(/[A-Za-z0-9._@-]{1,128})?$")
+_CALL = re.compile(r"^/(v1beta|v1)/models/([A-Za-z0-9][A-Za-z0-9._@-]{0,127}):([A-Za-z]+)$")
+_LIST = re.compile(r"^/(v1beta|v1)/models(/[A-Za-z0-9][A-Za-z0-9._@-]{0,127})?$")
 _STATUS = {
     "authentication": (401, "UNAUTHENTICATED"),
     "permission": (403, "PERMISSION_DENIED"),
@@ -72,6 +72,7 @@ class GeminiUsage(UsageReader):
             return
         # a JSON array streamed element by element: the last usageMetadata seen is the latest
         text = self._tail + chunk
+        finished = b'"finishReason"' in text  # a chunk boundary may split the name
         last = None
         for found in _METADATA.finditer(text):
             last = found
@@ -79,7 +80,7 @@ class GeminiUsage(UsageReader):
             with contextlib.suppress(ValueError):
                 self.take(json.loads(last.group(1)))
             text = text[last.end() :]
-        if b'"finishReason"' in chunk:
+        if finished:
             self.counts.complete = self.counts.seen
         self._tail = text[-_TAIL:]
 

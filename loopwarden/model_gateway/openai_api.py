@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from loopwarden.model_gateway.providers import (
+    MODELS,
     BadRequest,
     Route,
     Shape,
@@ -83,7 +84,7 @@ class OpenAI:
             return Route("responses")
         if method == "POST" and path == "/v1/chat/completions":
             return Route("chat")
-        if method == "GET" and (path == "/v1/models" or path.startswith("/v1/models/")):
+        if method == "GET" and MODELS.fullmatch(path):
             return Route(None)
         return None
 

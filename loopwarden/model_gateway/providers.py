@@ -11,12 +11,15 @@ shows its provider's.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from loopwarden.model_gateway.usage import UsageReader
 
+MODELS = re.compile(r"/v1/models(/[A-Za-z0-9][A-Za-z0-9._:@-]{0,127})?")
+"""The model listing paths (a model's id: no `/`, no `..` that would walk elsewhere)."""
 MAX_REQUEST = 32 * 1024 * 1024
 """The largest request body the gateway forwards (a larger one is refused, 413)."""
 PROMPT_SLACK = 1024
