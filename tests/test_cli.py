@@ -873,7 +873,9 @@ def test_token_create_prints_the_token_once_and_list_never_shows_it(home):
     listed = ok_json(f"token list --home {home}")
     assert set(listed) == {"tokens"}
     for item in listed["tokens"]:
-        assert set(item) == {"token_id", "agent", "role", "created_at", "revoked_at", "expires_at"}
+        assert set(item) == {
+            "token_id", "agent", "role", "created_at", "revoked_at", "expires_at", "loop_id"
+        }  # fmt: skip
         assert item["revoked_at"] is None and item["expires_at"] is None
     assert {t["agent"] for t in listed["tokens"]} == {"builder", "ops"}
     human = cli(f"token list --home {home}")
