@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loopwarden.errors import InvalidInput
-from loopwarden.model_gateway.gateway import reservation
+from loopwarden.model_gateway.calls import reservation
 from loopwarden.model_gateway.gateway_config import parse_upstream
 from loopwarden.model_gateway.prices import PriceFile, PriceTable, load_prices, shipped
 from loopwarden.model_gateway.providers import PROMPT_SLACK, Route, registry

@@ -40,7 +40,7 @@ from .world import Failed, World, bounded, last_line
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "real-hosts"
 SESSION_SECONDS = 120  # one host session (a normal one takes 5 to 20 s)
-TOTAL_SECONDS = 780  # all of it: past this, the scenarios left are failed unrun
+TOTAL_SECONDS = 1200  # all of it: past this, the scenarios left are failed unrun
 HOSTS: tuple[Host, ...] = (ClaudeCode(), GeminiCli(), CodexCli())
 
 

@@ -30,9 +30,7 @@ import json
 import logging
 import secrets
 import time
-import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
 import anyio
@@ -42,9 +40,21 @@ from starlette.types import Receive, Scope, Send
 from loopwarden.errors import LoopwardenError, NotFound
 from loopwarden.kernel.state.events import ModelSpend
 from loopwarden.kernel.store.store import Store
+from loopwarden.model_gateway.calls import Call, charge_for, reservation
 from loopwarden.model_gateway.credentials import Bearer, GatewayTokens, KeyMissing, read_key
+from loopwarden.model_gateway.exchange import (
+    NEVER_FORWARDED,
+    NEVER_RETURNED,
+    UNAUTHENTICATED,
+    Failed,
+    Gone,
+    decoded,
+    headers_of,
+    read_body,
+    reply,
+)
 from loopwarden.model_gateway.gateway_config import GatewaySettings
-from loopwarden.model_gateway.model_kinds import ModelPrice, Outcome, Source
+from loopwarden.model_gateway.model_kinds import Outcome
 from loopwarden.model_gateway.model_ops import (
     AdmitRequest,
     SettleRequest,
@@ -52,107 +62,18 @@ from loopwarden.model_gateway.model_ops import (
     model_check,
     model_settle,
 )
-from loopwarden.model_gateway.prices import Price
 from loopwarden.model_gateway.providers import (
-    MAX_REQUEST,
     BadRequest,
     Provider,
     Route,
-    Shape,
     registry,
 )
 from loopwarden.model_gateway.reservations import Reservations, loop_scope, pool_scope
 from loopwarden.model_gateway.usage import Counts, UsageReader
-from loopwarden.policy.budgets import MICRO
 
 log = logging.getLogger("loopwarden.model_gateway")
 PREFIX = "/model/"
-HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-     "te", "trailer", "trailers", "transfer-encoding", "upgrade"}
-)  # fmt: skip
-NEVER_FORWARDED = HOP_BY_HOP | {
-    "host", "content-length", "authorization", "x-api-key", "x-goog-api-key", "cookie",
-    "accept-encoding", "forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto",
-}  # fmt: skip
-"""Request headers the upstream never sees: hop-by-hop ones, every credential (the real key is
-set instead), and what would redirect or unpack the answer."""
-NEVER_RETURNED = HOP_BY_HOP | {"content-length", "set-cookie"}
-BYTES_PER_TOKEN = 4
-"""Output tokens an answer cut before its final usage is charged per this many bytes streamed
-beyond what it had reported (an estimate; never less than the provider reported)."""
-
-
-@dataclass
-class Call:
-    """One model call in flight: who, what, and what it holds."""
-
-    bearer: Bearer
-    provider: Provider
-    route: Route
-    shape: Shape
-    price: Price | None
-    reserve: ModelSpend
-    call_id: str
-    started: float
-    digest: str
-
-
-class Failed(Exception):
-    """A call answered by the gateway itself (status, error kind, message)."""
-
-    def __init__(self, status: int, kind: str, message: str, retry_after: int | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.message, self.retry_after = status, kind, message, retry_after
-
-
-def reservation(shape: Shape, price: Price | None) -> ModelSpend:
-    """The most a call may spend: one call, its prompt's bound on every input-side budget, its
-    output limit (the model's maximum if the request sets none) times the answers it asks for,
-    and the worst cost of those (the prompt at the dearest input rate)."""
-    bound = shape.prompt_bound()
-    most = (shape.max_output or (price.max_output if price else 0)) * shape.answers
-    if price is not None and shape.max_output is not None:
-        most = min(shape.max_output, price.max_output) * shape.answers
-    cost = price.worst_micros(bound, most) if price is not None else 0
-    return ModelSpend(
-        model_calls=1, input_tokens=bound, output_tokens=most, cache_write_tokens=bound,
-        cache_read_tokens=bound, cost_usd=cost / MICRO,
-    )  # fmt: skip
-
-
-def charge_for(
-    call: Call, counts: Counts, status: int, outcome: Outcome, streamed: int
-) -> tuple[ModelSpend, Source, ModelPrice]:
-    """What an ended call is charged, where that comes from, and at what rates (see
-    `model_kinds.Source`)."""
-    price = call.price
-    assert price is not None
-    rates = price.rates(counts.prompt_tokens if counts.seen else call.reserve.input_tokens)
-    priced = ModelPrice(
-        key=price.key, input=rates.input / MICRO, output=rates.output / MICRO,
-        cache_write=rates.cache_write / MICRO, cache_read=rates.cache_read / MICRO,
-    )  # fmt: skip
-    answered = 1 if status else 0
-    if counts.seen:
-        out = counts.output_tokens
-        if not counts.complete and status < 400:  # cut before its final figures
-            out = max(out, -(-streamed // BYTES_PER_TOKEN))
-        spend = ModelSpend(
-            model_calls=answered, input_tokens=counts.input_tokens, output_tokens=out,
-            cache_write_tokens=counts.cache_write_tokens, cache_read_tokens=counts.cache_read_tokens,
-        )  # fmt: skip
-        source: Source = "provider"
-    elif status and status < 400:  # an answer that never said what it used: its worst case
-        spend = ModelSpend(
-            model_calls=1, input_tokens=call.reserve.input_tokens,
-            output_tokens=call.reserve.output_tokens,
-        )  # fmt: skip
-        source = "reserved"
-    else:
-        spend, source = ModelSpend(model_calls=answered), "none"
-    cost = priced.cost_micros(spend)
-    return spend.model_copy(update={"cost_usd": cost / MICRO}), source, priced
+MAX_MODEL = 128  # characters of a model's name (a receipt's `model`)
 
 
 class ModelGateway:
@@ -203,20 +124,20 @@ class ModelGateway:
         provider = self.providers.get(name)
         if provider is None:
             body = json.dumps({"error": f"no model provider {name!r}"}).encode()
-            await _reply(send, 404, body, {})
+            await reply(send, 404, body, {})
             return
         try:
             await self._serve(provider, "/" + rest, scope, receive, send)
         except Failed as failed:
             headers = {"retry-after": str(failed.retry_after)} if failed.retry_after else {}
             body = provider.error(failed.status, failed.kind, "loopwarden: " + failed.message)
-            await _reply(send, failed.status, body, headers)
-        except _Gone:
+            await reply(send, failed.status, body, headers)
+        except Gone:
             return
         except Exception as exc:  # fail closed, never a traceback to the host
             log.error("model gateway call to %s failed unexpectedly", name, exc_info=exc)
             message = "loopwarden: the model gateway failed on this call (the server log says why)"
-            await _reply(send, 500, provider.error(500, "upstream", message), {})
+            await reply(send, 500, provider.error(500, "upstream", message), {})
 
     async def _serve(
         self, provider: Provider, path: str, scope: Scope, receive: Receive, send: Send
@@ -230,7 +151,7 @@ class ModelGateway:
         store = self._store()
         if store is None:
             raise Failed(503, "unavailable", "the server is starting or stopping; retry")
-        headers = _headers(scope)
+        headers = headers_of(scope)
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         credential = provider.credential(headers, dict(query))
         if self._tokens is None or self._tokens.store is not store:
@@ -242,10 +163,10 @@ class ModelGateway:
             found, why = await self._tokens.verify(credential)
             if found is None:
                 raise Failed(
-                    401, "authentication", _UNAUTHENTICATED.get(why, _UNAUTHENTICATED["unknown"])
+                    401, "authentication", UNAUTHENTICATED.get(why, UNAUTHENTICATED["unknown"])
                 )
             bearer, version = found, ""
-        raw = await _read_body(scope, receive)
+        raw = await read_body(scope, receive)
         try:
             key = read_key(self.settings.home, provider.name)
         except KeyMissing as exc:
@@ -257,7 +178,12 @@ class ModelGateway:
                 method, provider, path, query, headers, raw, key, None, send, receive
             )
             return
-        call = self._call(bearer, provider, route, raw, headers.get("content-encoding", ""))
+        try:
+            call = self._call(bearer, provider, route, raw, headers.get("content-encoding", ""))
+        except Failed:
+            if version and (await self._tokens_verify(credential)) != bearer:
+                raise Failed(401, "authentication", UNAUTHENTICATED["unknown"]) from None
+            raise
         if call.shape.body is not raw:  # rewritten (a stream asked for its usage): plain JSON
             headers.pop("content-encoding", None)
         await self._admit(store, call, credential, version)
@@ -271,7 +197,7 @@ class ModelGateway:
     def _call(
         self, bearer: Bearer, provider: Provider, route: Route, raw: bytes, encoding: str
     ) -> Call:
-        text = _decoded(raw, encoding.strip().lower())
+        text = decoded(raw, encoding.strip().lower())
         try:
             document = json.loads(text) if text else None
         except ValueError:
@@ -284,6 +210,8 @@ class ModelGateway:
                 shape = dataclasses.replace(shape, decoded_size=len(text))
         except BadRequest as exc:
             raise Failed(400, "invalid_request", str(exc)) from None
+        if len(shape.model) > MAX_MODEL or not shape.model.isprintable():
+            raise Failed(400, "invalid_request", f"model: a name of 1-{MAX_MODEL} characters")
         price = self.settings.prices.price(shape.model)
         return Call(
             bearer=bearer, provider=provider, route=route, shape=shape, price=price,
@@ -303,7 +231,7 @@ class ModelGateway:
             request = AdmitRequest(
                 provider=call.provider.name,
                 api=call.route.api,
-                model=call.shape.model[:128],
+                model=call.shape.model,
                 stream=call.shape.stream,
                 request_digest=call.digest,
                 loop_id=loop_id,
@@ -322,13 +250,13 @@ class ModelGateway:
                     assert self._tokens is not None
                     found, why = await self._tokens.verify(credential)
                     if found is None or found != call.bearer:
-                        message = _UNAUTHENTICATED.get(why, _UNAUTHENTICATED["unknown"])
+                        message = UNAUTHENTICATED.get(why, UNAUTHENTICATED["unknown"])
                         raise Failed(401, "authentication", message)
                 if not admission.admitted:  # decided again where its refusal is sealed
                     admission = await model_admit(store, who, request)
             except NotFound:
                 if version and (await self._tokens_verify(credential)) != call.bearer:
-                    raise Failed(401, "authentication", _UNAUTHENTICATED["unknown"]) from None
+                    raise Failed(401, "authentication", UNAUTHENTICATED["unknown"]) from None
                 with contextlib.suppress(LoopwardenError):  # an outsider's refusal, recorded
                     await model_admit(store, who, request)
                 raise Failed(
@@ -466,7 +394,7 @@ class ModelGateway:
             loop_id=call.bearer.loop_id,
             provider=call.provider.name,
             api=call.route.api,
-            model=call.shape.model[:128],
+            model=call.shape.model,
             stream=call.shape.stream,
             request_digest=call.digest,
             status=status,
@@ -486,71 +414,3 @@ class ModelGateway:
             "cache_write": spend.cache_write_tokens, "cache_read": spend.cache_read_tokens,
         }  # fmt: skip
         store.observer.spent(call.provider.name, outcome, tokens, spend.cost_usd)
-
-
-_UNAUTHENTICATED = {
-    "missing": "no loopwarden gateway token: put one where the provider key goes (loopwarden "
-    "model token --agent NAME --loop ID mints one)",
-    "unbound": "this is not a loopwarden gateway token (loopwarden model token --agent NAME "
-    "--loop ID mints one; other loopwarden tokens are not taken here)",
-    "unknown": "the loopwarden gateway token is not valid (unknown)",
-    "revoked": "the loopwarden gateway token was revoked",
-    "expired": "the loopwarden gateway token has expired",
-    "forged": "the loopwarden gateway token is not valid",
-}
-
-
-class _Gone(Exception):
-    pass
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-
-
-def _decoded(raw: bytes, encoding: str) -> bytes:
-    """A request body as its JSON text: gzip and deflate are undone (bounded), anything else
-    but no encoding is refused (the gateway must read what it charges)."""
-    if encoding in ("", "identity"):
-        return raw
-    if encoding not in ("gzip", "deflate"):
-        raise Failed(415, "invalid_request", f"the gateway cannot read a body encoded {encoding!r}")
-    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
-    try:
-        text = inflater.decompress(raw, MAX_REQUEST)
-    except zlib.error:
-        raise Failed(400, "invalid_request", f"the body is not valid {encoding}") from None
-    if inflater.unconsumed_tail:
-        raise Failed(413, "too_large", f"the request is larger than {MAX_REQUEST} bytes")
-    return text
-
-
-async def _read_body(scope: Scope, receive: Receive) -> bytes:
-    for name, value in scope["headers"]:
-        if name == b"content-length" and value.isdigit() and int(value) > MAX_REQUEST:
-            raise Failed(413, "too_large", f"the request is larger than {MAX_REQUEST} bytes")
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Gone()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_REQUEST:
-            raise Failed(413, "too_large", f"the request is larger than {MAX_REQUEST} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _reply(send: Send, status: int, body: bytes, headers: dict[str, str]) -> None:
-    fields = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    fields += [(k.encode(), v.encode()) for k, v in headers.items()]
-    await send({"type": "http.response.start", "status": status, "headers": fields})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _end(send: Send) -> None:
-    """End an answer whose upstream failed mid-way (the client sees a short answer)."""
-    with contextlib.suppress(OSError):
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
