@@ -479,6 +479,7 @@ def test_receipts_json_shape_and_kind_filter(home, loop):
         assert set(item) == {
             "seq",
             "receipt_id",
+            "digest",
             "kind",
             "at",
             "principal",
@@ -1542,10 +1543,12 @@ def test_export_status_shows_each_sinks_cursor_lag_error_and_live_lease(home, lo
     async def sink() -> None:
         async with admin.open_store(home) as store:
             await store.write(
-                lambda tx: tx.take_export_lease("siem", "host/1/ab", "https://x", 600)
+                lambda tx: tx.cursors.take_export_lease("siem", "host/1/ab", "https://x", 600)
             )
-            await store.write(lambda tx: tx.advance_export("siem", "host/1/ab", 0, 1, 600))
-            await store.write(lambda tx: tx.note_export_failure("siem", "host/1/ab", "HTTP 503"))
+            await store.write(lambda tx: tx.cursors.advance_export("siem", "host/1/ab", 0, 1, 600))
+            await store.write(
+                lambda tx: tx.cursors.note_export_failure("siem", "host/1/ab", "HTTP 503")
+            )
 
     code, empty = cli_json(f"export-status --home {home}")
     assert code == 0 and empty["sinks"] == [] and empty["log_size"] >= 1

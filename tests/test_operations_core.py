@@ -202,21 +202,23 @@ async def test_a_release_0_1_0_database_keeps_working_and_still_verifies(tmp_pat
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_a_receipt_summary_follows_the_envelope_it_is_given_not_a_remembered_one(tmp_path):
-    # Summaries are memoized (a projection shows the same recent receipts every call); the memo
-    # is keyed by the envelope's hash, so a row whose envelope changed is summarized anew.
+async def test_a_receipt_summary_follows_the_envelope_it_is_given_not_a_remembered_one(store):
+    # Typed bodies are memoized per store (a projection shows the same recent receipts every
+    # call); the memo is keyed by the envelope's hash, so a row whose envelope changed is
+    # summarized anew, even under its old digest.
     from dataclasses import replace
 
     from loopwarden.journal.listing import receipt_summary
 
-    home = _release_copy(tmp_path)
-    with snapshot(home / DB_NAME) as reader:
-        rows = list(reader.iter_journal())
+    await open_loop(store, OPERATOR, {"objective": "o", "policy": BASIC_POLICY, "loop_id": "m"})
+    with pytest.raises(NotFound):  # an outsider: answered like no loop, and sealed as refused
+        await claim(store, STRANGER, {"loop_id": "m"})
+    rows = await store.read(lambda r: r.loop_journal("m"))
     opened = next(r for r in rows if r.kind == "loop.opened")
     refused = next(r for r in rows if r.kind.endswith(".refused"))
-    first = receipt_summary(opened)
-    assert receipt_summary(opened) == first and first.effect == "allow"
-    swapped = receipt_summary(replace(opened, envelope=refused.envelope))
+    first = receipt_summary(store, opened)
+    assert receipt_summary(store, opened) == first and first.effect == "allow"
+    swapped = receipt_summary(store, replace(opened, envelope=refused.envelope))
     assert (swapped.seq, swapped.kind) == (opened.seq, "loop.opened")  # the row's own columns
     assert swapped.effect == "deny" and swapped.reasons  # the body of the envelope it holds
     assert (swapped.principal, swapped.reasons) != (first.principal, first.reasons)

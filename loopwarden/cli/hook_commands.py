@@ -19,6 +19,7 @@ from loopwarden.errors import LoopwardenError
 from loopwarden.hosts.host import Place, Trust
 from loopwarden.hosts.install import TOKEN_VARIABLE, Target, merged, settings_path
 from loopwarden.kernel.sql.location import STORE_ENV, parse_location
+from loopwarden.kernel.store.homes import home_source
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -135,7 +136,7 @@ def install(
         loop_id=loop,
         agent=agent,
         program=program(),
-        home=admin.home_source(home)[0],
+        home=home_source(home)[0],
         servers=tuple(server_name or ("loopwarden",)),
         http=http,
         store=store,

@@ -141,10 +141,10 @@ def serve(
 def _run(settings: Settings) -> None:
     """Bind (HTTP), check the store, then serve until stopped."""
     # The SDK loads only here: every other command starts without it.
-    from loopwarden.dashboard.site import dashboard_mount
     from loopwarden.server.app import build
     from loopwarden.server.hook_route import hook_route
     from loopwarden.server.metrics_route import metrics_route
+    from loopwarden.server.mounts import dashboard_mount
     from loopwarden.server.settings import url_host
     from loopwarden.server.transports import listen, serve_http, serve_stdio, transport_security
 

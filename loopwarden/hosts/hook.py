@@ -159,7 +159,7 @@ def hook(call: Call[Txn], req: HookEvent) -> HookAnswer:
     shell commands by `[tools.commands]`, observed tool calls under `max_tool_calls`.
     """
     tx, who, loop = call.tx, call.who, call.loop
-    policy = tx.policy(loop.policy_digest)
+    policy = tx.rows.policy(loop.policy_digest)
     mode = policy.observe_mode
     if mode == "off":
         why = "this loop's policy does not observe hosts ([observe] mode is off): not recorded"
@@ -177,7 +177,7 @@ def hook(call: Call[Txn], req: HookEvent) -> HookAnswer:
     overrides = policy.observe.names.get(req.host, {}) if policy.observe else {}
     tool = policy_tool(req.host, req.host_tool, overrides)
     internal = is_internal(req.host, req.host_tool)
-    open_turns = tx.open_turns(loop.loop_id)
+    open_turns = tx.rows.open_turns(loop.loop_id)
     turn = agent_turn(open_turns, who.id)
     if req.phase == "post":
         if internal and admits_internal(policy, tool):
@@ -198,7 +198,7 @@ def _decided(
     assert req.host_tool is not None
     tx, who, loop = call.tx, call.who, call.loop
     open_turns, turn = turns
-    approved = tx.approved_for_turn(loop.loop_id, turn.turn_id) if turn else {}
+    approved = tx.rows.approved_for_turn(loop.loop_id, turn.turn_id) if turn else {}
     facts = tool_call_facts(
         loop, open_turns, approved.values(), who.id, (req.host_tool, tool, req.command), tx.now,
         internal=is_internal(req.host, req.host_tool),
@@ -281,7 +281,7 @@ def _observed(call: Call[Txn], req: HookEvent, tool: str, turn: TurnRow | None) 
 
 def _stop(call: Call[Txn], req: HookEvent, policy: LoopPolicy) -> HookAnswer:
     """Block a host's stop once while the agent holds a turn with observed work unreported."""
-    turn = agent_turn(call.tx.open_turns(call.loop.loop_id), call.who.id)
+    turn = agent_turn(call.tx.rows.open_turns(call.loop.loop_id), call.who.id)
     binding = policy.observe_mode == "enforce"
     if turn is None or not turn.observed or req.stop_active:
         return _answer(ALLOW, block=False, binding=binding, turn=turn)

@@ -93,7 +93,7 @@ def open_loop(call: Call[Txn], req: OpenLoopRequest) -> OpenLoopResult:
         raise PolicyError(
             f"{len(specs)} todos exceed the policy's todos.max_todos ({policy.todos.max_todos})"
         )
-    unknown = [name for name in policy.pools or () if name not in call.tx.pools()]
+    unknown = [name for name in policy.pools or () if name not in call.tx.rows.pools()]
     if unknown:
         raise PolicyError(
             f"pools: no pool named {', '.join(map(repr, unknown))}; create it first "
@@ -101,7 +101,7 @@ def open_loop(call: Call[Txn], req: OpenLoopRequest) -> OpenLoopResult:
         )
     digest = policy_digest(policy)
     loop_id = req.loop_id or f"loop-{secrets.token_hex(4)}"
-    if call.tx.loop_row(loop_id) is not None:
+    if call.tx.rows.loop_row(loop_id) is not None:
         raise Conflict(f"a loop with id {loop_id!r} already exists")
     facts = LoopOpened(objective=req.objective, policy=policy_document(policy), todos=specs)
     sealed = call.tx.append(loop_id, ReceiptKind.LOOP_OPENED, call.who, facts, policy_digest=digest)

@@ -138,7 +138,7 @@ def _seal(
     charged: bool = True,
     closes: bool = False,
 ) -> Appended:
-    turn = call.tx.turn(call.turn.turn_id) or call.turn  # as it is now (a sweep may close it)
+    turn = call.tx.rows.turn(call.turn.turn_id) or call.turn  # as it is now (a sweep may close it)
     owner = call.who.id == turn.agent
     report = dict(_report(req, turn, owner=owner, charged=charged))  # validated, as they are
     data: TurnReported | TurnRefused
@@ -192,9 +192,9 @@ def _refuse(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateRe
 def _decide(call: Call[Txn], req: UpdateRequest) -> Decision:
     tx, turn = call.tx, call.turn
     loop = call.loop
-    policy = tx.policy(loop.policy_digest)
-    todo = tx.todo(loop.loop_id, turn.todo_id)
-    approvals = tx.approvals(req.approval_ids)
+    policy = tx.rows.policy(loop.policy_digest)
+    todo = tx.rows.todo(loop.loop_id, turn.todo_id)
+    approvals = tx.rows.approvals(req.approval_ids)
     facts = report_facts(call.who.id, loop, turn, todo, approvals, req, tx.now)
     return evaluate_report(policy, facts, digest=loop.policy_digest)
 
@@ -251,12 +251,12 @@ def _refused(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateR
     found = set(decision.codes)
     if ReasonCode.LEASE_EXPIRED in found:
         expire_leases(tx, turn.loop_id, call.who)  # releases this turn (and any other stale one)
-    now = tx.turn(turn.turn_id) or turn
+    now = tx.rows.turn(turn.turn_id) or turn
     still_open = now.status == TurnStatus.OPEN
     violation = bool(found & VIOLATIONS)
     closes = violation and still_open
     sealed = _seal(call, req, decision, accepted=False, charged=not now.settled, closes=closes)
-    policy = tx.policy(call.loop.policy_digest)
+    policy = tx.rows.policy(call.loop.policy_digest)
     if violation and policy.stop.on_violation == "stop_loop" and not call.loop.status.closed:
         reason = Reason(ReasonCode.POLICY_VIOLATION, "; ".join(r.message for r in decision.reasons))
         close_loop(tx, turn.loop_id, call.who, ReceiptKind.LOOP_STOPPED, reason)
@@ -271,19 +271,19 @@ def _result(call: Call[Txn], accepted: bool, decision: Decision, sealed: Appende
     expire_leases(tx, turn.loop_id, who)
     apply_stop_rules(tx, turn.loop_id, who)
     loop = call.loop
-    todo = tx.todo(turn.loop_id, turn.todo_id)
+    todo = tx.rows.todo(turn.loop_id, turn.todo_id)
     return UpdateResult(
         accepted=accepted,
         reasons=reasons_out(decision.reasons),
-        route=route_for(tx, turn.loop_id, who.id, tx.now),
+        route=route_for(tx.rows, turn.loop_id, who.id, tx.now),
         status=loop.status,
         stop_reason=loop.stop_reason,
         loop_id=turn.loop_id,
         turn_id=turn.turn_id,
         todo_status=todo.status if todo else None,
-        turn_status=(tx.turn(turn.turn_id) or turn).status,
+        turn_status=(tx.rows.turn(turn.turn_id) or turn).status,
         receipt_id=sealed.receipt_id,
         seq=sealed.seq,
         digest=sealed.sealed.digest,
-        budgets=budgets_out(tx.policy(loop.policy_digest), loop),
+        budgets=budgets_out(tx.rows.policy(loop.policy_digest), loop),
     )
