@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from loopwarden import hostnames as hosts
 from loopwarden.errors import clip
+from loopwarden.policy.arguments import MAX_RULES, ArgumentRule, normalized
 from loopwarden.policy.commands import check_command_pattern
 from loopwarden.policy.patterns import check_pattern, is_tool_name
 
@@ -125,6 +126,16 @@ class ToolRules(_Section):
     commands: CommandRules | None = Field(
         default=None, description="Rules over the command lines of shell.run calls."
     )
+    arguments: tuple[ArgumentRule, ...] | None = Field(
+        default=None,
+        max_length=MAX_RULES,
+        description="Rules over named arguments of tool calls (policy/arguments.py).",
+    )  # None (the default) keeps older digests
+
+    @field_validator("arguments")
+    @classmethod
+    def _one_order(cls, value: tuple[ArgumentRule, ...] | None) -> tuple[ArgumentRule, ...] | None:
+        return normalized(value)
 
     @model_validator(mode="after")
     def _no_contradictions(self) -> ToolRules:
