@@ -1080,6 +1080,7 @@ SCALAR_CHANGES = [
     ("tools", "arguments", [{"tool": "mcp.fs.*", "argument": "path", "under": ["/srv"]}]),
     (None, "observe", {"mode": "record"}),
     (None, "pools", ["team-a"]),
+    (None, "gateway", {"pin": "first_sight"}),
 ]
 
 

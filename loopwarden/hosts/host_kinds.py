@@ -203,6 +203,7 @@ def _rulings(view: LoopView, body: ReceiptBody, data: ToolCall) -> list[frozense
         facts = rules.tool_call_facts(
             view.loop, open_turns, view.approvals.values(), body.principal.id,
             (data.host_tool, data.tool, None), body.at, internal=as_internal,
+            once=data.host == hostnames.GATEWAY,
         )  # fmt: skip
         given = evaluate_tool_call(view.policy, facts, digest="").codes
         rulings.append(frozenset(given) - COMMAND_CODES - ARGUMENT_CODES)

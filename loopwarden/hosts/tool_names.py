@@ -67,4 +67,4 @@ def is_internal(host: str, host_tool: str) -> bool:
     """Whether `host_tool` is one of `host`'s internal tools: ones that act on nothing outside
     the host (its todo list, plan mode, loading deferred tools). Named by the host's own tool
     name, whatever the policy renames it to."""
-    return host_tool in hosts.get(host).internal
+    return host != hostnames.GATEWAY and host_tool in hosts.get(host).internal

@@ -264,6 +264,15 @@ class ObserveRules(_Section):
     )
 
 
+class GatewayRules(_Section):
+    """How the MCP gateway treats this loop's downstream tools (docs/mcp-gateway.md): `pin` says
+    who admits a tool description the gateway has not seen before, an operator (`loopwarden
+    gateway pin`; until then the tool is hidden) or the gateway on first sight. A pinned
+    description that changes is refused either way until an operator pins it again."""
+
+    pin: Literal["operator", "first_sight"] = "operator"
+
+
 class TodoRules(_Section):
     agents_may_add: bool = False
     max_todos: int = Field(default=1_000, ge=1, le=MAX_TODOS_CEILING)
@@ -285,6 +294,7 @@ class LoopPolicy(_Section):
     pools: PoolNames | None = Field(
         default=None, description="The budget pools the loop draws from (policy/pool_policy.py)."
     )  # None (the default) draws from none, and keeps older digests
+    gateway: GatewayRules | None = None  # None (the default): operators pin; keeps older digests
 
     @model_validator(mode="after")
     def _some_budget(self) -> LoopPolicy:
