@@ -26,6 +26,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
+    CONNECTION_CLOSED,
     CallToolResult,
     GetPromptResult,
     Implementation,
@@ -195,6 +196,8 @@ class Downstream:
                 f"downstream server {self.name!r} did not answer {what} within {timeout:g} s"
             ) from None
         except MCPError as exc:  # the server's own error answer: passed on, the session lives
+            if exc.error.code == CONNECTION_CLOSED or self.health != "ready":
+                raise self._died(exc) from None
             raise DownstreamError(
                 f"downstream server {self.name!r} answered {what} with an error: "
                 f"{_clip(exc.error.message)}"

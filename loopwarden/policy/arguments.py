@@ -415,5 +415,5 @@ def sql_problem(text: str, dialect: str | None = None) -> str | None:
             if isinstance(node, exp.Anonymous):
                 return "calls a function the parser does not know (it may write)"
         if not isinstance(statement, exp.Query):
-            return "writes (a statement is not a query)"
+            return "holds a statement that is not a query"
     return None
