@@ -14,6 +14,12 @@ from loopwarden.journal.listing import journal
 from loopwarden.journal.receipt import receipt
 from loopwarden.kernel.runner.operation import Operation
 from loopwarden.loops.lifecycle import cancel_loop, open_loop, pause_loop, resume_loop
+from loopwarden.mcp_gateway.gateway_ops import (
+    gateway_attach,
+    gateway_call,
+    gateway_outcome,
+    gateway_tool_changed,
+)
 from loopwarden.pools.pool_ops import pool_define, pool_pause, pool_resume, pools
 from loopwarden.projection.loop_list import list_loops
 from loopwarden.projection.projection import loop_policy, projection
@@ -47,5 +53,9 @@ OPERATIONS: tuple[Operation[Any, Any], ...] = (
     pool_resume,
     pools,
     hook,
+    gateway_call,
+    gateway_outcome,
+    gateway_attach,
+    gateway_tool_changed,
 )
 TOOLS: tuple[Operation[Any, Any], ...] = tuple(op for op in OPERATIONS if op.tool)

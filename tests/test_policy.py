@@ -1102,8 +1102,10 @@ SCALAR_CHANGES = [
     ("tools", "approval", ["deploy.*", "db.migrate"]),
     (None, "agents", ["builder", "reviewer", "tester"]),
     ("tools", "commands", {"deny": ["git push*"]}),
+    ("tools", "arguments", [{"tool": "mcp.fs.*", "argument": "path", "under": ["/srv"]}]),
     (None, "observe", {"mode": "record"}),
     (None, "pools", ["team-a"]),
+    (None, "gateway", {"pin": "first_sight"}),
 ]
 
 

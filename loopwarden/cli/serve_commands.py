@@ -21,7 +21,7 @@ from loopwarden.cli.common import (
     run,
 )
 from loopwarden.clients import admin, render
-from loopwarden.errors import LoopwardenError
+from loopwarden.errors import InvalidInput, LoopwardenError
 
 if TYPE_CHECKING:
     from loopwarden.server.settings import Settings
@@ -126,11 +126,19 @@ def serve(
     export_secret_file: ExportSecretFile = None,
     export_name: ExportName = None,
     export_lease: ExportLease = None,
+    gateway: Annotated[
+        Path | None,
+        _given("FILE", "Also serve these downstream MCP servers, governed (an mcpServers file)."),
+    ] = None,
+    loop: Annotated[
+        str | None, _given("ID", "With --gateway: the loop its calls count against.")
+    ] = None,
 ) -> None:
     """Run the MCP server (stdio by default).
 
     Logs go to stderr; on stdio, stdout is the protocol. With --http, streamable HTTP at /mcp
-    with bearer tokens (`loopwarden token create`).
+    with bearer tokens (`loopwarden token create`). With --gateway FILE, the MCP servers the
+    file declares are served too, each call decided and sealed (docs/mcp-gateway.md).
     """
     from loopwarden.server.transports import configure_logging
 
@@ -178,6 +186,11 @@ def _run(settings: Settings) -> None:
         render.err.print(f"host hooks on {base}/hooks/HOST?loop=ID (observer tokens)")
         security = transport_security(host, settings.allowed_hosts)  # /mcp's, on every route
         render.err.print(f"metrics on {base}/metrics (operator tokens)")
+        if settings.gateway is not None:
+            served = ", ".join(settings.gateway.servers) or "none"
+            render.err.print(
+                f"MCP gateway for {served} (the Loopwarden-Loop header names the loop)"
+            )
         if settings.export is not None:
             export = settings.export
             render.err.print(f"receipts exported to {export.origin} (sink {export.name})")
@@ -226,9 +239,18 @@ def _settings(flags: dict[str, Any]) -> Settings:
             os.environ,
             flags["export_lease"],
         )
+        servers = None
+        if flags["gateway"] is not None:
+            from loopwarden.mcp_gateway.servers_file import load_servers
+
+            servers = load_servers(flags["gateway"])
+        elif flags["loop"] is not None:
+            raise InvalidInput("--loop goes with --gateway FILE")
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE)
-    return dataclasses.replace(settings, otel=flags["otel"], export=export)
+    return dataclasses.replace(
+        settings, otel=flags["otel"], export=export, gateway=servers, gateway_loop=flags["loop"]
+    )
 
 
 def demo(home: Home = None, json_out: Json = False) -> None:

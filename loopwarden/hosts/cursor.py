@@ -83,9 +83,12 @@ class Cursor(Host):
             server = field_of(event, "mcp_server_name", str) if "mcp_server_name" in event else ""
             tool = field_of(event, "tool_name", str)
             host_tool = f"mcp__{server}__{tool}" if server else f"MCP:{tool}"
+            tool_input = event.get("tool_input")
+            arguments = tool_input if isinstance(tool_input, dict) else None
             return Event(
-                "pre", session, host_tool=host_tool, input_digest=digest(event.get("tool_input"))
-            )
+                "pre", session, host_tool=host_tool, input_digest=digest(tool_input),
+                arguments=arguments,
+            )  # fmt: skip
         if name == "beforeReadFile":
             path = event.get("file_path")
             return Event("pre", session, host_tool="Read", input_digest=digest({"file_path": path}))

@@ -26,7 +26,7 @@ from pydantic import Field, model_validator
 
 from loopwarden.hosts.host import Phase
 from loopwarden.hosts.host_kinds import (
-    Host,
+    HookHost,
     HostAgent,
     HostAttached,
     HostSession,
@@ -62,7 +62,7 @@ class HookEvent(Model):
     """One host hook event, as the host adapter (`loopwarden/hooks`) read it."""
 
     loop_id: LoopId
-    host: Host
+    host: HookHost
     phase: Phase
     session_id: HostSession
     tool_use_id: str | None = Field(default=None, max_length=200)
@@ -77,6 +77,10 @@ class HookEvent(Model):
     )
     shell: Literal["bash", "powershell"] = Field(
         default="bash", description="The shell language of `command`."
+    )
+    arguments: dict[str, Any] | None = Field(
+        default=None,
+        description="An MCP tool's arguments, for argument rules: decided on, never stored.",
     )
     response_digest: Digest | None = None
     errored: bool = False
@@ -203,7 +207,7 @@ def _decided(
         loop, open_turns, approved.values(), who.id, (req.host_tool, tool, req.command), tx.now,
         internal=is_internal(req.host, req.host_tool),
     )  # fmt: skip
-    facts = dataclasses.replace(facts, dialect=req.shell)
+    facts = dataclasses.replace(facts, dialect=req.shell, arguments=req.arguments)
     decision = evaluate_tool_call(policy, facts, digest=loop.policy_digest)
     if facts.internal and decision.allowed:  # the host's own bookkeeping: not recorded
         return _answer(decision, block=False, binding=binding, tool=tool, turn=turn)

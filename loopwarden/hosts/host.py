@@ -54,6 +54,7 @@ class Event:
     stop_active: bool = False
     agent_id: str | None = None
     agent_type: str | None = None
+    arguments: dict[str, Any] | None = None  # an MCP tool's input, for argument rules
 
 
 @dataclass(frozen=True)
@@ -260,12 +261,15 @@ class Host:
         the digest of its `tool_input`, and the command line a shell tool carries with that
         line's language."""
         tool_input = event.get("tool_input", {})
+        mcp = tool.startswith("mcp__") and isinstance(tool_input, dict)
         return {
             "session_id": session,
             "host_tool": tool,
             "input_digest": digest(tool_input),
             "command": self.shell_line(tool, tool_input),
             "shell": self.dialects.get(tool, "bash"),
+            # what argument rules judge (`[[tools.arguments]]`), never stored: MCP tools only
+            "arguments": tool_input if mcp else None,
         }
 
     def shell_line(self, tool: str, tool_input: Any) -> str | None:

@@ -7,11 +7,12 @@ closed: an unexpected error while evaluating is a deny whose reason names the er
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, ParamSpec
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec
 
+from loopwarden.policy.arguments import argument_reasons
 from loopwarden.policy.budgets import Totals, exhausted
 from loopwarden.policy.decision import Decision, Reason, ReasonCode, budget_code
 from loopwarden.policy.model import CommandRules, LoopPolicy
@@ -345,6 +346,9 @@ class ToolCallFacts:
     lease_expired: bool = False  # the turn's lease has run out (not yet swept by a claim)
     internal: bool = False  # a host-internal tool (`policy/hosts.is_internal`)
     dialect: str = "bash"  # the shell language of `command`: "bash" or "powershell"
+    # The call's arguments, for argument rules (`[[tools.arguments]]`): decided on, never
+    # stored. None: not seen (a rule covering the tool then doubts, and denies).
+    arguments: Mapping[str, Any] | None = None
 
 
 def admits_internal(policy: LoopPolicy, tool: str) -> bool:
@@ -401,6 +405,8 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
         reasons.append(reason)
     if facts.tool == SHELL and policy.tools.commands is not None:
         reasons.extend(command_reasons(policy.tools.commands, facts.command, facts.dialect))
+    if policy.tools.arguments is not None:
+        reasons.extend(argument_reasons(policy.tools.arguments, facts.tool, facts.arguments))
     limit = policy.budgets.limit("tool_calls")
     if limit is not None and facts.tool_calls >= limit:
         reasons.append(
@@ -436,7 +442,8 @@ def rule_set(rules: CommandRules) -> RuleSet:
 
 @_fail_closed
 def evaluate_tool_call(policy: LoopPolicy, facts: ToolCallFacts, *, digest: str) -> Decision:
-    """May this tool call run now? The question a host's pre-tool hook asks."""
+    """May this tool call run now? The question a host's pre-tool hook asks, and the MCP
+    gateway before it forwards a call (`mcp_gateway/`): one function for both paths."""
     return Decision.of(tool_call_reasons(policy, facts), digest)
 
 

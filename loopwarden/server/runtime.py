@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loopwarden.auth.bearer import StoreTokenVerifier, principal_from_token
 from loopwarden.clock import Clock, system_clock
@@ -29,6 +29,7 @@ class Runtime:
     jwts: JwtVerifier | None = None  # OAuth: the access-token verifier (`oauth.py`)
     observer: Observer = NOBODY  # spans and metrics of every call (`observe/`)
     tokens: StoreTokenVerifier = field(init=False)  # every route's static-token verifier
+    gateway: Any = None  # the MCP gateway (`mcp_gateway/proxy.Gateway`) when `--gateway` is on
 
     def __post_init__(self) -> None:
         self.tokens = StoreTokenVerifier(lambda: self.store)

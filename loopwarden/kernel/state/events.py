@@ -196,6 +196,7 @@ class ReceiptKind(StrEnum):
     POOL_DEFINED = "pool.defined"
     POOL_PAUSED = "pool.paused"
     POOL_RESUMED = "pool.resumed"
+    MCP_TOOL_CHANGED = "mcp.tool_changed"
 
 
 POOL_KINDS = frozenset(

@@ -227,21 +227,29 @@ def tool_call_facts(
     now: datetime,
     *,
     internal: bool = False,
+    once: bool = False,
 ) -> ToolCallFacts:
     """What a pre-tool decision for `agent` is made on: its open turn, the approvals that
     cover tools in it, and the loop's tool calls so far (charged, plus those observed in open
     turns and not yet charged). `call` is (host tool, policy tool, command line); `internal`
-    says the host tool is host-internal (`policy/hosts.is_internal`)."""
+    says the host tool is host-internal (`policy/hosts.is_internal`). `once` (the MCP
+    gateway's rule): an approval covers one call, so a tool is covered while the turn holds more
+    approvals of it than calls of it were admitted; otherwise one covers the tool for the turn."""
     host_tool, tool, command = call
     turn = agent_turn(open_turns, agent)
-    approved = frozenset(
+    live = [
         a.tool
         for a in approvals
         if turn is not None
         and a.turn_id == turn.turn_id
         and a.status == ApprovalStatus.APPROVED
         and (a.expires_at is None or now < a.expires_at)
-    )
+    ]
+    approved = frozenset(live)
+    if once and turn is not None:
+        approved = frozenset(
+            name for name in approved if live.count(name) > turn.observed_admitted(name)
+        )
     return ToolCallFacts(
         agent=agent,
         loop_id=loop.loop_id,
