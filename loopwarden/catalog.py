@@ -13,7 +13,13 @@ from loopwarden.hosts.hook import hook
 from loopwarden.journal.listing import journal
 from loopwarden.journal.receipt import receipt
 from loopwarden.kernel.runner.operation import Operation
-from loopwarden.loops.lifecycle import cancel_loop, open_loop, pause_loop, resume_loop
+from loopwarden.loops.lifecycle import (
+    cancel_loop,
+    open_loop,
+    pause_loop,
+    resume_loop,
+    set_policy,
+)
 from loopwarden.mcp_gateway.gateway_ops import (
     gateway_attach,
     gateway_call,
@@ -47,6 +53,7 @@ OPERATIONS: tuple[Operation[Any, Any], ...] = (
     pause_loop,
     resume_loop,
     cancel_loop,
+    set_policy,
     todo_cancel,
     pool_define,
     pool_pause,

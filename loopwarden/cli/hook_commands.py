@@ -20,6 +20,7 @@ from loopwarden.hosts.host import Place, Trust
 from loopwarden.hosts.install import TOKEN_VARIABLE, Target, merged, settings_path
 from loopwarden.kernel.sql.location import STORE_ENV, parse_location
 from loopwarden.kernel.store.homes import home_source
+from loopwarden.policy.lint import unworkable
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -83,11 +84,21 @@ def loop_problems(
     if not policy.admits_agent(agent):
         near = close_to(agent, list(policy.agents))
         problems.append(f"loop {loop_id}'s policy does not admit agent {agent!r}{near}")
+    if loop.status.closed:
+        problems.append(
+            f"loop {loop_id} is {loop.status}: nothing more can be claimed or reported in it; "
+            "point the hooks at an active loop"
+        )
     if policy.observe_mode == "off":
         warnings.append(
             f"loop {loop_id}'s policy has no [observe] mode: its hooks will let every call "
-            'through unrecorded (set mode = "record" or "enforce")'
+            "through unrecorded. To turn them on: `loopwarden loop policy "
+            f'{loop_id} > policy.json`, add "observe": {{"mode": "enforce"}} (and allow the '
+            f'tools the host uses, e.g. "shell.run"; `loopwarden policy check policy.json` '
+            f"says what is missing), then `loopwarden loop set-policy {loop_id} --policy "
+            "policy.json`"
         )
+    warnings += [f"loop {loop_id}'s policy: {note}" for note in unworkable(policy)]
     return problems, warnings
 
 

@@ -189,6 +189,7 @@ class ReceiptKind(StrEnum):
     LOOP_CANCELLED = "loop.cancelled"
     LOOP_STOPPED = "loop.stopped"
     LOOP_COMPLETED = "loop.completed"
+    LOOP_POLICY_CHANGED = "loop.policy_changed"
     HOST_ATTACHED = "host.attached"
     TOOL_ADMITTED = "tool.admitted"
     TOOL_REFUSED = "tool.refused"
@@ -205,9 +206,16 @@ POOL_KINDS = frozenset(
 """The kinds of a budget pool's chain (`pool:<name>`); every other kind is a loop's."""
 
 
-class LoopOpened(Fact):
-    objective: str = Field(min_length=1, max_length=MAX_OBJECTIVE)
+class CarriesPolicy(Fact):
+    """A fact that carries a loop's policy document whole (`loop.opened`, and an operator's
+    `loop.policy_changed`): the body's `policy_digest` is that document's, the store keeps the
+    document by it, and the loop is judged by it from that receipt on."""
+
     policy: dict[str, Any]
+
+
+class LoopOpened(CarriesPolicy):
+    objective: str = Field(min_length=1, max_length=MAX_OBJECTIVE)
     todos: tuple[TodoSpec, ...]
 
 
