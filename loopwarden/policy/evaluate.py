@@ -107,7 +107,9 @@ def tool_reasons(
         elif verdict.rule == "approval" and tool not in approved:
             reasons.append(
                 Reason(
-                    ReasonCode.APPROVAL_REQUIRED, f"{verdict.explain()}; cite an approved approval"
+                    ReasonCode.APPROVAL_REQUIRED,
+                    f"{verdict.explain()}; it needs an approval asked for in this turn "
+                    "(request_approval) and approved by an operator before it is used",
                 )
             )
     return reasons

@@ -239,6 +239,10 @@ class TurnReport(Fact):
     summary: str = Field(max_length=MAX_SUMMARY)
     failure_signature: str | None = Field(default=None, max_length=200)
     approval_ids: tuple[ApprovalId, ...] = Field(default=(), max_length=MAX_TOOLS_USED)
+    # The approvals the report did not cite that count for it: for each approval-gated tool it
+    # names that no cited approval covers, the turn's earliest usable approval for that tool
+    # (`facts.approvals_found`). Absent when there are none (and before this field).
+    approvals_found: tuple[ApprovalId, ...] | None = Field(default=None, max_length=MAX_TOOLS_USED)
     # What the server charged against max_tool_calls (`rules.tool_calls_due`). Absent in
     # receipts of release 0.1.0, which charged usage.tool_calls alone (the fold does the same).
     tool_calls_charged: Count | None = None
