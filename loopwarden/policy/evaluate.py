@@ -351,6 +351,9 @@ class ToolCallFacts:
     # The call's arguments, for argument rules (`[[tools.arguments]]`): decided on, never
     # stored. None: not seen (a rule covering the tool then doubts, and denies).
     arguments: Mapping[str, Any] | None = None
+    # The MCP server name a call of one of loopwarden's own tools came under, when the hooks
+    # do not let loopwarden's tools through under that name (decided on, never stored).
+    own_elsewhere: str | None = None
 
 
 def admits_internal(policy: LoopPolicy, tool: str) -> bool:
@@ -377,6 +380,18 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
             Reason(
                 ReasonCode.LOOP_NOT_ACTIVE,
                 f"loop {facts.loop_id} is {facts.loop_status}: no tool may run for it now",
+            )
+        ]
+    if facts.turn_id is None and facts.own_elsewhere is not None:
+        return [
+            Reason(
+                ReasonCode.NO_OPEN_TURN,
+                f"{facts.host_tool} is loopwarden's own tool under the MCP server name "
+                f"{facts.own_elsewhere!r}, which these hooks were not installed for, so they "
+                "decide it as any other tool: no call can start a turn. Stop and tell the user: "
+                f"the hooks must be installed again with --server-name {facts.own_elsewhere} "
+                "(`loopwarden hook install … --server-name "
+                f"{facts.own_elsewhere}`; `loopwarden hook doctor` shows it)",
             )
         ]
     if facts.turn_id is None:
