@@ -87,6 +87,11 @@ class StoreUnavailable(StoreError, code="store_unavailable"):
     lost before the write committed): nothing was written; retry."""
 
 
+class StoreMissing(StoreError, code="store_missing"):
+    """There is no store where the server was told to find one (a mistyped home): said to the
+    caller as it is (it names only the server's own configuration), never made empty."""
+
+
 class StoreBusy(StoreError, code="store_busy"):
     """The database's write lock could not be had in time: nothing was written; retry."""
 

@@ -167,7 +167,9 @@ def _run(settings: Settings) -> None:
         async with admin.open_store(settings.home, store=settings.location.url):
             pass
 
-    run(preflight)
+    file = settings.location.file
+    if file is None or file.exists():  # a missing store is not made: the server says so
+        run(preflight)
     server, runtime = build(settings)
     if settings.http is None:
         anyio.run(serve_stdio, server)

@@ -133,7 +133,7 @@ class SetPolicyResult(Model):
     receipt_id: str | None = Field(description="The `loop.policy_changed` receipt, if sealed.")
 
 
-@operation(access="write", scope=by_loop, callers=OPERATOR_CALLERS)
+@operation(access="write", scope=by_loop, callers=OPERATOR_CALLERS, tool=False)
 def set_policy(call: Call[Txn], req: SetPolicyRequest) -> SetPolicyResult:
     """Operator only: replace a loop's policy. Budgets already used carry over.
 

@@ -71,9 +71,12 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
         async with runtime.open(), feed.running(), links.running(), AsyncExitStack() as stack:
             if gateway is not None:
                 await stack.enter_async_context(gateway.running())
-            export = settings.export
-            store = runtime.require_store()
-            sink = None if export is None else WebhookSink(store, export, observer=observer)
+            export, store = settings.export, runtime.store
+            sink = (
+                None
+                if export is None or store is None  # no store: nothing to send (runtime.missing)
+                else WebhookSink(store, export, observer=observer)
+            )
             async with sending(sink):
                 yield runtime
 
