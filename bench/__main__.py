@@ -24,6 +24,7 @@ from bench import (
     fleet,
     hooks,
     kernel,
+    mcp_gateway,
     memory,
     model_gateway,
     pools,
@@ -49,6 +50,7 @@ FAMILIES = {
     "telemetry": (telemetry, 5, 20),
     "pools": (pools, 5, 25),
     "fleet": (fleet, 6, 40),
+    "mcp_gateway": (mcp_gateway, 30, 60),
     "model_gateway": (model_gateway, 6, 40),
 }
 BUDGET = {True: 50.0, False: 550.0}  # seconds: quick, full

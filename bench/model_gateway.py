@@ -1,4 +1,4 @@
-"""Family 13 — the model gateway: what loopwarden in the model path costs a model call.
+"""Family 14 — the model gateway: what loopwarden in the model path costs a model call.
 
 A real `loopwarden serve --http` (SQLite, synchronous=full) in front of the tests' scripted
 upstream (`tests/model_upstream.py`, a threaded server on loopback that answers the Anthropic
@@ -191,7 +191,7 @@ async def run(quick: bool, budget: float) -> Section:
     deadline = h.Deadline(budget)
     section = Section(
         family=NAME,
-        number=13,
+        number=14,
         title="Model gateway",
         how=(
             "`loopwarden serve --http` (SQLite, synchronous=full) in front of the tests' scripted "

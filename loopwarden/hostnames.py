@@ -12,3 +12,12 @@ NAMES: tuple[str, ...] = (
     "gemini",
     "cursor",
 )
+
+GATEWAY = "mcp-gateway"
+"""Not a host: the name loopwarden's MCP gateway (`loopwarden/mcp_gateway`) gives itself in the
+tool receipts it seals, so a receipt says the call came through the gateway. It has no hooks and
+no module of `loopwarden/hosts/`; its tool names are `mcp__<server>__<tool>`, read by the
+generic MCP rule (`mcp.<server>.<tool>`), with no table and no internal tools."""
+
+RECORDED: tuple[str, ...] = (*NAMES, GATEWAY)
+"""Every name a tool receipt's `host` may hold: the hook hosts, and the MCP gateway."""

@@ -12,6 +12,7 @@ from loopwarden.hosts import host_kinds
 from loopwarden.kernel.runner import request_kinds
 from loopwarden.kernel.state.registry import Kinds
 from loopwarden.loops import loop_kinds
+from loopwarden.mcp_gateway import gateway_kinds
 from loopwarden.model_gateway import model_kinds
 from loopwarden.pools import pool_kinds
 from loopwarden.todos import todo_kinds
@@ -26,5 +27,6 @@ KINDS = Kinds(
     host_kinds.SPECS,
     pool_kinds.SPECS,
     model_kinds.SPECS,
+    gateway_kinds.SPECS,
 )
 """Every receipt kind's spec: what stores build and fold receipts by, and audits judge by."""

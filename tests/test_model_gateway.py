@@ -303,7 +303,7 @@ def test_a_budget_that_cannot_hold_the_call_refuses_it_in_the_providers_shape(
         ask(client, max_tokens=4000)  # its worst case ($0.06) does not fit what is left
     message = str(refused.value)
     assert "loopwarden" in message and f"loop {gw.loop}" in message
-    assert "cost_usd budget" in message and "loopwarden loop open" in message
+    assert "cost_usd budget" in message and "loopwarden loop set-policy" in message
     [refusal] = gw.receipts(ReceiptKind.MODEL_REFUSED)
     assert {r.code for r in refusal.decision.reasons} == {"budget_exhausted:cost_usd"}
     assert refusal.data.reserve.output_tokens == 4000

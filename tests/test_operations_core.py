@@ -44,8 +44,9 @@ RELEASE_0_1_0 = Path(__file__).parent / "fixtures" / "release-0.1.0"
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
 
-def _server(home: Path, who: str = "builder", role: str = "agent") -> Any:
-    return build_server(Settings.create(home=home, agent=who, role=role), clock=ManualClock())
+def _server(home: Path, who: str = "builder", role: str = "agent", store: str | None = None) -> Any:
+    settings = Settings.create(home=home, agent=who, role=role, store=store)
+    return build_server(settings, clock=ManualClock())
 
 
 async def test_every_tool_schema_is_its_operations_request_and_result_model(home):
@@ -111,7 +112,7 @@ async def test_errors_carry_their_code_to_the_typed_client(home, store):
     await open_loop(
         store, OPERATOR, OpenLoopRequest(objective="o", policy=BASIC_POLICY, loop_id="L1")
     )
-    async with AgentClient.connect(_server(home)) as agent:
+    async with AgentClient.connect(_server(home, store=store.location.url)) as agent:
         with pytest.raises(ToolCallError) as missing:
             await agent.quota("L9")
         assert (missing.value.code, missing.value.message) == ("not_found", "no loop with id 'L9'")
@@ -202,21 +203,23 @@ async def test_a_release_0_1_0_database_keeps_working_and_still_verifies(tmp_pat
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_a_receipt_summary_follows_the_envelope_it_is_given_not_a_remembered_one(tmp_path):
-    # Summaries are memoized (a projection shows the same recent receipts every call); the memo
-    # is keyed by the envelope's hash, so a row whose envelope changed is summarized anew.
+async def test_a_receipt_summary_follows_the_envelope_it_is_given_not_a_remembered_one(store):
+    # Typed bodies are memoized per store (a projection shows the same recent receipts every
+    # call); the memo is keyed by the envelope's hash, so a row whose envelope changed is
+    # summarized anew, even under its old digest.
     from dataclasses import replace
 
     from loopwarden.journal.listing import receipt_summary
 
-    home = _release_copy(tmp_path)
-    with snapshot(home / DB_NAME) as reader:
-        rows = list(reader.iter_journal())
+    await open_loop(store, OPERATOR, {"objective": "o", "policy": BASIC_POLICY, "loop_id": "m"})
+    with pytest.raises(NotFound):  # an outsider: answered like no loop, and sealed as refused
+        await claim(store, STRANGER, {"loop_id": "m"})
+    rows = await store.read(lambda r: r.loop_journal("m"))
     opened = next(r for r in rows if r.kind == "loop.opened")
     refused = next(r for r in rows if r.kind.endswith(".refused"))
-    first = receipt_summary(opened)
-    assert receipt_summary(opened) == first and first.effect == "allow"
-    swapped = receipt_summary(replace(opened, envelope=refused.envelope))
+    first = receipt_summary(store, opened)
+    assert receipt_summary(store, opened) == first and first.effect == "allow"
+    swapped = receipt_summary(store, replace(opened, envelope=refused.envelope))
     assert (swapped.seq, swapped.kind) == (opened.seq, "loop.opened")  # the row's own columns
     assert swapped.effect == "deny" and swapped.reasons  # the body of the envelope it holds
     assert (swapped.principal, swapped.reasons) != (first.principal, first.reasons)

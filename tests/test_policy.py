@@ -1102,9 +1102,11 @@ SCALAR_CHANGES = [
     ("tools", "approval", ["deploy.*", "db.migrate"]),
     (None, "agents", ["builder", "reviewer", "tester"]),
     ("tools", "commands", {"deny": ["git push*"]}),
+    ("tools", "arguments", [{"tool": "mcp.fs.*", "argument": "path", "under": ["/srv"]}]),
     (None, "observe", {"mode": "record"}),
     (None, "pools", ["team-a"]),
     (None, "model", {"allow": ["claude-*"]}),
+    (None, "gateway", {"pin": "first_sight"}),
 ]
 
 

@@ -49,9 +49,12 @@ from loopwarden.kinds import KINDS
 from loopwarden.loops.lifecycle import (
     LoopControlRequest,
     OpenLoopRequest,
+    SetPolicyRequest,
     TodoInput,
     open_loop,
+    set_policy,
 )
+from loopwarden.mcp_gateway.gateway_ops import GatewayChange, gateway_tool_changed
 from loopwarden.model_gateway.model_ops import model_admit, model_settle
 from loopwarden.pools.pool_ops import (
     PoolControlRequest,
@@ -406,6 +409,12 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(store, clo
         update(store, BUILDER, _report(v1, "progress", "w1", tools_used=[ToolUse(name="fs.read")])),
     )
     assert reported.accepted and [r.code for r in reported.reasons] == ["tool_unreported"]
+    # The MCP gateway, for the same loop: a downstream tool no longer its pinned description.
+    changed_tool = GatewayChange(
+        loop_id="L4", session_id="g", server="files", tool="read_file",
+        pinned_digest="sha256:" + "3" * 64, seen_digest="sha256:" + "4" * 64,
+    )  # fmt: skip
+    await step("L4", gateway_tool_changed(store, observer, changed_tool))
     cancel = TodoCancelRequest(loop_id="L4", todo_id="b", reason="not needed")
     assert (await step("L4", todo_cancel(store, OPERATOR, cancel))).todo_status == "cancelled"
 
@@ -444,6 +453,11 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(store, clo
     refused = await step("L6", model_admit(store, gateway, _admission("L6", cost=2.0)))
     assert not refused.admitted and refused.receipt_id is not None
     await step("L6", update(store, BUILDER, _report(y1, "progress", "m1")))
+    wider = {**pooled, "budgets": {**pooled["budgets"], "max_turns": 30}}
+    changed = SetPolicyRequest(loop_id="L5", policy=wider, reason="more turns")
+    assert (await step("L5", set_policy(store, OPERATOR, changed))).changed
+    x2 = await step("L5", claim(store, BUILDER, req("L5")))
+    await step("L5", update(store, BUILDER, _report(x2, "progress", "p2")))
     seen.update(
         await store.read(lambda r: [j.kind for j in r.iter_journal() if j.loop_id == "pool:team"])
     )

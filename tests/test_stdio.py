@@ -211,3 +211,18 @@ def test_serve_without_an_agent_exits_2_with_a_message_on_stderr_only(home):
     message = " ".join(done.stderr.split())
     assert "--agent" in message and "LOOPWARDEN_AGENT" in message
     assert "Traceback" not in done.stderr
+
+
+async def test_serve_on_a_home_without_a_store_makes_none_and_says_so_to_the_agent(tmp_path):
+    """A mistyped home: no empty store is made (nor keys), and every call names the problem
+    instead of answering each loop `not_found`."""
+    from loopwarden.clients.agent import AgentClient, ToolCallError
+
+    home = tmp_path / "mistyped"
+    async with AgentClient.stdio("builder", home) as agent:
+        with pytest.raises(ToolCallError) as refused:
+            await agent.quota("L1")
+    assert refused.value.code == "store_missing"
+    assert "there is no loopwarden store" in refused.value.message
+    assert "loopwarden loop open --home" in refused.value.message
+    assert not (home / "loopwarden.db").exists() and not (home / "keys").exists()

@@ -164,9 +164,11 @@ async def test_failed_transaction_after_append_leaves_no_trace(store):
         )
         tx.remember("builder", "key-1", "update", "sha256:" + "0" * 64, '{"accepted":true}')
         assert (
-            tx.pending_count() == 1 and len(tx.integrate()) == 1
+            tx.unproved.pending_count() == 1 and len(tx.integrate()) == 1
         )  # the leaf, as a commit gives it
-        assert tx.journal_count() == 16 and tx.latest_checkpoint() is not None  # visible inside
+        assert (
+            tx.unproved.journal_count() == 16 and tx.unproved.latest_checkpoint() is not None
+        )  # visible inside
         raise RuntimeError("boom after the append")
 
     with pytest.raises(RuntimeError, match="boom"):

@@ -83,7 +83,7 @@ def _request_problems(call: Call[Txn], req: ApprovalRequest) -> list[Reason]:
     problems = turn_problems(call.tx, call.who, call.turn, req.fence)
     if problems:
         return problems
-    policy = call.tx.policy(call.loop.policy_digest)
+    policy = call.tx.rows.policy(call.loop.policy_digest)
     verdict = explain(policy, req.tool)
     if verdict.rule == "allow":
         return [Reason(ReasonCode.APPROVAL_NOT_NEEDED, verdict.explain())]
@@ -162,7 +162,7 @@ def decide_approval(call: Call[Txn], req: DecideApprovalRequest) -> DecideApprov
     \f
     `Conflict` if it was already decided."""
     tx = call.tx
-    approval = tx.approval(req.approval_id)
+    approval = tx.rows.approval(req.approval_id)
     assert approval is not None  # located by the scope in this transaction
     if approval.status != ApprovalStatus.PENDING:
         raise Conflict(f"approval {req.approval_id} is already {approval.status}")
@@ -213,5 +213,5 @@ class ApprovalsResult(Model):
 @operation(access="read", callers=OPERATOR_CALLERS, tool=False)
 def list_approvals(call: Call[Reader], req: ApprovalsRequest) -> ApprovalsResult:
     """Operator only: approval requests (of one loop, in one status), oldest first."""
-    rows = call.tx.loop_approvals(req.loop_id, req.status)
+    rows = call.tx.rows.loop_approvals(req.loop_id, req.status)
     return ApprovalsResult(approvals=[from_row(ApprovalOut, a) for a in rows])

@@ -100,7 +100,7 @@ def model_token(
         async with admin.open_store(options.home, store=options.store) as opened:
 
             def mint(tx: Txn) -> IssuedToken:
-                if tx.loop_row(loop) is None:
+                if tx.rows.loop_row(loop) is None:
                     raise NotFound(f"no loop with id {loop!r}")
                 return issue_token(tx, who, lifetime, loop_id=loop)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from importlib import resources
 from pathlib import Path
@@ -21,7 +22,7 @@ from loopwarden.errors import LoopwardenError
 from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.evaluate import ToolVerdict, rule_set
 from loopwarden.policy.evaluate import explain as explain_tool
-from loopwarden.policy.lint import case_near_misses, command_rule_notes
+from loopwarden.policy.lint import policy_notes
 from loopwarden.policy.loader import parse_policy, policy_schema
 from loopwarden.policy.model import LoopPolicy
 
@@ -87,13 +88,7 @@ def policy_check(file: Path, *, options: Options) -> None:
     """
     policy = _load(file, options.json_out)
     digest = policy_digest(policy)
-    notes = []
-    if not policy.agents:
-        notes.append("no agents are allowed: nobody can claim a turn")
-    if not policy.tools.allow and not policy.tools.approval:
-        notes.append("no tool is allowed: every reported tool use will be refused")
-    notes += case_near_misses(policy)
-    notes += command_rule_notes(policy)
+    notes = policy_notes(policy)
     if options.json_out:
         render.emit_json(
             {"valid": True, "digest": digest, "notes": notes, "policy": policy_document(policy)}
@@ -129,14 +124,22 @@ def policy_explain(
     shell: Annotated[
         str, typer.Option("--shell", help="The language of --command: bash or powershell.")
     ] = "bash",
+    arguments: Annotated[
+        str | None,
+        typer.Option(
+            "--arguments", metavar="JSON", help="A call's arguments, judged for each --tool."
+        ),
+    ] = None,
     *,
     options: Options,
 ) -> None:
-    """Classify tools, or judge shell command lines.
+    """Classify tools, judge a call's arguments, or judge shell command lines.
 
-    A tool is allowed, denied or needs approval; the pattern that decided is named. For a command line, prints every command it
-    runs (nested ones indented under what runs them), the rule or doubt deciding each, and the
-    reasons the model is told. Needs no store (--home is ignored).
+    A tool is allowed, denied or needs approval; the pattern that decided is named. With
+    --arguments, every argument rule covering each --tool is judged on them ([[tools.arguments]]).
+    For a command line, prints every command it runs (nested ones indented under what runs
+    them), the rule or doubt deciding each, and the reasons the model is told. Needs no store
+    (--home is ignored).
     """
     json_out = options.json_out
     policy = _load(file, json_out)
@@ -144,17 +147,76 @@ def policy_explain(
         fail("name a --tool or a --command to explain", EXIT_USAGE, as_json=json_out)
     if shell not in ("bash", "powershell"):
         fail("--shell is bash or powershell", EXIT_USAGE, as_json=json_out)
+    given = None
+    if arguments is not None:
+        try:
+            given = json.loads(arguments)
+        except ValueError:
+            given = None
+        if not isinstance(given, dict):
+            fail("--arguments takes a JSON object", EXIT_USAGE, as_json=json_out)
     verdicts = [explain_tool(policy, name) for name in tool or []]
+    judged_arguments = [_judged_arguments(policy, name, given) for name in tool or []]
     lines = [_judged_line(policy, line, shell) for line in command or []]
     if json_out:
         out: dict[str, Any] = {"tools": [_tool_json(v) for v in verdicts]}
+        if arguments is not None:
+            out["arguments"] = judged_arguments
         render.emit_json({**out, "commands": lines} if command else out)
         return
-    for v in verdicts:
+    for v, judged_call in zip(verdicts, judged_arguments, strict=True):
         color = {"allow": "green", "approval": "yellow", "deny": "red"}[v.effect]
         render.console.print(f"[{color}]{v.effect:8}[/{color}] {render.safe(v.explain())}")
+        if arguments is not None or judged_call["rules"]:
+            _print_arguments(judged_call, arguments is not None)
     for judged in lines:
         _print_line(judged)
+
+
+def _judged_arguments(
+    policy: LoopPolicy, tool: str, arguments: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The argument rules covering `tool`, each judged on `arguments` (None: not given)."""
+    from loopwarden.policy.arguments import argument_reasons, covering, judge_arguments
+
+    rules = policy.tools.arguments
+    if arguments is None:
+        listed = [{"rule": r.label, "argument": r.argument} for r in covering(rules, tool)]
+        return {"tool": tool, "effect": None, "rules": listed, "reasons": []}
+    verdicts = judge_arguments(rules, tool, arguments)
+    told = argument_reasons(rules, tool, arguments)
+    return {
+        "tool": tool,
+        "effect": "deny" if told else "allow",
+        "rules": [
+            {
+                "rule": v.rule.label,
+                "argument": v.rule.argument,
+                "outcome": v.outcome,
+                "why": v.why,
+            }
+            for v in verdicts
+        ],
+        "reasons": [r.as_dict() for r in told],
+    }
+
+
+def _print_arguments(judged: dict[str, Any], given: bool) -> None:
+    if not judged["rules"]:
+        render.console.print("  no argument rule covers it")
+        return
+    for rule in judged["rules"]:
+        if not given:
+            render.console.print(
+                f"  argument rule {render.safe(rule['rule'])} on {render.safe(rule['argument'])}"
+            )
+            continue
+        mark = "red" if rule["outcome"] in ("not_allowed", "doubt") else "green"
+        why = f": {rule['why']}" if rule["why"] else ""
+        render.console.print(
+            f"  [{mark}]{rule['outcome']:11}[/{mark}] {render.safe(rule['rule'])} "
+            f"({render.safe(rule['argument'])}){render.safe(why)}"
+        )
 
 
 def _tool_json(v: ToolVerdict) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pydantic.fields import FieldInfo
 from loopwarden.cli.common import Options, control_command, gather, shared_options
 from loopwarden.clients import render
 from loopwarden.clock import format_time
-from loopwarden.policy.model import Budgets
+from loopwarden.policy.budgets import Budgets
 from loopwarden.pools.pool_ops import POOL_CONTROLS, PoolOut, pool_define, pools
 
 app = typer.Typer(no_args_is_help=True, help="Budget pools: limits that span loops.")

@@ -16,6 +16,7 @@ from loopwarden.cli import audit_commands as audits
 from loopwarden.cli import dashboard_commands as dashboard
 from loopwarden.cli import doctor
 from loopwarden.cli import export_commands as exports
+from loopwarden.cli import gateway_commands as gateways
 from loopwarden.cli import home_commands as homes
 from loopwarden.cli import hook_commands as hooks
 from loopwarden.cli import journal_commands as journal
@@ -44,6 +45,7 @@ app.add_typer(policies.app, name="policy")
 app.add_typer(stores.app, name="store")
 app.add_typer(pools.app, name="pool")
 app.add_typer(models.app, name="model")
+app.add_typer(gateways.app, name="gateway")
 hooks.app.command("doctor")(doctor.doctor)
 app.add_typer(hooks.app, name="hook")
 app.command()(server.serve)

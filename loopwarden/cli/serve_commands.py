@@ -21,7 +21,7 @@ from loopwarden.cli.common import (
     run,
 )
 from loopwarden.clients import admin, render
-from loopwarden.errors import LoopwardenError
+from loopwarden.errors import InvalidInput, LoopwardenError
 
 if TYPE_CHECKING:
     from loopwarden.server.settings import Settings
@@ -150,6 +150,13 @@ def serve(
     export_secret_file: ExportSecretFile = None,
     export_name: ExportName = None,
     export_lease: ExportLease = None,
+    gateway: Annotated[
+        Path | None,
+        _given("FILE", "Also serve these downstream MCP servers, governed (an mcpServers file)."),
+    ] = None,
+    loop: Annotated[
+        str | None, _given("ID", "With --gateway: the loop its calls count against.")
+    ] = None,
     model_upstream: ModelUpstream = None,
     model_prices: ModelPrices = None,
     model_timeout: ModelTimeout = None,
@@ -157,7 +164,8 @@ def serve(
     """Run the MCP server (stdio by default).
 
     Logs go to stderr; on stdio, stdout is the protocol. With --http, streamable HTTP at /mcp
-    with bearer tokens (`loopwarden token create`).
+    with bearer tokens (`loopwarden token create`). With --gateway FILE, the MCP servers the
+    file declares are served too, each call decided and sealed (docs/mcp-gateway.md).
     """
     from loopwarden.server.transports import configure_logging
 
@@ -168,12 +176,12 @@ def serve(
 def _run(settings: Settings) -> None:
     """Bind (HTTP), check the store, then serve until stopped."""
     # The SDK loads only here: every other command starts without it.
-    from loopwarden.dashboard.site import dashboard_mount
     from loopwarden.model_gateway.gateway import ModelGateway
     from loopwarden.server.app import build
     from loopwarden.server.hook_route import hook_route
     from loopwarden.server.metrics_route import metrics_route
     from loopwarden.server.model_route import model_route
+    from loopwarden.server.mounts import dashboard_mount
     from loopwarden.server.settings import url_host
     from loopwarden.server.transports import listen, serve_http, serve_stdio, transport_security
 
@@ -188,7 +196,9 @@ def _run(settings: Settings) -> None:
         async with admin.open_store(settings.home, store=settings.location.url):
             pass
 
-    run(preflight)
+    file = settings.location.file
+    if file is None or file.exists():  # a missing store is not made: the server says so
+        run(preflight)
     server, runtime = build(settings)
     if settings.http is None:
         anyio.run(serve_stdio, server)
@@ -207,6 +217,11 @@ def _run(settings: Settings) -> None:
         render.err.print(f"host hooks on {base}/hooks/HOST?loop=ID (observer tokens)")
         security = transport_security(host, settings.allowed_hosts)  # /mcp's, on every route
         render.err.print(f"metrics on {base}/metrics (operator tokens)")
+        if settings.gateway is not None:
+            served = ", ".join(settings.gateway.servers) or "none"
+            render.err.print(
+                f"MCP gateway for {served} (the Loopwarden-Loop header names the loop)"
+            )
         if settings.export is not None:
             export = settings.export
             render.err.print(f"receipts exported to {export.origin} (sink {export.name})")
@@ -262,9 +277,23 @@ def _settings(flags: dict[str, Any]) -> Settings:
         model = gateway_settings(
             settings.home, flags["model_upstream"], flags["model_prices"], flags["model_timeout"]
         )
+        servers = None
+        if flags["gateway"] is not None:
+            from loopwarden.mcp_gateway.servers_file import load_servers
+
+            servers = load_servers(flags["gateway"])
+        elif flags["loop"] is not None:
+            raise InvalidInput("--loop goes with --gateway FILE")
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE)
-    return dataclasses.replace(settings, otel=flags["otel"], export=export, model=model)
+    return dataclasses.replace(
+        settings,
+        otel=flags["otel"],
+        export=export,
+        gateway=servers,
+        gateway_loop=flags["loop"],
+        model=model,
+    )
 
 
 def demo(home: Home = None, json_out: Json = False) -> None:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
@@ -92,11 +92,13 @@ def _policy(name: str) -> dict[str, Any]:
     return policy_document(parse_policy(text, "toml", source=name))
 
 
-def _reasons(reasons) -> list[str]:
+def _reasons(reasons: Iterable[Any]) -> list[str]:
     return [r.code for r in reasons]
 
 
-async def _open(home: Path, n: Narrator, loop_id: str, objective: str, todos: list[dict]) -> None:
+async def _open(
+    home: Path, n: Narrator, loop_id: str, objective: str, todos: list[dict[str, Any]]
+) -> None:
     """The operator opens `loop_id` under its demo policy (`demo_policies/<loop_id>.toml`)."""
     async with admin.open_store(home) as store:
         result = await open_loop(

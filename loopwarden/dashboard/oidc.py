@@ -181,7 +181,10 @@ async def start_page(d: Any, login: OidcLogin, request: Request) -> Response:
         url, state = await login.start(next_page(request.query_params.get("next", "")))
     except IssuerUnavailable as exc:
         log.error("OIDC sign-in unavailable: %s", exc)
-        return d.error_page(503, "the identity provider cannot be reached; sign in with a token")
+        page: Response = d.error_page(
+            503, "the identity provider cannot be reached; sign in with a token"
+        )
+        return page
     response = RedirectResponse(url, status_code=303)
     # Lax, not strict: the callback is a top-level navigation from the identity provider.
     response.set_cookie(
@@ -204,9 +207,10 @@ async def callback_page(d: Any, login: OidcLogin, request: Request) -> Response:
             if isinstance(exc, LoginRefused)
             else "The identity provider cannot be reached."
         )
-        return d.render(
+        refused: Response = d.render(
             "login.html", 403, message=message, error=True, csrf="", who=None, next="/", oidc=True
         )
+        return refused
     session = d.sessions.create(None, who)
     session.say("ok", f"Signed in as {who.id} (identity provider).")
     # A page of ours moves on: after a cross-site redirect chain a SameSite=Strict session

@@ -161,7 +161,9 @@ class WebhookSink:
                 return self.pacing.poll
             name, pacing = self.target.name, self.pacing
             lease = await self.store.write(
-                lambda tx: tx.take_export_lease(name, self.holder, self.target.origin, pacing.lease)
+                lambda tx: tx.cursors.take_export_lease(
+                    name, self.holder, self.target.origin, pacing.lease
+                )
             )
             if lease is None:  # another process sends: look again later
                 self._lease_until = None
@@ -202,7 +204,7 @@ class WebhookSink:
     async def _delivered(self, rows: list[JournalRow]) -> None:
         name, pacing, last = self.target.name, self.pacing, rows[-1].leaf
         kept = await self.store.write(
-            lambda tx: tx.advance_export(name, self.holder, last, len(rows), pacing.lease)
+            lambda tx: tx.cursors.advance_export(name, self.holder, last, len(rows), pacing.lease)
         )
         self.observer.exported(name, sent=len(rows))
         if not kept:  # another process took the lease over meanwhile: it sends from here on
@@ -215,7 +217,7 @@ class WebhookSink:
 
     async def _failed(self, error: str) -> float:
         name, pacing = self.target.name, self.pacing
-        await self.store.write(lambda tx: tx.note_export_failure(name, self.holder, error))
+        await self.store.write(lambda tx: tx.cursors.note_export_failure(name, self.holder, error))
         self.observer.exported(name, failed=1)
         self._retry = min(max(self._retry * 2, pacing.first_retry), pacing.longest_retry)
         if error != self._error:
@@ -245,7 +247,9 @@ class WebhookSink:
         name = self.target.name
         with anyio.move_on_after(5, shield=True):
             try:
-                await self.store.write(lambda tx: tx.release_export_lease(name, self.holder))
+                await self.store.write(
+                    lambda tx: tx.cursors.release_export_lease(name, self.holder)
+                )
             except Exception as exc:  # the lease then expires by itself
                 log.info("export sink %s: lease not released (%s)", name, type(exc).__name__)
 

@@ -26,7 +26,7 @@ from pydantic import Field, model_validator
 
 from loopwarden.hosts.host import Phase
 from loopwarden.hosts.host_kinds import (
-    Host,
+    HookHost,
     HostAgent,
     HostAttached,
     HostSession,
@@ -35,7 +35,7 @@ from loopwarden.hosts.host_kinds import (
     ToolObserved,
     ToolRefused,
 )
-from loopwarden.hosts.tool_names import is_internal, is_own_tool, policy_tool
+from loopwarden.hosts.tool_names import is_internal, is_own_tool, mcp_parts, policy_tool
 from loopwarden.kernel.runner.operation import OBSERVER_CALLERS, Call
 from loopwarden.kernel.runner.refusals import refuse_request
 from loopwarden.kernel.runner.results import Model, ReasonOut, reasons_out
@@ -62,7 +62,7 @@ class HookEvent(Model):
     """One host hook event, as the host adapter (`loopwarden/hooks`) read it."""
 
     loop_id: LoopId
-    host: Host
+    host: HookHost
     phase: Phase
     session_id: HostSession
     tool_use_id: str | None = Field(default=None, max_length=200)
@@ -77,6 +77,10 @@ class HookEvent(Model):
     )
     shell: Literal["bash", "powershell"] = Field(
         default="bash", description="The shell language of `command`."
+    )
+    arguments: dict[str, Any] | None = Field(
+        default=None,
+        description="An MCP tool's arguments, for argument rules: decided on, never stored.",
     )
     response_digest: Digest | None = None
     errored: bool = False
@@ -112,6 +116,16 @@ class HookAnswer(Model):
     tool: str | None = Field(description="The policy name of the host tool, if any.")
     turn_id: str | None
     receipt_id: str | None = Field(description="The receipt sealed for this event, if one was.")
+
+
+def _own_elsewhere(req: HookEvent) -> str | None:
+    """The server name a call of one of loopwarden's own tools came under, when the hooks were
+    not installed for that name (`mcp__lw__claim` with hooks for `loopwarden`): the refusal
+    then says so, instead of telling the model to call the tool it was just refused."""
+    parts = mcp_parts(req.host_tool) if req.host_tool else None
+    if parts is None or parts[1] not in OWN_TOOLS or parts[0] in req.servers:
+        return None
+    return parts[0]
 
 
 def _answer(
@@ -159,7 +173,7 @@ def hook(call: Call[Txn], req: HookEvent) -> HookAnswer:
     shell commands by `[tools.commands]`, observed tool calls under `max_tool_calls`.
     """
     tx, who, loop = call.tx, call.who, call.loop
-    policy = tx.policy(loop.policy_digest)
+    policy = tx.rows.policy(loop.policy_digest)
     mode = policy.observe_mode
     if mode == "off":
         why = "this loop's policy does not observe hosts ([observe] mode is off): not recorded"
@@ -177,7 +191,7 @@ def hook(call: Call[Txn], req: HookEvent) -> HookAnswer:
     overrides = policy.observe.names.get(req.host, {}) if policy.observe else {}
     tool = policy_tool(req.host, req.host_tool, overrides)
     internal = is_internal(req.host, req.host_tool)
-    open_turns = tx.open_turns(loop.loop_id)
+    open_turns = tx.rows.open_turns(loop.loop_id)
     turn = agent_turn(open_turns, who.id)
     if req.phase == "post":
         if internal and admits_internal(policy, tool):
@@ -198,12 +212,14 @@ def _decided(
     assert req.host_tool is not None
     tx, who, loop = call.tx, call.who, call.loop
     open_turns, turn = turns
-    approved = tx.approved_for_turn(loop.loop_id, turn.turn_id) if turn else {}
+    approved = tx.rows.approved_for_turn(loop.loop_id, turn.turn_id) if turn else {}
     facts = tool_call_facts(
         loop, open_turns, approved.values(), who.id, (req.host_tool, tool, req.command), tx.now,
         internal=is_internal(req.host, req.host_tool),
     )  # fmt: skip
-    facts = dataclasses.replace(facts, dialect=req.shell)
+    facts = dataclasses.replace(
+        facts, dialect=req.shell, arguments=req.arguments, own_elsewhere=_own_elsewhere(req)
+    )
     decision = evaluate_tool_call(policy, facts, digest=loop.policy_digest)
     if facts.internal and decision.allowed:  # the host's own bookkeeping: not recorded
         return _answer(decision, block=False, binding=binding, tool=tool, turn=turn)
@@ -281,7 +297,7 @@ def _observed(call: Call[Txn], req: HookEvent, tool: str, turn: TurnRow | None) 
 
 def _stop(call: Call[Txn], req: HookEvent, policy: LoopPolicy) -> HookAnswer:
     """Block a host's stop once while the agent holds a turn with observed work unreported."""
-    turn = agent_turn(call.tx.open_turns(call.loop.loop_id), call.who.id)
+    turn = agent_turn(call.tx.rows.open_turns(call.loop.loop_id), call.who.id)
     binding = policy.observe_mode == "enforce"
     if turn is None or not turn.observed or req.stop_active:
         return _answer(ALLOW, block=False, binding=binding, turn=turn)

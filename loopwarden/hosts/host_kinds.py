@@ -11,11 +11,20 @@ from pydantic import Field
 from loopwarden import hostnames
 from loopwarden.hosts.tool_names import is_internal, policy_tool
 from loopwarden.kernel.state import facts as rules
-from loopwarden.kernel.state.events import Amount, Digest, Fact, ReceiptBody, ReceiptKind, ToolName
+from loopwarden.kernel.state.events import (
+    Amount,
+    Count,
+    Digest,
+    Fact,
+    ReceiptBody,
+    ReceiptKind,
+    ToolName,
+)
 from loopwarden.kernel.state.fold import FoldError, open_turn
 from loopwarden.kernel.state.legality import Judging, Verdict, VerdictRule, codes_of, verdicts
 from loopwarden.kernel.state.rows import HostSeen, LoopView, Observed, Touched, TurnRow, replace
 from loopwarden.kernel.state.spec import OBSERVERS, D, Fold, KindSpec, Rule
+from loopwarden.policy.arguments import ARGUMENT_CODES, covering
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.decision import ReasonCode
 from loopwarden.policy.evaluate import evaluate_tool_call
@@ -23,8 +32,10 @@ from loopwarden.policy.patterns import SHELL
 
 if TYPE_CHECKING:
     Host = str
+    HookHost = str
 else:
-    Host = Literal[hostnames.NAMES]  # one per host module (loopwarden/hosts)
+    Host = Literal[hostnames.RECORDED]  # a hook host, or the MCP gateway (`hostnames.GATEWAY`)
+    HookHost = Literal[hostnames.NAMES]  # one per host module (loopwarden/hosts)
 
 
 HostSession = Annotated[str, Field(min_length=1, max_length=200)]
@@ -45,8 +56,9 @@ class HostAttached(Fact):
 
 
 class ToolCall(Fact):
-    """One tool call as the host's hook showed it, before it ran. The input itself is never
-    recorded (it may hold secrets): only the digest of its RFC 8785 bytes."""
+    """One tool call as the host's hook showed it (or the MCP gateway, `host` `mcp-gateway`),
+    before it ran. The input itself is never recorded (it may hold secrets): only the digest of
+    its RFC 8785 bytes."""
 
     host: Host
     session_id: HostSession
@@ -56,6 +68,9 @@ class ToolCall(Fact):
     input_digest: Digest
     agent_id: HostAgent | None = None  # the subagent that made the call, if one did
     agent_type: HostAgent | None = None
+    # The MCP gateway's: the digest of the downstream tool's pinned description (name,
+    # description, input schema) the call was decided under. Absent from hook receipts.
+    tool_digest: Digest | None = None
 
 
 class ToolAdmitted(ToolCall):
@@ -86,6 +101,8 @@ class ToolObserved(Fact):
     charged: bool | None = None
     agent_id: HostAgent | None = None
     agent_type: HostAgent | None = None
+    # The MCP gateway's: the size in bytes of the result's RFC 8785 form (never the result).
+    response_bytes: Count | None = None
 
 
 COMMAND_CODES = frozenset(
@@ -175,8 +192,8 @@ def _named(view: LoopView, data: ToolCall | ToolObserved) -> list[Verdict]:
 
 
 def _rulings(view: LoopView, body: ReceiptBody, data: ToolCall) -> list[frozenset[str]]:
-    """The reasons the rules give against the call now (command rules aside: the line is not
-    kept, only its digest), the rule in force first. A host-internal tool has a second: the
+    """The reasons the rules give against the call now (command and argument rules aside: the
+    line and the arguments are not kept, only their digest), the rule in force first. A host-internal tool has a second: the
     rule for any tool, which decided it before the class existed (receipts of release 0.1.0
     refused `ToolSearch` without a turn)."""
     open_turns = [view.turns[t] for t in view.loop.open_turns]
@@ -186,9 +203,10 @@ def _rulings(view: LoopView, body: ReceiptBody, data: ToolCall) -> list[frozense
         facts = rules.tool_call_facts(
             view.loop, open_turns, view.approvals.values(), body.principal.id,
             (data.host_tool, data.tool, None), body.at, internal=as_internal,
+            once=data.host == hostnames.GATEWAY,
         )  # fmt: skip
         given = evaluate_tool_call(view.policy, facts, digest="").codes
-        rulings.append(frozenset(given) - COMMAND_CODES)
+        rulings.append(frozenset(given) - COMMAND_CODES - ARGUMENT_CODES)
     return rulings
 
 
@@ -249,7 +267,10 @@ def _judge_refused(view: LoopView, body: ReceiptBody, data: ToolRefused) -> list
     recorded, rulings = codes_of(body), _rulings(view, body, data)
     commands = recorded & COMMAND_CODES
     rules_commands = data.tool == SHELL and view.policy.tools.commands is not None
-    if (recorded - COMMAND_CODES) not in rulings or (commands and not rules_commands):
+    arguments = recorded & ARGUMENT_CODES
+    rules_arguments = bool(covering(view.policy.tools.arguments, data.tool))
+    unruled = (commands and not rules_commands) or (arguments and not rules_arguments)
+    if (recorded - COMMAND_CODES - ARGUMENT_CODES) not in rulings or unruled:
         expected = sorted(rulings[0])
         found.append(
             Verdict(

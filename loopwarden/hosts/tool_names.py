@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from loopwarden import hosts
+from loopwarden import hostnames, hosts
 from loopwarden.policy.patterns import MAX_NAME_LENGTH, SHELL
 
 __all__ = ["SHELL", "is_internal", "is_own_tool", "mcp_parts", "policy_tool"]
@@ -40,7 +40,7 @@ def policy_tool(host: str, host_tool: str, overrides: Mapping[str, str] | None =
     host's default table, else `mcp.<server>.<tool>` or `host.<Name>`."""
     if overrides and host_tool in overrides:
         return overrides[host_tool]
-    named = hosts.get(host).names.get(host_tool)
+    named = None if host == hostnames.GATEWAY else hosts.get(host).names.get(host_tool)
     if named is not None:
         return named
     parts = mcp_parts(host_tool)
@@ -67,4 +67,4 @@ def is_internal(host: str, host_tool: str) -> bool:
     """Whether `host_tool` is one of `host`'s internal tools: ones that act on nothing outside
     the host (its todo list, plan mode, loading deferred tools). Named by the host's own tool
     name, whatever the policy renames it to."""
-    return host_tool in hosts.get(host).internal
+    return host != hostnames.GATEWAY and host_tool in hosts.get(host).internal

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
-import threading
-from datetime import datetime
 from typing import Any
 
 from pydantic import Field
 
-from loopwarden.kernel.log.seals import Opened, open_envelope
+from loopwarden.kernel.log.seals import open_envelope
 from loopwarden.kernel.runner.operation import Call
 from loopwarden.kernel.runner.results import Model
 from loopwarden.kernel.runner.runner import operation
 from loopwarden.kernel.runner.visibility import by_loop
-from loopwarden.kernel.state.events import LoopId, ReceiptKind, Timestamp
+from loopwarden.kernel.state.events import LoopId, ReceiptBody, ReceiptKind, Timestamp
 from loopwarden.kernel.store.reader import JournalRow, Reader
+from loopwarden.kernel.store.store import Store
 
 MAX_LINES = 10_000
 
@@ -37,52 +35,42 @@ class ReceiptSummary(Model):
 
 class ReceiptLine(ReceiptSummary):
     turn_id: str | None
+    digest: str = Field(description="The digest of the receipt's envelope (what `prev` names).")
     verified: bool = Field(description="The signature holds under a trusted key.")
     messages: list[str] = Field(
         default_factory=list, description="Each reason's message, in the order of `reasons`."
     )
 
 
-def receipt_summary(row: JournalRow, opened: Opened | None = None) -> ReceiptSummary:
-    """One line about a receipt, for display. Decoded here without verification (`receipt`
-    verifies) unless the caller passes the envelope it already opened."""
-    if opened is not None:
-        return _summary(row, opened.body or {})
-    # Memoized by the row's columns and its envelope's hash: a projection shows the same recent
-    # receipts call after call, and a loop's opening receipt can carry 10⁵ todos (~30 ms to
-    # decode). The cache holds summaries only (no envelope), at most _SUMMARIES_KEPT of them.
-    key = (row.seq, row.receipt_id, row.kind, row.at, hashlib.sha256(row.envelope).digest())
-    with _summaries_lock:
-        found = _summaries.get(key)
-    if found is None:
-        found = _summary(row, open_envelope(row.envelope, None, canonical=False).body or {})
-        with _summaries_lock:
-            if len(_summaries) >= _SUMMARIES_KEPT:
-                del _summaries[next(iter(_summaries))]  # the oldest
-            _summaries[key] = found
-    return found
+def receipt_summary(store: Store, row: JournalRow) -> ReceiptSummary:
+    """One line about a receipt, for display, from its typed body (`Store.body_of`, decoded
+    once per store and not verified here: `receipt` and `journal` verify)."""
+    return _summary(row, store.body_of(row))
 
 
-_SUMMARIES_KEPT = 1024
-_summaries: dict[tuple[int, str, str, datetime, bytes], ReceiptSummary] = {}
-_summaries_lock = threading.Lock()
-
-
-def _summary(row: JournalRow, body: dict[str, Any]) -> ReceiptSummary:
-    decision = body.get("decision", {})
-    data = body.get("data")
-    found = data if isinstance(data, dict) else {}
-    agent = " ".join(str(found[k]) for k in ("agent_type", "agent_id") if found.get(k)) or None
+def _summary(row: JournalRow, body: ReceiptBody | None) -> ReceiptSummary:
+    """A line from a typed body; a body that is not one of this application's reads as `?`."""
+    if body is None:
+        return ReceiptSummary(
+            seq=row.seq, receipt_id=row.receipt_id, kind=row.kind, at=row.at,
+            principal="?", effect="?", reasons=[],
+        )  # fmt: skip
     return ReceiptSummary(
         seq=row.seq,
         receipt_id=row.receipt_id,
         kind=row.kind,
         at=row.at,
-        principal=body.get("principal", {}).get("id", "?"),
-        effect=decision.get("effect", "?"),
-        reasons=[r.get("code", "?") for r in decision.get("reasons", [])],
-        subagent=agent,
+        principal=body.principal.id,
+        effect=body.decision.effect,
+        reasons=[r.code for r in body.decision.reasons],
+        subagent=subagent_of(body),
     )
+
+
+def subagent_of(body: ReceiptBody) -> str | None:
+    """A host receipt's subagent as the host names it ('TYPE ID'), if a subagent made the call."""
+    named = [getattr(body.data, k, None) for k in ("agent_type", "agent_id")]
+    return " ".join(str(n) for n in named if n) or None
 
 
 class JournalRequest(Model):
@@ -93,6 +81,9 @@ class JournalRequest(Model):
     with_data: bool = Field(
         default=False, description="Include each receipt's `data` (whatever its kind)."
     )
+    with_bodies: bool = Field(
+        default=False, description="Include each receipt's whole body as signed."
+    )
 
 
 class JournalResult(Model):
@@ -102,6 +93,9 @@ class JournalResult(Model):
     data: list[dict[str, Any]] | None = Field(
         default=None,
         description="With `with_data`: each receipt's kind-specific `data` as signed, in order.",
+    )
+    bodies: list[dict[str, Any]] | None = Field(
+        default=None, description="With `with_bodies`: each receipt's body as signed, in order."
     )
 
 
@@ -117,25 +111,27 @@ def journal(call: Call[Reader], req: JournalRequest) -> JournalResult:
     rows = call.tx.loop_journal(
         req.loop_id, after_seq=req.after_seq, limit=req.limit, kind=req.kind
     )
-    lines, data = [], []
+    lines, data, bodies = [], [], []
     for row in rows:
         # The signature binds the stored bytes, and seal signs only canonical bytes, so the
         # RFC 8785 re-serialization (a third of the cost per line) is left to `receipt`.
         opened = open_envelope(row.envelope, call.store.keyring, canonical=False)
-        summary = receipt_summary(row, opened)
-        reasons = opened.body.get("decision", {}).get("reasons", [])
+        body = call.store.body_of(row)
         lines.append(
             ReceiptLine(
-                **dict(summary),
-                turn_id=opened.body.get("turn_id"),
+                **dict(_summary(row, body)),
+                turn_id=row.turn_id,
+                digest=row.digest,
                 verified=opened.verified,
-                messages=[str(r.get("message", "")) for r in reasons],
+                messages=[r.message for r in body.decision.reasons] if body is not None else [],
             )
         )
-        data.append(opened.body.get("data") or {})
+        data.append(opened.body.get("data") or {})  # as signed, for kinds this version lacks
+        bodies.append(opened.body)
     return JournalResult(
         loop_id=req.loop_id,
         receipts=lines,
         closed=call.loop.status.closed,
         data=data if req.with_data else None,
+        bodies=bodies if req.with_bodies else None,
     )

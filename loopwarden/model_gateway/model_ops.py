@@ -67,8 +67,14 @@ class Settlement(Model):
     turn_id: str | None
 
 
+def _rows(call: Call[Any]) -> Any:
+    """What a call reads its rows from: a write's proved rows, or a read's snapshot (the same
+    methods on both)."""
+    return call.tx.rows if isinstance(call.tx, Txn) else call.tx
+
+
 def _turn(call: Call[Any]) -> TurnRow | None:
-    return agent_turn(call.tx.open_turns(call.loop.loop_id), call.who.id)
+    return agent_turn(_rows(call).open_turns(call.loop.loop_id), call.who.id)
 
 
 def _pools(call: Call[Any], turn: TurnRow | None) -> list[str]:
@@ -76,13 +82,14 @@ def _pools(call: Call[Any], turn: TurnRow | None) -> list[str]:
     the agent's."""
     if turn is not None:
         return list(turn.pools)
-    policy = call.tx.policy(call.loop.policy_digest)
-    return drawn(call.tx.pools(), policy, call.who.id)
+    rows = _rows(call)
+    policy = rows.policy(call.loop.policy_digest)
+    return drawn(rows.pools(), policy, call.who.id)
 
 
 def _pool_reasons(call: Call[Any], req: AdmitRequest, names: list[str]) -> list[Reason]:
     """Why the pools refuse the call: paused, or a budget that its reservation does not fit."""
-    tx, reserve = call.tx, req.reserve.charge()
+    tx, reserve = _rows(call), req.reserve.charge()
     tx.hold(names)
     rows, reasons = tx.pools(), []
     for name in names:
@@ -94,7 +101,7 @@ def _pool_reasons(call: Call[Any], req: AdmitRequest, names: list[str]) -> list[
             reasons.append(Reason(ReasonCode.POOL_PAUSED, f"pool {name!r} is paused"))
         used = tx.usage(name, window_start(row.policy.window, call.now))
         held = req.pools_in_flight.get(name, ModelSpend()).charge()
-        remedy = f"an operator raises it with loopwarden pool create {name} --policy FILE"
+        remedy = f"an operator raises it with loopwarden pool set {name} (its new limits)"
         for reason in budget_reasons(
             row.policy.budgets, used, held, reserve, f"pool {name}", remedy
         ):
@@ -107,7 +114,7 @@ def _decide(call: Call[Any], req: AdmitRequest) -> tuple[Decision, list[str], Tu
     from and the agent's open turn: the same on a snapshot (`model_check`) and in the write
     transaction that seals a refusal (`model_admit`)."""
     loop = call.loop
-    policy = call.tx.policy(loop.policy_digest)
+    policy = _rows(call).policy(loop.policy_digest)
     turn = _turn(call)
     pools = _pools(call, turn)
     decision = evaluate_model_call(
@@ -183,7 +190,7 @@ def model_admit(call: Call[Txn], req: AdmitRequest) -> Admission:
     the refusal is owed only to calls in flight (their end may make room).
     """
     tx, loop = call.tx, call.loop
-    policy = tx.policy(loop.policy_digest)
+    policy = tx.rows.policy(loop.policy_digest)
     decision, pools, turn = _decide(call, req)
     if decision.allowed:
         return Admission(

@@ -44,6 +44,10 @@ class ReasonCode(StrEnum):
     COMMAND_NOT_ALLOWED = "command_not_allowed"
     COMMAND_UNREADABLE = "command_unreadable"  # a doubt: something a rule depends on is not literal
     COMMAND_OPAQUE = "command_opaque"  # code loopwarden does not read (python -c, a pipe into sh)
+    ARGUMENT_NOT_ALLOWED = "argument_not_allowed"  # a value an argument rule refuses
+    ARGUMENT_UNREADABLE = "argument_unreadable"  # a doubt: an argument a rule cannot judge
+    TOOL_CHANGED = "tool_changed"  # a downstream tool's description is not the pinned one
+    TOOL_UNPINNED = "tool_unpinned"  # a downstream tool no operator pinned yet
     HOST_NOT_ATTACHED = "host_not_attached"
     UNREPORTED_TOOL_USE = (
         "unreported_tool_use"  # observed, not reported: a violation in enforce mode

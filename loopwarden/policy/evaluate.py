@@ -7,11 +7,12 @@ closed: an unexpected error while evaluating is a deny whose reason names the er
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, ParamSpec
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec
 
+from loopwarden.policy.arguments import argument_reasons
 from loopwarden.policy.budgets import Totals, exhausted
 from loopwarden.policy.decision import Decision, Reason, ReasonCode, budget_code
 from loopwarden.policy.model import CommandRules, LoopPolicy
@@ -106,7 +107,9 @@ def tool_reasons(
         elif verdict.rule == "approval" and tool not in approved:
             reasons.append(
                 Reason(
-                    ReasonCode.APPROVAL_REQUIRED, f"{verdict.explain()}; cite an approved approval"
+                    ReasonCode.APPROVAL_REQUIRED,
+                    f"{verdict.explain()}; it needs an approval asked for in this turn "
+                    "(request_approval) and approved by an operator before it is used",
                 )
             )
     return reasons
@@ -383,6 +386,12 @@ class ToolCallFacts:
     lease_expired: bool = False  # the turn's lease has run out (not yet swept by a claim)
     internal: bool = False  # a host-internal tool (`policy/hosts.is_internal`)
     dialect: str = "bash"  # the shell language of `command`: "bash" or "powershell"
+    # The call's arguments, for argument rules (`[[tools.arguments]]`): decided on, never
+    # stored. None: not seen (a rule covering the tool then doubts, and denies).
+    arguments: Mapping[str, Any] | None = None
+    # The MCP server name a call of one of loopwarden's own tools came under, when the hooks
+    # do not let loopwarden's tools through under that name (decided on, never stored).
+    own_elsewhere: str | None = None
 
 
 def admits_internal(policy: LoopPolicy, tool: str) -> bool:
@@ -409,6 +418,18 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
             Reason(
                 ReasonCode.LOOP_NOT_ACTIVE,
                 f"loop {facts.loop_id} is {facts.loop_status}: no tool may run for it now",
+            )
+        ]
+    if facts.turn_id is None and facts.own_elsewhere is not None:
+        return [
+            Reason(
+                ReasonCode.NO_OPEN_TURN,
+                f"{facts.host_tool} is loopwarden's own tool under the MCP server name "
+                f"{facts.own_elsewhere!r}, which these hooks were not installed for, so they "
+                "decide it as any other tool: no call can start a turn. Stop and tell the user: "
+                f"the hooks must be installed again with --server-name {facts.own_elsewhere} "
+                "(`loopwarden hook install … --server-name "
+                f"{facts.own_elsewhere}`; `loopwarden hook doctor` shows it)",
             )
         ]
     if facts.turn_id is None:
@@ -439,6 +460,8 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
         reasons.append(reason)
     if facts.tool == SHELL and policy.tools.commands is not None:
         reasons.extend(command_reasons(policy.tools.commands, facts.command, facts.dialect))
+    if policy.tools.arguments is not None:
+        reasons.extend(argument_reasons(policy.tools.arguments, facts.tool, facts.arguments))
     limit = policy.budgets.limit("tool_calls")
     if limit is not None and facts.tool_calls >= limit:
         reasons.append(
@@ -474,7 +497,8 @@ def rule_set(rules: CommandRules) -> RuleSet:
 
 @_fail_closed
 def evaluate_tool_call(policy: LoopPolicy, facts: ToolCallFacts, *, digest: str) -> Decision:
-    """May this tool call run now? The question a host's pre-tool hook asks."""
+    """May this tool call run now? The question a host's pre-tool hook asks, and the MCP
+    gateway before it forwards a call (`mcp_gateway/`): one function for both paths."""
     return Decision.of(tool_call_reasons(policy, facts), digest)
 
 

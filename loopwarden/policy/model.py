@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from loopwarden import hostnames as hosts
 from loopwarden.errors import clip
+from loopwarden.policy.arguments import MAX_RULES, ArgumentRule, normalized
 from loopwarden.policy.budgets import Budgets
 from loopwarden.policy.commands import check_command_pattern
 from loopwarden.policy.patterns import check_pattern, is_tool_name
@@ -115,6 +116,16 @@ class ToolRules(_Section):
     commands: CommandRules | None = Field(
         default=None, description="Rules over the command lines of shell.run calls."
     )
+    arguments: tuple[ArgumentRule, ...] | None = Field(
+        default=None,
+        max_length=MAX_RULES,
+        description="Rules over named arguments of tool calls (policy/arguments.py).",
+    )  # None (the default) keeps older digests
+
+    @field_validator("arguments")
+    @classmethod
+    def _one_order(cls, value: tuple[ArgumentRule, ...] | None) -> tuple[ArgumentRule, ...] | None:
+        return normalized(value)
 
     @model_validator(mode="after")
     def _no_contradictions(self) -> ToolRules:
@@ -239,6 +250,15 @@ class ModelRules(_Section):
     deny: ModelPatterns = Field(default=(), description="Models never called; deny always wins.")
 
 
+class GatewayRules(_Section):
+    """How the MCP gateway treats this loop's downstream tools (docs/mcp-gateway.md): `pin` says
+    who admits a tool description the gateway has not seen before, an operator (`loopwarden
+    gateway pin`; until then the tool is hidden) or the gateway on first sight. A pinned
+    description that changes is refused either way until an operator pins it again."""
+
+    pin: Literal["operator", "first_sight"] = "operator"
+
+
 class TodoRules(_Section):
     agents_may_add: bool = False
     max_todos: int = Field(default=1_000, ge=1, le=MAX_TODOS_CEILING)
@@ -262,6 +282,7 @@ class LoopPolicy(_Section):
     )  # None (the default) draws from none, and keeps older digests
     model: ModelRules | None = None  # the model gateway's rules; None (the default) admits no
     # model call through the gateway, and keeps older digests
+    gateway: GatewayRules | None = None  # None (the default): operators pin; keeps older digests
 
     @model_validator(mode="after")
     def _some_budget(self) -> LoopPolicy:

@@ -123,8 +123,8 @@ def model_call_reasons(policy: LoopPolicy, facts: ModelCallFacts) -> list[Reason
             )
         )
     remedy = (
-        "an operator raises it by opening the work in a loop whose policy has a larger limit "
-        "(loopwarden loop open --policy FILE), or waits for calls in flight to end"
+        f"an operator raises it with loopwarden loop set-policy {facts.loop_id} --policy FILE, "
+        "or waits for calls in flight to end"
     )
     reasons.extend(
         budget_reasons(policy.budgets, facts.used, facts.in_flight, facts.reserve, where, remedy)

@@ -20,9 +20,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from loopwarden.clock import format_time
-from loopwarden.policy.budgets import Totals, exhausted
+from loopwarden.policy.budgets import Budgets, Totals, exhausted
 from loopwarden.policy.decision import Reason, ReasonCode
-from loopwarden.policy.model import AgentIds, Budgets, _Section
+from loopwarden.policy.model import AgentIds, _Section
 
 POOL_CHAIN = "pool:"
 """A pool's receipts chain under `pool:<name>` (no loop id holds a colon)."""

@@ -5,6 +5,8 @@ names; a claim is admitted only if every one has room (`claim.py`, `kernel/state
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -15,10 +17,11 @@ from loopwarden.errors import Conflict, NotFound
 from loopwarden.kernel.runner.operation import OPERATOR_CALLERS, Call, Operation
 from loopwarden.kernel.runner.results import BudgetOut, Model, budgets_out_of
 from loopwarden.kernel.runner.runner import operation
+from loopwarden.kernel.runner.visibility import did_you_mean
 from loopwarden.kernel.state.charges import PoolReads, drawn
 from loopwarden.kernel.state.events import MAX_SUMMARY, ReceiptKind, Timestamp
 from loopwarden.kernel.state.rows import PoolRow
-from loopwarden.kernel.store.reader import Reader
+from loopwarden.kernel.store.reader import Reader, Rows
 from loopwarden.kernel.store.store import Txn
 from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.policy.loader import pool_policy_from_data
@@ -85,7 +88,7 @@ def pool_line(reader: PoolReads, row: PoolRow, now: datetime) -> PoolLine:
     )
 
 
-def drawn_lines(reader: Reader, policy: LoopPolicy, agent: str, now: datetime) -> list[PoolLine]:
+def drawn_lines(reader: Rows, policy: LoopPolicy, agent: str, now: datetime) -> list[PoolLine]:
     """The pools a claim by `agent` in a loop with `policy` draws from, each as a line."""
     rows = reader.pools()
     return [
@@ -131,19 +134,22 @@ def pool_define(call: Call[Txn], req: PoolDefineRequest) -> PoolDefineResult:
     document = policy.model_dump(mode="json", exclude_none=True)
     digest = digest_of(document)
     tx = call.tx
-    tx.own_pool_catalog()
-    existing = tx.pools().get(req.name)
+    tx.rows.own_pool_catalog()
+    existing = tx.rows.pools().get(req.name)
     if existing is not None and req.create_only:
         raise Conflict(f"pool {req.name!r} exists already (change it with `pool set`)")
     if existing is not None and existing.policy_digest == digest:
         return PoolDefineResult(
-            pool=pool_out(tx, existing, tx.now), created=False, changed=False, receipt_id=None
+            pool=pool_out(tx.unproved, existing, tx.now),
+            created=False,
+            changed=False,
+            receipt_id=None,
         )
     sealed = tx.append_pool(
         req.name, ReceiptKind.POOL_DEFINED, call.who, PoolDefined(policy=document), digest
     )
     return PoolDefineResult(
-        pool=pool_out(tx, sealed.pool, tx.now),
+        pool=pool_out(tx.unproved, sealed.pool, tx.now),
         created=existing is None,
         changed=True,
         receipt_id=sealed.receipt_id,
@@ -166,10 +172,10 @@ def _control(kind: ReceiptKind, action: str, source: PoolStatus) -> Operation[An
     code = ReasonCode.PAUSED if kind == ReceiptKind.POOL_PAUSED else ReasonCode.RESUMED
 
     def body(call: Call[Txn], req: PoolControlRequest) -> PoolControlResult:
-        call.tx.own_pool_catalog()  # a paused pool refuses every claim decided after it
-        row = call.tx.pools().get(req.name)
+        call.tx.rows.own_pool_catalog()  # a paused pool refuses every claim decided after it
+        row = call.tx.rows.pools().get(req.name)
         if row is None:
-            raise NotFound(f"no pool named {req.name!r}")
+            raise NotFound(no_pool(req.name, call.tx.rows.pools()))
         if row.status != source:
             raise Conflict(f"cannot {action} pool {req.name!r}: it is {row.status}")
         reason = Reason(code, req.reason or f"{action} by operator {call.who.id}")
@@ -197,6 +203,13 @@ POOL_CONTROLS: dict[str, Operation[Any, Any]] = {"pause": pool_pause, "resume": 
 """The operator's pool controls by action name."""
 
 
+def no_pool(name: str, known: Mapping[str, object]) -> str:
+    """The message for a pool name that names none (pools are an operator's to see)."""
+    return f"no pool named {name!r}" + did_you_mean(
+        difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    )
+
+
 class PoolsRequest(Model):
     name: str | None = Field(default=None, description="Only this pool.")
 
@@ -211,10 +224,10 @@ def pools(call: Call[Reader], req: PoolsRequest) -> PoolList:
     \f
     `NotFound` for a named pool that does not exist.
     """
-    rows = call.tx.pools()
+    rows = call.tx.rows.pools()
     if req.name is not None:
         if req.name not in rows:
-            raise NotFound(f"no pool named {req.name!r}")
+            raise NotFound(no_pool(req.name, rows))
         rows = {req.name: rows[req.name]}
     now = call.now
     members = open_members(call.tx)

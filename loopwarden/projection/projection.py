@@ -279,7 +279,9 @@ def projection(call: Call[Reader], req: ProjectionRequest) -> ProjectionResult:
         active_leases=[turn_out(t) for t in live],
         turns=[turn_out(t) for t in recent],
         approvals=[from_row(ApprovalOut, a) for a in approvals],
-        recent_receipts=[receipt_summary(r) for r in reader.recent_receipts(loop.loop_id, RECENT)],
+        recent_receipts=[
+            receipt_summary(call.store, r) for r in reader.recent_receipts(loop.loop_id, RECENT)
+        ],
         attention=attention,
         next_action=next_action,
         warnings=_warnings(policy, loop, open_turns, now)

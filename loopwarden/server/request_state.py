@@ -37,6 +37,9 @@ def request_state_keys(settings: Settings) -> list[bytes]:
         if not keys or any(len(k) < MIN_KEY for k in keys):
             raise InvalidInput(f"{ENV}: each key must be at least {MIN_KEY} characters")
         return keys
+    where = settings.location.file
+    if where is not None and not where.exists():  # no store: the server serves nothing, and
+        return [os.urandom(MIN_KEY)]  # makes nothing in a mistyped home (`Runtime.open`)
     secret = KeyStore(settings.home).load_secret()
     return [hmac.new(secret, LABEL, hashlib.sha256).digest()]
 

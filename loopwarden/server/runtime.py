@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loopwarden.auth.bearer import StoreTokenVerifier, principal_from_token
 from loopwarden.clock import Clock, system_clock
-from loopwarden.errors import StoreUnavailable
+from loopwarden.errors import StoreMissing, StoreUnavailable
 from loopwarden.kernel.log.keys import KeyStore
 from loopwarden.kernel.store.store import Store
 from loopwarden.kinds import KINDS
@@ -20,6 +21,8 @@ from loopwarden.server.settings import Settings
 if TYPE_CHECKING:
     from loopwarden.auth.oauth import JwtVerifier
 
+log = logging.getLogger("loopwarden.server")
+
 
 @dataclass
 class Runtime:
@@ -29,6 +32,8 @@ class Runtime:
     jwts: JwtVerifier | None = None  # OAuth: the access-token verifier (`oauth.py`)
     observer: Observer = NOBODY  # spans and metrics of every call (`observe/`)
     tokens: StoreTokenVerifier = field(init=False)  # every route's static-token verifier
+    missing: str | None = field(default=None, init=False)  # why there is no store, if none
+    gateway: Any = None  # the MCP gateway (`mcp_gateway/proxy.Gateway`) when `--gateway` is on
 
     def __post_init__(self) -> None:
         self.tokens = StoreTokenVerifier(lambda: self.store)
@@ -42,12 +47,33 @@ class Runtime:
 
     def require_store(self) -> Store:
         if self.store is None:
+            if self.missing is not None:
+                raise StoreMissing(self.missing)
             raise StoreUnavailable("the server is starting or stopping; retry")
         return self.store
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[Runtime]:
-        """Open the store and keys for the server's lifetime; close them on shutdown."""
+        """Open the store and keys for the server's lifetime; close them on shutdown.
+
+        A SQLite store that does not exist is not made here: a mistyped `--home` or
+        `LOOPWARDEN_HOME` would otherwise give the agent an empty store that answers every loop
+        `not_found`. The server then runs without one, logs why, and answers every call with
+        that message (`require_store`); `loopwarden loop open` makes a store."""
+        where = self.settings.location
+        if where.file is not None and not where.file.exists():
+            self.missing = (
+                f"there is no loopwarden store at {where.file} (is --home or LOOPWARDEN_HOME "
+                "mistyped?): open a loop there first (`loopwarden loop open --home "
+                f"{self.settings.home} …`), or start the server with the home that holds your "
+                "loops; then restart it"
+            )
+            log.error("%s", self.missing)
+            try:
+                yield self
+            finally:
+                self.observer.shutdown()
+            return
         keys = KeyStore(self.settings.home)
         store = await Store.open(
             self.settings.location,

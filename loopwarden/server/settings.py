@@ -19,6 +19,7 @@ from loopwarden.exports.targets import ExportTarget
 from loopwarden.kernel.sql.backends import Synchronous
 from loopwarden.kernel.sql.location import Location, parse_location
 from loopwarden.kernel.store.homes import DB_NAME, resolve_home, store_source, synchronous_mode
+from loopwarden.mcp_gateway.servers_file import ServersFile
 from loopwarden.model_gateway.gateway_config import GatewaySettings
 from loopwarden.principals import Principal, principal
 
@@ -114,6 +115,8 @@ class Settings:
     otel: bool = False  # `serve --otel`: export traces even without an OTEL_* endpoint variable
     export: ExportTarget | None = None  # `--export-webhook`: the receipt stream's receiver
     model: GatewaySettings | None = None  # the model gateway's (`serve --http`)
+    gateway: ServersFile | None = None  # `--gateway FILE`: downstream MCP servers served too
+    gateway_loop: str | None = None  # `--loop`: the loop the gateway serves (over the file's)
 
     @property
     def dashboard_url(self) -> str | None:

@@ -65,19 +65,19 @@ def _refuse(call: Call[Txn], req: TodoAddRequest, decision: Decision) -> TodoAdd
 
 def _spec(tx: Txn, loop_id: str, todo_total: int, req: TodoAddRequest) -> TodoSpec:
     deps = tuple(dict.fromkeys(req.depends_on))
-    missing = sorted(set(deps) - set(tx.todos(loop_id, deps)))
+    missing = sorted(set(deps) - set(tx.rows.todos(loop_id, deps)))
     if missing:
         raise InvalidInput(f"depends_on names unknown todos: {', '.join(missing)}")
     todo_id = req.todo_id or _free_id(tx, loop_id, todo_total + 1)
-    if tx.todo(loop_id, todo_id) is not None:
+    if tx.rows.todo(loop_id, todo_id) is not None:
         raise InvalidInput(f"loop {loop_id!r} already has a todo {todo_id!r}")
-    order = req.order if req.order is not None else tx.max_todo_order(loop_id) + 1
+    order = req.order if req.order is not None else tx.rows.max_todo_order(loop_id) + 1
     return TodoSpec(id=todo_id, title=req.title, order=order, depends_on=deps)
 
 
 def _free_id(tx: Txn, loop_id: str, start: int) -> str:
     n = start
-    while tx.todo(loop_id, f"t{n}") is not None:
+    while tx.rows.todo(loop_id, f"t{n}") is not None:
         n += 1
     return f"t{n}"
 
@@ -93,7 +93,7 @@ def todo_add(call: Call[Txn], req: TodoAddRequest) -> TodoAddResult:
     """
     tx, loop = call.tx, call.loop
     decision = evaluate_todo_add(
-        tx.policy(loop.policy_digest),
+        tx.rows.policy(loop.policy_digest),
         TodoAddFacts(
             agent=call.who.id,
             is_operator=call.who.is_operator,
@@ -147,10 +147,10 @@ def todo_cancel(call: Call[Txn], req: TodoCancelRequest) -> TodoCancelResult:
     tx, loop = call.tx, call.loop
     if loop.status.closed:
         raise Conflict(f"loop {loop.loop_id!r} is {loop.status}: its todos are final")
-    todo = tx.todo(loop.loop_id, req.todo_id)
+    todo = tx.rows.todo(loop.loop_id, req.todo_id)
     if todo is None:
         raise NotFound(f"loop {loop.loop_id!r} has no todo {req.todo_id!r}")
-    problem = cancel_problem(todo, tx.all_todos(loop.loop_id))
+    problem = cancel_problem(todo, tx.rows.all_todos(loop.loop_id))
     if problem is not None:
         raise Conflict(problem)
     reason = Reason(ReasonCode.CANCELLED, req.reason or f"cancelled by operator {call.who.id}")

@@ -7,8 +7,9 @@ from typing import Literal
 
 from loopwarden.kernel.state import facts as rules
 from loopwarden.kernel.state.rows import LoopRow
-from loopwarden.kernel.store.reader import Reader
-from loopwarden.policy.decision import BUDGET_EXHAUSTED, Reason, ReasonCode
+from loopwarden.kernel.store.reader import Rows
+from loopwarden.policy.budgets import BUDGET_EXHAUSTED
+from loopwarden.policy.decision import Reason, ReasonCode
 from loopwarden.policy.evaluate import ClaimFacts, evaluate_claim
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import LoopStatus, TodoStatus
@@ -16,7 +17,7 @@ from loopwarden.statuses import LoopStatus, TodoStatus
 Route = Literal["continue", "wait", "user_action_required", "stop"]
 
 
-def claims_in_window(policy: LoopPolicy, reader: Reader, loop_id: str, now: datetime) -> int:
+def claims_in_window(policy: LoopPolicy, reader: Rows, loop_id: str, now: datetime) -> int:
     """Turns claimed in the policy's rate window ending now (0 without a rate limit)."""
     if policy.rate.window_seconds is None:
         return 0
@@ -35,7 +36,7 @@ def nothing_to_claim(loop: LoopRow) -> Reason:
 
 
 def claim_facts(
-    reader: Reader, loop: LoopRow, policy: LoopPolicy, agent: str, now: datetime
+    reader: Rows, loop: LoopRow, policy: LoopPolicy, agent: str, now: datetime
 ) -> ClaimFacts:
     """What the evaluator needs to decide a claim by `agent` now (leases already swept)."""
     window = claims_in_window(policy, reader, loop.loop_id, now)
@@ -49,7 +50,7 @@ def claim_facts(
     )
 
 
-def route_for(reader: Reader, loop_id: str, agent: str, now: datetime) -> Route:
+def route_for(reader: Rows, loop_id: str, agent: str, now: datetime) -> Route:
     """What the agent should do next: continue (a claim would be granted now), wait (later),
     user_action_required (only a human can unblock the loop) or stop (the loop is closed)."""
     loop = reader.loop_row(loop_id)

@@ -80,7 +80,7 @@ def _refuse(call: Call[Txn], req: ClaimRequest, decision: Decision) -> ClaimResu
         reasons=reasons_out(decision.reasons),
         loop_id=loop.loop_id,
         status=loop.status,
-        budgets=budgets_out(call.tx.policy(loop.policy_digest), loop),
+        budgets=budgets_out(call.tx.rows.policy(loop.policy_digest), loop),
         receipt_id=sealed.receipt_id,
     )
 
@@ -88,16 +88,16 @@ def _refuse(call: Call[Txn], req: ClaimRequest, decision: Decision) -> ClaimResu
 def _pick(tx: Txn, loop: LoopRow, req: ClaimRequest) -> TodoRow | Reason:
     """The requested todo if it is eligible, else the next eligible one; a reason if none."""
     if req.todo_id is None:
-        todo = tx.next_eligible_todo(loop.loop_id)
+        todo = tx.rows.next_eligible_todo(loop.loop_id)
         if todo is None:
             return nothing_to_claim(loop)
         return todo
-    todo = tx.todo(loop.loop_id, req.todo_id)
+    todo = tx.rows.todo(loop.loop_id, req.todo_id)
     if todo is None:
         raise NotFound(f"loop {loop.loop_id!r} has no todo {req.todo_id!r}")
     if todo.status != TodoStatus.OPEN:
         return Reason(ReasonCode.TODO_NOT_ELIGIBLE, f"todo {todo.todo_id!r} is {todo.status}")
-    if not tx.dependencies_done(loop.loop_id, todo):
+    if not tx.rows.dependencies_done(loop.loop_id, todo):
         why = f"todo {todo.todo_id!r} is open but its dependencies are not done"
         return Reason(ReasonCode.TODO_NOT_ELIGIBLE, why)
     return todo
@@ -111,7 +111,7 @@ def _nothing(call: Call[Txn], reason: Reason) -> ClaimResult:
         reasons=reasons_out([reason]),
         loop_id=loop.loop_id,
         status=loop.status,
-        budgets=budgets_out(call.tx.policy(loop.policy_digest), loop),
+        budgets=budgets_out(call.tx.rows.policy(loop.policy_digest), loop),
     )
 
 
@@ -145,12 +145,12 @@ def claim(call: Call[Txn], req: ClaimRequest) -> ClaimResult:
     expire_leases(tx, loop_id, who)
     apply_stop_rules(tx, loop_id, who)
     loop = call.loop
-    policy = tx.policy(loop.policy_digest)
+    policy = tx.rows.policy(loop.policy_digest)
     decision = evaluate_claim(
-        policy, claim_facts(tx, loop, policy, who.id, tx.now), digest=loop.policy_digest
+        policy, claim_facts(tx.rows, loop, policy, who.id, tx.now), digest=loop.policy_digest
     )
     sweep_pools(tx, policy, who)  # a full pool's turns whose leases ran out, in any loop
-    pooled = claim_reasons(tx, policy, who.id, tx.now)  # the pools it draws from have room?
+    pooled = claim_reasons(tx.rows, policy, who.id, tx.now)  # the pools it draws from have room?
     if pooled:
         decision = Decision("deny", (*decision.reasons, *pooled), decision.policy_digest)
     if not decision.allowed:
@@ -175,7 +175,7 @@ def _grant(
         lease_expires_at=lease,
         allowed_tools=policy.tools.allow,
         approval_tools=policy.tools.approval,
-        pools=pool_refs(tx, policy, call.who.id),
+        pools=pool_refs(tx.rows, policy, call.who.id),
     )
     sealed = tx.append(
         loop_id,

@@ -13,7 +13,7 @@ from loopwarden.kernel.state.charges import drawn
 from loopwarden.kernel.state.events import Fence, ReceiptKind, Timestamp, TurnId
 from loopwarden.kernel.state.facts import turn_facts, unsettled_calls
 from loopwarden.kernel.state.rows import TurnRow
-from loopwarden.kernel.store.reader import Reader
+from loopwarden.kernel.store.reader import Rows
 from loopwarden.kernel.store.store import Appended, Txn
 from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.policy.evaluate import turn_reasons
@@ -25,7 +25,7 @@ from loopwarden.turns.turn_kinds import LeaseExpired, LeaseRenewed
 def expire_leases(tx: Txn, loop_id: str, who: Principal) -> list[Appended]:
     """Seal `lease.expired` for every open turn of the loop whose lease has run out."""
     sealed = []
-    for turn in tx.expired_turns(loop_id, tx.now):
+    for turn in tx.rows.expired_turns(loop_id, tx.now):
         reason = Reason(
             ReasonCode.LEASE_EXPIRED, f"the lease of {turn.agent} ran out; todo released"
         )
@@ -48,7 +48,7 @@ def expire_leases(tx: Txn, loop_id: str, who: Principal) -> list[Appended]:
     return sealed
 
 
-def pool_sweeps_due(tx: Reader, policy: LoopPolicy, agent: str, now: datetime) -> list[str]:
+def pool_sweeps_due(tx: Rows, policy: LoopPolicy, agent: str, now: datetime) -> list[str]:
     """The loops whose expired leases hold a turn of a full pool this claim draws from: an
     open turn counts against its pools until its lease is swept, in whichever loop it is."""
     pools, loops = tx.pools(), set()
@@ -64,14 +64,14 @@ def pool_sweeps_due(tx: Reader, policy: LoopPolicy, agent: str, now: datetime) -
 
 def sweep_pools(tx: Txn, policy: LoopPolicy, who: Principal) -> None:
     """Before a claim decides on its pools, free the turns of theirs whose leases ran out."""
-    for loop_id in pool_sweeps_due(tx, policy, who.id, tx.now):
+    for loop_id in pool_sweeps_due(tx.rows, policy, who.id, tx.now):
         expire_leases(tx, loop_id, who)
 
 
 def turn_problems(tx: Txn, who: Principal, turn: TurnRow, fence: int) -> list[Reason]:
     """Why `who` may not act on `turn` now (see `policy.evaluate.turn_reasons`)."""
-    todo = tx.todo(turn.loop_id, turn.todo_id)
-    loop = tx.loop_row(turn.loop_id)
+    todo = tx.rows.todo(turn.loop_id, turn.todo_id)
+    loop = tx.rows.loop_row(turn.loop_id)
     assert loop is not None
     return turn_reasons(turn_facts(who.id, loop, turn, todo, fence, tx.now))
 
@@ -118,7 +118,7 @@ def heartbeat(call: Call[Txn], req: HeartbeatRequest) -> HeartbeatResult:
     problems = turn_problems(tx, call.who, turn, req.fence)
     if problems:
         return _refuse_heartbeat(call, req, Decision("deny", tuple(problems)))
-    policy = tx.policy(call.loop.policy_digest)
+    policy = tx.rows.policy(call.loop.policy_digest)
     lease = tx.now + timedelta(seconds=policy.claims.lease_seconds)
     sealed = tx.append(
         turn.loop_id,

@@ -21,7 +21,7 @@ from loopwarden.kernel.runner.visibility import by_loop
 from loopwarden.kernel.state.charges import claim_reasons
 from loopwarden.kernel.state.events import LoopId
 from loopwarden.kernel.state.rows import LoopRow
-from loopwarden.kernel.store.reader import Reader
+from loopwarden.kernel.store.reader import Reader, Rows
 from loopwarden.kernel.store.store import Txn
 from loopwarden.loops.stops import apply_stop_rules, due_stop
 from loopwarden.policy.evaluate import evaluate_claim
@@ -68,20 +68,20 @@ def quota(call: Call[Reader], req: QuotaRequest) -> QuotaResult:
     if isinstance(call.tx, Txn) and call.predicting:
         expire_leases(call.tx, loop.loop_id, call.who)
         apply_stop_rules(call.tx, loop.loop_id, call.who)
-        sweep_pools(call.tx, call.tx.policy(loop.policy_digest), call.who)
-    elif _changes(call.tx, call.who, loop, call.now):
+        sweep_pools(call.tx, call.tx.rows.policy(loop.policy_digest), call.who)
+    elif _changes(call.rows, call.who, loop, call.now):
         raise NeedsPrediction
-    return _answer(call.tx, call.who, loop.loop_id, call.now)
+    return _answer(call.rows, call.who, loop.loop_id, call.now)
 
 
-def _changes(reader: Reader, who: Principal, loop: LoopRow, now: datetime) -> bool:
+def _changes(reader: Rows, who: Principal, loop: LoopRow, now: datetime) -> bool:
     """Whether a claim would seal something before it decides (sweeps, a due stop)."""
     if reader.expired_turns(loop.loop_id, now) or due_stop(reader, loop, now):
         return True
     return bool(pool_sweeps_due(reader, reader.policy(loop.policy_digest), who.id, now))
 
 
-def _answer(reader: Reader, who: Principal, loop_id: str, now: datetime) -> QuotaResult:
+def _answer(reader: Rows, who: Principal, loop_id: str, now: datetime) -> QuotaResult:
     loop = reader.loop_row(loop_id)
     assert loop is not None
     policy = reader.policy(loop.policy_digest)

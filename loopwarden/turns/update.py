@@ -26,7 +26,7 @@ from loopwarden.kernel.state.events import (
     Usage,
     check_evidence_size,
 )
-from loopwarden.kernel.state.facts import report_facts, tool_calls_due
+from loopwarden.kernel.state.facts import approvals_found, report_facts, tool_calls_due
 from loopwarden.kernel.state.rows import TurnRow
 from loopwarden.kernel.store.store import Appended, Txn
 from loopwarden.loops.stops import apply_stop_rules, close_loop
@@ -142,10 +142,12 @@ def _seal(
     accepted: bool,
     charged: bool = True,
     closes: bool = False,
+    found: tuple[str, ...] = (),
 ) -> Appended:
-    turn = call.tx.turn(call.turn.turn_id) or call.turn  # as it is now (a sweep may close it)
+    turn = call.tx.rows.turn(call.turn.turn_id) or call.turn  # as it is now (a sweep may close it)
     owner = call.who.id == turn.agent
     report = dict(_report(req, turn, owner=owner, charged=charged))  # validated, as they are
+    report["approvals_found"] = found or None
     data: TurnReported | TurnRefused
     if accepted:
         kind, data = ReceiptKind.TURN_REPORTED, TurnReported(**report)
@@ -194,14 +196,18 @@ def _refuse(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateRe
     return _result(call, False, decision, sealed)
 
 
-def _decide(call: Call[Txn], req: UpdateRequest) -> Decision:
+def _decide(call: Call[Txn], req: UpdateRequest) -> tuple[Decision, tuple[str, ...]]:
+    """The decision on the owner's report, and the approvals it did not cite that count for it
+    (an operator's approval of this turn's tool need not be cited: `approvals_found`)."""
     tx, turn = call.tx, call.turn
     loop = call.loop
-    policy = tx.policy(loop.policy_digest)
-    todo = tx.todo(loop.loop_id, turn.todo_id)
-    approvals = tx.approvals(req.approval_ids)
-    facts = report_facts(call.who.id, loop, turn, todo, approvals, req, tx.now)
-    return evaluate_report(policy, facts, digest=loop.policy_digest)
+    policy = tx.rows.policy(loop.policy_digest)
+    todo = tx.rows.todo(loop.loop_id, turn.todo_id)
+    approvals = {**tx.rows.approvals(req.approval_ids),
+                 **tx.rows.approved_for_turn(loop.loop_id, turn.turn_id)}  # fmt: skip
+    found = approvals_found(policy, req, turn, approvals.values(), tx.now)
+    facts = report_facts(call.who.id, loop, turn, todo, approvals, req, tx.now, found)
+    return evaluate_report(policy, facts, digest=loop.policy_digest), found
 
 
 @operation(access="write", scope=by_turn, hints=IDEMPOTENT_WRITE, refuse=_refuse)
@@ -245,25 +251,32 @@ def update(call: Call[Txn], req: UpdateRequest) -> UpdateResult:
     if call.turn.agent != call.who.id:
         reason = Reason(ReasonCode.NOT_TURN_OWNER, "this turn belongs to another agent")
         return _foreign(call, req, Decision("deny", (reason,)))
-    decision = _decide(call, req)
+    decision, found = _decide(call, req)
     if decision.allowed:
-        return _result(call, True, decision, _seal(call, req, decision, accepted=True))
-    return _refused(call, req, decision)
+        sealed = _seal(call, req, decision, accepted=True, found=found)
+        return _result(call, True, decision, sealed)
+    return _refused(call, req, decision, found)
 
 
-def _refused(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateResult:
+def _refused(
+    call: Call[Txn], req: UpdateRequest, decision: Decision, approvals: tuple[str, ...] = ()
+) -> UpdateResult:
     """Every refusal of the owner's report is charged unless its turn is settled; a violation
-    also closes the turn (if still open) and applies `on_violation`."""
+    also closes the turn (if still open) and applies `on_violation`. `approvals`: those found
+    for it uncited (recorded, so the judge decides on what the server decided on)."""
     tx, turn = call.tx, call.turn
     found = set(decision.codes)
     if ReasonCode.LEASE_EXPIRED in found:
         expire_leases(tx, turn.loop_id, call.who)  # releases this turn (and any other stale one)
-    now = tx.turn(turn.turn_id) or turn
+    now = tx.rows.turn(turn.turn_id) or turn
     still_open = now.status == TurnStatus.OPEN
     violation = bool(found & VIOLATIONS)
     closes = violation and still_open
-    sealed = _seal(call, req, decision, accepted=False, charged=not now.settled, closes=closes)
-    policy = tx.policy(call.loop.policy_digest)
+    sealed = _seal(
+        call, req, decision, accepted=False, charged=not now.settled, closes=closes,
+        found=approvals,
+    )  # fmt: skip
+    policy = tx.rows.policy(call.loop.policy_digest)
     if violation and policy.stop.on_violation == "stop_loop" and not call.loop.status.closed:
         reason = Reason(ReasonCode.POLICY_VIOLATION, "; ".join(r.message for r in decision.reasons))
         close_loop(tx, turn.loop_id, call.who, ReceiptKind.LOOP_STOPPED, reason)
@@ -278,19 +291,19 @@ def _result(call: Call[Txn], accepted: bool, decision: Decision, sealed: Appende
     expire_leases(tx, turn.loop_id, who)
     apply_stop_rules(tx, turn.loop_id, who)
     loop = call.loop
-    todo = tx.todo(turn.loop_id, turn.todo_id)
+    todo = tx.rows.todo(turn.loop_id, turn.todo_id)
     return UpdateResult(
         accepted=accepted,
         reasons=reasons_out(decision.reasons),
-        route=route_for(tx, turn.loop_id, who.id, tx.now),
+        route=route_for(tx.rows, turn.loop_id, who.id, tx.now),
         status=loop.status,
         stop_reason=loop.stop_reason,
         loop_id=turn.loop_id,
         turn_id=turn.turn_id,
         todo_status=todo.status if todo else None,
-        turn_status=(tx.turn(turn.turn_id) or turn).status,
+        turn_status=(tx.rows.turn(turn.turn_id) or turn).status,
         receipt_id=sealed.receipt_id,
         seq=sealed.seq,
         digest=sealed.sealed.digest,
-        budgets=budgets_out(tx.policy(loop.policy_digest), loop),
+        budgets=budgets_out(tx.rows.policy(loop.policy_digest), loop),
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from loopwarden.canonical import sha256_digest
-from loopwarden.kernel.store.reader import Reader
+from loopwarden.kernel.store.reader import Rows
 from loopwarden.kernel.store.store import Txn
 
 
@@ -35,7 +35,7 @@ class Prior:
         return self.operation == operation and self.request_digest == digest
 
 
-def prior(reader: Reader, principal: str, key: str) -> Prior | None:
+def prior(reader: Rows, principal: str, key: str) -> Prior | None:
     record = reader.idempotency(principal, key)
     if record is None:
         return None

@@ -26,14 +26,14 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel
 
 from loopwarden.kernel.state.rows import ApprovalRow, LoopRow, TurnRow
-from loopwarden.kernel.store.reader import JournalRow, Reader
+from loopwarden.kernel.store.reader import JournalRow, Reader, Rows
 from loopwarden.kernel.store.store import Store, Txn
 from loopwarden.policy.decision import Decision
 from loopwarden.principals import Principal, Role
 
 Req = TypeVar("Req", bound=BaseModel)
 Res = TypeVar("Res", bound=BaseModel)
-R = TypeVar("R", bound=Reader)
+R = TypeVar("R", Reader, Txn)
 Access = Literal["read", "write"]
 
 AGENT_CALLERS: frozenset[Role] = frozenset({"agent", "operator"})
@@ -72,7 +72,7 @@ class Scope:
     any) what to add to it, from what the caller may see (so that it is alike in both cases
     too): "; did you mean 'release'?"."""
 
-    locate: Callable[[Reader, Any], Located | None]
+    locate: Callable[[Rows, Any], Located | None]
     missing: Callable[[Any], str]
     hint: Callable[[Reader, Principal, Any], str] | None = None
 
@@ -97,8 +97,13 @@ class Call(Generic[R]):
         if self.found is None:
             raise LookupError("this operation has no loop scope")
         if isinstance(self.tx, Txn):
-            return self.tx.loop_row(self.found.loop.loop_id) or self.found.loop
+            return self.tx.rows.loop_row(self.found.loop.loop_id) or self.found.loop
         return self.found.loop
+
+    @property
+    def rows(self) -> Rows:
+        """What the call decides on: its transaction's proved rows, or its snapshot."""
+        return self.tx.rows
 
     @property
     def turn(self) -> TurnRow:
@@ -108,9 +113,12 @@ class Call(Generic[R]):
         return self.found.turn
 
 
-Body = Callable[[Call[Any], Any], Any]
-Refuse = Callable[[Call[Any], Any, Decision], Any]
-Runner = Callable[..., Awaitable[Any]]
+Body = Callable[[Call[Any], Req], Res]
+"""An operation's work: its call (a write's transaction or a read's snapshot) and request in,
+its result out."""
+Refuse = Callable[[Call[Any], Req, Decision], Res]
+"""How an operation seals a refusal decided before its body runs (a reused key, an outsider)."""
+Runner = Callable[["Operation[Req, Res]", Store, Principal, "Req | dict[str, Any]"], Awaitable[Res]]
 
 
 @dataclass(frozen=True)
@@ -118,14 +126,14 @@ class Operation(Generic[Req, Res]):
     name: str
     request: type[Req]
     result: type[Res]
-    body: Body
+    body: Body[Req, Res]
     access: Access
     scope: Scope | None
     callers: frozenset[Role]
     hints: Hints
     description: str
-    runner: Runner = field(repr=False)
-    refuse: Refuse | None = None
+    runner: Runner[Req, Res] = field(repr=False)
+    refuse: Refuse[Req, Res] | None = None
     remember: Callable[[Res], bool] = field(default=lambda result: True)
     tool: bool = True
 

@@ -44,12 +44,12 @@ def outsider_decision(who: Principal, last: OutsiderRefusal | None) -> Decision:
     return Decision("deny", tuple(reasons))
 
 
-def refuse_outsider(call: Call[Txn], refuse: Refuse, req: Any) -> None:
+def refuse_outsider(call: Call[Txn], refuse: Refuse[Any, Any], req: Any) -> None:
     """Record an outsider's refusal: sealed through `refuse` unless one was sealed for it in
     this loop within `WINDOW`, in which case it is counted on that one."""
     tx, who = call.tx, call.who
     loop_id = call.loop.loop_id
-    last = tx.last_outsider_refusal(loop_id, who.id)
+    last = tx.unproved.last_outsider_refusal(loop_id, who.id)
     if last is not None and last.at > tx.now - WINDOW:
         tx.count_suppressed_refusal(loop_id, last.seq)
         return

@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from loopwarden.kernel.state.rows import LoopRow
-from loopwarden.policy.budgets import Totals, budget_lines
+from loopwarden.policy.budgets import Budgets, Totals, budget_lines
 from loopwarden.policy.decision import Reason
-from loopwarden.policy.model import Budgets, LoopPolicy
+from loopwarden.policy.model import LoopPolicy
 
 
 class Model(BaseModel):

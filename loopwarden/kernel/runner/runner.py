@@ -117,7 +117,7 @@ async def run(
             check_role(op, who)
             if op.access == "write":
                 with store.observer.store_write(op.name, store.location.backend.name):
-                    outcome: Any = await store.write(
+                    outcome: Res | _Hidden = await store.write(
                         lambda tx: _counted(watch, tx, lambda: _write(op, store, who, req, tx))
                     )
             else:
@@ -144,7 +144,7 @@ def _counted(watch: Watch, tx: Txn, body: Callable[[], T]) -> T:
     """`body()`, with the lease expiries it sealed counted on `watch` (set, not added: a
     retried body counts once)."""
     result = body()
-    watch.expired_leases = tx.kinds.count(ReceiptKind.LEASE_EXPIRED)
+    watch.expired_leases = tx.sealed_kinds.count(ReceiptKind.LEASE_EXPIRED)
     return result
 
 
@@ -192,7 +192,7 @@ def run_now(
     check_role(op, who)
     with store.observer.watch(op.name, caller_attributes(op, who)) as watch:
         try:
-            outcome: Any = store.write_now(
+            outcome: Res | _Hidden = store.write_now(
                 lambda tx: _counted(watch, tx, lambda: _write(op, store, who, req, tx))
             )
             if isinstance(outcome, _Hidden):
@@ -209,19 +209,19 @@ def _write(
 ) -> Res | _Hidden:
     # The scope first: locating the loop takes its row (on PostgreSQL), and the transaction's
     # time is read after that (`Txn.now`), never before another writer of the loop committed.
-    found = op.scope.locate(tx, req) if op.scope is not None else None
+    found = op.scope.locate(tx.rows, req) if op.scope is not None else None
     call: Call[Txn] = Call(tx, store, who, tx.now, found=found)
     if op.scope is not None:
         if call.found is None:  # nothing was written: answered like a hidden loop, after
             return _Hidden(op.scope.missing(req))
-        if not visible(tx, who, call.found.loop):
+        if not visible(tx.rows, who, call.found.loop):
             if op.refuse is not None:  # recorded for operators, bounded; the caller learns nothing
                 refuse_outsider(call, op.refuse, req)
             return _Hidden(op.scope.missing(req))
     key: str | None = getattr(req, "idempotency_key", None)
     digest = request_digest(op.name, req) if key is not None else ""
     if key is not None:
-        earlier = prior(tx, who.id, key)
+        earlier = prior(tx.rows, who.id, key)
         if earlier is not None:
             if earlier.repeats(op.name, digest):
                 return op.result.model_validate_json(earlier.response)
@@ -239,18 +239,25 @@ async def _read(op: Operation[Req, Res], store: Store, who: Principal, req: Req)
         return await store.read(lambda reader: _read_body(op, Call(reader, store, who, now), req))
     except NeedsPublication:
         await store.checkpoint()
-        call = lambda reader: Call(reader, store, who, store.clock(), waited=True)  # noqa: E731
-        return await store.read(lambda reader: _read_body(op, call(reader), req))
+
+        def again(reader: Reader) -> Call[Reader]:
+            return Call(reader, store, who, store.clock(), waited=True)
+
+        return await store.read(lambda reader: _read_body(op, again(reader), req))
     except NeedsPrediction:
-        return await store.simulate(
-            lambda tx: _read_body(op, Call(tx, store, who, tx.now, predicting=True), req)
-        )
+        return await store.simulate(lambda tx: _read_body(op, _predicting(tx, store, who), req))
+
+
+def _predicting(tx: Txn, store: Store, who: Principal) -> Call[Any]:
+    """A read body's call in a write transaction that is rolled back (`NeedsPrediction`): the
+    body reads through `call.rows` (proved), and may play the writes it predicts."""
+    return Call(tx, store, who, tx.now, predicting=True)
 
 
 def _read_body(op: Operation[Req, Res], call: Call[Reader], req: Req) -> Res | _Hidden:
     if op.scope is not None:
-        call.found = op.scope.locate(call.tx, req)
-        if call.found is None or not visible(call.tx, call.who, call.found.loop):
+        call.found = op.scope.locate(call.tx.rows, req)
+        if call.found is None or not visible(call.tx.rows, call.who, call.found.loop):
             return _Hidden(op.scope.missing(req))
     result: Res = op.body(call, req)
     return result
@@ -262,11 +269,11 @@ def operation(
     scope: Scope | None = None,
     callers: frozenset[Role] = AGENT_CALLERS,
     hints: Hints | None = None,
-    refuse: Refuse | None = None,
+    refuse: Refuse[Any, Any] | None = None,
     remember: Callable[[Any], bool] | None = None,
     tool: bool = True,
     name: str | None = None,
-) -> Callable[[Body], Operation[Any, Any]]:
+) -> Callable[[Body[Req, Res]], Operation[Req, Res]]:
     """Declare an operation from its body `def claim(call, req: Request) -> Result`.
 
     Its name (the function's, unless given), request and result models and description are
@@ -274,7 +281,7 @@ def operation(
     feed (a `\\f` line) is what clients are told; the rest is the developer's contract.
     """
 
-    def declare(body: Body) -> Operation[Any, Any]:
+    def declare(body: Body[Req, Res]) -> Operation[Req, Res]:
         hints_of = typing.get_type_hints(body)
         description = inspect.cleandoc(body.__doc__ or "").split("\f")[0].strip()
         if not description:

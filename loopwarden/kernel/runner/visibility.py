@@ -13,11 +13,11 @@ from typing import Any
 
 from loopwarden.kernel.runner.operation import Located, Scope
 from loopwarden.kernel.state.rows import LoopRow
-from loopwarden.kernel.store.reader import Reader
+from loopwarden.kernel.store.reader import Reader, Rows
 from loopwarden.principals import Principal
 
 
-def visible(reader: Reader, who: Principal, loop: LoopRow) -> bool:
+def visible(reader: Rows, who: Principal, loop: LoopRow) -> bool:
     return who.is_operator or reader.policy(loop.policy_digest).admits_agent(who.id)
 
 
@@ -51,24 +51,25 @@ def _loop_hint(reader: Reader, who: Principal, loop_id: str) -> str:
     return did_you_mean(nearest_visible(reader, who, loop_id))
 
 
-def _loop(reader: Reader, req: Any) -> Located | None:
+def _loop(reader: Rows, req: Any) -> Located | None:
     loop = reader.loop_row(req.loop_id)
     return Located(loop) if loop is not None else None
 
 
-def _turn(reader: Reader, req: Any) -> Located | None:
+def _turn(reader: Rows, req: Any) -> Located | None:
     turn = reader.turn(req.turn_id)
     loop = reader.loop_row(turn.loop_id) if turn is not None else None
     return Located(loop, turn=turn) if loop is not None else None
 
 
-def _approval(reader: Reader, req: Any) -> Located | None:
+def _approval(reader: Rows, req: Any) -> Located | None:
     approval = reader.approval(req.approval_id)
     loop = reader.loop_row(approval.loop_id) if approval is not None else None
     return Located(loop, approval=approval) if loop is not None else None
 
 
-def _receipt(reader: Reader, req: Any) -> Located | None:
+def _receipt(reader: Rows, req: Any) -> Located | None:
+    assert isinstance(reader, Reader), "a receipt is located by a read, never in a write"
     if req.receipt_id is not None:
         row = reader.receipt_by_id(req.receipt_id)
     else:

@@ -224,6 +224,7 @@ class ReceiptKind(StrEnum):
     LOOP_CANCELLED = "loop.cancelled"
     LOOP_STOPPED = "loop.stopped"
     LOOP_COMPLETED = "loop.completed"
+    LOOP_POLICY_CHANGED = "loop.policy_changed"
     HOST_ATTACHED = "host.attached"
     TOOL_ADMITTED = "tool.admitted"
     TOOL_REFUSED = "tool.refused"
@@ -233,6 +234,7 @@ class ReceiptKind(StrEnum):
     POOL_RESUMED = "pool.resumed"
     MODEL_CALLED = "model.called"
     MODEL_REFUSED = "model.refused"
+    MCP_TOOL_CHANGED = "mcp.tool_changed"
 
 
 POOL_KINDS = frozenset(
@@ -241,9 +243,16 @@ POOL_KINDS = frozenset(
 """The kinds of a budget pool's chain (`pool:<name>`); every other kind is a loop's."""
 
 
-class LoopOpened(Fact):
-    objective: str = Field(min_length=1, max_length=MAX_OBJECTIVE)
+class CarriesPolicy(Fact):
+    """A fact that carries a loop's policy document whole (`loop.opened`, and an operator's
+    `loop.policy_changed`): the body's `policy_digest` is that document's, the store keeps the
+    document by it, and the loop is judged by it from that receipt on."""
+
     policy: dict[str, Any]
+
+
+class LoopOpened(CarriesPolicy):
+    objective: str = Field(min_length=1, max_length=MAX_OBJECTIVE)
     todos: tuple[TodoSpec, ...]
 
 
@@ -267,6 +276,10 @@ class TurnReport(Fact):
     summary: str = Field(max_length=MAX_SUMMARY)
     failure_signature: str | None = Field(default=None, max_length=200)
     approval_ids: tuple[ApprovalId, ...] = Field(default=(), max_length=MAX_TOOLS_USED)
+    # The approvals the report did not cite that count for it: for each approval-gated tool it
+    # names that no cited approval covers, the turn's earliest usable approval for that tool
+    # (`facts.approvals_found`). Absent when there are none (and before this field).
+    approvals_found: tuple[ApprovalId, ...] | None = Field(default=None, max_length=MAX_TOOLS_USED)
     # What the server charged against max_tool_calls (`rules.tool_calls_due`). Absent in
     # receipts of release 0.1.0, which charged usage.tool_calls alone (the fold does the same).
     tool_calls_charged: Count | None = None

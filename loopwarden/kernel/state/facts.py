@@ -23,7 +23,9 @@ from loopwarden.policy.evaluate import (
     StopFacts,
     ToolCallFacts,
     TurnFacts,
+    explain,
 )
+from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import ApprovalStatus, TodoStatus, TurnStatus
 
 
@@ -203,6 +205,40 @@ def turn_facts(
     )
 
 
+def approvals_found(
+    policy: LoopPolicy,
+    report: ReportLike,
+    turn: TurnRow,
+    approvals: Iterable[ApprovalRow],
+    now: datetime,
+) -> tuple[str, ...]:
+    """The approvals a report did not cite that count for it: for each approval-gated tool it
+    names that no cited approval covers, the earliest approval of `turn` for that tool that is
+    approved, unexpired, unconsumed and (if bound to an artifact) matched by the evidence. An
+    operator's approval for this very turn is not lost because the agent forgot to cite it."""
+    known = {a.approval_id: a for a in approvals}
+    cited = dict.fromkeys(report.approval_ids)
+    covered, _ = covered_tools(cited, report.evidence, turn, known, now)
+    digests = {e.digest for e in report.evidence if e.digest}
+    found = []
+    for tool in dict.fromkeys(t.name for t in report.tools_used):
+        if tool in covered or explain(policy, tool).rule != "approval":
+            continue
+        usable = [
+            a
+            for a in known.values()
+            if a.approval_id not in cited
+            and a.turn_id == turn.turn_id
+            and a.tool == tool
+            and a.status == ApprovalStatus.APPROVED
+            and (a.expires_at is None or now < a.expires_at)
+            and (not a.artifact_digest or a.artifact_digest in digests)
+        ]
+        if usable:
+            found.append(min(usable, key=lambda a: (a.requested_at, a.approval_id)).approval_id)
+    return tuple(found)
+
+
 def report_facts(
     agent: str,
     loop: LoopRow,
@@ -211,9 +247,12 @@ def report_facts(
     approvals: dict[str, ApprovalRow],
     report: ReportLike,
     now: datetime,
+    found: Sequence[str] = (),
 ) -> ReportFacts:
-    """What a report on `turn` is decided on."""
-    covered, problems = covered_tools(report.approval_ids, report.evidence, turn, approvals, now)
+    """What a report on `turn` is decided on: `found`, the approvals it did not cite that
+    count for it (`approvals_found`), cover tools as the cited ones do."""
+    cited = (*report.approval_ids, *found)
+    covered, problems = covered_tools(cited, report.evidence, turn, approvals, now)
     return ReportFacts(
         **vars(turn_facts(agent, loop, turn, todo, report.fence, now)),
         outcome=report.outcome,
@@ -243,21 +282,29 @@ def tool_call_facts(
     now: datetime,
     *,
     internal: bool = False,
+    once: bool = False,
 ) -> ToolCallFacts:
     """What a pre-tool decision for `agent` is made on: its open turn, the approvals that
     cover tools in it, and the loop's tool calls so far (charged, plus those observed in open
     turns and not yet charged). `call` is (host tool, policy tool, command line); `internal`
-    says the host tool is host-internal (`policy/hosts.is_internal`)."""
+    says the host tool is host-internal (`policy/hosts.is_internal`). `once` (the MCP
+    gateway's rule): an approval covers one call, so a tool is covered while the turn holds more
+    approvals of it than calls of it were admitted; otherwise one covers the tool for the turn."""
     host_tool, tool, command = call
     turn = agent_turn(open_turns, agent)
-    approved = frozenset(
+    live = [
         a.tool
         for a in approvals
         if turn is not None
         and a.turn_id == turn.turn_id
         and a.status == ApprovalStatus.APPROVED
         and (a.expires_at is None or now < a.expires_at)
-    )
+    ]
+    approved = frozenset(live)
+    if once and turn is not None:
+        approved = frozenset(
+            name for name in approved if live.count(name) > turn.observed_admitted(name)
+        )
     return ToolCallFacts(
         agent=agent,
         loop_id=loop.loop_id,

@@ -20,6 +20,8 @@ refusal decided on the unexpired turn.
 
 from __future__ import annotations
 
+from typing import Any
+
 from loopwarden.kernel.state.charges import PoolBook
 from loopwarden.kernel.state.events import LoopStopped, ReceiptBody, ReceiptKind
 from loopwarden.kernel.state.legality import (
@@ -77,7 +79,7 @@ class Judge:
             verdicts += spec.judge(ctx, view, body, body.data)
         return verdicts + self._key(body)
 
-    def _opening(self, spec: KindSpec, body: ReceiptBody) -> list[Verdict]:
+    def _opening(self, spec: KindSpec[Any], body: ReceiptBody) -> list[Verdict]:
         if spec.opens is None:
             return [Verdict(VerdictRule.CHAIN, f"{body.kind} before its loop was opened")]
         return _role(spec, body) + spec.opens.judge(body, body.data)
@@ -130,7 +132,7 @@ class Judge:
         return []
 
 
-def _role(spec: KindSpec, body: ReceiptBody) -> list[Verdict]:
+def _role(spec: KindSpec[Any], body: ReceiptBody) -> list[Verdict]:
     if body.principal.role in spec.callers:
         return []
     return [Verdict(VerdictRule.ROLE, f"{body.kind} by a {body.principal.role}")]

@@ -48,6 +48,7 @@ class VerdictRule(StrEnum):
     CHARGE = "charge"
     CHARGED = "charged"
     EFFECT = "effect"
+    APPROVALS_FOUND = "approvals_found"
     ENFORCED = "enforced"
     GRANT_TERMS = "grant_terms"
     HOOK_TURN = "hook_turn"
@@ -184,10 +185,30 @@ def report_codes(
     """The reasons the policy gives against a report on `turn` (none if it admits it)."""
     facts = rules.report_facts(
         body.principal.id, view.loop, turn, view.todos.get(turn.todo_id), view.approvals,
-        data, body.at,
+        data, body.at, data.approvals_found or (),
     )  # fmt: skip
     decision = evaluate_report(view.policy, facts, digest="")
     return () if decision.allowed else decision.codes  # an allow's reasons are warnings
+
+
+def approvals_as_found(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict]:
+    """A report's uncited approvals are exactly those the rules find for it (none more, none
+    fewer: an approval is not consumed by a report whose tools did not need it)."""
+    turn = view.turns.get(data.turn_id)
+    if turn is None or body.principal.id != turn.agent:
+        return []
+    if ReasonCode.IDEMPOTENCY_CONFLICT in codes_of(body):  # refused before the report was read
+        return []
+    expected = rules.approvals_found(view.policy, data, turn, view.approvals.values(), body.at)
+    if tuple(data.approvals_found or ()) == expected:
+        return []
+    return [
+        Verdict(
+            VerdictRule.APPROVALS_FOUND,
+            f"names {list(data.approvals_found or ())} as its uncited approvals where the rules "
+            f"find {list(expected)}",
+        )
+    ]
 
 
 def charged(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict]:

@@ -124,6 +124,10 @@ class TurnRow:
         seen = self.observed.get(tool, Observed(0, 0))
         return max(seen.admitted, seen.ran)
 
+    def observed_admitted(self, tool: str) -> int:
+        """Calls of `tool` admitted before they ran in this turn."""
+        return self.observed.get(tool, Observed(0, 0)).admitted
+
     @property
     def observed_total(self) -> int:
         return sum(self.observed_calls(tool) for tool in self.observed)

@@ -12,10 +12,12 @@ second's write fails with nothing written.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from loopwarden.clock import format_time
+from loopwarden.kernel.sql.dialect import Connection
 from loopwarden.kernel.sql.records import ExportCursor
 from loopwarden.kernel.sql.schema import EXPORT_CURSORS
 from loopwarden.kernel.store.reader import Reader
@@ -32,20 +34,27 @@ class Lease:
     took_over: bool
 
 
-class CursorWriter(Reader):
-    """The cursor writes of a write transaction (`Txn` is one), on the write connection."""
+class ExportCursors:
+    """The cursor reads and writes of a write transaction (`Txn.cursors`), on its connection:
+    `lock` is what a read appends to take the row it reads (`ProvedRows.lock_clause`), `now`
+    the transaction's time."""
 
-    _lock: str  # how the transaction locks a row it reads (`GuardedReader`)
+    def __init__(self, conn: Connection, lock: str, now: Callable[[], datetime]) -> None:
+        self.conn = conn
+        self.dialect = conn.dialect
+        self._lock = lock
+        self._now = now
+        self._reader = Reader(conn)
 
     @property
     def now(self) -> datetime:
-        raise NotImplementedError  # the transaction's time (`Txn.now`)
+        return self._now()
 
     def export_cursor(self, sink: str) -> ExportCursor | None:
         """The sink's cursor, its row held by this transaction until it ends."""
         if self._lock:
             self.conn.execute(f"SELECT 1 FROM export_cursors WHERE sink = ?{self._lock}", (sink,))
-        return super().export_cursor(sink)
+        return self._reader.export_cursor(sink)
 
     def take_export_lease(
         self, sink: str, holder: str, target: str, seconds: float

@@ -1,7 +1,11 @@
 """The guard: the reads a write acts on, each checked against what vouches for it.
 
-A write transaction reads through a `GuardedReader`, so every row it can act on is proved, or
-the write is refused with `IntegrityError` before anything is sealed:
+A write transaction (`Txn`) holds its rows as `ProvedRows`: every row it returns is proved, or
+the write is refused with `IntegrityError` before anything is sealed. It is no `Reader`: a read a
+write decides on goes through here or, where a write truly needs one that nothing vouches for
+(a listing, a hint), through the transaction's explicitly named `unproved` reader, so an
+unproved read in a write shows in the code (`tests/test_row_proofs.py` holds every reading
+method here to return proved rows):
 
 - a loop row by its MAC (over every column and its state-tree root) and by the journal's head
   for the loop (so an older row, MAC and all, cannot come back);
@@ -9,7 +13,10 @@ the write is refused with `IntegrityError` before anything is sealed:
   swapped or rolled-back row is a leaf the root does not hold;
 - sets the write decides on by what the loop row commits to: its open turns are the ids the
   loop row lists (each row then proved), the turns claimed in a rate window are found by claim
-  number between proved rows, a todo's dependencies are proved rows;
+  number between proved rows, a todo's dependencies are proved rows, and all of a loop's todos
+  are as many proved rows as its row counts;
+- any other set (a loop's approvals of a turn, its turns of a status) is found by a query and
+  each row it names proved;
 - the Merkle frontier by its MAC and by the journal's last leaf; idempotency records by MAC;
   a policy document by re-hashing it against its digest (every reader does that).
 
@@ -35,12 +42,22 @@ from loopwarden.kernel.log.integrity import (
 )
 from loopwarden.kernel.sql.dialect import Connection
 from loopwarden.kernel.sql.records import IdempotencyRecord, LogState
-from loopwarden.kernel.sql.schema import LOOPS, POOL_USAGE, POOLS, ROW_TABLES
-from loopwarden.kernel.state.rows import ApprovalRow, LoopRow, PoolRow, TodoRow, TurnRow
+from loopwarden.kernel.sql.schema import LOOPS, POOL_USAGE, POOLS, ROW_TABLES, STATE_NODES
+from loopwarden.kernel.state.rows import (
+    ApprovalRow,
+    LoopRow,
+    LoopView,
+    PoolRow,
+    PoolUsage,
+    TodoRow,
+    Touched,
+    TurnRow,
+)
 from loopwarden.kernel.store import statetree as state
 from loopwarden.kernel.store.reader import PolicyCache, Reader, frontier_of
 from loopwarden.policy.budgets import Totals
-from loopwarden.statuses import TodoStatus, TurnStatus
+from loopwarden.policy.model import LoopPolicy
+from loopwarden.statuses import ApprovalStatus, TodoStatus, TurnStatus
 
 _HEAD = (
     "(SELECT max(seq) FROM pending WHERE loop_id = ?), "
@@ -55,6 +72,12 @@ POOL_CATALOG = "SELECT 1 FROM meta WHERE key = 'schema_version'"
 """The pool catalog's lock (a row every store has): a write that reads the pools holds it
 shared, one that creates or changes a pool holds it alone. Lock order: a loop's row, then the
 catalog, then pool rows by name."""
+
+
+_LOOP_WRITE = (*(c.name for c in LOOPS.row_columns), "state_root", "mac")
+"""A loop row's upsert: its stored values, then its proofs."""
+_POOL_WRITE = (*(c.name for c in POOLS.row_columns), "mac")
+_USAGE_WRITE = (*(c.name for c in POOL_USAGE.row_columns), "mac")
 
 
 def loop_mac_values(loop: LoopRow, root: bytes) -> list[object]:
@@ -76,19 +99,23 @@ def row_leaf(table: str, row: TodoRow | TurnRow | ApprovalRow) -> bytes:
     return state.leaf(table, described.mac_values(described.encode(row)))
 
 
-class GuardedReader(Reader):
-    """A `Reader` for the write path: rows come back proved (see the module docstring)."""
+class ProvedRows:
+    """The rows a write acts on, each proved (see the module docstring), and written back with
+    their proofs (`save`). One per write transaction: it caches what it proved and wrote."""
 
     def __init__(
         self, conn: Connection, policies: PolicyCache, integrity: Integrity, *, wait: bool = True
     ) -> None:
-        super().__init__(conn, policies)
+        self.conn = conn
+        self.dialect = conn.dialect
+        self._raw = Reader(conn, policies)  # the queries; every row they return is proved here
         self.integrity = integrity
         # How this transaction body takes the row locks it decides on (where the backend locks
         # rows, PostgreSQL): waiting for them, or failing at once (`Backend.contended`) when
         # another transaction holds one. Only the first body of a group commit waits, so two
         # groups never wait for each other (see `Store._commit_group`).
         self._lock = self.dialect.lock(wait=wait)
+        self.lock_clause = self._lock  # what a read appends to take its row (empty on SQLite)
         self._share = self.dialect.lock(wait=wait, shared=True)
         # Rows this transaction has read or written; only it can change them (it holds the
         # write lock), so repeated reads are served from here.
@@ -123,7 +150,7 @@ class GuardedReader(Reader):
     def _proved_loop(self, loop_id: str) -> LoopRow | None:
         if self._lock:  # its own statement: the next one reads what the last holder committed
             self.conn.execute(f"SELECT 1 FROM loops WHERE loop_id = ?{self._lock}", (loop_id,))
-        r = self._one(
+        r = self._raw._one(
             f"SELECT {LOOPS.row_names}, state_root, mac, {_HEAD} FROM loops WHERE loop_id = ?",
             (loop_id,) * 5,  # `?` each (PostgreSQL's driver has no `?1`)
         )
@@ -145,7 +172,7 @@ class GuardedReader(Reader):
 
     def _blob_source(self, loop_id: str) -> state.BlobSource:
         def blob(level: int, idx: int) -> bytes | None:
-            r = self._one(
+            r = self._raw._one(
                 "SELECT hashes FROM state_nodes WHERE loop_id = ? AND level = ? AND idx = ?",
                 (loop_id, level, idx),
             )
@@ -217,17 +244,57 @@ class GuardedReader(Reader):
         for row in rows:
             known[key_of(row)] = row
 
+    # --- writing rows back with their proofs --------------------------------------------------
+
+    def save(self, view: LoopView, old: dict[str, dict[str, Any]]) -> None:
+        """Write the rows of `view` that are not in `old` (by identity), their leaves, and the
+        loop row under its new root."""
+        loop_id = view.loop.loop_id
+        if loop_id not in self._trees:  # a new loop: nothing stored counts, its tree starts empty
+            self._trees[loop_id] = state.StateTree(
+                0, state.node(state.EMPTY), lambda level, idx: None
+            )
+        tree = self._trees[loop_id]
+        tree.grow(view.loop.slots)
+        changed: dict[str, list[Any]] = {
+            table: [row for key, row in rows.items() if old.get(table, {}).get(key) is not row]
+            for table, rows in (
+                ("todos", view.todos),
+                ("turns", view.turns),
+                ("approvals", view.approvals),
+            )
+        }
+        tree.fill({row.slot: row_leaf(t, row) for t, rows in changed.items() for row in rows})
+        for table, rows in changed.items():
+            self.keep(table, rows)
+            if rows:
+                description = ROW_TABLES[table]
+                self.conn.executemany(
+                    self.dialect.upsert(description), [description.encode(row) for row in rows]
+                )
+        self.conn.executemany(
+            self.dialect.upsert(STATE_NODES),
+            [(loop_id, level, idx, blob) for level, idx, blob in tree.blobs()],
+        )
+        tree.dirty.clear()
+        self._save_loop(view.loop, tree.root)
+
+    def _save_loop(self, loop: LoopRow, root: bytes) -> None:
+        self._loops[loop.loop_id] = loop
+        mac = self.integrity.mac(LOOP_MAC, loop_mac_values(loop, root))
+        self.conn.execute(self.dialect.upsert(LOOPS, _LOOP_WRITE), (*LOOPS.encode(loop), root, mac))
+
     # --- rows ---------------------------------------------------------------------------------
 
     def todos(self, loop_id: str, ids: Iterable[str]) -> dict[str, TodoRow]:
-        read = super().todos
+        read = self._raw.todos
         return self._cached("todos", loop_id, ids, lambda missing: read(loop_id, missing))
 
     def turns(self, ids: Iterable[str]) -> dict[str, TurnRow]:
-        return self._cached("turns", None, ids, super().turns)
+        return self._cached("turns", None, ids, self._raw.turns)
 
     def approvals(self, ids: Iterable[str]) -> dict[str, ApprovalRow]:
-        return self._cached("approvals", None, ids, super().approvals)
+        return self._cached("approvals", None, ids, self._raw.approvals)
 
     def open_turns(self, loop_id: str) -> list[TurnRow]:
         """The loop's open turns: exactly the ids its loop row lists, each row proved."""
@@ -244,9 +311,12 @@ class GuardedReader(Reader):
         return [found[turn_id] for turn_id in loop.open_turns]
 
     def loop_turns(self, loop_id: str, status: TurnStatus | None = None) -> list[TurnRow]:
+        """The loop's turns (of `status`), in claim order: the open ones those its row lists,
+        any other found by a query and each proved."""
         if status == TurnStatus.OPEN:
             return self.open_turns(loop_id)
-        return super().loop_turns(loop_id, status)
+        found = self.turns(t.turn_id for t in self._raw.loop_turns(loop_id, status))
+        return sorted(found.values(), key=lambda t: (t.claimed_at, t.turn_id))
 
     def expired_turns(self, loop_id: str, now: datetime) -> list[TurnRow]:
         stale = [t for t in self.open_turns(loop_id) if t.lease_expires_at < now]
@@ -285,6 +355,80 @@ class GuardedReader(Reader):
             raise IntegrityError(f"claim {number} of loop {loop_id!r} is missing or doubled")
         return next(iter(found.values()))
 
+    def todo(self, loop_id: str, todo_id: str) -> TodoRow | None:
+        return self.todos(loop_id, [todo_id]).get(todo_id)
+
+    def turn(self, turn_id: str) -> TurnRow | None:
+        return self.turns([turn_id]).get(turn_id)
+
+    def approval(self, approval_id: str) -> ApprovalRow | None:
+        return self.approvals([approval_id]).get(approval_id)
+
+    def all_todos(self, loop_id: str) -> list[TodoRow]:
+        """Every todo of the loop in claim order, each proved, and as many as its row counts
+        (a row added or removed outside loopwarden is `IntegrityError`)."""
+        loop = self.loop_row(loop_id)
+        if loop is None:
+            return []
+        ids = [r[0] for r in self.conn.execute("SELECT todo_id FROM todos WHERE loop_id = ?",
+                                                (loop_id,))]  # fmt: skip
+        found = self.todos(loop_id, ids)
+        if len(found) != sum(loop.todo_counts):
+            raise IntegrityError(
+                f"loop {loop_id!r} holds {len(found)} todos where its receipts made "
+                f"{sum(loop.todo_counts)}: changed outside loopwarden; nothing was sealed. Run "
+                "`loopwarden verify`."
+            )
+        return sorted(found.values(), key=lambda t: (t.ord, t.todo_id))
+
+    def max_todo_order(self, loop_id: str) -> int:
+        """The largest claim order among the loop's todos (0 for none), read from the proved
+        todo that holds it."""
+        r = self._raw._one(
+            "SELECT todo_id FROM todos WHERE loop_id = ? ORDER BY ord DESC, todo_id DESC LIMIT 1",
+            (loop_id,),
+        )
+        last = self.todo(loop_id, r[0]) if r else None
+        return last.ord if last is not None else 0
+
+    def approved_for_turn(self, loop_id: str, turn_id: str) -> dict[str, ApprovalRow]:
+        """The approved approvals requested in `turn_id` (expired or not), each proved."""
+        return self.approvals(self._raw.approved_for_turn(loop_id, turn_id))
+
+    def loop_approvals(
+        self, loop_id: str, status: ApprovalStatus | None = None
+    ) -> list[ApprovalRow]:
+        """The loop's approvals (of `status`) in request order, each proved."""
+        found = self.approvals(a.approval_id for a in self._raw.loop_approvals(loop_id, status))
+        return sorted(found.values(), key=lambda a: (a.requested_at, a.approval_id))
+
+    def policy(self, digest: str) -> LoopPolicy:
+        """The policy with this digest, re-hashed against it (every reader proves a policy
+        so, `Reader.policy`)."""
+        return self._raw.policy(digest)
+
+    def view(self, loop_id: str, touch: Touched | None) -> LoopView | None:
+        """The loop row plus the proved rows one receipt touches (a partial view), or with
+        `touch=None` every row of the loop."""
+        loop = self.loop_row(loop_id)
+        if loop is None:
+            return None
+        view = LoopView(loop=loop, policy=self.policy(loop.policy_digest))
+        if touch is None:
+            view.todos = {t.todo_id: t for t in self.all_todos(loop_id)}
+            view.turns = {t.turn_id: t for t in self.loop_turns(loop_id)}
+            view.approvals = {a.approval_id: a for a in self.loop_approvals(loop_id)}
+        else:
+            view.todos = self.todos(loop_id, touch.todos)
+            view.turns = self.turns(touch.turns)
+            view.approvals = self.approvals(touch.approvals)
+        return view
+
+    def loops_with_expired_turns_in(self, pool: str, now: datetime) -> list[str]:
+        """The loops that may hold an expired turn admitted under `pool`: candidates by id
+        (each is swept through its proved rows, which decide)."""
+        return self._raw.loops_with_expired_turns_in(pool, now)
+
     def dependencies_done(self, loop_id: str, todo: TodoRow) -> bool:
         deps = self.todos(loop_id, todo.depends_on)
         return len(deps) == len(set(todo.depends_on)) and all(
@@ -293,7 +437,7 @@ class GuardedReader(Reader):
 
     def next_eligible_todo(self, loop_id: str) -> TodoRow | None:
         self.loop_row(loop_id)  # the loop's row held first (row locks): its todos stand still
-        todo = super().next_eligible_todo(loop_id)
+        todo = self._raw.next_eligible_todo(loop_id)
         if todo is None:
             return None
         todo = self._prove("todos", {todo.todo_id: todo})[todo.todo_id]
@@ -311,7 +455,7 @@ class GuardedReader(Reader):
         if self._log is None:
             if self._lock and not asked:  # the integrator's row: a write that reads it takes it
                 self.conn.execute(f"SELECT 1 FROM log_state WHERE id = 1{self._lock}")
-            r = self._one(
+            r = self._raw._one(
                 "SELECT size, frontier, mac, (SELECT max(leaf_index) FROM journal) "
                 "FROM log_state WHERE id = 1"
             )
@@ -388,7 +532,7 @@ class GuardedReader(Reader):
         """What one window of `pool` used, proved by its MAC (zero for a window not begun)."""
         key = (pool, window_start)
         if key not in self._usage:
-            r = self._one(
+            r = self._raw._one(
                 f"SELECT {POOL_USAGE.row_names}, mac FROM pool_usage "
                 "WHERE pool = ? AND window_start = ?",
                 key,
@@ -402,8 +546,22 @@ class GuardedReader(Reader):
             self._usage[key] = totals
         return self._usage[key]
 
+    def put_pool(self, row: PoolRow) -> None:
+        """Write a pool's row under its MAC."""
+        values = POOLS.encode(row)
+        mac = self.integrity.mac(POOL_MAC, list(values))
+        self.conn.execute(self.dialect.upsert(POOLS, _POOL_WRITE), (*values, mac))
+        self.pools()[row.name] = row
+
+    def put_usage(self, usage: PoolUsage) -> None:
+        """Write what one window of a pool used, under its MAC."""
+        values = POOL_USAGE.encode(usage)
+        mac = self.integrity.mac(POOL_USAGE_MAC, POOL_USAGE.mac_values(values))
+        self.conn.execute(self.dialect.upsert(POOL_USAGE, _USAGE_WRITE), (*values, mac))
+        self._usage[(usage.pool, usage.window_start)] = usage.totals
+
     def idempotency(self, principal: str, key: str) -> IdempotencyRecord | None:
-        record = super().idempotency(principal, key)
+        record = self._raw.idempotency(principal, key)
         if record is not None:
             what = "an idempotency record"
             self.integrity.check(RECORD_MAC, record.mac_values(), record.mac, what)

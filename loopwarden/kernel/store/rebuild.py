@@ -26,8 +26,8 @@ from loopwarden.kernel.sql.schema import (
 from loopwarden.kernel.state.fold import FoldError
 from loopwarden.kernel.state.registry import Kinds
 from loopwarden.kernel.state.rows import LoopView, diff_views
+from loopwarden.kernel.store.guard import ProvedRows
 from loopwarden.kernel.store.reader import PolicyCache, Reader
-from loopwarden.kernel.store.txn import ProjectionWriter
 
 
 def _fold_journal(reader: Reader, kinds: Kinds) -> dict[str, LoopView]:
@@ -71,7 +71,7 @@ def rebuild_projection(conn: Connection, integrity: Integrity, kinds: Kinds) -> 
     _check_agrees(Reader(conn, legacy=True), views)
     for table in (*PROJECTION, STATE_NODES):
         conn.execute(f"DELETE FROM {table.name}")
-    writer = ProjectionWriter(conn, PolicyCache(), integrity)
+    writer = ProvedRows(conn, PolicyCache(), integrity)
     for view in views.values():
         writer.save(view, {})
     size, frontier = conn.execute("SELECT size, frontier FROM log_state WHERE id = 1").fetchone()

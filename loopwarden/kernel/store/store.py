@@ -23,6 +23,9 @@ same transaction with no event loop, no writer thread and no read side to start.
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -45,12 +48,15 @@ from loopwarden.errors import (
 from loopwarden.kernel.log import merkle
 from loopwarden.kernel.log.integrity import Integrity
 from loopwarden.kernel.log.keys import Keyring, KeyStore, Signer
+from loopwarden.kernel.log.seals import parse_envelope
 from loopwarden.kernel.sql.backends import Backend, StoreClosed, Synchronous, first_line
 from loopwarden.kernel.sql.dialect import Connection
 from loopwarden.kernel.sql.location import Location, parse_location
+from loopwarden.kernel.sql.records import SealedRow
 from loopwarden.kernel.sql.schema import LEGACY_SCHEMA, SCHEMA_VERSION
 from loopwarden.kernel.sql.sqlite import connect, make_private
 from loopwarden.kernel.sql.worker import Job, Worker
+from loopwarden.kernel.state.events import ReceiptBody
 from loopwarden.kernel.state.registry import Kinds
 from loopwarden.kernel.store.integrator import (
     MAX_PENDING,
@@ -83,6 +89,8 @@ BACKLOG = 1024
 """Calls waiting for the writer past which a new write or quota is refused (`StoreBusy`) rather
 than queued: under a load the database cannot keep up with, callers hear "retry" at once
 instead of waiting longer and longer (and the queue's memory stays bounded)."""
+BODIES_KEPT = 1024
+"""Typed receipt bodies a store keeps decoded (`Store.body_of`)."""
 RETRIES = 3
 """Times a body that lost a row lock to another transaction (`Backend.contended`) is run again
 in a transaction of its own before its caller hears `StoreBusy`."""
@@ -126,6 +134,8 @@ class Store:
 
     def __post_init__(self) -> None:
         self.origin = Reader(self.backend.writer).meta("origin") or "loopwarden.local/unknown"
+        self._bodies: OrderedDict[tuple[str, str], ReceiptBody | None] = OrderedDict()
+        self._bodies_lock = threading.Lock()
         self._writer = Worker("loopwarden-writer", self._commit_group)
         self._started = False  # `open` started the writer thread and the read side
         self._closed = False
@@ -237,6 +247,25 @@ class Store:
             if isinstance(exc, backend.errors):
                 raise StoreError(f"cannot open the database: {exc}") from None
             raise
+
+    def body_of(self, row: SealedRow) -> ReceiptBody | None:
+        """The typed body of a stored receipt, or None where its payload is not one of this
+        application's bodies (a tampered or unknown one). Not verified: `receipt`, `journal`
+        and the audit check signatures. Memoized per store by receipt id and the hash of the
+        envelope bytes it holds (a bounded LRU): a projection shows the same recent receipts
+        call after call, and a loop's opening receipt can carry 10⁵ todos."""
+        key = (row.receipt_id, hashlib.sha256(row.envelope).hexdigest())
+        with self._bodies_lock:
+            if key in self._bodies:
+                self._bodies.move_to_end(key)
+                return self._bodies[key]
+        parsed = parse_envelope(row.envelope)
+        body = None if parsed is None else self.kinds.parse_payload(parsed.payload)
+        with self._bodies_lock:
+            self._bodies[key] = body
+            while len(self._bodies) > BODIES_KEPT:
+                self._bodies.popitem(last=False)
+        return body
 
     def queue_depth(self) -> int:
         """Write calls waiting for the writer thread (not yet in a commit): cheap, lock-free."""
@@ -369,7 +398,7 @@ class Store:
             log = None  # the Merkle log as the bodies committed so far left it
             for index, job in enumerate(batch):
                 tx = self._txn(wait=index == 0)
-                tx.carry_log(log)
+                tx.rows.carry_log(log)
                 try:
                     with backend.body():  # the savepoint's statements ride in the body's batch
                         if grouped:
@@ -387,10 +416,10 @@ class Store:
                     else:
                         job.error = self._as_store_error(exc)
                 else:
-                    log = tx.log_carried or log
+                    log = tx.rows.log_carried or log
             if backend.integrates_inline:
                 tx = self._txn()
-                tx.carry_log(log)
+                tx.rows.carry_log(log)
                 tx.integrate()
             backend.commit()
         except BaseException as exc:

@@ -25,9 +25,6 @@ from loopwarden.kernel.log import merkle
 from loopwarden.kernel.log.checkpoints import sign_checkpoint
 from loopwarden.kernel.log.integrity import (
     LOG_MAC,
-    LOOP_MAC,
-    POOL_MAC,
-    POOL_USAGE_MAC,
     RECORD_MAC,
     TOKEN_MAC,
     Integrity,
@@ -46,27 +43,21 @@ from loopwarden.kernel.sql.records import (
 from loopwarden.kernel.sql.schema import (
     CHECKPOINTS,
     IDEMPOTENCY,
-    LOOPS,
     MERKLE_NODES,
     OUTSIDER_REFUSALS,
     PENDING,
     POLICIES,
-    POOL_USAGE,
-    POOLS,
-    ROW_TABLES,
-    STATE_NODES,
     TOKENS,
 )
 from loopwarden.kernel.state import charges as pool_state
 from loopwarden.kernel.state.charges import chain_of, drawn, pool_of
-from loopwarden.kernel.state.events import Fact, LoopOpened, ReceiptBody, ReceiptKind
+from loopwarden.kernel.state.events import CarriesPolicy, Fact, ReceiptBody, ReceiptKind
 from loopwarden.kernel.state.registry import Kinds
-from loopwarden.kernel.state.rows import LoopRow, LoopView, PoolRow, PoolUsage
+from loopwarden.kernel.state.rows import LoopView, PoolRow
 from loopwarden.kernel.state.rows import replace as with_fields
-from loopwarden.kernel.store.cursors import CursorWriter
-from loopwarden.kernel.store.guard import GuardedReader, loop_mac_values, row_leaf
-from loopwarden.kernel.store.reader import PolicyCache
-from loopwarden.kernel.store.statetree import EMPTY, StateTree, node
+from loopwarden.kernel.store.cursors import ExportCursors
+from loopwarden.kernel.store.guard import ProvedRows
+from loopwarden.kernel.store.reader import PolicyCache, Reader
 from loopwarden.policy.decision import Decision
 from loopwarden.principals import Principal
 
@@ -90,10 +81,6 @@ class Sealer(Protocol):
     kinds: Kinds
 
 
-_LOOP_WRITE = (*(c.name for c in LOOPS.row_columns), "state_root", "mac")
-"""A loop row's upsert: its stored values, then its proofs."""
-_POOL_WRITE = (*(c.name for c in POOLS.row_columns), "mac")
-_USAGE_WRITE = (*(c.name for c in POOL_USAGE.row_columns), "mac")
 _SEALED = PENDING.names[1:]
 """A pending receipt's columns but its ticket, which the database gives it."""
 _INTEGRATE = (
@@ -132,51 +119,12 @@ class Appended(_Durable):
         return self.body.seq
 
 
-class ProjectionWriter(GuardedReader):
-    """Writes projection rows with their proofs: each changed row's leaf in its loop's state
-    tree, the blobs it rewrote, and the loop row under the new root and its MAC."""
-
-    def save(self, view: LoopView, old: dict[str, dict[str, Any]]) -> None:
-        """Write the rows of `view` that are not in `old` (by identity), their leaves, and the
-        loop row under its new root."""
-        loop_id = view.loop.loop_id
-        if loop_id not in self._trees:  # a new loop: nothing stored counts, its tree starts empty
-            self._trees[loop_id] = StateTree(0, node(EMPTY), lambda level, idx: None)
-        tree = self._trees[loop_id]
-        tree.grow(view.loop.slots)
-        changed: dict[str, list[Any]] = {
-            table: [row for key, row in rows.items() if old.get(table, {}).get(key) is not row]
-            for table, rows in (
-                ("todos", view.todos),
-                ("turns", view.turns),
-                ("approvals", view.approvals),
-            )
-        }
-        tree.fill({row.slot: row_leaf(t, row) for t, rows in changed.items() for row in rows})
-        for table, rows in changed.items():
-            self.keep(table, rows)
-            if rows:
-                description = ROW_TABLES[table]
-                self.conn.executemany(
-                    self.dialect.upsert(description), [description.encode(row) for row in rows]
-                )
-        self.conn.executemany(
-            self.dialect.upsert(STATE_NODES),
-            [(loop_id, level, idx, blob) for level, idx, blob in tree.blobs()],
-        )
-        tree.dirty.clear()
-        self._save_loop(view.loop, tree.root)
-
-    def _save_loop(self, loop: LoopRow, root: bytes) -> None:
-        self._loops[loop.loop_id] = loop
-        mac = self.integrity.mac(LOOP_MAC, loop_mac_values(loop, root))
-        self.conn.execute(self.dialect.upsert(LOOPS, _LOOP_WRITE), (*LOOPS.encode(loop), root, mac))
-
-
-class Txn(ProjectionWriter, CursorWriter):
-    """An open write transaction. Reads see everything appended so far in the same transaction,
-    and every row they return has been proved (see `guard.py`); export sinks' cursors are
-    written here too (`cursors.py`)."""
+class Txn:
+    """An open write transaction, made of parts it holds rather than inherits: the rows it acts
+    on (`rows`, every one proved, `guard.py`), the reader nothing vouches for (`unproved`, named
+    so that a write that decides on an unproved row shows in the code), the export sinks'
+    cursors (`cursors`, `cursors.py`), and its writes: receipts sealed and folded, the Merkle
+    log, checkpoints and operational records. Reads see everything appended so far."""
 
     def __init__(
         self,
@@ -188,11 +136,16 @@ class Txn(ProjectionWriter, CursorWriter):
         *,
         wait: bool = True,
     ) -> None:
-        super().__init__(conn, policies, integrity, wait=wait)
+        self.conn = conn
+        self.dialect = conn.dialect
+        self.integrity = integrity
+        self.rows = ProvedRows(conn, policies, integrity, wait=wait)
+        self.unproved = Reader(conn, policies)
+        self.cursors = ExportCursors(conn, self.rows.lock_clause, lambda: self.now)
         self._store = store
         self._clock = clock
         self._now: datetime | None = None
-        self.kinds: list[ReceiptKind] = []  # what this transaction sealed, in order (observers)
+        self.sealed_kinds: list[ReceiptKind] = []  # what it sealed, in order (observers)
 
     # --- the transaction's time ---------------------------------------------------------------
 
@@ -223,14 +176,16 @@ class Txn(ProjectionWriter, CursorWriter):
         """Seal one receipt and apply it: its place in its loop's chain (pending its Merkle
         leaf), projection rows.
 
-        `policy_digest` is required for `loop.opened` and otherwise taken from the loop; `refs`
+        `policy_digest` is required for a receipt that carries a policy (`loop.opened`, an
+        operator's `loop.policy_changed`: that policy's digest) and otherwise taken from the
+        loop; `refs`
         are what else the receipt names. A receipt's time never goes back within its loop
         (another process's clock may lag: then it takes the loop's last time). Raises
         `SealError` if the receipt cannot be sealed, `FoldError` if it does not fit the loop's
         state and `IntegrityError` if a row it reads fails its proof; the caller's transaction
         then rolls back whole.
         """
-        loop = self.loop_row(loop_id)
+        loop = self.rows.loop_row(loop_id)
         at = self.now
         if kind == ReceiptKind.LOOP_OPENED:
             if loop is not None:
@@ -239,19 +194,21 @@ class Txn(ProjectionWriter, CursorWriter):
         else:
             if loop is None:
                 raise NotFound(f"loop {loop_id!r} does not exist")
-            seq, prev, policy_digest = loop.head_seq + 1, loop.head_digest, loop.policy_digest
+            seq, prev = loop.head_seq + 1, loop.head_digest
+            if not isinstance(data, CarriesPolicy):
+                policy_digest = loop.policy_digest
             at = max(at, loop.updated_at)
         body, sealed = self._seal(
             loop_id, kind, seq, prev, at, principal, data,
             decision=decision, policy_digest=policy_digest, **refs,
         )  # fmt: skip
-        if isinstance(body.data, LoopOpened):
+        if isinstance(body.data, CarriesPolicy):
             self.conn.execute(
                 self.dialect.insert_new(POLICIES),
                 (policy_digest, canonical_bytes(body.data.policy).decode()),
             )
         appended = Appended(sealed, body, self._fold(body, sealed.digest))
-        self.kinds.append(kind)
+        self.sealed_kinds.append(kind)
         return appended
 
     def _seal(
@@ -286,7 +243,7 @@ class Txn(ProjectionWriter, CursorWriter):
         # The pools' rows before the ticket: of two writes to a pool, the later's tickets then
         # come after the earlier's, so the tree replays pools in the order they were decided
         # (integrator.py). Writes to other pools do not wait.
-        self.hold(self._pools_touched(body))
+        self.rows.hold(self._pools_touched(body))
         pending = PendingRow(
             body.loop_id, body.seq, body.kind, sealed.receipt_id, sealed.digest, body.at,
             body.turn_id, sealed.envelope, ticket=None, leaf_hash=merkle.leaf_hash(sealed.envelope),
@@ -301,10 +258,14 @@ class Txn(ProjectionWriter, CursorWriter):
         name = pool_of(body.loop_id)
         if name is not None:
             return [name]
-        view = self.view(body.loop_id, self._store.kinds.touched(body)) if self.pools() else None
+        view = (
+            self.rows.view(body.loop_id, self._store.kinds.touched(body))
+            if self.rows.pools()
+            else None
+        )
         if view is None:
             return []
-        names = set(drawn(self.pools(), view.policy, body.principal.id))
+        names = set(drawn(self.rows.pools(), view.policy, body.principal.id))
         for turn in view.turns.values():
             names.update(turn.pools if turn is not None and turn.pools else ())
         return sorted(names)
@@ -321,8 +282,8 @@ class Txn(ProjectionWriter, CursorWriter):
     ) -> PoolAppended:
         """Seal one receipt of a budget pool's chain and fold it into the pool's row (a new
         pool for its first `pool.defined`). `FoldError` if it does not fit the pool's state."""
-        self.hold([name])
-        row = self.pools().get(name)
+        self.rows.hold([name])
+        row = self.rows.pools().get(name)
         seq, prev, at = 1, None, self.now
         if row is not None:
             seq, prev, at = row.head_seq + 1, row.head_digest, max(self.now, row.updated_at)
@@ -334,23 +295,9 @@ class Txn(ProjectionWriter, CursorWriter):
         if step is None:
             raise TypeError(f"{kind} is not a pool's kind")
         row = step.fold(row, body, sealed.digest)
-        self.put_pool(row)
-        self.kinds.append(kind)
+        self.rows.put_pool(row)
+        self.sealed_kinds.append(kind)
         return PoolAppended(sealed, body, row)
-
-    def put_pool(self, row: PoolRow) -> None:
-        """Write a pool's row under its MAC."""
-        values = POOLS.encode(row)
-        mac = self.integrity.mac(POOL_MAC, list(values))
-        self.conn.execute(self.dialect.upsert(POOLS, _POOL_WRITE), (*values, mac))
-        self.pools()[row.name] = row
-
-    def put_usage(self, usage: PoolUsage) -> None:
-        """Write what one window of a pool used, under its MAC."""
-        values = POOL_USAGE.encode(usage)
-        mac = self.integrity.mac(POOL_USAGE_MAC, POOL_USAGE.mac_values(values))
-        self.conn.execute(self.dialect.upsert(POOL_USAGE, _USAGE_WRITE), (*values, mac))
-        self._usage[(usage.pool, usage.window_start)] = usage.totals
 
     # --- the Merkle log -----------------------------------------------------------------------
 
@@ -373,13 +320,13 @@ class Txn(ProjectionWriter, CursorWriter):
         # that no statement is left open on SQLite's connection.
         with closing(self.conn.execute(sql + (f" LIMIT {int(limit)}" if limit else ""))) as pending:
             if held is not None:
-                self.log_state(asked=True)  # its answer comes with the lock's: one round trip
+                self.rows.log_state(asked=True)  # its answer comes with the lock's: one round trip
                 if not held():
                     return None
             rows = pending.fetchall()
         if not rows:
             return []
-        size, frontier = self.log_state()  # as read above, for the integrator's batch
+        size, frontier = self.rows.log_state()  # as read above, for the integrator's batch
         nodes: list[tuple[int, int, bytes]] = []
         every = self._store.checkpoint_every
         for index, (_, leaf, _) in enumerate(rows, start=size):
@@ -400,13 +347,13 @@ class Txn(ProjectionWriter, CursorWriter):
         self.conn.execute(
             "UPDATE log_state SET size = ?, frontier = ?, mac = ? WHERE id = 1", (size, joined, mac)
         )
-        self._log = LogState(size, frontier)
+        self.rows.carry_log(LogState(size, frontier))
 
     def _fold(self, body: ReceiptBody, digest: str) -> LoopView:
         kinds = self._store.kinds
         touch = kinds.touched(body)
-        before = self.view(body.loop_id, touch)
-        prior = pool_state.before(before, touch.turns) if self.pools() else None
+        before = self.rows.view(body.loop_id, touch)
+        prior = pool_state.before(before, touch.turns) if self.rows.pools() else None
         # The rows as loaded: the fold replaces the rows it changes, so identity tells which.
         old: dict[str, dict[str, Any]] = (
             {}
@@ -418,9 +365,9 @@ class Txn(ProjectionWriter, CursorWriter):
             }
         )
         after = kinds.apply(before, body, digest)
-        self.save(after, old)
+        self.rows.save(after, old)
         if prior is not None:  # what it added to the loop, charged to the pools it draws from
-            pool_state.charge(self, pool_state.charges(prior, after, body, self), body.at)
+            pool_state.charge(self.rows, pool_state.charges(prior, after, body, self.rows), body.at)
         return after
 
     # --- checkpoints --------------------------------------------------------------------------
@@ -434,8 +381,8 @@ class Txn(ProjectionWriter, CursorWriter):
 
     def checkpoint(self) -> int:
         """Sign a checkpoint of the current tree unless one exists for this size; returns the size."""
-        size, frontier = self.log_state()
-        latest = self.latest_checkpoint()
+        size, frontier = self.rows.log_state()
+        latest = self.unproved.latest_checkpoint()
         if size and (latest is None or latest.size < size):
             self._write_checkpoint(size, merkle.root_from_frontier(frontier))
         return size
@@ -472,7 +419,8 @@ class Txn(ProjectionWriter, CursorWriter):
 
     def revoke_token(self, token_id: str) -> bool:
         token = next(
-            (t for t in self.tokens() if t.token_id == token_id and t.revoked_at is None), None
+            (t for t in self.unproved.tokens() if t.token_id == token_id and t.revoked_at is None),
+            None,
         )
         if token is None:
             return False
