@@ -22,7 +22,6 @@ from loopwarden.cli.common import EXIT_REFUSED, EXIT_USAGE, Options, fail, run, 
 from loopwarden.clients import render
 from loopwarden.clock import system_clock
 from loopwarden.errors import LoopwardenError
-from loopwarden.mcp_gateway.downstream import Downstream, DownstreamError
 from loopwarden.mcp_gateway.pins import Pins, tool_digest
 from loopwarden.mcp_gateway.servers_file import (
     REFERENCE,
@@ -33,6 +32,10 @@ from loopwarden.mcp_gateway.servers_file import (
     load_servers,
     resolve,
 )
+
+TYPE_CHECKING = False  # the MCP client loads only when a command starts a server
+if TYPE_CHECKING:
+    from loopwarden.mcp_gateway.downstream import Downstream
 
 app = typer.Typer(no_args_is_help=True, help="The MCP gateway: servers file, health, tool pins.")
 
@@ -122,6 +125,8 @@ def gateway_check(file: ServersPath, *, options: Options) -> None:
 
 @asynccontextmanager
 async def _started(servers: ServersFile) -> AsyncIterator[dict[str, Downstream]]:
+    from loopwarden.mcp_gateway.downstream import Downstream  # the MCP client: only here
+
     downstreams = {name: Downstream(server, list_ttl=0) for name, server in servers.servers.items()}
     async with anyio.create_task_group() as group:
         for downstream in downstreams.values():
@@ -136,6 +141,8 @@ async def _started(servers: ServersFile) -> AsyncIterator[dict[str, Downstream]]
 
 async def _survey(servers: ServersFile) -> list[dict[str, Any]]:
     """Each server started and listed: health, and each tool's digest and pin status."""
+    from loopwarden.mcp_gateway.downstream import DownstreamError  # the MCP client
+
     pins = Pins(servers.pins_path)
     report: list[dict[str, Any]] = []
     async with _started(servers) as downstreams:

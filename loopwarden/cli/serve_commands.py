@@ -168,7 +168,7 @@ def _run(settings: Settings) -> None:
             pass
 
     file = settings.location.file
-    if file is None or file.exists():  # a missing store is not made: the server says so
+    if file is None or file.exists() or settings.http is not None:  # stdio: not made, said
         run(preflight)
     server, runtime = build(settings)
     if settings.http is None:

@@ -38,8 +38,8 @@ def request_state_keys(settings: Settings) -> list[bytes]:
             raise InvalidInput(f"{ENV}: each key must be at least {MIN_KEY} characters")
         return keys
     where = settings.location.file
-    if where is not None and not where.exists():  # no store: the server serves nothing, and
-        return [os.urandom(MIN_KEY)]  # makes nothing in a mistyped home (`Runtime.open`)
+    if settings.http is None and where is not None and not where.exists():  # no store: serves
+        return [os.urandom(MIN_KEY)]  # nothing, makes nothing in a mistyped home (Runtime.open)
     secret = KeyStore(settings.home).load_secret()
     return [hmac.new(secret, LABEL, hashlib.sha256).digest()]
 

@@ -56,12 +56,16 @@ class Runtime:
     async def open(self) -> AsyncIterator[Runtime]:
         """Open the store and keys for the server's lifetime; close them on shutdown.
 
-        A SQLite store that does not exist is not made here: a mistyped `--home` or
-        `LOOPWARDEN_HOME` would otherwise give the agent an empty store that answers every loop
-        `not_found`. The server then runs without one, logs why, and answers every call with
-        that message (`require_store`); `loopwarden loop open` makes a store."""
+        Over stdio, a SQLite store that does not exist is not made here: the client that
+        launches the server was given a home, and a mistyped `--home` or `LOOPWARDEN_HOME`
+        would otherwise give the agent an empty store that answers every loop `not_found`. The
+        server then runs without one, logs why, and answers every call with that message
+        (`require_store`); `loopwarden loop open` makes a store. Over HTTP an operator starts
+        the server first and mints its tokens after, so the store is made (and that is
+        logged)."""
         where = self.settings.location
-        if where.file is not None and not where.file.exists():
+        absent = where.file is not None and not where.file.exists()
+        if absent and self.settings.http is None:
             self.missing = (
                 f"there is no loopwarden store at {where.file} (is --home or LOOPWARDEN_HOME "
                 "mistyped?): open a loop there first (`loopwarden loop open --home "
@@ -74,6 +78,8 @@ class Runtime:
             finally:
                 self.observer.shutdown()
             return
+        if absent:
+            log.warning("there was no store at %s: a new, empty one is made", where.file)
         keys = KeyStore(self.settings.home)
         store = await Store.open(
             self.settings.location,
