@@ -153,7 +153,7 @@ def _run(settings: Settings) -> None:
     from loopwarden.server.hook_route import hook_route
     from loopwarden.server.metrics_route import metrics_route
     from loopwarden.server.mounts import dashboard_mount
-    from loopwarden.server.settings import url_host
+    from loopwarden.server.settings import makes_no_store, url_host
     from loopwarden.server.transports import listen, serve_http, serve_stdio, transport_security
 
     sock = None
@@ -167,8 +167,7 @@ def _run(settings: Settings) -> None:
         async with admin.open_store(settings.home, store=settings.location.url):
             pass
 
-    file = settings.location.file
-    if file is None or file.exists() or settings.http is not None:  # stdio: not made, said
+    if not makes_no_store(settings):  # an agent's stdio server on no store says so instead
         run(preflight)
     server, runtime = build(settings)
     if settings.http is None:

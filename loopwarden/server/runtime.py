@@ -16,7 +16,7 @@ from loopwarden.kernel.store.store import Store
 from loopwarden.kinds import KINDS
 from loopwarden.observe import NOBODY, Observer
 from loopwarden.principals import Principal
-from loopwarden.server.settings import Settings
+from loopwarden.server.settings import Settings, makes_no_store
 
 if TYPE_CHECKING:
     from loopwarden.auth.oauth import JwtVerifier
@@ -56,16 +56,14 @@ class Runtime:
     async def open(self) -> AsyncIterator[Runtime]:
         """Open the store and keys for the server's lifetime; close them on shutdown.
 
-        Over stdio, a SQLite store that does not exist is not made here: the client that
-        launches the server was given a home, and a mistyped `--home` or `LOOPWARDEN_HOME`
-        would otherwise give the agent an empty store that answers every loop `not_found`. The
-        server then runs without one, logs why, and answers every call with that message
-        (`require_store`); `loopwarden loop open` makes a store. Over HTTP an operator starts
-        the server first and mints its tokens after, so the store is made (and that is
-        logged)."""
+        A server speaking for an agent over stdio does not make a SQLite store that is not
+        there (`settings.makes_no_store`): a mistyped `--home` or `LOOPWARDEN_HOME` would give
+        the agent an empty store that answers every loop `not_found`. It runs without one, logs
+        why, and answers every call with that message (`require_store`); `loopwarden loop open`
+        makes a store. An operator's server, or one over HTTP, makes it (and logs that)."""
         where = self.settings.location
         absent = where.file is not None and not where.file.exists()
-        if absent and self.settings.http is None:
+        if makes_no_store(self.settings):
             self.missing = (
                 f"there is no loopwarden store at {where.file} (is --home or LOOPWARDEN_HOME "
                 "mistyped?): open a loop there first (`loopwarden loop open --home "

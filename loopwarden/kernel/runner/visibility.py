@@ -49,10 +49,10 @@ def missing_loop(reader: Reader, who: Principal, loop_id: str) -> str:
 
 def _loop_hint(reader: Reader, who: Principal, loop_id: str) -> str:
     seen = [row.loop_id for row in reader.loops() if visible(reader, who, row)]
-    if not seen:  # the same whether hidden loops exist or not: it speaks of visible ones only
+    if not seen and who.is_operator:  # an operator sees every loop: this store has none
         return (
-            "; this server's store holds no loop you may see (is its --home or LOOPWARDEN_HOME "
-            "the one that holds your loops?)"
+            "; this server's store holds no loop at all (is its --home or LOOPWARDEN_HOME the "
+            "one that holds your loops?)"
         )
     return did_you_mean(difflib.get_close_matches(loop_id, seen, n=3, cutoff=0.6))
 
