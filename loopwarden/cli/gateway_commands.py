@@ -79,8 +79,10 @@ def _references(servers: ServersFile) -> dict[str, list[str]]:
 @app.command("check")
 @shared_options("json", "home")
 def gateway_check(file: ServersPath, *, options: Options) -> None:
-    """Read a servers file: the servers it serves, those it skips and why, the secret references
-    that do not resolve here, and where the pins are kept. Starts nothing.
+    """Check a servers file without starting any server.
+
+    The servers it serves, those it skips and why, the secret references that do not resolve
+    here, and where the pins are kept. Starts nothing.
     """
     servers = _load(file, options.json_out)
     unresolved = _references(servers)
@@ -180,8 +182,9 @@ async def _survey(servers: ServersFile) -> list[dict[str, Any]]:
 @app.command("status")
 @shared_options("json", "home")
 def gateway_status(file: ServersPath, *, options: Options) -> None:
-    """Start each server of a servers file and list its tools: health, and for each tool
-    whether it is pinned, unpinned (hidden until pinned) or changed (refused until pinned
+    """Start each server and list its tools and their pins.
+
+    Health, and for each tool whether it is pinned, unpinned (hidden until pinned) or changed (refused until pinned
     again). Exit 1 if a server failed or a tool changed.
     """
     servers = _load(file, options.json_out)
@@ -233,8 +236,9 @@ def _wanted(names: list[str] | None, servers: ServersFile) -> dict[str, set[str]
 @app.command("pin")
 @shared_options("json", "home")
 def gateway_pin(file: ServersPath, names: Names = None, *, options: Options) -> None:
-    """Admit tool descriptions as they are now: pin each named tool (every tool of a named
-    server; with no name, every tool of every server) to the digest of its name, description
+    """Pin tool descriptions as they are now.
+
+    Each named tool (every tool of a named server; with no name, every tool of every server) to the digest of its name, description
     and input schema. A tool whose description changes later is refused until pinned again.
     """
     servers = _load(file, options.json_out)
@@ -293,7 +297,7 @@ def gateway_unpin(
     *,
     options: Options,
 ) -> None:
-    """Forget the pins of a server (or one of its tools): hidden until pinned again."""
+    """Forget the pins of a server or one tool (then hidden)."""
     servers = _load(file, options.json_out)
     server, sep, tool = name.partition("__")
     try:
@@ -327,8 +331,9 @@ def gateway_import(
     *,
     options: Options,
 ) -> None:
-    """Make a servers file from a client's MCP config: its servers (not loopwarden itself), each
-    literal env and header value moved to a secret file (0600) and referenced as ${file:…}.
+    """Make a servers file from a client's MCP config.
+
+    Its servers (not loopwarden itself), each literal env and header value moved to a secret file (0600) and referenced as ${file:…}.
     Remove the servers from the client's config afterwards: the client reaches them through
     loopwarden only.
     """
