@@ -658,7 +658,7 @@ async def test_a_paused_loop_asks_the_operator_to_resume_it_before_any_approval(
     await pause_loop(store, OPERATOR, {"loop_id": "held", "reason": "freeze"})
     state = await projection(store, OPERATOR, {"loop_id": "held"})
     assert (state.attention.who, state.attention.why) == ("human", "the loop is paused")
-    assert state.next_action == "operator: resume the loop (1 approval(s) also await a decision)"
+    assert state.next_action == "operator: resume the loop (and 1 approval awaits a decision)"
     history = await Histories().get(store, OPERATOR, "held", state.head.seq)
     assert history.control is not None
     assert (history.control.kind, history.control.reason) == ("loop.paused", "freeze")

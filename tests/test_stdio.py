@@ -201,7 +201,7 @@ async def test_serve_writes_only_json_rpc_to_stdout(home):
     assert by_id[1]["result"]["serverInfo"]["name"] == "loopwarden"
     assert len(by_id[2]["result"]["tools"]) == 10
     assert by_id[3]["result"]["isError"] is True
-    assert "not_found" in by_id[3]["result"]["content"][0]["text"]
+    assert "store_missing" in by_id[3]["result"]["content"][0]["text"]  # no store in that home
 
 
 def test_serve_without_an_agent_exits_2_with_a_message_on_stderr_only(home):

@@ -155,7 +155,7 @@ def loop_show(loop_id: str, *, options: Options) -> None:
 @app.command("policy")
 @shared_options("home", "store", "json", "as")
 def loop_policy_cmd(loop_id: str, *, options: Options) -> None:
-    """Print a loop's policy as it stands (JSON, a policy file `set-policy` takes back).
+    """Print a loop's policy (JSON: a file set-policy takes back).
 
     With --json, also its digest: {"loop_id", "policy_digest", "document"}.
     """

@@ -133,7 +133,7 @@ def policy_explain(
     *,
     options: Options,
 ) -> None:
-    """Classify tools, judge a call's arguments, or judge shell command lines.
+    """Classify tools; judge a call's arguments or a shell line.
 
     A tool is allowed, denied or needs approval; the pattern that decided is named. With
     --arguments, every argument rule covering each --tool is judged on them ([[tools.arguments]]).

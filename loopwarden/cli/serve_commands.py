@@ -182,7 +182,7 @@ def _run(settings: Settings) -> None:
     from loopwarden.server.metrics_route import metrics_route
     from loopwarden.server.model_route import model_route
     from loopwarden.server.mounts import dashboard_mount
-    from loopwarden.server.settings import url_host
+    from loopwarden.server.settings import makes_no_store, url_host
     from loopwarden.server.transports import listen, serve_http, serve_stdio, transport_security
 
     sock = None
@@ -196,8 +196,7 @@ def _run(settings: Settings) -> None:
         async with admin.open_store(settings.home, store=settings.location.url):
             pass
 
-    file = settings.location.file
-    if file is None or file.exists():  # a missing store is not made: the server says so
+    if not makes_no_store(settings):  # an agent's stdio server on no store says so instead
         run(preflight)
     server, runtime = build(settings)
     if settings.http is None:

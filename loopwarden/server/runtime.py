@@ -16,7 +16,7 @@ from loopwarden.kernel.store.store import Store
 from loopwarden.kinds import KINDS
 from loopwarden.observe import NOBODY, Observer
 from loopwarden.principals import Principal
-from loopwarden.server.settings import Settings
+from loopwarden.server.settings import Settings, makes_no_store
 
 if TYPE_CHECKING:
     from loopwarden.auth.oauth import JwtVerifier
@@ -56,12 +56,14 @@ class Runtime:
     async def open(self) -> AsyncIterator[Runtime]:
         """Open the store and keys for the server's lifetime; close them on shutdown.
 
-        A SQLite store that does not exist is not made here: a mistyped `--home` or
-        `LOOPWARDEN_HOME` would otherwise give the agent an empty store that answers every loop
-        `not_found`. The server then runs without one, logs why, and answers every call with
-        that message (`require_store`); `loopwarden loop open` makes a store."""
+        A server speaking for an agent over stdio does not make a SQLite store that is not
+        there (`settings.makes_no_store`): a mistyped `--home` or `LOOPWARDEN_HOME` would give
+        the agent an empty store that answers every loop `not_found`. It runs without one, logs
+        why, and answers every call with that message (`require_store`); `loopwarden loop open`
+        makes a store. An operator's server, or one over HTTP, makes it (and logs that)."""
         where = self.settings.location
-        if where.file is not None and not where.file.exists():
+        absent = where.file is not None and not where.file.exists()
+        if makes_no_store(self.settings):
             self.missing = (
                 f"there is no loopwarden store at {where.file} (is --home or LOOPWARDEN_HOME "
                 "mistyped?): open a loop there first (`loopwarden loop open --home "
@@ -74,6 +76,8 @@ class Runtime:
             finally:
                 self.observer.shutdown()
             return
+        if absent:
+            log.warning("there was no store at %s: a new, empty one is made", where.file)
         keys = KeyStore(self.settings.home)
         store = await Store.open(
             self.settings.location,

@@ -220,3 +220,19 @@ def _check_identity(
                 checked_url(url, flag)
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from None
+
+
+def makes_no_store(settings: Settings) -> bool:
+    """Whether a server for `settings` must not make a store that is not there: one speaking
+    for an agent over stdio (launched by its client with a home it was given: a mistyped home
+    would give it an empty store that answers every loop `not_found`). An operator's server
+    makes one (it opens the first loop), and so does one over HTTP (started before its tokens
+    are minted)."""
+    file = settings.location.file
+    speaks_for = settings.principal.role if settings.principal is not None else None
+    return (
+        settings.http is None
+        and speaks_for in ("agent", "observer")
+        and file is not None
+        and not file.exists()
+    )
