@@ -124,7 +124,7 @@ def test_protected_resource_metadata_names_the_issuer_the_resource_and_the_agent
     ):
         document = httpx2.get(base + path, timeout=10).json()
         assert document["resource"] == server.url
-        assert [a.rstrip("/") for a in document["authorization_servers"]] == [issuer.url]
+        assert document["authorization_servers"] == [issuer.url]  # exactly, no slash added
         assert document["scopes_supported"] == [AGENT]
         assert document["bearer_methods_supported"] == ["header"]
 

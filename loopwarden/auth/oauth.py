@@ -34,12 +34,13 @@ import httpx2
 from joserfc import jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet
-from mcp.server.auth.handlers.metadata import ProtectedResourceMetadataHandler
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.routes import build_resource_metadata_url, cors_middleware
 from mcp.shared.auth import ProtectedResourceMetadata
 from pydantic import AnyHttpUrl
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -328,8 +329,18 @@ def metadata_routes(settings: OAuthSettings) -> list[Route]:
         scopes_supported=[settings.scopes["agent"]],
         resource_name="loopwarden",
     )
-    endpoint = cors_middleware(
-        ProtectedResourceMetadataHandler(metadata).handle, ["GET", "OPTIONS"]
-    )
+    # Pydantic's URL type writes a bare origin with a trailing slash ("https://idp.example/"),
+    # which is not the issuer a client then finds in the issuer's own metadata (RFC 8414 asks
+    # for the same string): the document names the issuer and the resource exactly as set.
+    document = {
+        **metadata.model_dump(mode="json", exclude_none=True),
+        "resource": settings.resource,
+        "authorization_servers": [settings.issuer],
+    }
+
+    async def handle(request: Request) -> Response:
+        return JSONResponse(document, headers={"Cache-Control": "public, max-age=3600"})
+
+    endpoint = cors_middleware(handle, ["GET", "OPTIONS"])
     paths = dict.fromkeys([urlsplit(metadata_url(settings)).path, ROOT_METADATA])
     return [Route(path, endpoint=endpoint, methods=["GET", "OPTIONS"]) for path in paths]
