@@ -80,6 +80,58 @@ TOOLS = [
     "dirname",
     "basename",
     "pwd",
+    # launchers and programs outside the reader's first tables (issue 42): each is linked
+    # when the machine has it, so a corpus line using one is checked where it can be
+    "chrt",
+    "taskset",
+    "prlimit",
+    "setarch",
+    "linux32",
+    "linux64",
+    "x86_64",
+    "unshare",
+    "setpriv",
+    "fakeroot",
+    "faked",
+    "faked-sysv",
+    "getopt",
+    "valgrind",
+    "ssh-agent",
+    "dbus-run-session",
+    "dbus-daemon",
+    "sg",
+    "nsenter",
+    "strace",
+    "gdb",
+    "tar",
+    "ssh",
+    "scp",
+    "sftp",
+    "gcc",
+    "cc",
+    "as",
+    "ld",
+    "sqlite3",
+    "ed",
+    "ex",
+    "vi",
+    "vim",
+    "split",
+    "zip",
+    "unzip",
+    "make",
+    "cmake",
+    "ninja",
+    "tclsh",
+    "m4",
+    "mktemp",
+    "chmod",
+    "ln",
+    "stat",
+    "expr",
+    "yes",
+    "jq",
+    "gzip",
 ]
 _RM = """#!/bin/sh
 opts=$(/usr/bin/getopt -q -o dfirRvI -l force,interactive::,one-file-system,no-preserve-root,\
@@ -93,6 +145,12 @@ done
 [ -n "$r" ] && [ -n "$f" ] && echo RMRF >> "{log}"
 exit 0
 """
+_UNKNOWN_LAUNCHERS = {
+    "lwrun": '#!/bin/sh\nexec "$@"\n',  # runs its arguments
+    "lwsh": '#!/bin/sh\nexec sh -c "$*"\n',  # runs its arguments joined, by a shell
+    "lwopt": '#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n',  # options first
+}
+"""Stub launchers whose names no program table knows: what loopwarden must treat as unknown."""
 _RECEIVE = """#!/bin/sh
 echo PUSH >> "{log}"
 exit 1
@@ -144,7 +202,7 @@ class Sandbox:
     def _tools(self) -> None:
         for tool in TOOLS:
             found = shutil.which(tool, path="/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
-            if found:
+            if found and not (self.bin / tool).exists():
                 (self.bin / tool).symlink_to(os.path.realpath(found))
         pytest = self.bin / "pytest"  # reads the files it is given, as the real one would
         pytest.write_text('#!/bin/sh\nfor a; do [ -r "$a" ] && cat "$a" > /dev/null; done\n')
@@ -154,6 +212,10 @@ class Sandbox:
             (self.bin / name).symlink_to(python)
         for name in ("git", "GIT", "git.exe"):  # as case-insensitive and Windows file systems
             (self.bin / name).symlink_to("/usr/bin/git")
+        for name, body in _UNKNOWN_LAUNCHERS.items():  # launchers no table names
+            stub = self.bin / name
+            stub.write_text(body)
+            stub.chmod(0o755)
         rm = self.bin / "rm"
         rm.write_text(_RM.replace("{log}", str(self.log)))
         rm.chmod(0o755)
