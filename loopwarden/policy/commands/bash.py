@@ -1,18 +1,19 @@
-"""The bash reader: a command line parsed with tree-sitter's Bash grammar, and every node that
-runs or may run code reported to a `Reading`.
+"""The bash reader: a command line parsed with tree-sitter's Bash grammar, and every construct in
+it either read or doubted — a closed world.
 
 Why tree-sitter: a shell is a programming language, and a hand-written splitter reads it the
-way its author imagined, not the way bash does (quotes, here-documents, `$'…'`, process
-substitution, nested `$( … )` were each a leak in the splitter this replaces). tree-sitter-bash
-is the grammar editors and code hosts use for bash, maintained upstream and shipped as prebuilt
-wheels; it parses in microseconds, never executes anything, and always returns a tree (with
-ERROR nodes where the text is not bash, which this reader turns into a doubt).
+way its author imagined, not the way bash does. tree-sitter-bash is the grammar editors and code
+hosts use for bash, shipped as prebuilt wheels; it parses in microseconds, never executes
+anything, and always returns a tree (with ERROR nodes where the text is not bash: a doubt).
 
-The walk visits every node, so a command anywhere — in a pipeline, list, subshell, group,
-function body, `if`/`for`/`case`, `[[ … ]]`, arithmetic, a redirection, a here-document body,
-an assignment, `$( … )`, backquotes, `<( … )` / `>( … )` — is a run. Words are evaluated as bash
-would pass them (`words.py`): quotes removed, escapes and ANSI-C quotes decoded, anything
-computed marked so.
+Closed world: `STATEMENTS` and `WORDS` below are every node type the walk reads, each with what
+it does; a node of any other type is a doubt, and so is anything the grammar let through that
+bash reads differently: a keyword read as a word (`time {`, `! {`, `coproc {`, `time if`), a
+substitution the grammar left inside a word (backquotes in `${y:-…}`, `$(…)` in `${x#…}`, in an
+unquoted here-document), a `${…}` form `expansions.py` does not model, text the grammar passed
+over. Words are evaluated as bash passes them (`words.py`): quotes removed, escapes and ANSI-C
+quotes decoded, anything computed marked so. Arithmetic (`arithmetic.py`) and the builtins that
+take variable names (`variables.py`) are checked for what bash would evaluate as code.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from loopwarden.policy.commands import configs
+from loopwarden.policy.commands import arithmetic, expansions, variables
+from loopwarden.policy.commands.reading import NUMBER, PATH
 from loopwarden.policy.commands.runs import TERMINAL, Run, Stdin
 from loopwarden.policy.commands.words import (
     ARITHMETIC,
@@ -39,6 +41,8 @@ from loopwarden.policy.commands.words import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from loopwarden.policy.commands.reading import Reading
 
 Node = Any  # tree_sitter.Node (the module is imported on first use only)
@@ -53,13 +57,17 @@ def _parser() -> Any:
 
 
 def read(reading: Reading, text: str, via: str, parent: Run | None, depth: int) -> None:
-    """Report every command of bash `text` to `reading`; a parse error is a doubt."""
+    """Report every command of bash `text` to `reading`; what is not read is a doubt."""
     data = text.encode("utf-8", "surrogatepass")
     root = _parser().parse(data).root_node
     if root.has_error:
         reading.doubt(parent, "the line is not valid bash (it does not parse)")
     elif _skipped(root, data):
-        reading.doubt(parent, "the grammar passed over part of the line")
+        reading.doubt(
+            parent,
+            "the grammar dropped a word bash reads (text between the words it parsed): "
+            "write the line more plainly",
+        )
     _Walk(reading, via, depth, data).node(root, parent, TERMINAL)
 
 
@@ -71,8 +79,9 @@ _ATOMIC = frozenset(
 
 def _skipped(root: Node, data: bytes) -> bool:
     """Whether text outside every token of the tree is more than blanks and line
-    continuations: the grammar dropped a word (it does, for `python3 - <<EOF`), so the tree is
-    not what bash reads."""
+    continuations: the grammar dropped a word, so the tree is not what bash reads. The one
+    word it is known to drop, a `-` before a here-document (`python3 - <<EOF`), is put back by
+    the walk (`_dash_before`)."""
     spans = []
     stack = [root]
     while stack:
@@ -83,114 +92,424 @@ def _skipped(root: Node, data: bytes) -> bool:
             stack.extend(node.children)
     end = 0
     for start, stop in sorted(spans):
-        if start > end and data[end:start].replace(b"\\\n", b"").strip():
-            return True
+        if start > end:
+            gap = data[end:start].replace(b"\\\n", b"").strip()
+            if gap and not (set(gap.split()) == {b"-"} and data[start : start + 2] == b"<<"):
+                return True
         end = max(end, stop)
     return bool(data[end:].replace(b"\\\n", b"").strip())
 
 
-_COMPUTED = {
-    "simple_expansion": PARAMETER,
-    "expansion": PARAMETER,
-    "command_substitution": SUBSTITUTION,
-    "arithmetic_expansion": ARITHMETIC,
-    "brace_expression": BRACES,
-    "extglob_pattern": GLOB,
+_COMPOUND = {
+    "{": "a `{ }` group", "(": "a `( )` subshell", "if": "an `if` block",
+    "while": "a `while` loop", "until": "an `until` loop", "for": "a `for` loop",
+    "select": "a `select` loop", "case": "a `case` block", "[[": "a `[[ ]]` test",
+    "((": "a `(( ))` command", "!": "`!`", "function": "a function definition",
+    "coproc": "`coproc`", "time": "`time`",
+}  # fmt: skip
+
+_CONSTRUCTS = {
+    "ERROR": "text that is not bash",
+    "heredoc_body": "a here-document",
+    "array": "an array",
+    "subscript": "an array subscript",
+    "regex": "a pattern",
 }
-_SPECIAL = re.compile(r"[\\*?\[{~]")
-_ARITHMETIC_NODES = frozenset({"arithmetic_expansion", "subscript", "c_style_for_statement"})
+_SPECIAL = re.compile(r"[\\*?\[{~$`]")
+_CODE_MARKS = ("`", "$(", "$[", "${")
+_NUMERIC_DATE = re.compile(r"^\+(%[sNYmdHMSjuwVGgCyeklIp%])+$")
+
+
+def _unread(kind: str) -> str:
+    name = _CONSTRUCTS.get(kind, "a shell construct")
+    return f"{name} loopwarden does not read is part of the line"
+
+
+class _Found:
+    """What reading a command's words found besides the words: code in them to walk (with
+    how it runs), and doubts."""
+
+    __slots__ = ("code", "doubts")
+
+    def __init__(self) -> None:
+        self.code: list[tuple[Node, str]] = []
+        self.doubts: list[str] = []
 
 
 class _Walk:
     def __init__(self, reading: Reading, via: str, depth: int, data: bytes) -> None:
         self.reading, self.via, self.depth, self.data = reading, via, depth, data
 
-    def node(self, node: Node, parent: Run | None, stdin: Stdin, via: str = "") -> None:
-        if not node.named_child_count:
-            return  # a word, a number, an operator: nothing in it runs
-        kind = node.type
-        if kind == "command":
-            self.command(node, parent, stdin, via)
-        elif kind == "redirected_statement":
-            self.redirected(node, parent, stdin, via)
-        elif kind == "pipeline":
-            for n, child in enumerate(c for c in node.named_children if c.type != "comment"):
-                self.node(child, parent, stdin if n == 0 else Stdin("pipe"), via)
-        elif kind == "function_definition":
-            name = node.child_by_field_name("name")
-            if name is not None:
-                self.reading.functions.add(name.text.decode(errors="replace"))
-            self.children(node, parent, stdin, "a function body")
-        elif kind == "command_substitution":
-            self.children(node, parent, stdin, "$(…)")
-        elif kind == "process_substitution":
-            self.children(node, parent, TERMINAL, node.children[0].type + "…)")
-        elif kind == "variable_assignment":
-            self.assignment(node, parent, stdin, via)
-        else:
-            if kind in _ARITHMETIC_NODES or (kind == "compound_statement" and _is_arith(node)):
-                self.arithmetic(node, parent)
-            self.children(node, parent, stdin, via)
+    # --- statements -------------------------------------------------------------------
 
-    def children(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+    def node(self, node: Node, parent: Run | None, stdin: Stdin, via: str = "") -> None:
+        handler = _STATEMENTS.get(node.type)
+        if handler is not None:
+            handler(self, node, parent, stdin, via)
+        elif node.type != "comment":
+            self.reading.doubt(parent, _unread(node.type))
+
+    def block(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
         for child in node.named_children:
             self.node(child, parent, stdin, via)
 
-    def command(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+    def error(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+        """Text the grammar could not parse (the line is already a doubt): the commands it
+        could still find are read, for what they tell the operator."""
         for child in node.named_children:
-            if child.type == "variable_assignment":
-                self.assignment(child, parent, stdin, via)
+            if child.type in _STATEMENTS:
+                self.node(child, parent, stdin, via)
+
+    def compound(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+        if node.children and node.children[0].type == "((":
+            found = _Found()
+            self.arithmetic(node, node.children[0].end_byte, node.children[-1].start_byte, found)
+            self.settle(found, None, parent)
+            return
+        self.block(node, parent, stdin, via)
+
+    def pipeline(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+        for n, child in enumerate(c for c in node.named_children if c.type != "comment"):
+            self.node(child, parent, stdin if n == 0 else Stdin("pipe"), via)
+
+    def function(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
         name = node.child_by_field_name("name")
-        stdin = _own_stdin(self, node, stdin)
-        run = None
         if name is not None:
-            argv = tuple(self.arguments([name, *node.children_by_field_name("argument")]))
-            run = self.reading.add(
-                argv,
-                via=via or self.via,
-                parent=parent,
-                dialect="bash",
-                stdin=stdin,
-                depth=self.depth,
-            )
+            self.reading.functions.add(name.text.decode(errors="replace"))
         for child in node.named_children:
-            if child.type != "variable_assignment":
-                self.node(child, run or parent, stdin, "$(…)")
+            if child is name or (name is not None and child.id == name.id):
+                continue
+            if child.type in _REDIRECTS:
+                self.redirect(child, parent)
+            else:
+                self.node(child, parent, stdin, "a function body")
+
+    def substitution(self, node: Node, parent: Run | None, via: str) -> None:
+        """The statements of `$( … )`, backquotes, `<( … )`, `>( … )`."""
+        for child in node.named_children:
+            self.node(child, parent, TERMINAL, via)
 
     def redirected(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
         body = node.child_by_field_name("body")
-        redirects = [c for c in node.named_children if c is not body]
+        redirects = [c for c in node.named_children if body is None or c.id != body.id]
         given = stdin
         for redirect in redirects:
             given = _stdin_of(self, redirect) or given
         if body is not None:
-            self.node(body, parent, given, via)
+            extra = _dash_before(self, body, redirects)
+            if extra and body.type == "command":
+                self.command(body, parent, given, via, extra)
+            else:
+                self.node(body, parent, given, via)
         for redirect in redirects:
-            self.children(redirect, parent, TERMINAL, "a redirection")
+            self.redirect(redirect, parent)
 
-    def assignment(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+    def command(
+        self,
+        node: Node,
+        parent: Run | None,
+        stdin: Stdin,
+        via: str,
+        extra: tuple[Word, ...] = (),
+    ) -> None:
+        found = _Found()
         name = node.child_by_field_name("name")
-        value = node.child_by_field_name("value")
-        word = self.word(value) if value is not None else Word("")
+        words: list[Node] = []
+        redirects: list[Node] = []
+        for child in node.named_children:
+            kind = child.type
+            if kind == "variable_assignment":
+                self.assignment(child, parent, found)
+            elif kind in _REDIRECTS:
+                redirects.append(child)
+            elif kind == "comment":
+                continue
+            elif kind == "command_name" or kind in _WORDS:
+                words.append(child)
+            else:
+                found.doubts.append(_unread(kind))
+        run = None
         if name is not None:
-            configs.assigned(self.reading, parent, name.text.decode(errors="replace"), word)
-        if value is not None:
-            self.node(value, parent, stdin, via or "an assignment")
+            argv = (*self.arguments(words, found), *extra)
+            _keywords(node, argv, found)
+            own = stdin
+            for redirect in redirects:
+                own = _stdin_of(self, redirect) or own
+            run = self.reading.add(
+                argv, via=via or self.via, parent=parent, dialect="bash", stdin=own,
+                depth=self.depth,
+            )  # fmt: skip
+        self.settle(found, run, parent)
+        for redirect in redirects:
+            self.redirect(redirect, run or parent)
 
-    def arithmetic(self, node: Node, parent: Run | None) -> None:
-        """bash evaluates a variable's value inside arithmetic, `a[$(…)]` included: a variable
-        set in this line to text holding a substitution runs it."""
-        stack = [node]
-        while stack:
-            current = stack.pop()
-            if current.type in ("variable_name", "word"):
-                value = self.reading.assigned.get(current.text.decode(errors="replace"), "")
-                if value is None or "$(" in value or "`" in value:
-                    self.reading.doubt(parent, "arithmetic evaluates a variable that may run code")
-                    return
-            stack.extend(current.named_children)
+    def settle(self, found: _Found, run: Run | None, parent: Run | None) -> None:
+        """Attach what reading words found: doubts, and the code they hold, run by `run`."""
+        for why in found.doubts:
+            self.reading.doubt(run or parent, why)
+        for code, via in found.code:
+            self.substitution(code, run or parent, via)
 
-    def arguments(self, nodes: list[Node]) -> list[Word]:
+    def assignment(self, node: Node, parent: Run | None, found: _Found, flags: str = "") -> None:
+        target = node.child_by_field_name("name")
+        value = node.child_by_field_name("value")
+        if target is None:
+            found.doubts.append(_unread("variable_assignment"))
+            return
+        name = target.text.decode(errors="replace")
+        if target.type == "subscript":
+            base = target.child_by_field_name("name")
+            name = base.text.decode(errors="replace") if base is not None else name
+            index = target.child_by_field_name("index")
+            if index is not None:
+                self.inner(index, found)
+                _subscript_check(self.reading, parent, name, _text(self, index), found)
+        if "A" in flags:
+            self.reading.assoc.add(name)
+        if "i" in flags:
+            self.reading.integers.add(name)
+        if value is None:
+            self.reading.assign(name, "")
+            variables.assigned(self.reading, parent, name, Word(""))
+            return
+        if value.type == "array":
+            self.array(name, value, parent, found)
+            return
+        word = self.word(value, found)
+        numeric = _numeric(self, value)
+        if word.text is None and not numeric and _path(value):
+            self.reading.assign(name, PATH)
+            variables.assigned(self.reading, parent, name, word)
+            return
+        self.reading.assign(name, NUMBER if numeric and word.text is None else word.text)
+        if word.text is None and word.params is not None and word.template == "\0":
+            self.reading.assign(name, "\x02" + word.params[0])
+        if "n" in flags:
+            variables.name_doubt(self.reading, parent, word)
+        variables.assigned(self.reading, parent, name, word)
+
+    def array(self, name: str, node: Node, parent: Run | None, found: _Found) -> None:
+        """`name=( … )`: each element a value of `name`; `[i]=v` subscripts are arithmetic for
+        an indexed array."""
+        self.reading.assign(name, "")
+        for element in node.named_children:
+            parts = element.children if element.type == "concatenation" else []
+            if parts and parts[0].type == "word" and parts[0].text == b"[":
+                close = next((n for n, p in enumerate(parts) if p.text == b"]"), None)
+                if close is None:
+                    found.doubts.append(_unread("array"))
+                    continue
+                for part in parts[1:close]:
+                    self.inner(part, found)
+                index = self.data[parts[0].end_byte : parts[close].start_byte].decode(
+                    errors="replace"
+                )
+                _subscript_check(self.reading, parent, name, index, found)
+                pieces = Pieces()
+                for part in parts[close + 1 :]:
+                    self.part(part, pieces, False, found)
+                value = pieces.word()
+                text = value.text[1:] if value.text is not None and value.text[:1] == "=" else None
+                self.reading.assign(name, text)
+            else:
+                word = self.word(element, found)
+                self.reading.assign(name, NUMBER if _numeric(self, element) else word.text)
+
+    def assignments(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+        found = _Found()
+        if node.type == "variable_assignment":
+            self.assignment(node, parent, found)
+        else:
+            for child in node.named_children:
+                if child.type == "variable_assignment":
+                    self.assignment(child, parent, found)
+                elif child.type != "comment":
+                    found.doubts.append(_unread(child.type))
+        self.settle(found, None, parent)
+
+    def declaration(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+        """`declare`, `typeset`, `local`, `export`, `readonly` (a builtin, not a run)."""
+        found = _Found()
+        words: list[Word] = []
+        assigned: list[Node] = []
+        for child in node.named_children:
+            if child.type == "variable_assignment":
+                assigned.append(child)
+                target = child.child_by_field_name("name")
+                words.append(Word(target.text.decode(errors="replace") if target else ""))
+            elif child.type == "variable_name":
+                words.append(Word(child.text.decode(errors="replace")))
+            elif child.type in _WORDS:
+                words.append(self.word(child, found))
+            elif child.type != "comment":
+                found.doubts.append(_unread(child.type))
+        flags = variables.declare(self.reading, parent, words, assign=True)
+        for child in assigned:
+            self.assignment(child, parent, found, flags)
+        self.settle(found, None, parent)
+
+    def unset(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+        found = _Found()
+        functions = False
+        for child in node.named_children:
+            if child.type == "variable_name":
+                continue
+            if child.type not in _WORDS:
+                found.doubts.append(_unread(child.type))
+                continue
+            word = self.word(child, found)
+            if word.text is not None and word.text.startswith("-"):
+                functions = functions or "f" in word.text
+            elif not functions:
+                variables.name_doubt(self.reading, parent, word)
+        self.settle(found, None, parent)
+
+    def test(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+        """`[[ … ]]` and `[ … ]`: operands are words; `-v` takes a variable name, and in
+        `[[ ]]` the operands of `-eq`, `-lt`, … are arithmetic."""
+        found = _Found()
+        keyword = node.children[0].type if node.children else "[["
+        for child in node.named_children:
+            self.condition(child, keyword == "[[", parent, found)
+        self.settle(found, None, parent)
+
+    def condition(self, node: Node, arithmetic_: bool, parent: Run | None, found: _Found) -> None:
+        kind = node.type
+        if kind in ("binary_expression", "unary_expression", "parenthesized_expression"):
+            operator = next(
+                (c.text.decode() for c in node.children if c.type == "test_operator"), ""
+            )
+            operands = [c for c in node.named_children if c.type != "test_operator"]
+            for operand in operands:
+                if operand.type in ("binary_expression", "unary_expression",
+                                    "parenthesized_expression"):  # fmt: skip
+                    self.condition(operand, arithmetic_, parent, found)
+                    continue
+                if operand.type == "regex":
+                    why = _audit(operand.text, quoted=False)
+                    if why is not None and why != "$":
+                        found.doubts.append(why)
+                    continue
+                if operand.type not in _WORDS:
+                    found.doubts.append(_unread(operand.type))
+                    continue
+                word = self.word(operand, found)
+                if operator == "-v":
+                    variables.name_doubt(self.reading, parent, word)
+                elif arithmetic_ and operator in ("-eq", "-ne", "-lt", "-le", "-gt", "-ge"):
+                    _arithmetic_word(self, operand, word, parent, found)
+        elif kind in _WORDS:
+            self.word(node, found)
+        elif kind != "comment":
+            found.doubts.append(_unread(kind))
+
+    def loop(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+        """`for NAME in WORDS; do …; done` and `select`: NAME takes each word."""
+        found = _Found()
+        variable = node.child_by_field_name("variable")
+        values = node.children_by_field_name("value")
+        name = variable.text.decode(errors="replace") if variable is not None else ""
+        if not values:
+            self.reading.assign(name, None)  # the positional parameters
+        for value in values:
+            word = self.word(value, found)
+            numeric = _numeric(self, value) or (word.kind == BRACES and _numeric_braces(value))
+            if word.text is None and word.params is not None and word.template == "\0":
+                self.reading.assign(name, "\x02" + word.params[0])
+            else:
+                self.reading.assign(name, NUMBER if numeric else word.text)
+        self.settle(found, None, parent)
+        for child in node.named_children:
+            if child.type in ("do_group", "compound_statement") or (
+                child.type not in _WORDS
+                and child.type != "comment"
+                and (variable is None or child.id != variable.id)
+            ):
+                self.node(child, parent, stdin, via)
+
+    def c_loop(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+        found = _Found()
+        opening = next((c for c in node.children if c.type == "(("), None)
+        closing = next((c for c in node.children if c.type == "))"), None)
+        if opening is None or closing is None:
+            found.doubts.append(_unread("c_style_for_statement"))
+        else:
+            self.arithmetic(node, opening.end_byte, closing.start_byte, found)
+        self.settle(found, None, parent)
+        for child in node.named_children:
+            if child.type in ("do_group", "compound_statement"):
+                self.node(child, parent, stdin, via)
+
+    def case(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
+        found = _Found()
+        for child in node.named_children:
+            if child.type == "case_item":
+                for part in child.named_children:
+                    if part.type in _WORDS:
+                        self.word(part, found)
+                    else:
+                        self.node(part, parent, stdin, via)
+            elif child.type in _WORDS:
+                self.word(child, found)
+            elif child.type != "comment":
+                found.doubts.append(_unread(child.type))
+        self.settle(found, None, parent)
+
+    def redirect(self, node: Node, parent: Run | None) -> None:
+        """The words of a redirection (a `>(…)` target runs), a here-document's body (its
+        substitutions run unless its delimiter is quoted) and what follows its start."""
+        found = _Found()
+        kind = node.type
+        if kind == "heredoc_redirect":
+            start = next((c for c in node.children if c.type == "heredoc_start"), None)
+            quoted = start is not None and any(ch in start.text for ch in b"'\"\\")
+            for child in node.named_children:
+                if child.type == "heredoc_body":
+                    if not quoted:
+                        self.heredoc(child, found)
+                elif child.type in ("heredoc_start", "heredoc_end"):
+                    continue
+                elif child.type in _REDIRECTS:
+                    self.redirect(child, parent)
+                elif child.type == "pipeline":
+                    for part in child.named_children:
+                        self.node(part, parent, Stdin("pipe"), "")
+                else:
+                    self.node(child, parent, TERMINAL, "")
+        else:
+            for child in node.named_children:
+                if child.type in _WORDS:
+                    self.word(child, found)
+                elif child.type not in ("file_descriptor", "comment"):
+                    found.doubts.append(_unread(child.type))
+        self.settle(found, None, parent) if not found.code else self._code(found, parent)
+
+    def _code(self, found: _Found, parent: Run | None) -> None:
+        for why in found.doubts:
+            self.reading.doubt(parent, why)
+        for code, _ in found.code:
+            self.substitution(code, parent, "a redirection")
+
+    def heredoc(self, body: Node, found: _Found) -> None:
+        """An unquoted here-document's body: its expansions and substitutions, as in a
+        double-quoted word (a backquote there is not parsed by the grammar: a doubt)."""
+        text = bytearray(body.text)
+        for child in body.named_children:
+            if child.type != "heredoc_content":
+                self.part(child, Pieces(), True, found)
+                start, end = child.start_byte - body.start_byte, child.end_byte - body.start_byte
+                text[start:end] = b" " * (end - start)
+        why = _audit(bytes(text), quoted=True)
+        if why is not None and why != "$":
+            found.doubts.append(
+                "an unquoted here-document holds a substitution loopwarden does not read (a "
+                "backquote, or one inside `${…}`): quote its delimiter (<<'EOF') or compute the "
+                "value before"
+            )
+
+    # --- words ------------------------------------------------------------------------
+
+    def arguments(self, nodes: list[Node], found: _Found) -> list[Word]:
         """Argument nodes as words: nodes with no space between them are one word (the
         grammar splits some, such as `$"…"`)."""
         groups: list[list[Node]] = []
@@ -202,13 +521,13 @@ class _Walk:
         out = []
         for group in groups:
             if len(group) == 1:
-                out.append(self.word(group[0]))
+                out.append(self.word(group[0], found))
                 continue
             pieces = Pieces()
             for n, part in enumerate(group):
                 if part.type == "$" and n + 1 < len(group) and group[n + 1].type == "string":
                     continue  # `$"…"` is the string itself (a translated string)
-                self.part(part, pieces, quoted=False)
+                self.part(part, pieces, False, found)
             out.append(pieces.word())
         return out
 
@@ -220,54 +539,280 @@ class _Walk:
         gap = self.data[left.end_byte : right.start_byte]
         return bool(gap) and not gap.replace(b"\\\n", b"")
 
-    def word(self, node: Node) -> Word:
+    def word(self, node: Node, found: _Found) -> Word:
         if node.type == "command_name" and node.child_count == 1:
             node = node.children[0]
         if node.type == "word":
-            text = node.text.decode("utf-8", "surrogateescape")
-            if not _SPECIAL.search(text):
-                return Word(text)  # the common case: nothing to unquote or expand
+            raw = node.text
+            if not _SPECIAL.search(raw.decode("utf-8", "surrogateescape")):
+                return Word(raw.decode("utf-8", "surrogateescape"))  # nothing to unquote
         pieces = Pieces()
-        self.part(node, pieces, quoted=False)
+        self.part(node, pieces, False, found)
         return pieces.word()
 
-    def part(self, node: Node, pieces: Pieces, quoted: bool) -> None:
+    def part(self, node: Node, pieces: Pieces, quoted: bool, found: _Found) -> None:
+        """One node of a word into `pieces`, its code into `found` (see WORDS)."""
         kind = node.type
-        text = node.text.decode("utf-8", "surrogateescape")
-        if kind in ("word", "number", "$", "variable_name", "special_variable_name"):
-            if quoted:
+        if kind in ("word", "number", "variable_name", "special_variable_name", "$"):
+            text = node.text.decode("utf-8", "surrogateescape")
+            why = _audit(node.text, quoted) if kind == "word" else None
+            if why == "$":
+                pieces.computed(PARAMETER, not quoted)
+            elif why is not None:
+                found.doubts.append(why)
+                pieces.computed(UNREADABLE, True)
+            elif quoted:
                 pieces.text(text, True)
             else:
                 unescape_unquoted(text, pieces)
-        elif kind == "command_name" or kind == "concatenation":
+        elif kind in ("command_name", "concatenation"):
             for child in node.children:
-                self.part(child, pieces, quoted)
+                self.part(child, pieces, quoted, found)
         elif kind == "raw_string":
-            pieces.text(text[1:-1], True)
+            pieces.text(node.text.decode("utf-8", "surrogateescape")[1:-1], True)
         elif kind == "ansi_c_string":
-            pieces.text(ansi_c(text[2:-1]), True)
+            pieces.text(ansi_c(node.text.decode("utf-8", "surrogateescape")[2:-1]), True)
         elif kind in ("string", "translated_string"):
             for child in node.children:
                 if child.type == "string_content":
-                    pieces.text(unescape_double(child.text.decode(errors="surrogateescape")), True)
-                elif child.type not in ('"', "$"):
-                    self.part(child, pieces, quoted=True)
+                    why = _audit(child.text, quoted=True)
+                    if why is not None and why != "$":
+                        found.doubts.append(why)
+                        pieces.computed(UNREADABLE, True)
+                    elif why == "$":
+                        pieces.computed(PARAMETER, False)
+                    else:
+                        text = child.text.decode("utf-8", "surrogateescape")
+                        pieces.text(unescape_double(text), True)
+                elif child.type not in ('"', "$", '$"'):
+                    self.part(child, pieces, True, found)
+        elif kind == "simple_expansion":
+            name = node.text.decode("utf-8", "surrogateescape")[1:]
+            splits = not quoted or name == "@"
+            pieces.computed(
+                PARAMETER, splits, name if name[:1].isalpha() or name[:1] == "_" else None
+            )
+        elif kind == "expansion":
+            self.expansion(node, pieces, quoted, found)
+        elif kind == "command_substitution":
+            pieces.computed(SUBSTITUTION, not quoted)
+            found.code.append((node, "$(…)"))
+        elif kind == "arithmetic_expansion":
+            pieces.computed(ARITHMETIC, not quoted)
+            opening, closing = node.children[0], node.children[-1]
+            self.arithmetic(node, opening.end_byte, closing.start_byte, found)
         elif kind == "process_substitution":
             pieces.computed(PROCESS, False)
-        elif kind in _COMPUTED:
-            pieces.computed(_COMPUTED[kind], splits=not quoted)
+            found.code.append((node, node.children[0].type + "…)"))
+        elif kind == "brace_expression":
+            pieces.computed(BRACES, True)
+        elif kind == "extglob_pattern":
+            pieces.computed(GLOB, True)
         else:
-            pieces.computed(UNREADABLE, splits=True)
+            found.doubts.append(_unread(kind))
+            pieces.computed(UNREADABLE, True)
+
+    def expansion(self, node: Node, pieces: Pieces, quoted: bool, found: _Found) -> None:
+        """`${…}` as `expansions.py` models it; its parts' code walked, its arithmetic checked."""
+        raw = node.text.decode("utf-8", "surrogateescape")
+        if raw[:1].isspace():  # the grammar puts a blank before `${` in a string into the node
+            stripped = raw.lstrip()
+            pieces.text(raw[: len(raw) - len(stripped)], quoted)
+            raw = stripped
+        model = expansions.parse(raw)
+        if model is None:
+            found.doubts.append("a `${…}` form loopwarden does not read is part of the line")
+            pieces.computed(UNREADABLE, True)
+            return
+        why = expansions.doubt(model)
+        if why is not None:
+            found.doubts.append(why)
+        reading = self.reading
+        if model.prefix == "!" and not model.operator and model.subscript is None:
+            name = model.name
+            reading.later(None, lambda r: variables._names_of(r, name))
+        if model.subscript is not None and model.subscript not in ("@", "*"):
+            _subscript_check(reading, None, model.name, model.subscript, found)
+        if model.operator == ":":
+            for bound in expansions.substring(model.rest):
+                if bound.strip():
+                    _arithmetic_text(reading, bound, found)
+        self.inner(node, found)
+        splits = not quoted or (model.all_elements and "@" in (model.subscript, model.name))
+        if model.length:
+            pieces.computed(ARITHMETIC, not quoted)
+        elif model.plain and model.prefix == "":
+            pieces.computed(PARAMETER, splits, model.name if _identifier(model.name) else None)
+        elif model.operator in (":-", "-") and re.fullmatch(r"[\w./:@%+,-]*", model.rest):
+            param = model.name + "\0" + model.rest if _identifier(model.name) else None
+            pieces.computed(PARAMETER, splits, param)
+        else:
+            pieces.computed(PARAMETER, splits)
+
+    def inner(self, node: Node, found: _Found) -> None:
+        """The code inside a `${…}` or a subscript: substitutions walked, nested expansions
+        checked, the text the grammar left as words audited."""
+        for child in node.named_children:
+            kind = child.type
+            if kind in ("command_substitution", "process_substitution"):
+                found.code.append((child, "$(…)"))
+            elif kind == "arithmetic_expansion":
+                self.arithmetic(
+                    child, child.children[0].end_byte, child.children[-1].start_byte, found
+                )
+            elif kind == "expansion":
+                self.expansion(child, Pieces(), True, found)
+            elif kind in ("word", "regex", "string_content"):
+                why = _audit(child.text, quoted=kind == "string_content")
+                if why is not None and why != "$":
+                    found.doubts.append(
+                        "a substitution inside `${…}` or a subscript is not read: compute it "
+                        "into a variable first"
+                    )
+            elif kind in ("string", "concatenation", "subscript", "translated_string"):
+                self.inner(child, found)
+            elif kind not in ("variable_name", "special_variable_name", "simple_expansion",
+                              "number", "raw_string", "ansi_c_string"):  # fmt: skip
+                found.doubts.append(_unread(kind))
+
+    def arithmetic(self, node: Node, start: int, end: int, found: _Found) -> None:
+        """The arithmetic text of `node` between two offsets: its substitutions walked, the
+        variables it assigns numbers, and (once the line is read) a doubt if it reads anything
+        else."""
+        text, marks = _masked(self, node, start, end, found)
+        for target in arithmetic.targets(text):
+            self.reading.assign(target, NUMBER)
+        parts = [p for p in text.split(";")]
+
+        def check(reading: Reading) -> str | None:
+            def numeric(name: str) -> bool:
+                if name in marks:
+                    return marks[name]
+                return reading.numeric(name)
+
+            for part in parts:
+                why = arithmetic.doubt(part, numeric)
+                if why is not None:
+                    return why
+            return None
+
+        self.reading.later(None, check)
 
 
-def _is_arith(node: Node) -> bool:
-    return bool(node.children) and node.children[0].type == "(("
+# --- the constructs read, by node type ------------------------------------------------------
+
+_REDIRECTS = frozenset({"file_redirect", "heredoc_redirect", "herestring_redirect"})
+
+_STATEMENTS: dict[str, Callable[[_Walk, Node, Run | None, Stdin, str], None]] = {
+    "program": _Walk.block,
+    "list": _Walk.block,
+    "do_group": _Walk.block,
+    "if_statement": _Walk.block,
+    "elif_clause": _Walk.block,
+    "else_clause": _Walk.block,
+    "while_statement": _Walk.block,
+    "subshell": _Walk.block,
+    "negated_command": _Walk.block,
+    "compound_statement": _Walk.compound,
+    "pipeline": _Walk.pipeline,
+    "redirected_statement": _Walk.redirected,
+    "command": _Walk.command,
+    "function_definition": _Walk.function,
+    "variable_assignment": _Walk.assignments,
+    "variable_assignments": _Walk.assignments,
+    "declaration_command": _Walk.declaration,
+    "unset_command": _Walk.unset,
+    "test_command": _Walk.test,
+    "for_statement": _Walk.loop,
+    "c_style_for_statement": _Walk.c_loop,
+    "case_statement": _Walk.case,
+    "command_substitution": lambda w, n, p, s, v: w.substitution(n, p, "$(…)"),
+    "ERROR": _Walk.error,
+}
+STATEMENTS = frozenset(_STATEMENTS)
+"""Every statement node the walk reads: lists, pipelines, subshells, groups, `if`/`while`/
+`until`/`for`/`select`/C-style `for`/`case`, function definitions, commands, assignments,
+declarations, `unset`, `[[ … ]]` and `[ … ]`, `(( … ))`, redirected statements."""
+
+WORDS = frozenset(
+    {"word", "number", "string", "raw_string", "ansi_c_string", "translated_string",
+     "concatenation", "simple_expansion", "expansion", "command_substitution",
+     "arithmetic_expansion", "process_substitution", "brace_expression", "extglob_pattern",
+     "command_name", "variable_name", "special_variable_name", "$"}
+)  # fmt: skip
+"""Every word node the walk reads (`_Walk.part`); `$( … )`, backquotes, `<( … )` and
+`>( … )` in them are read as commands."""
+_WORDS = WORDS
 
 
-def _own_stdin(walk: _Walk, node: Node, stdin: Stdin) -> Stdin:
-    for redirect in node.children_by_field_name("redirect"):
-        stdin = _stdin_of(walk, redirect) or stdin
-    return stdin
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _identifier(name: str) -> bool:
+    return bool(name) and (name[0].isalpha() or name[0] == "_")
+
+
+def _audit(raw: bytes, quoted: bool) -> str | None:
+    """What in a word's text the grammar should have parsed but did not: a substitution
+    (a doubt: its message), or an expansion (`"$"`: the word is computed). None: nothing."""
+    if b"$" not in raw and b"`" not in raw and (quoted or b"(" not in raw):
+        return None
+    text = raw.decode("utf-8", "surrogateescape")
+    i, n = 0, len(text)
+    while i < n:
+        char = text[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == "`":
+            return "a backquote substitution the grammar did not read: use $( … ) instead"
+        if char == "$" and i + 1 < n:
+            following = text[i + 1]
+            if following in "([{":
+                return "a substitution or expansion the grammar did not read is part of a word"
+            if following.isalnum() or following in "_@*#?$!-":
+                return "$"
+        if not quoted and char in "<>" and i + 1 < n and text[i + 1] == "(":
+            return "a process substitution the grammar did not read is part of a word"
+        i += 1
+    return None
+
+
+def _text(walk: _Walk, node: Node) -> str:
+    return walk.data[node.start_byte : node.end_byte].decode("utf-8", "surrogateescape")
+
+
+def _keywords(node: Node, argv: tuple[Word, ...], found: _Found) -> None:
+    """A reserved word where the grammar reads a command: `time {`, `! {`, `coproc {`."""
+    words = [w.text for w in argv]
+    program = words[0] if words else None
+    if program in ("time", "coproc"):
+        rest = words[1:]
+        while rest and rest[0] in ("-p", "--"):
+            rest = rest[1:]
+        if program == "coproc" and len(rest) > 1 and rest[1] in _COMPOUND:
+            rest = rest[1:]  # coproc NAME { … }
+        if rest and rest[0] in _COMPOUND:
+            found.doubts.append(
+                f"`{program}` before {_COMPOUND[rest[0]]} is not read: run the command without "
+                f"`{program}`"
+            )
+    elif program in _COMPOUND:
+        parent = node.parent
+        if parent is not None and parent.type == "negated_command":
+            found.doubts.append(
+                f"`!` before {_COMPOUND[program]} is not read: run the command without `!`"
+            )
+
+
+def _dash_before(walk: _Walk, body: Node, redirects: list[Node]) -> tuple[Word, ...]:
+    """The `-` words the grammar drops before a here-document (`python3 - <<EOF`,
+    `git commit -F - <<'MSG'`), to put back at the end of the command."""
+    heredoc = next((r for r in redirects if r.type == "heredoc_redirect"), None)
+    if heredoc is None or body.end_byte >= heredoc.start_byte:
+        return ()
+    gap = walk.data[body.end_byte : heredoc.start_byte].replace(b"\\\n", b"").split()
+    return tuple(Word("-") for word in gap if word == b"-")
 
 
 def _stdin_of(walk: _Walk, redirect: Node) -> Stdin | None:
@@ -277,12 +822,15 @@ def _stdin_of(walk: _Walk, redirect: Node) -> Stdin | None:
         return Stdin("heredoc", _heredoc(redirect))
     if kind == "herestring_redirect":
         target = [c for c in redirect.named_children]
-        word = walk.arguments(target) if target else []
+        word = walk.arguments(target, _Found()) if target else []
         text = word[0] if word else Word("")
         return Stdin("herestring", Word(text.text + "\n") if text.text is not None else text)
     if kind == "file_redirect":
+        descriptor = next((c for c in redirect.children if c.type == "file_descriptor"), None)
+        if descriptor is not None and descriptor.text != b"0":
+            return None
         operator = next((c.type for c in redirect.children if not c.is_named), "")
-        if operator == "<":
+        if operator in ("<", "<>"):
             target = redirect.child_by_field_name("destination")
             if target is not None and target.type == "process_substitution":
                 return Stdin("process")
@@ -298,7 +846,9 @@ def _heredoc(redirect: Node) -> Word:
         return Word("")
     text = body.text.decode("utf-8", "surrogateescape")
     quoted = start is not None and any(ch in start.text for ch in b"'\"\\")
-    if not quoted and any(c.type in _COMPUTED for c in body.named_children):
+    if not quoted and (
+        any(c.type != "heredoc_content" for c in body.named_children) or "`" in text
+    ):
         return Word(None, SUBSTITUTION)
     if any(c.type == "<<-" for c in redirect.children):
         text = "\n".join(line.lstrip("\t") for line in text.split("\n"))
@@ -308,3 +858,182 @@ def _heredoc(redirect: Node) -> Word:
 def unescape_heredoc(text: str) -> str:
     """An unquoted here-document's text: `\\$`, backquote, `\\\\` and line continuations."""
     return text.replace("\\\n", "").replace("\\$", "$").replace("\\`", "`").replace("\\\\", "\\")
+
+
+def _subscript_check(
+    reading: Reading, run: Run | None, name: str, index: str, found: _Found
+) -> None:
+    """An indexed array's subscript is arithmetic (an associative one's is a string)."""
+    if index.strip() in ("@", "*"):
+        return
+    text = variables._plain(index)
+    if text is None:
+        if "$(" in index or "`" in index:
+            reading.later(
+                run,
+                lambda r: None if name in r.assoc else (
+                    "a subscript holds a command's output, which bash evaluates as arithmetic"
+                ),
+            )  # fmt: skip
+            return
+        found.doubts.append("a subscript holds an expansion loopwarden does not read")
+        return
+    reading.later(run, lambda r: None if name in r.assoc else arithmetic.doubt(text, r.numeric))
+
+
+def _arithmetic_text(reading: Reading, text: str, found: _Found) -> None:
+    plain = variables._plain(text)
+    if plain is None:
+        found.doubts.append("arithmetic holds an expansion loopwarden does not read")
+        return
+    reading.later(None, lambda r: arithmetic.doubt(plain, r.numeric))
+
+
+def _arithmetic_word(
+    walk: _Walk, node: Node, word: Word, parent: Run | None, found: _Found
+) -> None:
+    """An operand bash evaluates as arithmetic (`[[ $x -eq 1 ]]`)."""
+    if word.text is not None:
+        text = word.text
+        walk.reading.later(parent, lambda r: arithmetic.doubt(text, r.numeric))
+    elif word.params is not None and word.template == "\0":
+        name = word.params[0].split("\0")[0]
+        walk.reading.later(
+            parent,
+            lambda r: None if r.numeric(name) else (
+                "arithmetic reads a variable this line does not set to a number (bash would "
+                "evaluate its text, and a subscript there runs a command)"
+            ),
+        )  # fmt: skip
+    elif not (word.kind == ARITHMETIC or _numeric(walk, node)):
+        found.doubts.append(
+            "a `[[ … ]]` comparison evaluates computed text as arithmetic, which may run a command"
+        )
+
+
+def _masked(
+    walk: _Walk, container: Node, start: int, end: int, found: _Found
+) -> tuple[str, dict[str, bool]]:
+    """The arithmetic text between two offsets with `$x` / `${x}` read as the variable, and
+    every other computed part (a substitution, a nested arithmetic) as a placeholder that
+    holds a number or not. The substitutions are walked as code."""
+    pieces: list[str] = []
+    marks: dict[str, bool] = {}
+    cursor = start
+    stack = [container]
+    spans: list[Node] = []
+    while stack:
+        node = stack.pop()
+        for child in reversed(node.named_children):
+            if child.end_byte <= start or child.start_byte >= end:
+                continue
+            if child.type in ("command_substitution", "process_substitution",
+                              "arithmetic_expansion", "expansion", "simple_expansion"):  # fmt: skip
+                spans.append(child)
+            else:
+                stack.append(child)
+    for node in sorted(spans, key=lambda n: n.start_byte):
+        if node.start_byte < cursor:
+            continue
+        pieces.append(walk.data[cursor : node.start_byte].decode("utf-8", "surrogateescape"))
+        token = f"{arithmetic.MARK}{len(marks)}{arithmetic.MARK}"
+        kind = node.type
+        if kind == "simple_expansion":
+            name = node.text.decode("utf-8", "surrogateescape")[1:]
+            if _identifier(name):
+                pieces.append(name)
+            else:
+                marks[token] = name in arithmetic.BASH_NUMBERS
+                pieces.append(token)
+        elif kind == "expansion":
+            model = expansions.parse(node.text.decode("utf-8", "surrogateescape").lstrip())
+            if (
+                model is not None
+                and model.plain
+                and model.subscript is None
+                and _identifier(model.name)
+            ):
+                pieces.append(model.name)
+            else:
+                marks[token] = model is not None and model.length
+                pieces.append(token)
+                walk.expansion(node, Pieces(), True, found)
+        elif kind == "arithmetic_expansion":
+            marks[token] = True
+            pieces.append(token)
+            walk.arithmetic(node, node.children[0].end_byte, node.children[-1].start_byte, found)
+        else:
+            marks[token] = kind == "command_substitution" and _numeric(walk, node)
+            pieces.append(token)
+            found.code.append((node, "$(…)"))
+        cursor = node.end_byte
+    pieces.append(walk.data[cursor:end].decode("utf-8", "surrogateescape"))
+    return "".join(pieces), marks
+
+
+def _numeric(walk: _Walk, node: Node) -> bool:
+    """Whether a word node always becomes a number: `$(( … ))`, `${#x}`, or the output of a
+    command that prints one (`date +%s`, `wc -l < f`, `nproc`, `id -u`)."""
+    kind = node.type
+    if kind == "arithmetic_expansion" or kind == "number":
+        return True
+    if kind == "string" and len(node.named_children) == 1:
+        return _numeric(walk, node.named_children[0])
+    if kind == "expansion":
+        model = expansions.parse(node.text.decode("utf-8", "surrogateescape").lstrip())
+        return model is not None and model.length
+    if kind != "command_substitution":
+        return False
+    statements = [c for c in node.named_children if c.type != "comment"]
+    if len(statements) != 1:
+        return False
+    statement = statements[0]
+    redirects: list[Node] = []
+    if statement.type == "redirected_statement":
+        body = statement.child_by_field_name("body")
+        redirects = [c for c in statement.named_children if body is None or c.id != body.id]
+        statement = body
+    if statement is None or statement.type != "command":
+        return False
+    if any(r.type != "file_redirect" or b">" in r.text.split(b"<")[0] for r in redirects):
+        return False
+    words = [c.text.decode("utf-8", "surrogateescape") for c in statement.named_children]
+    if any(re.search(r"[^\w./%+:=-]", w) for w in words):
+        return False
+    program, args = words[0], words[1:]
+    if program == "date":
+        return all(_NUMERIC_DATE.match(a) for a in args) and bool(args)
+    if program == "wc":
+        return bool(args) and all(re.fullmatch(r"-[lcwm]", a) for a in args)
+    if program == "nproc":
+        return all(a == "--all" for a in args)
+    if program == "id":
+        return args in (["-u"], ["-g"], ["-ru"], ["-rg"])
+    if program == "git":
+        return args[:2] == ["rev-list", "--count"]
+    return False
+
+
+def _path(node: Node) -> bool:
+    """Whether a word node is the output of a command that prints an absolute path (`mktemp`,
+    `mktemp -d`, `pwd`, `git rev-parse --show-toplevel`, `realpath X`)."""
+    if node.type == "string" and len(node.named_children) == 1:
+        node = node.named_children[0]
+    if node.type != "command_substitution":
+        return False
+    statements = [c for c in node.named_children if c.type != "comment"]
+    if len(statements) != 1 or statements[0].type != "command":
+        return False
+    words = [c.text.decode("utf-8", "surrogateescape") for c in statements[0].named_children]
+    program, args = words[0], words[1:]
+    if program == "mktemp":
+        return all(a in ("-d", "-q", "-u", "--directory", "--quiet", "--dry-run") for a in args)
+    if program == "pwd":
+        return all(a in ("-P", "-L") for a in args)
+    if program == "git":
+        return args == ["rev-parse", "--show-toplevel"]
+    return program in ("realpath", "readlink") and ("-f" in args or program == "realpath")
+
+
+def _numeric_braces(node: Node) -> bool:
+    return bool(re.fullmatch(rb"\{-?\d+\.\.-?\d+(\.\.-?\d+)?\}", node.text))
