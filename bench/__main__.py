@@ -22,6 +22,7 @@ from bench import (
     backends,
     dashboard,
     fleet,
+    generator,
     hooks,
     kernel,
     memory,
@@ -48,6 +49,7 @@ FAMILIES = {
     "telemetry": (telemetry, 5, 20),
     "pools": (pools, 5, 25),
     "fleet": (fleet, 6, 40),
+    "generator": (generator, 5, 60),
 }
 BUDGET = {True: 50.0, False: 550.0}  # seconds: quick, full
 MAX_STRETCH = 1.5  # a family never gets more than this times its nominal share

@@ -83,13 +83,17 @@ def _skipped(root: Node, data: bytes) -> bool:
     word it is known to drop, a `-` before a here-document (`python3 - <<EOF`), is put back by
     the walk (`_dash_before`)."""
     spans = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node.child_count == 0 or node.type in _ATOMIC:
+    cursor = root.walk()
+    while True:  # every token, in order, with a cursor (no node lists are built)
+        node = cursor.node
+        if node.type in _ATOMIC or not cursor.goto_first_child():
             spans.append((node.start_byte, node.end_byte))
-        else:
-            stack.extend(node.children)
+            while not cursor.goto_next_sibling():
+                if not cursor.goto_parent():
+                    break
+            else:
+                continue
+            break
     end = 0
     for start, stop in sorted(spans):
         if start > end:
@@ -115,7 +119,7 @@ _CONSTRUCTS = {
     "subscript": "an array subscript",
     "regex": "a pattern",
 }
-_SPECIAL = re.compile(r"[\\*?\[{~$`]")
+_SPECIAL_BYTES = re.compile(rb"[\\*?\[{~$`]")
 _CODE_MARKS = ("`", "$(", "$[", "${")
 _NUMERIC_DATE = re.compile(r"^\+(%[sNYmdHMSjuwVGgCyeklIp%])+$")
 
@@ -231,13 +235,13 @@ class _Walk:
         run = None
         if name is not None:
             argv = (*self.arguments(words, found), *extra)
-            _keywords(node, argv, found)
+            keywords = _keywords(node, argv)
             own = stdin
             for redirect in redirects:
                 own = _stdin_of(self, redirect) or own
             run = self.reading.add(
                 argv, via=via or self.via, parent=parent, dialect="bash", stdin=own,
-                depth=self.depth,
+                depth=self.depth, doubts=keywords,
             )  # fmt: skip
         self.settle(found, run, parent)
         for redirect in redirects:
@@ -544,7 +548,7 @@ class _Walk:
             node = node.children[0]
         if node.type == "word":
             raw = node.text
-            if not _SPECIAL.search(raw.decode("utf-8", "surrogateescape")):
+            if not _SPECIAL_BYTES.search(raw):
                 return Word(raw.decode("utf-8", "surrogateescape"))  # nothing to unquote
         pieces = Pieces()
         self.part(node, pieces, False, found)
@@ -744,6 +748,20 @@ WORDS = frozenset(
 `>( … )` in them are read as commands."""
 _WORDS = WORDS
 
+INNER = frozenset(
+    {"array", "binary_expression", "unary_expression", "parenthesized_expression",
+     "postfix_expression", "ternary_expression", "test_operator", "regex", "subscript",
+     "string_content", "case_item", "comment", "file_descriptor", "file_redirect",
+     "heredoc_redirect", "herestring_redirect", "heredoc_start", "heredoc_body",
+     "heredoc_content", "heredoc_end"}
+)  # fmt: skip
+"""Node types read as parts of the constructs above: an assignment's array; the expressions of
+`[[ … ]]` (their operands words, `-v` names and `-eq` arithmetic); arithmetic, read from its
+text (`arithmetic.py`); a `${…}`'s subscript and patterns; redirections and here-documents;
+`case` items; comments. `STATEMENTS | WORDS | INNER` is every named node type of the grammar
+(tests/test_closed_world.py holds it so): any node met elsewhere than where it is read is a
+doubt."""
+
 
 # --- helpers --------------------------------------------------------------------------------
 
@@ -782,7 +800,7 @@ def _text(walk: _Walk, node: Node) -> str:
     return walk.data[node.start_byte : node.end_byte].decode("utf-8", "surrogateescape")
 
 
-def _keywords(node: Node, argv: tuple[Word, ...], found: _Found) -> None:
+def _keywords(node: Node, argv: tuple[Word, ...]) -> tuple[str, ...]:
     """A reserved word where the grammar reads a command: `time {`, `! {`, `coproc {`."""
     words = [w.text for w in argv]
     program = words[0] if words else None
@@ -793,16 +811,15 @@ def _keywords(node: Node, argv: tuple[Word, ...], found: _Found) -> None:
         if program == "coproc" and len(rest) > 1 and rest[1] in _COMPOUND:
             rest = rest[1:]  # coproc NAME { … }
         if rest and rest[0] in _COMPOUND:
-            found.doubts.append(
+            return (
                 f"`{program}` before {_COMPOUND[rest[0]]} is not read: run the command without "
-                f"`{program}`"
+                f"`{program}`",
             )
     elif program in _COMPOUND:
         parent = node.parent
         if parent is not None and parent.type == "negated_command":
-            found.doubts.append(
-                f"`!` before {_COMPOUND[program]} is not read: run the command without `!`"
-            )
+            return (f"`!` before {_COMPOUND[program]} is not read: run the command without `!`",)
+    return ()
 
 
 def _dash_before(walk: _Walk, body: Node, redirects: list[Node]) -> tuple[Word, ...]:
@@ -869,14 +886,9 @@ def _subscript_check(
     text = variables._plain(index)
     if text is None:
         if "$(" in index or "`" in index:
-            reading.later(
-                run,
-                lambda r: None if name in r.assoc else (
-                    "a subscript holds a command's output, which bash evaluates as arithmetic"
-                ),
-            )  # fmt: skip
+            reading.later(run, lambda r: None if name in r.assoc else variables.SUBSCRIPT_CODE)
             return
-        found.doubts.append("a subscript holds an expansion loopwarden does not read")
+        found.doubts.append(variables.SUBSCRIPT_EXPANSION)
         return
     reading.later(run, lambda r: None if name in r.assoc else arithmetic.doubt(text, r.numeric))
 

@@ -246,6 +246,8 @@ def _assignments(reading: Reading, run: Run, argv: tuple[Word, ...], i: int) -> 
 def _bystander(
     reading: Reading, run: Run, name: str, spec: bystanders.Bystander, stdin: Stdin
 ) -> None:
+    if spec is bystanders.PLAIN:
+        return
     found = scan(spec.grammar, run.argv, 1)
     for option in found.options:
         if option.name in spec.lines:
@@ -444,7 +446,7 @@ def _cmake(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> 
         else:
             return
         if rest:
-            reading.add(rest, via=f"cmake -E {tool}", parent=run, dialect=run.dialect)
+            reading.add(rest, via=f"cmake -E {tool}", parent=run, dialect=run.dialect, stdin=stdin)
         run.launcher = True
 
 
@@ -577,7 +579,8 @@ def _find(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
         end = next((n for n in range(i + 1, len(argv)) if argv[n].text in (";", "+")), len(argv))
         inner = tuple(filled(word, "{}", path=True) for word in argv[i + 1 : end])
         tail: Tail = "operands" if end < len(argv) and argv[end].text == "+" else ""
-        reading.add(inner, via=f"find {argv[i].text}", parent=run, dialect=run.dialect, tail=tail)
+        via = f"find {argv[i].text}"
+        reading.add(inner, via=via, parent=run, dialect=run.dialect, stdin=stdin, tail=tail)
         i = end + 1
 
 

@@ -114,7 +114,7 @@ LAUNCHERS: dict[str, Launcher] = {
         shell=_set("-c --command --session-command"),
         transparent=False,
     ),
-    "sg": _launcher(flags="-", before=1, joined=True, transparent=False),
+    "sg": _launcher(flags="-", before=1, joined=True, shell=_set("-c"), transparent=False),
     "chroot": _launcher(
         values="--userspec --groups",
         flags="--skip-chdir --help --version",

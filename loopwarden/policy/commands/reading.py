@@ -71,8 +71,10 @@ class Reading:
         stdin: Stdin = TERMINAL,
         tail: Tail = "",
         depth: int | None = None,
+        doubts: tuple[str, ...] = (),
     ) -> Run | None:
-        """Record the command `argv` and what it runs in turn; None for an empty argv."""
+        """Record the command `argv` and what it runs in turn; None for an empty argv.
+        `doubts` are the reader's about the command itself (they come first)."""
         if not argv:
             return None
         if len(self.runs) >= MAX_RUNS:
@@ -80,6 +82,8 @@ class Reading:
         level = depth if depth is not None else (parent.depth if parent else 0)
         run = Run(len(self.runs), argv, via, parent.index if parent else None, level, dialect, tail)
         self.runs.append(run)
+        for why in doubts:
+            self.doubt(run, why)
         if stdin.kind in ("heredoc", "herestring"):
             run.input = stdin.text
         program = argv[0].text

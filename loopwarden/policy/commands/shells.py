@@ -329,7 +329,7 @@ def templates(reading: Reading, word: Word, limit: int = 16) -> list[str] | None
                 return None
             options = sorted(values) + ([default] if default else [])
         else:
-            options = [PART]
+            options = [PART] + ([default] if default else [])
         texts = [t + pieces[n] + v for t in texts for v in options]
         if len(texts) > limit:
             return None

@@ -173,6 +173,12 @@ def _options(text: str) -> list[str]:
 
 # --- names and subscripts ----------------------------------------------------------------
 
+SUBSCRIPT_CODE = (
+    "a subscript holds a command substitution, which bash runs as it evaluates the subscript "
+    "as arithmetic: use a plain name or number"
+)
+SUBSCRIPT_EXPANSION = "a subscript holds an expansion loopwarden does not read"
+
 _DECLARED = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[(.*)\])?(?:(\+?=)(.*))?$", re.DOTALL)
 
 
@@ -208,7 +214,7 @@ def _subscript(reading: Reading, run: Run | None, name: str, index: str | None) 
         return
     text = _plain(index)
     if text is None:
-        reading.doubt(run, "a subscript holds an expansion bash evaluates as arithmetic")
+        reading.doubt(run, SUBSCRIPT_CODE if "$(" in index or "`" in index else SUBSCRIPT_EXPANSION)
         return
     reading.later(run, lambda r: None if name in r.assoc else arithmetic.doubt(text, r.numeric))
 
