@@ -22,7 +22,7 @@ import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from loopwarden.policy.commands import arithmetic, expansions, variables
+from loopwarden.policy.commands import arithmetic, configs, expansions, variables
 from loopwarden.policy.commands.reading import NUMBER, PATH
 from loopwarden.policy.commands.runs import TERMINAL, Run, Stdin
 from loopwarden.policy.commands.words import (
@@ -220,10 +220,14 @@ class _Walk:
         name = node.child_by_field_name("name")
         words: list[Node] = []
         redirects: list[Node] = []
+        env: list[Word] = []
         for child in node.named_children:
             kind = child.type
             if kind == "variable_assignment":
                 self.assignment(child, parent, found)
+                value = child.child_by_field_name("value")
+                if value is not None and value.type in _WORDS:
+                    env.append(self.word(value, _Found()))
             elif kind in _REDIRECTS:
                 redirects.append(child)
             elif kind == "comment":
@@ -241,7 +245,7 @@ class _Walk:
                 own = _stdin_of(self, redirect) or own
             run = self.reading.add(
                 argv, via=via or self.via, parent=parent, dialect="bash", stdin=own,
-                depth=self.depth, doubts=keywords,
+                depth=self.depth, doubts=keywords, env=tuple(env),
             )  # fmt: skip
         self.settle(found, run, parent)
         for redirect in redirects:
@@ -481,9 +485,12 @@ class _Walk:
                 else:
                     self.node(child, parent, TERMINAL, "")
         else:
+            operator = next((c.type for c in node.children if not c.is_named), "")
             for child in node.named_children:
                 if child.type in _WORDS:
-                    self.word(child, found)
+                    word = self.word(child, found)
+                    if kind == "file_redirect" and operator in _WRITES:
+                        configs.writes(self.reading, parent, word)
                 elif child.type not in ("file_descriptor", "comment"):
                     found.doubts.append(_unread(child.type))
         self.settle(found, None, parent) if not found.code else self._code(found, parent)
@@ -611,6 +618,9 @@ class _Walk:
         elif kind == "brace_expression":
             pieces.computed(BRACES, True)
         elif kind == "extglob_pattern":
+            why = _audit(node.text, quoted=False)
+            if why is not None and why != "$":
+                found.doubts.append(why)
             pieces.computed(GLOB, True)
         else:
             found.doubts.append(_unread(kind))
@@ -666,8 +676,9 @@ class _Walk:
                 )
             elif kind == "expansion":
                 self.expansion(child, Pieces(), True, found)
-            elif kind in ("word", "regex", "string_content"):
-                why = _audit(child.text, quoted=kind == "string_content")
+            elif kind in ("word", "regex", "string_content", "raw_string", "extglob_pattern"):
+                # in a double-quoted `${x:-'…'}` the quotes are text and `$( … )` runs
+                why = _audit(child.text, quoted=kind in ("string_content", "raw_string"))
                 if why is not None and why != "$":
                     found.doubts.append(
                         "a substitution inside `${…}` or a subscript is not read: compute it "
@@ -676,7 +687,7 @@ class _Walk:
             elif kind in ("string", "concatenation", "subscript", "translated_string"):
                 self.inner(child, found)
             elif kind not in ("variable_name", "special_variable_name", "simple_expansion",
-                              "number", "raw_string", "ansi_c_string"):  # fmt: skip
+                              "number", "ansi_c_string"):  # fmt: skip
                 found.doubts.append(_unread(kind))
 
     def arithmetic(self, node: Node, start: int, end: int, found: _Found) -> None:
@@ -706,6 +717,7 @@ class _Walk:
 # --- the constructs read, by node type ------------------------------------------------------
 
 _REDIRECTS = frozenset({"file_redirect", "heredoc_redirect", "herestring_redirect"})
+_WRITES = frozenset({">", ">>", ">|", "&>", "&>>", "<>", ">&"})
 
 _STATEMENTS: dict[str, Callable[[_Walk, Node, Run | None, Stdin, str], None]] = {
     "program": _Walk.block,

@@ -61,6 +61,8 @@ def unwrap(reading: Reading, run: Run, stdin: Stdin) -> None:
         return
     if name.startswith("git-") and name[4:] in (GIT.subcommands or ()):
         name = "git"  # `git-push` run by its path in git's exec path is `git push`
+    if name in _WRITERS:
+        _WRITERS[name](reading, run)
     handler = _HANDLERS.get(name)
     if handler is not None:
         run.known = True
@@ -95,6 +97,8 @@ def _subcommand_launcher(reading: Reading, run: Run, name: str, stdin: Stdin) ->
     if head.rest >= len(run.argv):
         return name in bystanders.BYSTANDERS
     word = run.argv[head.rest].text
+    if word is not None:
+        word = spec_of(name).aliases.get(word, word)  # `npm x` is `npm exec`
     launcher = table.LAUNCHERS.get(f"{name} {word}") if word else None
     if launcher is not None:
         _launch(reading, run, f"{name} {word}", launcher, head.rest + 1, stdin)
@@ -597,9 +601,11 @@ def _fd(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     found paths added."""
     argv = run.argv
     for n, word in enumerate(argv[1:], 1):
-        if word.text in ("-x", "--exec", "-X", "--exec-batch"):
+        glued = word.text is not None and word.text.startswith(("--exec=", "--exec-batch="))
+        if word.text in ("-x", "--exec", "-X", "--exec-batch") or glued:
             end = next((m for m in range(n + 1, len(argv)) if argv[m].text == ";"), len(argv))
-            inner = tuple(filled(w, "{}", path=True) for w in argv[n + 1 : end])
+            first = (Word(word.text.partition("=")[2]),) if glued and word.text else ()
+            inner = tuple(filled(w, "{}", path=True) for w in (*first, *argv[n + 1 : end]))
             reading.add(inner, via=f"fd {word.text}", parent=run, dialect=run.dialect,
                         tail="operands")  # fmt: skip
             return
@@ -654,6 +660,24 @@ def _runuser(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     su_style = not scan(table.LAUNCHERS["su"].grammar, run.argv, 1).has("-u", "--user")
     spec = table.LAUNCHERS["su" if su_style else "runuser"]
     _launch(reading, run, name, spec, 1, stdin)
+
+
+def _later(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
+    """`at`, `batch`, `crontab -`: commands read from input, run later (a here-document or
+    here-string is read; a file or a pipe is opaque)."""
+    words = [w.text for w in run.argv[1:]]
+    if name == "crontab" and not (set(words) & {"-", None}) and words:
+        return  # `crontab -l`, `crontab -e`, `crontab FILE` (a file: its lines run later)
+    listing = any(w in ("-l", "-r", "-d", "-c", "-q", "-V") for w in words)
+    if name in ("at", "batch") and listing and "-f" not in words:
+        return
+    if "-f" in words:
+        at = words.index("-f")
+        script = run.argv[at + 2] if at + 2 < len(run.argv) else None
+        if script is None or shells.reads_input(script):
+            shells.from_input(reading, run, name, stdin, "bash")
+        return
+    shells.from_input(reading, run, name, stdin, "bash")
 
 
 def _test(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
@@ -750,6 +774,35 @@ def _unset(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
             variables.name_doubt(reading, run, word)
 
 
+def _last_operand(reading: Reading, run: Run) -> None:
+    operands = [w for w in run.argv[1:] if w.text is None or not w.text.startswith("-")]
+    if operands:
+        configs.writes(reading, run, operands[-1])
+
+
+def _every_operand(reading: Reading, run: Run) -> None:
+    for word in run.argv[1:]:
+        configs.writes(reading, run, word)
+
+
+def _dd(reading: Reading, run: Run) -> None:
+    for word in run.argv[1:]:
+        if word.text is not None and word.text.startswith("of="):
+            configs.writes(reading, run, Word(word.text[3:]))
+
+
+_WRITERS: dict[str, Callable[[Reading, Run], None]] = {
+    "tee": _every_operand,
+    "cp": _last_operand,
+    "mv": _last_operand,
+    "ln": _last_operand,
+    "install": _last_operand,
+    "sed": _every_operand,
+    "gsed": _every_operand,
+    "dd": _dd,
+}
+"""Programs that write files they are given (checked for git's settings and hooks)."""
+
 _HANDLERS: dict[str, Callable[[Reading, Run, str, Stdin], None]] = {
     "runuser": _runuser,
     "eval": _eval,
@@ -772,6 +825,9 @@ _HANDLERS: dict[str, Callable[[Reading, Run, str, Stdin], None]] = {
     ),
     "sed": shells.sed,
     "gsed": shells.sed,
+    "at": _later,
+    "batch": _later,
+    "crontab": _later,
     "test": _test,
     "[": _test,
     "printf": _printf,

@@ -119,6 +119,25 @@ def git(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     _git_argv_carriers(reading, run, sub, command.operands)
 
 
+GIT_FILES = re.compile(
+    r"(^|/)\.git/(config|hooks(/|$))|(^|/)\.?gitconfig$|(^|/)git/config$"
+    r"|(^|/)\.git/modules/.+/(config|hooks(/|$))"
+)
+"""Files whose content git runs (settings, hooks): a line writing one is a doubt."""
+
+WRITES_GIT_FILES = (
+    "the line writes git's settings or hooks, whose commands git runs later: set a setting "
+    "with `git config` (loopwarden reads it), not by writing the file"
+)
+
+
+def writes(reading: Reading, run: Run | None, target: Word) -> None:
+    """A file the line writes (a redirection, `tee`, `cp`'s target, …): one git runs is a
+    doubt."""
+    if target.text is not None and GIT_FILES.search(target.text):
+        reading.doubt(run, WRITES_GIT_FILES)
+
+
 def setting(reading: Reading, run: Run, word: Word, via: str) -> None:
     """One `KEY=VALUE` setting (`-c`, `clone --config`): a command-carrying value is read."""
     if word.text is None:

@@ -359,6 +359,9 @@ LAUNCHERS: dict[str, Launcher] = {
     "npm exec": _launcher(
         values="-p --package -c --call " + _NPM_VALUES, flags=_NPM_FLAGS, shell=_set("-c --call")
     ),
+    "npm explore": _launcher(
+        values=_NPM_VALUES, flags=_NPM_FLAGS, before=1, after_dashdash=True, joined=True
+    ),
     "pnpm exec": _launcher(
         values="--filter -F -C --dir --workspace-concurrency",
         flags="-c --shell-mode -r --recursive --parallel --no-bail --report-summary",

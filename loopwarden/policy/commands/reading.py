@@ -72,6 +72,7 @@ class Reading:
         tail: Tail = "",
         depth: int | None = None,
         doubts: tuple[str, ...] = (),
+        env: tuple[Word, ...] = (),
     ) -> Run | None:
         """Record the command `argv` and what it runs in turn; None for an empty argv.
         `doubts` are the reader's about the command itself (they come first)."""
@@ -84,6 +85,7 @@ class Reading:
         self.runs.append(run)
         for why in doubts:
             self.doubt(run, why)
+        run.env = env
         if stdin.kind in ("heredoc", "herestring"):
             run.input = stdin.text
         program = argv[0].text

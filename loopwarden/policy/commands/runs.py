@@ -43,6 +43,7 @@ class Run:
         "depth",
         "dialect",
         "doubts",
+        "env",
         "function",
         "index",
         "input",
@@ -69,6 +70,7 @@ class Run:
         self.function = False  # a call of a function defined in the line (its body is read)
         self.known = False  # its program is one the tables know to run, or not run, commands
         self.input: Word | None = None  # a here-document or here-string it reads
+        self.env: tuple[Word, ...] = ()  # the values of `NAME=VALUE` words given it
         self.doubts: list[Doubt] = []
 
     @property

@@ -31,7 +31,7 @@ def names(programs: tuple[str, ...], run: Run, reading: Reading) -> str | None:
     """The first of `programs` the words of the unknown program `run` may name, or None."""
     if not programs:
         return None
-    words = list(run.argv[1:])
+    words = [*run.argv[1:], *run.env]
     if run.input is not None:
         words.append(run.input)
     for word in words:
