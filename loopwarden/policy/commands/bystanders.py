@@ -68,31 +68,31 @@ basename dirname realpath readlink pwd echo printf true false test [ seq yes sle
 groups uname hostname nproc tac nl od xxd hexdump base64 base32 sha1sum sha224sum sha256sum
 sha384sum sha512sum md5sum b2sum cksum sum comm join paste fold fmt expand unexpand csplit shuf
 numfmt truncate dd sync mktemp mkfifo mknod rmdir unlink shred rm tsort pr ptx factor expr tty
-users who logname printenv arch dircolors column rev look iconv file tree grep egrep fgrep ag
-jq yq gojq diff diff3 cmp sdiff patch most batcat highlight pygmentize lsof ps pgrep pkill kill
-killall top htop free uptime vmstat iostat ss netstat ifconfig ping dig nslookup host whois
-traceroute curl http https telnet openssl ssh-keygen ssh-add ssh-keyscan gpgconf uuidgen cal bc
-units zcat gzip gunzip bzip2 bunzip2 xz unxz zstd unzstd lz4 7z 7za unrar unzip zipinfo ar
-strings nm objdump readelf ldd size strip locale getent lscpu lsblk lsusb lspci dmesg journalctl
-systemctl timedatectl hostnamectl loginctl which whereis type info whatis apropos tldr cd pushd
-popd dirs wait jobs fg bg disown suspend logout exit return break continue shift set shopt
-getopts times caller help ulimit umask history bind compopt unalias : stty reset clear tput
-tabs pv inotifywait fswatch pytest py.test tox nox mypy ruff black isort flake8 pylint pyright
-bandit pre-commit pip3 pipx uv poetry pdm hatch rye conda mamba micromamba virtualenv twine
-build maturin rustc rustfmt gofmt golangci-lint staticcheck javac java jar dotnet npm pnpm yarn
-bun tsc eslint prettier jest vitest mocha ava playwright cypress webpack vite rollup esbuild
-parcel turbo node-gyp fnm volta asdf rbenv pyenv nodenv gem bundle bundler rspec rubocop
-phpunit swiftc pod docker podman docker-compose buildah skopeo kubectl oc kustomize k9s kind
-minikube k3d kubectx kubens stern argocd flux istioctl linkerd terraform tofu terragrunt pulumi
-packer vagrant ansible-lint aws gcloud gsutil bq az doctl flyctl heroku vercel netlify wrangler
-firebase supabase jira act circleci sentry-cli railway meson bazel bazelisk autoconf automake
-autoreconf libtool pkg-config clang-format clang-tidy cppcheck lcov gcov gcovr redis-cli influx
-pg_dump pg_restore pg_isready createdb dropdb mysqldump mysqladmin etcdctl vault kafka-topics.sh
-ffmpeg ffprobe mdbook hugo mkdocs sphinx-build dot shellcheck shfmt hadolint yamllint
-markdownlint actionlint codespell typos vale cspell semgrep trivy grype syft cosign gitleaks
-trufflehog snyk osv-scanner depcheck knip madge ncu npm-check-updates csvlook xsv datamash gron
-htmlq pup xmllint xmlstarlet xq tomlq dasel sd exa eza lsd git-lfs getconf lsattr chattr setfacl
-getfacl age loopwarden pbcopy pbpaste xclip xsel notify-send say afplay apt-cache dpkg-query rpm snap
+users who logname printenv arch dircolors column rev look iconv file tree grep egrep fgrep jq yq
+gojq diff cmp patch most highlight pygmentize lsof ps pgrep pkill kill killall top htop free
+uptime vmstat iostat ss netstat ifconfig ping dig nslookup host whois traceroute curl http https
+openssl ssh-keygen ssh-add ssh-keyscan gpgconf uuidgen cal bc units zcat gzip gunzip bzip2
+bunzip2 xz unxz zstd unzstd lz4 7z 7za unrar unzip zipinfo ar strings nm objdump readelf ldd
+size strip locale getent lscpu lsblk lsusb lspci dmesg journalctl systemctl timedatectl
+hostnamectl loginctl which whereis type info whatis apropos tldr cd pushd popd dirs wait jobs fg
+bg disown suspend logout exit return break continue shift set shopt getopts times caller help
+ulimit umask history bind compopt unalias : stty reset clear tput tabs pv inotifywait fswatch
+pytest py.test nox mypy ruff black isort flake8 pyright bandit pre-commit pip3 pipx uv poetry
+pdm hatch rye conda mamba micromamba virtualenv twine build maturin rustfmt gofmt golangci-lint
+staticcheck javac java jar dotnet npm pnpm yarn bun tsc eslint prettier jest vitest mocha ava
+playwright cypress webpack vite rollup esbuild parcel turbo node-gyp fnm volta asdf rbenv pyenv
+nodenv gem bundle bundler rspec rubocop phpunit swiftc pod docker podman docker-compose buildah
+skopeo kubectl oc kustomize k9s kind minikube k3d kubectx kubens stern argocd flux istioctl
+linkerd terraform tofu terragrunt pulumi packer vagrant ansible-lint aws gcloud gsutil bq az
+doctl flyctl heroku vercel netlify wrangler firebase supabase jira act circleci sentry-cli
+railway meson bazel bazelisk autoconf automake autoreconf libtool pkg-config clang-format clang-
+tidy cppcheck gcov redis-cli influx pg_dump pg_restore pg_isready createdb dropdb mysqldump
+mysqladmin etcdctl vault kafka-topics.sh ffmpeg ffprobe mdbook hugo mkdocs sphinx-build dot
+shellcheck shfmt hadolint yamllint markdownlint codespell typos vale cspell semgrep trivy grype
+syft cosign gitleaks trufflehog snyk osv-scanner depcheck knip madge ncu npm-check-updates
+csvlook xsv datamash gron htmlq pup xmllint xmlstarlet xq tomlq dasel sd exa eza lsd git-lfs
+getconf lsattr chattr setfacl getfacl age loopwarden pbcopy pbpaste xclip xsel notify-send say
+afplay apt-cache dpkg-query snap
 """
 _OTHER = frozenset(_PLAIN_NAMES.split())
 
@@ -160,12 +160,12 @@ BYSTANDERS: dict[str, Bystander] = {
     **dict.fromkeys(
         ("vim", "vi", "ex", "view", "nvim", "vimdiff", "rvim", "rview", "gvim"),
         _entry(
-            values="-c --cmd -S -u -U -w -W -i -T -t -q -r -L --remote --remote-silent "
-            "--startuptime --servername --remote-send --remote-expr --listen -V",
-            flags="-s -e -E -es -Es -b -l -m -M -n -N -o -O -p -R -Z -d -g -f -y -h --help "
-            "--version --noplugin --clean --headless --not-a-term --ttyfail -X -A -H -F -D",
+            values="-c --cmd -u -U -w -W -i -T -t --remote --remote-silent --startuptime "
+            "--servername --remote-send --remote-expr --listen",
+            optional="-S -q -V -o -O -p",
+            flags="-s -e -E -b -l -m -M -n -N -r -L -R -Z -d -g -f -y -h --help --version "
+            "--noplugin --clean --headless --not-a-term --ttyfail -X -A -H -F -D",
             reader="vim",
-            clusters=False,
         ),
     ),
     "split": _entry(
@@ -323,6 +323,7 @@ BYSTANDERS: dict[str, Bystander] = {
     "less": _entry(values="-b -h -j -k -o -O -p -P -t -T -x -y -z -#", reader="less"),
     "more": _entry(values="-n", reader="less"),
 }
+BYSTANDERS["batcat"] = BYSTANDERS["bat"]
 """Every program known to run no command of the line unless an option above says so."""
 
 RUNNING_SUBCOMMANDS: dict[str, frozenset[str]] = {

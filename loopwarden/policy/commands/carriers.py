@@ -400,10 +400,10 @@ def _vim(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> No
         ):
             reading.doubt(run, f"`{name}` runs commands from input or another vim", True)
     ex_mode = name == "ex" or any(o.name in ("-e", "-E", "-es", "-Es") for o in found.options)
-    texts = [w.text for w in run.argv]
-    if not ex_mode and "-s" in texts:
-        at = texts.index("-s")
-        script = run.argv[at + 1] if at + 1 < len(run.argv) else None
+    texts = [w.text or "" for w in run.argv]
+    scriptin = [n for n, t in enumerate(texts) if re.fullmatch(r"-[A-Za-z]*s", t)]
+    if not ex_mode and scriptin:
+        script = run.argv[scriptin[0] + 1] if scriptin[0] + 1 < len(run.argv) else None
         if script is None or shells.reads_input(script):
             reading.doubt(run, f"`{name} -s` types keys it reads from input", True)
     if ex_mode and stdin.kind != "terminal":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from loopwarden.policy.commands.options import grammar, scan
+from loopwarden.policy.commands.options import Scan, grammar, scan
 from loopwarden.policy.commands.programs import GIT
 from loopwarden.policy.commands.programs import read as read_argv
 from loopwarden.policy.commands.runs import Run, Stdin
@@ -98,6 +98,7 @@ def git(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
                 reading.doubt(run, "a git setting takes a command from the environment")
         elif option.name == "-c" and option.value is not None:
             setting(reading, run, option.value, "git -c")
+    _shell_alias(reading, run, head)
     command = read_argv(run.argv)
     sub = command.subcommand or ""
     carriers = _GIT_CODE_OPTIONS.get(sub, frozenset())
@@ -136,6 +137,22 @@ def writes(reading: Reading, run: Run | None, target: Word) -> None:
     doubt."""
     if target.text is not None and GIT_FILES.search(target.text):
         reading.doubt(run, WRITES_GIT_FILES)
+
+
+def _shell_alias(reading: Reading, run: Run, head: Scan) -> None:
+    """`git -c alias.x='!CMD' x ARGS…` runs `CMD ARGS…` through a shell: read with its
+    arguments (the setting alone was read as a command too)."""
+    if head.rest >= len(run.argv) or run.argv[head.rest].text is None:
+        return
+    name = (run.argv[head.rest].text or "").lower()
+    for option in head.options:
+        value = option.value.text if option.name == "-c" and option.value is not None else None
+        if value is None:
+            continue
+        key, _, command = value.partition("=")
+        if key.lower() == f"alias.{name}" and command.startswith("!"):
+            words = (Word(command[1:]), *run.argv[head.rest + 1 :])
+            reading.line(joined(words), "bash", "git alias", run)
 
 
 def setting(reading: Reading, run: Run, word: Word, via: str) -> None:

@@ -31,6 +31,8 @@ def names(programs: tuple[str, ...], run: Run, reading: Reading) -> str | None:
     """The first of `programs` the words of the unknown program `run` may name, or None."""
     if not programs:
         return None
+    if run.tail:
+        return programs[0]  # words added from input (`xargs`, `find -exec … +`) may name it
     words = [*run.argv[1:], *run.env]
     if run.input is not None:
         words.append(run.input)

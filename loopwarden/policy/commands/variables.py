@@ -32,6 +32,7 @@ CODE_VARIABLES = frozenset(
         "GIT_PAGER",
         "MANPAGER",
         "SYSTEMD_PAGER",
+        "SYSTEMD_EDITOR",
         "EDITOR",
         "VISUAL",
         "SUDO_EDITOR",
@@ -249,6 +250,11 @@ def declare(reading: Reading, run: Run | None, words: list[Word], assign: bool =
             continue
         name, index, operator, value = match.groups()
         _subscript(reading, run, name, index)
+        if operator and value.startswith("(") and re.search(r"[$`]", value):
+            reading.doubt(
+                run, "a declaration's quoted `(…)` value is read again as an array, and what "
+                "it holds is expanded: assign the array without quotes around it"
+            )  # fmt: skip
         if "A" in flags:
             reading.assoc.add(name)
         if "i" in flags:
