@@ -150,6 +150,13 @@ LAYERS: list[Layer] = [
         "doubt",
         multiline=True,
     ),
+    Layer(
+        "quotes in a quoted ${:-'…'}",
+        "oneline",
+        lambda p: f"echo \"${{u:-'$( {p.text} )'}}\"",
+        "doubt",
+        simple=True,
+    ),
     Layer("[[ == $( ) ]]", "any", lambda p: f"[[ x == $( {p.text}\n) ]]"),
     Layer("case $( )", "any", lambda p: f"case $( {p.text}\n) in *) ;; esac"),
     # text bash evaluates as code
@@ -162,6 +169,12 @@ LAYERS: list[Layer] = [
     Layer("let", "oneline", lambda p: f"let 'v=a[$({_single(p)})]'", "doubt"),
     Layer("[[ -eq ]]", "oneline", lambda p: f"v='a[$({_single(p)})]'; [[ $v -eq 0 ]]", "doubt"),
     Layer("declare -i", "oneline", lambda p: f"declare -i n; n='a[$({_single(p)})]'", "doubt"),
+    Layer(
+        "declare a quoted array",
+        "oneline",
+        lambda p: f"declare -a 'a=([$( {_single(p)} )]=1)'",
+        "doubt",
+    ),
     Layer("@P", "oneline", lambda p: f"v='$({_single(p)})'; : ${{v@P}}", "doubt"),
     Layer("indirection", "oneline", lambda p: f"v='a[$({_single(p)})]'; : ${{!v}}", "doubt"),
     # shells, eval, and builtins that run text
@@ -249,6 +262,16 @@ LAYERS: list[Layer] = [
     ],  # words from input: a rule that depends on them cannot be decided
     Layer("find -exec", "simple1", lambda p: f"find . -maxdepth 0 -exec {p.text} \\;", simple=True),
     Layer("lwrun", "simple", lambda p: f"lwrun {p.text}", "doubt", simple=True),
+    Layer(
+        "xargs gives lwrun its words", "plain", lambda p: f"echo {p.text} | xargs lwrun", "doubt"
+    ),
+    Layer(
+        "a git shell alias given words",
+        "plain",
+        lambda p: f"git -c alias.z='!lwrun' z {p.text}",
+        "doubt",
+        simple=True,
+    ),
     Layer("lwopt", "simple", lambda p: f"lwopt -x --y {p.text}", "doubt", simple=True),
     # programs whose options run a command
     Layer(
@@ -269,6 +292,12 @@ LAYERS: list[Layer] = [
         "git config, then git",
         "oneline",
         lambda p: f"git config core.fsmonitor {shlex.quote(p.text + ' #')}; git status --short",
+    ),
+    Layer(
+        "git's settings written to its file",
+        "plain",
+        lambda p: f"printf '[core]\\n\\tfsmonitor = \"{p.text} #\"\\n' >> .git/config; git status",
+        "doubt",
     ),
     Layer(
         "git shell alias",
@@ -292,6 +321,7 @@ LAYERS: list[Layer] = [
         simple=True,
     ),
     Layer("ed !", "plain", lambda p: f"ed -s <<< '!{p.text}'", "opaque", simple=True),
+    Layer("ex -sc r !", "plain", lambda p: f"ex -sc 'r !{p.text}' -c 'q!'", "opaque", simple=True),
     Layer("vim -c !", "plain", lambda p: f"vim -es -c '!{p.text}' -c 'qa!'", "opaque", simple=True),
     Layer(
         "make from input",
