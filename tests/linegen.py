@@ -33,6 +33,7 @@ class Piece:
     oneline: bool = True
     plain: bool = True  # no quotes, backslashes, `$`, backquotes, `|`: fits any string
     reading: Reading = "read"  # how loopwarden reads it (the weakest of its layers)
+    splitting: bool = False  # an unquoted expansion in its words (may become several words)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class Layer:
     reading: Reading = "read"
     simple: bool = False  # the result is one simple command
     multiline: bool = False
+    splitting: bool = False  # the result holds an unquoted expansion
+    strict: bool = False  # an unquoted expansion among the words it reads is a doubt
 
 
 DENIED: list[list[str]] = [
@@ -128,12 +131,14 @@ LAYERS: list[Layer] = [
     Layer("time if", "any", lambda p: f"time if true; then {p.text}{_end(p)} fi", "doubt"),
     Layer("coproc group", "any", lambda p: f"coproc {{ {p.text}{_end(p)} }}; wait", "doubt"),
     # substitutions and expansions
-    Layer("$( )", "any", lambda p: f"echo $( {p.text}\n)", simple=True),
-    Layer("backquotes", "plain", lambda p: f"echo `{p.text}`", simple=True),
+    Layer("$( )", "any", lambda p: f"echo $( {p.text}\n)", simple=True, splitting=True),
+    Layer("backquotes", "plain", lambda p: f"echo `{p.text}`", simple=True, splitting=True),
     Layer("assignment", "any", lambda p: f"v=$( {p.text}\n)"),
-    Layer("${:-$( )}", "any", lambda p: f": ${{u:-$( {p.text}\n)}}", simple=True),
+    Layer("${:-$( )}", "any", lambda p: f": ${{u:-$( {p.text}\n)}}", simple=True, splitting=True),
     Layer("${/ /$( )}", "any", lambda p: f'v=1; : "${{v/1/$( {p.text}\n)}}"'),
-    Layer("${:-` `}", "plain", lambda p: f": ${{u:-`{p.text}`}}", "doubt", simple=True),
+    Layer(
+        "${:-` `}", "plain", lambda p: f": ${{u:-`{p.text}`}}", "doubt", simple=True, splitting=True
+    ),
     Layer("${# $( )}", "any", lambda p: f"v=1; : ${{v#$( {p.text}\n)}}", "doubt"),
     Layer("<( )", "any", lambda p: f"cat <( {p.text}\n)", simple=True),
     Layer("here-string", "any", lambda p: f'cat <<< "$( {p.text}\n)"', simple=True),
@@ -260,7 +265,13 @@ LAYERS: list[Layer] = [
         Layer(prefix, "simple", lambda p, prefix=prefix: f"{prefix} {p.text}", "doubt", simple=True)
         for prefix in ("xargs -a /dev/null", "xargs --max-a 1", "xargs -0 -a /dev/null --")
     ],  # words from input: a rule that depends on them cannot be decided
-    Layer("find -exec", "simple1", lambda p: f"find . -maxdepth 0 -exec {p.text} \\;", simple=True),
+    Layer(
+        "find -exec",
+        "simple1",
+        lambda p: f"find . -maxdepth 0 -exec {p.text} \\;",
+        simple=True,
+        strict=True,  # a split word among find's may be `-exec`: a doubt
+    ),
     Layer("lwrun", "simple", lambda p: f"lwrun {p.text}", "doubt", simple=True),
     Layer(
         "xargs gives lwrun its words", "plain", lambda p: f"echo {p.text} | xargs lwrun", "doubt"
@@ -366,9 +377,10 @@ def _fits(layer: Layer, piece: Piece) -> bool:
 
 def wrap(layer: Layer, piece: Piece) -> Piece:
     text = layer.wrap(piece)
-    reading = max(piece.reading, layer.reading, key=_WEAKER.__getitem__)
-    oneline = piece.oneline and not layer.multiline
-    return Piece(text, layer.simple, oneline, plain=False, reading=reading)
+    doubt: Reading = "doubt" if layer.strict and piece.splitting else "read"
+    reading = max(piece.reading, layer.reading, doubt, key=_WEAKER.__getitem__)
+    oneline = piece.oneline and not layer.multiline and "\n" not in text
+    return Piece(text, layer.simple, oneline, False, reading, layer.splitting and layer.simple)
 
 
 def compose(draw: Draw, commands: list[list[str]], layers: int = 3) -> Piece:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from loopwarden.policy.commands.reading import Reading
     from loopwarden.policy.commands.runs import Run
 
-_SEPARATORS = re.compile(r"[\s;&|()<>=,:{}\[\]]+")
+_SEPARATORS = re.compile(r"[^A-Za-z0-9._+/\\-]+")  # a program name is made of these
 _SHELL_CODE = re.compile(r"\$\(|`|\$'|\$\{|\\[xu0-7]")
 
 
