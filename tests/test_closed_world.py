@@ -14,6 +14,7 @@ shells read and not read, and the precision the issue asks for.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from bashtruth import Sandbox
@@ -238,6 +239,19 @@ def test_launchers_are_read_with_their_whole_option_grammar(line, runs):
 def test_every_launcher_grammar_is_closed_but_the_ones_that_take_no_separate_values():
     open_ones = {n for n, spec in launchers.LAUNCHERS.items() if not spec.grammar.closed}
     assert open_ones == {"valgrind", "firejail", "cross-env"}
+
+
+def test_every_launcher_is_in_the_docs_list():
+    docs = (Path(__file__).parent.parent / "docs" / "hooks.md").read_text()
+    section = docs[docs.index("## Command rules") : docs.index("## Checked inside the real hosts")]
+    missing = [
+        name
+        for name in launchers.LAUNCHERS
+        if f"`{name}`" not in section
+        and f"`{name.split()[0]} {name.split()[-1]}" not in section
+        and f"`{name.split()[0]}" not in section
+    ]
+    assert missing == []
 
 
 def test_every_bystander_reader_exists():
