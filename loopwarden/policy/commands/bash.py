@@ -6,39 +6,27 @@ way its author imagined, not the way bash does. tree-sitter-bash is the grammar 
 hosts use for bash, shipped as prebuilt wheels; it parses in microseconds, never executes
 anything, and always returns a tree (with ERROR nodes where the text is not bash: a doubt).
 
-Closed world: `STATEMENTS` and `WORDS` below are every node type the walk reads, each with what
-it does; a node of any other type is a doubt, and so is anything the grammar let through that
-bash reads differently: a keyword read as a word (`time {`, `! {`, `coproc {`, `time if`), a
-substitution the grammar left inside a word (backquotes in `${y:-…}`, `$(…)` in `${x#…}`, in an
-unquoted here-document), a `${…}` form `expansions.py` does not model, text the grammar passed
-over. Words are evaluated as bash passes them (`words.py`): quotes removed, escapes and ANSI-C
-quotes decoded, anything computed marked so. Arithmetic (`arithmetic.py`) and the builtins that
-take variable names (`variables.py`) are checked for what bash would evaluate as code.
+Closed world: `STATEMENTS` below and `evaluation.WORDS` are every node type the walk reads,
+each with what it does (`INNER`: the parts of them it reads); a node of any other type is a
+doubt, and so is anything the grammar let through that bash reads differently: a keyword read
+as a word (`time {`, `! {`, `coproc {`, `time if`), a substitution the grammar left inside a
+word (backquotes in `${y:-…}`, `$(…)` in `${x#…}`, in an unquoted here-document), a `${…}` form
+`expansions.py` does not model, text the grammar passed over. Words are evaluated as bash
+passes them (`evaluation.py`): quotes removed, escapes and ANSI-C quotes decoded, anything
+computed marked so. Arithmetic (`arithmetic.py`) and the builtins that take variable names
+(`variables.py`) are checked for what bash would evaluate as code.
 """
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from loopwarden.policy.commands import arithmetic, configs, expansions, variables
+from loopwarden.policy.commands import configs, evaluation, variables
+from loopwarden.policy.commands.evaluation import WORDS, Evaluator, Found, unread
 from loopwarden.policy.commands.reading import NUMBER, PATH
 from loopwarden.policy.commands.runs import TERMINAL, Run, Stdin
-from loopwarden.policy.commands.words import (
-    ARITHMETIC,
-    BRACES,
-    GLOB,
-    PARAMETER,
-    PROCESS,
-    SUBSTITUTION,
-    UNREADABLE,
-    Pieces,
-    Word,
-    ansi_c,
-    unescape_double,
-    unescape_unquoted,
-)
+from loopwarden.policy.commands.words import BRACES, SUBSTITUTION, Pieces, Word
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -112,37 +100,11 @@ _COMPOUND = {
     "coproc": "`coproc`", "time": "`time`",
 }  # fmt: skip
 
-_CONSTRUCTS = {
-    "ERROR": "text that is not bash",
-    "heredoc_body": "a here-document",
-    "array": "an array",
-    "subscript": "an array subscript",
-    "regex": "a pattern",
-}
-_SPECIAL_BYTES = re.compile(rb"[\\*?\[{~$`]")
-_CODE_MARKS = ("`", "$(", "$[", "${")
-_NUMERIC_DATE = re.compile(r"^\+(%[sNYmdHMSjuwVGgCyeklIp%])+$")
-
-
-def _unread(kind: str) -> str:
-    name = _CONSTRUCTS.get(kind, "a shell construct")
-    return f"{name} loopwarden does not read is part of the line"
-
-
-class _Found:
-    """What reading a command's words found besides the words: code in them to walk (with
-    how it runs), and doubts."""
-
-    __slots__ = ("code", "doubts")
-
-    def __init__(self) -> None:
-        self.code: list[tuple[Node, str]] = []
-        self.doubts: list[str] = []
-
 
 class _Walk:
     def __init__(self, reading: Reading, via: str, depth: int, data: bytes) -> None:
         self.reading, self.via, self.depth, self.data = reading, via, depth, data
+        self.words = Evaluator(reading, data)
 
     # --- statements -------------------------------------------------------------------
 
@@ -151,7 +113,7 @@ class _Walk:
         if handler is not None:
             handler(self, node, parent, stdin, via)
         elif node.type != "comment":
-            self.reading.doubt(parent, _unread(node.type))
+            self.reading.doubt(parent, unread(node.type))
 
     def block(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
         for child in node.named_children:
@@ -166,8 +128,10 @@ class _Walk:
 
     def compound(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
         if node.children and node.children[0].type == "((":
-            found = _Found()
-            self.arithmetic(node, node.children[0].end_byte, node.children[-1].start_byte, found)
+            found = Found()
+            self.words.arithmetic(
+                node, node.children[0].end_byte, node.children[-1].start_byte, found
+            )
             self.settle(found, None, parent)
             return
         self.block(node, parent, stdin, via)
@@ -216,7 +180,7 @@ class _Walk:
         via: str,
         extra: tuple[Word, ...] = (),
     ) -> None:
-        found = _Found()
+        found = Found()
         name = node.child_by_field_name("name")
         words: list[Node] = []
         redirects: list[Node] = []
@@ -226,19 +190,19 @@ class _Walk:
             if kind == "variable_assignment":
                 self.assignment(child, parent, found)
                 value = child.child_by_field_name("value")
-                if value is not None and value.type in _WORDS:
-                    env.append(self.word(value, _Found()))
+                if value is not None and value.type in WORDS:
+                    env.append(self.words.word(value, Found()))
             elif kind in _REDIRECTS:
                 redirects.append(child)
             elif kind == "comment":
                 continue
-            elif kind == "command_name" or kind in _WORDS:
+            elif kind == "command_name" or kind in WORDS:
                 words.append(child)
             else:
-                found.doubts.append(_unread(kind))
+                found.doubts.append(unread(kind))
         run = None
         if name is not None:
-            argv = (*self.arguments(words, found), *extra)
+            argv = (*self.words.arguments(words, found), *extra)
             keywords = _keywords(node, argv)
             own = stdin
             for redirect in redirects:
@@ -251,18 +215,18 @@ class _Walk:
         for redirect in redirects:
             self.redirect(redirect, run or parent)
 
-    def settle(self, found: _Found, run: Run | None, parent: Run | None) -> None:
+    def settle(self, found: Found, run: Run | None, parent: Run | None) -> None:
         """Attach what reading words found: doubts, and the code they hold, run by `run`."""
         for why in found.doubts:
             self.reading.doubt(run or parent, why)
         for code, via in found.code:
             self.substitution(code, run or parent, via)
 
-    def assignment(self, node: Node, parent: Run | None, found: _Found, flags: str = "") -> None:
+    def assignment(self, node: Node, parent: Run | None, found: Found, flags: str = "") -> None:
         target = node.child_by_field_name("name")
         value = node.child_by_field_name("value")
         if target is None:
-            found.doubts.append(_unread("variable_assignment"))
+            found.doubts.append(unread("variable_assignment"))
             return
         name = target.text.decode(errors="replace")
         if target.type == "subscript":
@@ -270,8 +234,10 @@ class _Walk:
             name = base.text.decode(errors="replace") if base is not None else name
             index = target.child_by_field_name("index")
             if index is not None:
-                self.inner(index, found)
-                _subscript_check(self.reading, parent, name, _text(self, index), found)
+                self.words.inner(index, found)
+                evaluation.subscript_check(
+                    self.reading, parent, name, evaluation.text(self.words, index), found
+                )
         if "A" in flags:
             self.reading.assoc.add(name)
         if "i" in flags:
@@ -283,9 +249,9 @@ class _Walk:
         if value.type == "array":
             self.array(name, value, parent, found)
             return
-        word = self.word(value, found)
-        numeric = _numeric(self, value)
-        if word.text is None and not numeric and _path(value):
+        word = self.words.word(value, found)
+        numeric = evaluation.numeric(self.words, value)
+        if word.text is None and not numeric and evaluation.path(value):
             self.reading.assign(name, PATH)
             variables.assigned(self.reading, parent, name, word)
             return
@@ -296,7 +262,7 @@ class _Walk:
             variables.name_doubt(self.reading, parent, word)
         variables.assigned(self.reading, parent, name, word)
 
-    def array(self, name: str, node: Node, parent: Run | None, found: _Found) -> None:
+    def array(self, name: str, node: Node, parent: Run | None, found: Found) -> None:
         """`name=( … )`: each element a value of `name`; `[i]=v` subscripts are arithmetic for
         an indexed array."""
         self.reading.assign(name, "")
@@ -305,26 +271,28 @@ class _Walk:
             if parts and parts[0].type == "word" and parts[0].text == b"[":
                 close = next((n for n, p in enumerate(parts) if p.text == b"]"), None)
                 if close is None:
-                    found.doubts.append(_unread("array"))
+                    found.doubts.append(unread("array"))
                     continue
                 for part in parts[1:close]:
-                    self.inner(part, found)
+                    self.words.inner(part, found)
                 index = self.data[parts[0].end_byte : parts[close].start_byte].decode(
                     errors="replace"
                 )
-                _subscript_check(self.reading, parent, name, index, found)
+                evaluation.subscript_check(self.reading, parent, name, index, found)
                 pieces = Pieces()
                 for part in parts[close + 1 :]:
-                    self.part(part, pieces, False, found)
+                    self.words.part(part, pieces, False, found)
                 value = pieces.word()
                 text = value.text[1:] if value.text is not None and value.text[:1] == "=" else None
                 self.reading.assign(name, text)
             else:
-                word = self.word(element, found)
-                self.reading.assign(name, NUMBER if _numeric(self, element) else word.text)
+                word = self.words.word(element, found)
+                self.reading.assign(
+                    name, NUMBER if evaluation.numeric(self.words, element) else word.text
+                )
 
     def assignments(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
-        found = _Found()
+        found = Found()
         if node.type == "variable_assignment":
             self.assignment(node, parent, found)
         else:
@@ -332,12 +300,12 @@ class _Walk:
                 if child.type == "variable_assignment":
                     self.assignment(child, parent, found)
                 elif child.type != "comment":
-                    found.doubts.append(_unread(child.type))
+                    found.doubts.append(unread(child.type))
         self.settle(found, None, parent)
 
     def declaration(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
         """`declare`, `typeset`, `local`, `export`, `readonly` (a builtin, not a run)."""
-        found = _Found()
+        found = Found()
         words: list[Word] = []
         assigned: list[Node] = []
         for child in node.named_children:
@@ -347,25 +315,25 @@ class _Walk:
                 words.append(Word(target.text.decode(errors="replace") if target else ""))
             elif child.type == "variable_name":
                 words.append(Word(child.text.decode(errors="replace")))
-            elif child.type in _WORDS:
-                words.append(self.word(child, found))
+            elif child.type in WORDS:
+                words.append(self.words.word(child, found))
             elif child.type != "comment":
-                found.doubts.append(_unread(child.type))
+                found.doubts.append(unread(child.type))
         flags = variables.declare(self.reading, parent, words, assign=True)
         for child in assigned:
             self.assignment(child, parent, found, flags)
         self.settle(found, None, parent)
 
     def unset(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
-        found = _Found()
+        found = Found()
         functions = False
         for child in node.named_children:
             if child.type == "variable_name":
                 continue
-            if child.type not in _WORDS:
-                found.doubts.append(_unread(child.type))
+            if child.type not in WORDS:
+                found.doubts.append(unread(child.type))
                 continue
-            word = self.word(child, found)
+            word = self.words.word(child, found)
             if word.text is not None and word.text.startswith("-"):
                 functions = functions or "f" in word.text
             elif not functions:
@@ -375,13 +343,13 @@ class _Walk:
     def test(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
         """`[[ … ]]` and `[ … ]`: operands are words; `-v` takes a variable name, and in
         `[[ ]]` the operands of `-eq`, `-lt`, … are arithmetic."""
-        found = _Found()
+        found = Found()
         keyword = node.children[0].type if node.children else "[["
         for child in node.named_children:
             self.condition(child, keyword == "[[", parent, found)
         self.settle(found, None, parent)
 
-    def condition(self, node: Node, arithmetic_: bool, parent: Run | None, found: _Found) -> None:
+    def condition(self, node: Node, arithmetic_: bool, parent: Run | None, found: Found) -> None:
         kind = node.type
         if kind in ("binary_expression", "unary_expression", "parenthesized_expression"):
             operator = next(
@@ -394,34 +362,36 @@ class _Walk:
                     self.condition(operand, arithmetic_, parent, found)
                     continue
                 if operand.type == "regex":
-                    why = _audit(operand.text, quoted=False)
+                    why = evaluation.audit(operand.text, quoted=False)
                     if why is not None and why != "$":
                         found.doubts.append(why)
                     continue
-                if operand.type not in _WORDS:
-                    found.doubts.append(_unread(operand.type))
+                if operand.type not in WORDS:
+                    found.doubts.append(unread(operand.type))
                     continue
-                word = self.word(operand, found)
+                word = self.words.word(operand, found)
                 if operator == "-v":
                     variables.name_doubt(self.reading, parent, word)
                 elif arithmetic_ and operator in ("-eq", "-ne", "-lt", "-le", "-gt", "-ge"):
-                    _arithmetic_word(self, operand, word, parent, found)
-        elif kind in _WORDS:
-            self.word(node, found)
+                    evaluation.arithmetic_word(self.words, operand, word, parent, found)
+        elif kind in WORDS:
+            self.words.word(node, found)
         elif kind != "comment":
-            found.doubts.append(_unread(kind))
+            found.doubts.append(unread(kind))
 
     def loop(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
         """`for NAME in WORDS; do …; done` and `select`: NAME takes each word."""
-        found = _Found()
+        found = Found()
         variable = node.child_by_field_name("variable")
         values = node.children_by_field_name("value")
         name = variable.text.decode(errors="replace") if variable is not None else ""
         if not values:
             self.reading.assign(name, None)  # the positional parameters
         for value in values:
-            word = self.word(value, found)
-            numeric = _numeric(self, value) or (word.kind == BRACES and _numeric_braces(value))
+            word = self.words.word(value, found)
+            numeric = evaluation.numeric(self.words, value) or (
+                word.kind == BRACES and evaluation.numeric_braces(value)
+            )
             if word.text is None and word.params is not None and word.template == "\0":
                 self.reading.assign(name, "\x02" + word.params[0])
             else:
@@ -429,44 +399,44 @@ class _Walk:
         self.settle(found, None, parent)
         for child in node.named_children:
             if child.type in ("do_group", "compound_statement") or (
-                child.type not in _WORDS
+                child.type not in WORDS
                 and child.type != "comment"
                 and (variable is None or child.id != variable.id)
             ):
                 self.node(child, parent, stdin, via)
 
     def c_loop(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
-        found = _Found()
+        found = Found()
         opening = next((c for c in node.children if c.type == "(("), None)
         closing = next((c for c in node.children if c.type == "))"), None)
         if opening is None or closing is None:
-            found.doubts.append(_unread("c_style_for_statement"))
+            found.doubts.append(unread("c_style_for_statement"))
         else:
-            self.arithmetic(node, opening.end_byte, closing.start_byte, found)
+            self.words.arithmetic(node, opening.end_byte, closing.start_byte, found)
         self.settle(found, None, parent)
         for child in node.named_children:
             if child.type in ("do_group", "compound_statement"):
                 self.node(child, parent, stdin, via)
 
     def case(self, node: Node, parent: Run | None, stdin: Stdin, via: str) -> None:
-        found = _Found()
+        found = Found()
         for child in node.named_children:
             if child.type == "case_item":
                 for part in child.named_children:
-                    if part.type in _WORDS:
-                        self.word(part, found)
+                    if part.type in WORDS:
+                        self.words.word(part, found)
                     else:
                         self.node(part, parent, stdin, via)
-            elif child.type in _WORDS:
-                self.word(child, found)
+            elif child.type in WORDS:
+                self.words.word(child, found)
             elif child.type != "comment":
-                found.doubts.append(_unread(child.type))
+                found.doubts.append(unread(child.type))
         self.settle(found, None, parent)
 
     def redirect(self, node: Node, parent: Run | None) -> None:
         """The words of a redirection (a `>(…)` target runs), a here-document's body (its
         substitutions run unless its delimiter is quoted) and what follows its start."""
-        found = _Found()
+        found = Found()
         kind = node.type
         if kind == "heredoc_redirect":
             start = next((c for c in node.children if c.type == "heredoc_start"), None)
@@ -487,231 +457,36 @@ class _Walk:
         else:
             operator = next((c.type for c in node.children if not c.is_named), "")
             for child in node.named_children:
-                if child.type in _WORDS:
-                    word = self.word(child, found)
+                if child.type in WORDS:
+                    word = self.words.word(child, found)
                     if kind == "file_redirect" and operator in _WRITES:
                         configs.writes(self.reading, parent, word)
                 elif child.type not in ("file_descriptor", "comment"):
-                    found.doubts.append(_unread(child.type))
+                    found.doubts.append(unread(child.type))
         self.settle(found, None, parent) if not found.code else self._code(found, parent)
 
-    def _code(self, found: _Found, parent: Run | None) -> None:
+    def _code(self, found: Found, parent: Run | None) -> None:
         for why in found.doubts:
             self.reading.doubt(parent, why)
         for code, _ in found.code:
             self.substitution(code, parent, "a redirection")
 
-    def heredoc(self, body: Node, found: _Found) -> None:
+    def heredoc(self, body: Node, found: Found) -> None:
         """An unquoted here-document's body: its expansions and substitutions, as in a
         double-quoted word (a backquote there is not parsed by the grammar: a doubt)."""
         text = bytearray(body.text)
         for child in body.named_children:
             if child.type != "heredoc_content":
-                self.part(child, Pieces(), True, found)
+                self.words.part(child, Pieces(), True, found)
                 start, end = child.start_byte - body.start_byte, child.end_byte - body.start_byte
                 text[start:end] = b" " * (end - start)
-        why = _audit(bytes(text), quoted=True)
+        why = evaluation.audit(bytes(text), quoted=True)
         if why is not None and why != "$":
             found.doubts.append(
                 "an unquoted here-document holds a substitution loopwarden does not read (a "
                 "backquote, or one inside `${…}`): quote its delimiter (<<'EOF') or compute the "
                 "value before"
             )
-
-    # --- words ------------------------------------------------------------------------
-
-    def arguments(self, nodes: list[Node], found: _Found) -> list[Word]:
-        """Argument nodes as words: nodes with no space between them are one word (the
-        grammar splits some, such as `$"…"`)."""
-        groups: list[list[Node]] = []
-        for node in nodes:
-            if groups and self.touching(groups[-1][-1], node):
-                groups[-1].append(node)
-            else:
-                groups.append([node])
-        out = []
-        for group in groups:
-            if len(group) == 1:
-                out.append(self.word(group[0], found))
-                continue
-            pieces = Pieces()
-            for n, part in enumerate(group):
-                if part.type == "$" and n + 1 < len(group) and group[n + 1].type == "string":
-                    continue  # `$"…"` is the string itself (a translated string)
-                self.part(part, pieces, False, found)
-            out.append(pieces.word())
-        return out
-
-    def touching(self, left: Node, right: Node) -> bool:
-        """Whether two nodes are one word to bash: nothing between them, or only line
-        continuations (bash removes `\\<newline>`; the grammar reads it as a space)."""
-        if left.end_byte == right.start_byte:
-            return True
-        gap = self.data[left.end_byte : right.start_byte]
-        return bool(gap) and not gap.replace(b"\\\n", b"")
-
-    def word(self, node: Node, found: _Found) -> Word:
-        if node.type == "command_name" and node.child_count == 1:
-            node = node.children[0]
-        if node.type == "word":
-            raw = node.text
-            if not _SPECIAL_BYTES.search(raw):
-                return Word(raw.decode("utf-8", "surrogateescape"))  # nothing to unquote
-        pieces = Pieces()
-        self.part(node, pieces, False, found)
-        return pieces.word()
-
-    def part(self, node: Node, pieces: Pieces, quoted: bool, found: _Found) -> None:
-        """One node of a word into `pieces`, its code into `found` (see WORDS)."""
-        kind = node.type
-        if kind in ("word", "number", "variable_name", "special_variable_name", "$"):
-            text = node.text.decode("utf-8", "surrogateescape")
-            why = _audit(node.text, quoted) if kind == "word" else None
-            if why == "$":
-                pieces.computed(PARAMETER, not quoted)
-            elif why is not None:
-                found.doubts.append(why)
-                pieces.computed(UNREADABLE, True)
-            elif quoted:
-                pieces.text(text, True)
-            else:
-                unescape_unquoted(text, pieces)
-        elif kind in ("command_name", "concatenation"):
-            for child in node.children:
-                self.part(child, pieces, quoted, found)
-        elif kind == "raw_string":
-            pieces.text(node.text.decode("utf-8", "surrogateescape")[1:-1], True)
-        elif kind == "ansi_c_string":
-            pieces.text(ansi_c(node.text.decode("utf-8", "surrogateescape")[2:-1]), True)
-        elif kind in ("string", "translated_string"):
-            for child in node.children:
-                if child.type == "string_content":
-                    why = _audit(child.text, quoted=True)
-                    if why is not None and why != "$":
-                        found.doubts.append(why)
-                        pieces.computed(UNREADABLE, True)
-                    elif why == "$":
-                        pieces.computed(PARAMETER, False)
-                    else:
-                        text = child.text.decode("utf-8", "surrogateescape")
-                        pieces.text(unescape_double(text), True)
-                elif child.type not in ('"', "$", '$"'):
-                    self.part(child, pieces, True, found)
-        elif kind == "simple_expansion":
-            name = node.text.decode("utf-8", "surrogateescape")[1:]
-            splits = not quoted or name == "@"
-            pieces.computed(
-                PARAMETER, splits, name if name[:1].isalpha() or name[:1] == "_" else None
-            )
-        elif kind == "expansion":
-            self.expansion(node, pieces, quoted, found)
-        elif kind == "command_substitution":
-            pieces.computed(SUBSTITUTION, not quoted)
-            found.code.append((node, "$(…)"))
-        elif kind == "arithmetic_expansion":
-            pieces.computed(ARITHMETIC, not quoted)
-            opening, closing = node.children[0], node.children[-1]
-            self.arithmetic(node, opening.end_byte, closing.start_byte, found)
-        elif kind == "process_substitution":
-            pieces.computed(PROCESS, False)
-            found.code.append((node, node.children[0].type + "…)"))
-        elif kind == "brace_expression":
-            pieces.computed(BRACES, True)
-        elif kind == "extglob_pattern":
-            why = _audit(node.text, quoted=False)
-            if why is not None and why != "$":
-                found.doubts.append(why)
-            pieces.computed(GLOB, True)
-        else:
-            found.doubts.append(_unread(kind))
-            pieces.computed(UNREADABLE, True)
-
-    def expansion(self, node: Node, pieces: Pieces, quoted: bool, found: _Found) -> None:
-        """`${…}` as `expansions.py` models it; its parts' code walked, its arithmetic checked."""
-        raw = node.text.decode("utf-8", "surrogateescape")
-        if raw[:1].isspace():  # the grammar puts a blank before `${` in a string into the node
-            stripped = raw.lstrip()
-            pieces.text(raw[: len(raw) - len(stripped)], quoted)
-            raw = stripped
-        model = expansions.parse(raw)
-        if model is None:
-            found.doubts.append("a `${…}` form loopwarden does not read is part of the line")
-            pieces.computed(UNREADABLE, True)
-            return
-        why = expansions.doubt(model)
-        if why is not None:
-            found.doubts.append(why)
-        reading = self.reading
-        if model.prefix == "!" and not model.operator and model.subscript is None:
-            name = model.name
-            reading.later(None, lambda r: variables._names_of(r, name))
-        if model.subscript is not None and model.subscript not in ("@", "*"):
-            _subscript_check(reading, None, model.name, model.subscript, found)
-        if model.operator == ":":
-            for bound in expansions.substring(model.rest):
-                if bound.strip():
-                    _arithmetic_text(reading, bound, found)
-        self.inner(node, found)
-        splits = not quoted or (model.all_elements and "@" in (model.subscript, model.name))
-        if model.length:
-            pieces.computed(ARITHMETIC, not quoted)
-        elif model.plain and model.prefix == "":
-            pieces.computed(PARAMETER, splits, model.name if _identifier(model.name) else None)
-        elif model.operator in (":-", "-") and re.fullmatch(r"[\w./:@%+,-]*", model.rest):
-            param = model.name + "\0" + model.rest if _identifier(model.name) else None
-            pieces.computed(PARAMETER, splits, param)
-        else:
-            pieces.computed(PARAMETER, splits)
-
-    def inner(self, node: Node, found: _Found) -> None:
-        """The code inside a `${…}` or a subscript: substitutions walked, nested expansions
-        checked, the text the grammar left as words audited."""
-        for child in node.named_children:
-            kind = child.type
-            if kind in ("command_substitution", "process_substitution"):
-                found.code.append((child, "$(…)"))
-            elif kind == "arithmetic_expansion":
-                self.arithmetic(
-                    child, child.children[0].end_byte, child.children[-1].start_byte, found
-                )
-            elif kind == "expansion":
-                self.expansion(child, Pieces(), True, found)
-            elif kind in ("word", "regex", "string_content", "raw_string", "extglob_pattern"):
-                # in a double-quoted `${x:-'…'}` the quotes are text and `$( … )` runs
-                why = _audit(child.text, quoted=kind in ("string_content", "raw_string"))
-                if why is not None and why != "$":
-                    found.doubts.append(
-                        "a substitution inside `${…}` or a subscript is not read: compute it "
-                        "into a variable first"
-                    )
-            elif kind in ("string", "concatenation", "subscript", "translated_string"):
-                self.inner(child, found)
-            elif kind not in ("variable_name", "special_variable_name", "simple_expansion",
-                              "number", "ansi_c_string"):  # fmt: skip
-                found.doubts.append(_unread(kind))
-
-    def arithmetic(self, node: Node, start: int, end: int, found: _Found) -> None:
-        """The arithmetic text of `node` between two offsets: its substitutions walked, the
-        variables it assigns numbers, and (once the line is read) a doubt if it reads anything
-        else."""
-        text, marks = _masked(self, node, start, end, found)
-        for target in arithmetic.targets(text):
-            self.reading.assign(target, NUMBER)
-        parts = [p for p in text.split(";")]
-
-        def check(reading: Reading) -> str | None:
-            def numeric(name: str) -> bool:
-                if name in marks:
-                    return marks[name]
-                return reading.numeric(name)
-
-            for part in parts:
-                why = arithmetic.doubt(part, numeric)
-                if why is not None:
-                    return why
-            return None
-
-        self.reading.later(None, check)
 
 
 # --- the constructs read, by node type ------------------------------------------------------
@@ -750,16 +525,6 @@ STATEMENTS = frozenset(_STATEMENTS)
 `until`/`for`/`select`/C-style `for`/`case`, function definitions, commands, assignments,
 declarations, `unset`, `[[ … ]]` and `[ … ]`, `(( … ))`, redirected statements."""
 
-WORDS = frozenset(
-    {"word", "number", "string", "raw_string", "ansi_c_string", "translated_string",
-     "concatenation", "simple_expansion", "expansion", "command_substitution",
-     "arithmetic_expansion", "process_substitution", "brace_expression", "extglob_pattern",
-     "command_name", "variable_name", "special_variable_name", "$"}
-)  # fmt: skip
-"""Every word node the walk reads (`_Walk.part`); `$( … )`, backquotes, `<( … )` and
-`>( … )` in them are read as commands."""
-_WORDS = WORDS
-
 INNER = frozenset(
     {"array", "binary_expression", "unary_expression", "parenthesized_expression",
      "postfix_expression", "ternary_expression", "test_operator", "regex", "subscript",
@@ -770,46 +535,13 @@ INNER = frozenset(
 """Node types read as parts of the constructs above: an assignment's array; the expressions of
 `[[ … ]]` (their operands words, `-v` names and `-eq` arithmetic); arithmetic, read from its
 text (`arithmetic.py`); a `${…}`'s subscript and patterns; redirections and here-documents;
-`case` items; comments. `STATEMENTS | WORDS | INNER` is every named node type of the grammar
+`case` items; comments. `STATEMENTS | evaluation.WORDS | INNER` is every named node type of
+the grammar
 (tests/test_closed_world.py holds it so): any node met elsewhere than where it is read is a
 doubt."""
 
 
 # --- helpers --------------------------------------------------------------------------------
-
-
-def _identifier(name: str) -> bool:
-    return bool(name) and (name[0].isalpha() or name[0] == "_")
-
-
-def _audit(raw: bytes, quoted: bool) -> str | None:
-    """What in a word's text the grammar should have parsed but did not: a substitution
-    (a doubt: its message), or an expansion (`"$"`: the word is computed). None: nothing."""
-    if b"$" not in raw and b"`" not in raw and (quoted or b"(" not in raw):
-        return None
-    text = raw.decode("utf-8", "surrogateescape")
-    i, n = 0, len(text)
-    while i < n:
-        char = text[i]
-        if char == "\\":
-            i += 2
-            continue
-        if char == "`":
-            return "a backquote substitution the grammar did not read: use $( … ) instead"
-        if char == "$" and i + 1 < n:
-            following = text[i + 1]
-            if following in "([{":
-                return "a substitution or expansion the grammar did not read is part of a word"
-            if following.isalnum() or following in "_@*#?$!-":
-                return "$"
-        if not quoted and char in "<>" and i + 1 < n and text[i + 1] == "(":
-            return "a process substitution the grammar did not read is part of a word"
-        i += 1
-    return None
-
-
-def _text(walk: _Walk, node: Node) -> str:
-    return walk.data[node.start_byte : node.end_byte].decode("utf-8", "surrogateescape")
 
 
 def _keywords(node: Node, argv: tuple[Word, ...]) -> tuple[str, ...]:
@@ -851,7 +583,7 @@ def _stdin_of(walk: _Walk, redirect: Node) -> Stdin | None:
         return Stdin("heredoc", _heredoc(redirect))
     if kind == "herestring_redirect":
         target = [c for c in redirect.named_children]
-        word = walk.arguments(target, _Found()) if target else []
+        word = walk.words.arguments(target, Found()) if target else []
         text = word[0] if word else Word("")
         return Stdin("herestring", Word(text.text + "\n") if text.text is not None else text)
     if kind == "file_redirect":
@@ -887,177 +619,3 @@ def _heredoc(redirect: Node) -> Word:
 def unescape_heredoc(text: str) -> str:
     """An unquoted here-document's text: `\\$`, backquote, `\\\\` and line continuations."""
     return text.replace("\\\n", "").replace("\\$", "$").replace("\\`", "`").replace("\\\\", "\\")
-
-
-def _subscript_check(
-    reading: Reading, run: Run | None, name: str, index: str, found: _Found
-) -> None:
-    """An indexed array's subscript is arithmetic (an associative one's is a string)."""
-    if index.strip() in ("@", "*"):
-        return
-    text = variables._plain(index)
-    if text is None:
-        if "$(" in index or "`" in index:
-            reading.later(run, lambda r: None if name in r.assoc else variables.SUBSCRIPT_CODE)
-            return
-        found.doubts.append(variables.SUBSCRIPT_EXPANSION)
-        return
-    reading.later(run, lambda r: None if name in r.assoc else arithmetic.doubt(text, r.numeric))
-
-
-def _arithmetic_text(reading: Reading, text: str, found: _Found) -> None:
-    plain = variables._plain(text)
-    if plain is None:
-        found.doubts.append("arithmetic holds an expansion loopwarden does not read")
-        return
-    reading.later(None, lambda r: arithmetic.doubt(plain, r.numeric))
-
-
-def _arithmetic_word(
-    walk: _Walk, node: Node, word: Word, parent: Run | None, found: _Found
-) -> None:
-    """An operand bash evaluates as arithmetic (`[[ $x -eq 1 ]]`)."""
-    if word.text is not None:
-        text = word.text
-        walk.reading.later(parent, lambda r: arithmetic.doubt(text, r.numeric))
-    elif word.params is not None and word.template == "\0":
-        name = word.params[0].split("\0")[0]
-        walk.reading.later(
-            parent,
-            lambda r: None if r.numeric(name) else (
-                "arithmetic reads a variable this line does not set to a number (bash would "
-                "evaluate its text, and a subscript there runs a command)"
-            ),
-        )  # fmt: skip
-    elif not (word.kind == ARITHMETIC or _numeric(walk, node)):
-        found.doubts.append(
-            "a `[[ … ]]` comparison evaluates computed text as arithmetic, which may run a command"
-        )
-
-
-def _masked(
-    walk: _Walk, container: Node, start: int, end: int, found: _Found
-) -> tuple[str, dict[str, bool]]:
-    """The arithmetic text between two offsets with `$x` / `${x}` read as the variable, and
-    every other computed part (a substitution, a nested arithmetic) as a placeholder that
-    holds a number or not. The substitutions are walked as code."""
-    pieces: list[str] = []
-    marks: dict[str, bool] = {}
-    cursor = start
-    stack = [container]
-    spans: list[Node] = []
-    while stack:
-        node = stack.pop()
-        for child in reversed(node.named_children):
-            if child.end_byte <= start or child.start_byte >= end:
-                continue
-            if child.type in ("command_substitution", "process_substitution",
-                              "arithmetic_expansion", "expansion", "simple_expansion"):  # fmt: skip
-                spans.append(child)
-            else:
-                stack.append(child)
-    for node in sorted(spans, key=lambda n: n.start_byte):
-        if node.start_byte < cursor:
-            continue
-        pieces.append(walk.data[cursor : node.start_byte].decode("utf-8", "surrogateescape"))
-        token = f"{arithmetic.MARK}{len(marks)}{arithmetic.MARK}"
-        kind = node.type
-        if kind == "simple_expansion":
-            name = node.text.decode("utf-8", "surrogateescape")[1:]
-            if _identifier(name):
-                pieces.append(name)
-            else:
-                marks[token] = name in arithmetic.BASH_NUMBERS
-                pieces.append(token)
-        elif kind == "expansion":
-            model = expansions.parse(node.text.decode("utf-8", "surrogateescape").lstrip())
-            if (
-                model is not None
-                and model.plain
-                and model.subscript is None
-                and _identifier(model.name)
-            ):
-                pieces.append(model.name)
-            else:
-                marks[token] = model is not None and model.length
-                pieces.append(token)
-                walk.expansion(node, Pieces(), True, found)
-        elif kind == "arithmetic_expansion":
-            marks[token] = True
-            pieces.append(token)
-            walk.arithmetic(node, node.children[0].end_byte, node.children[-1].start_byte, found)
-        else:
-            marks[token] = kind == "command_substitution" and _numeric(walk, node)
-            pieces.append(token)
-            found.code.append((node, "$(…)"))
-        cursor = node.end_byte
-    pieces.append(walk.data[cursor:end].decode("utf-8", "surrogateescape"))
-    return "".join(pieces), marks
-
-
-def _numeric(walk: _Walk, node: Node) -> bool:
-    """Whether a word node always becomes a number: `$(( … ))`, `${#x}`, or the output of a
-    command that prints one (`date +%s`, `wc -l < f`, `nproc`, `id -u`)."""
-    kind = node.type
-    if kind == "arithmetic_expansion" or kind == "number":
-        return True
-    if kind == "string" and len(node.named_children) == 1:
-        return _numeric(walk, node.named_children[0])
-    if kind == "expansion":
-        model = expansions.parse(node.text.decode("utf-8", "surrogateescape").lstrip())
-        return model is not None and model.length
-    if kind != "command_substitution":
-        return False
-    statements = [c for c in node.named_children if c.type != "comment"]
-    if len(statements) != 1:
-        return False
-    statement = statements[0]
-    redirects: list[Node] = []
-    if statement.type == "redirected_statement":
-        body = statement.child_by_field_name("body")
-        redirects = [c for c in statement.named_children if body is None or c.id != body.id]
-        statement = body
-    if statement is None or statement.type != "command":
-        return False
-    if any(r.type != "file_redirect" or b">" in r.text.split(b"<")[0] for r in redirects):
-        return False
-    words = [c.text.decode("utf-8", "surrogateescape") for c in statement.named_children]
-    if any(re.search(r"[^\w./%+:=-]", w) for w in words):
-        return False
-    program, args = words[0], words[1:]
-    if program == "date":
-        return all(_NUMERIC_DATE.match(a) for a in args) and bool(args)
-    if program == "wc":
-        return bool(args) and all(re.fullmatch(r"-[lcwm]", a) for a in args)
-    if program == "nproc":
-        return all(a == "--all" for a in args)
-    if program == "id":
-        return args in (["-u"], ["-g"], ["-ru"], ["-rg"])
-    if program == "git":
-        return args[:2] == ["rev-list", "--count"]
-    return False
-
-
-def _path(node: Node) -> bool:
-    """Whether a word node is the output of a command that prints an absolute path (`mktemp`,
-    `mktemp -d`, `pwd`, `git rev-parse --show-toplevel`, `realpath X`)."""
-    if node.type == "string" and len(node.named_children) == 1:
-        node = node.named_children[0]
-    if node.type != "command_substitution":
-        return False
-    statements = [c for c in node.named_children if c.type != "comment"]
-    if len(statements) != 1 or statements[0].type != "command":
-        return False
-    words = [c.text.decode("utf-8", "surrogateescape") for c in statements[0].named_children]
-    program, args = words[0], words[1:]
-    if program == "mktemp":
-        return all(a in ("-d", "-q", "-u", "--directory", "--quiet", "--dry-run") for a in args)
-    if program == "pwd":
-        return all(a in ("-P", "-L") for a in args)
-    if program == "git":
-        return args == ["rev-parse", "--show-toplevel"]
-    return program in ("realpath", "readlink") and ("-f" in args or program == "realpath")
-
-
-def _numeric_braces(node: Node) -> bool:
-    return bool(re.fullmatch(rb"\{-?\d+\.\.-?\d+(\.\.-?\d+)?\}", node.text))
