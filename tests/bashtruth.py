@@ -16,11 +16,14 @@ commands it really ran: `"git push"` (git connected to push, or the remote recei
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 GIT_PUSH = "git push"
@@ -259,10 +262,16 @@ class Sandbox:
         command = ["/usr/bin/bash", "-c", _DRIVER]
         if _unshare_works():
             command = ["/usr/bin/unshare", "-n", *command]
-        subprocess.run(command, cwd=self.work, env=env, timeout=60 + bound * len(lines), check=True)
+        try:
+            subprocess.run(
+                command, cwd=self.work, env=env, timeout=60 + bound * len(lines), check=True
+            )
+        finally:
+            _kill_strays(self.root)
         return _ran(self.log.read_text(), len(lines))
 
     def close(self) -> None:
+        _kill_strays(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -277,6 +286,29 @@ def _ran(log: str, count: int) -> list[set[str]]:
         elif current is not None and line == "RMRF":
             out[current].add(RM_RF)
     return out
+
+
+def _kill_strays(root: Path) -> None:
+    """End what the lines left running in the sandbox (a `script` or `setsid` in a session of
+    its own outlives its line's time bound, and `fakeroot` leaves its daemon): every process
+    whose working directory is inside it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+            except OSError:
+                continue
+            if cwd.startswith(str(root)):
+                pids.append(int(entry))
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        if not pids:
+            return
+        time.sleep(0.05)
 
 
 def _unshare_works() -> bool:

@@ -20,7 +20,7 @@ import pytest
 from bashtruth import Sandbox
 from corpora import load
 
-from loopwarden.policy.commands import bash, bystanders, carriers, evaluation, launchers, shells
+from loopwarden.policy.commands import bash, bystanders, evaluation, launchers, readers, shells
 from loopwarden.policy.decision import ReasonCode
 from loopwarden.policy.evaluate import command_reasons
 from loopwarden.policy.model import CommandRules
@@ -106,7 +106,9 @@ def test_every_node_type_of_the_grammar_is_read_or_a_doubt():
         for i in range(language.node_kind_count)
         if language.node_kind_is_named(i) and language.node_kind_is_visible(i)
     }
-    assert named <= bash.STATEMENTS | evaluation.WORDS | bash.INNER, "a new node type: read it or doubt"
+    assert named <= bash.STATEMENTS | evaluation.WORDS | bash.INNER, (
+        "a new node type: read it or doubt"
+    )
 
 
 @pytest.mark.parametrize(
@@ -255,7 +257,7 @@ def test_every_launcher_is_in_the_docs_list():
 
 
 def test_every_bystander_reader_exists():
-    assert {s.reader for s in bystanders.BYSTANDERS.values() if s.reader} <= set(carriers.READERS)
+    assert {s.reader for s in bystanders.BYSTANDERS.values() if s.reader} <= set(readers.READERS)
 
 
 @pytest.mark.parametrize(

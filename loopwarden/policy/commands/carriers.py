@@ -1,11 +1,12 @@
 """What a command runs in turn, by the class of its program (docs/hooks.md, "Command rules"):
 
-- (a) launchers (`launchers.py`), shells, interpreters, and the builtins that run text (`eval`,
-  `source`, `trap`, `alias`, `mapfile -C`, `compgen -W`/`-C`, `fc`), `find -exec`, `fd -x`,
-  git's command-carrying settings and options (`configs.py`): what they run is read, or doubted;
+- (a) launchers (`launchers.py`, applied here), shells and interpreters (`shells.py`,
+  `interpreters.py`), the builtins that run text (`bashbuiltins.py`: `eval`, `source`, `trap`,
+  `alias`, `mapfile -C`, `compgen -W`/`-C`, `fc`), `find -exec`, `fd -x`, `parallel`, `at`, git's
+  command-carrying settings and options (`configs.py`): what they run is read, or doubted;
 - (b) programs known not to run the line's commands (`bystanders.py`), with the options and
-  small languages that would make them run one, and the builtins that take variable names or
-  arithmetic (`variables.py`);
+  small languages that would make them run one (`readers.py`, `scripts.py`), and the builtins
+  that take variable names or arithmetic (`bashbuiltins.py`, `variables.py`);
 - (c) any other program: `run.known` stays False, and `verdicts.py` doubts it when its words
   name a program a rule is about.
 
@@ -20,7 +21,15 @@ import re
 import shlex
 from typing import TYPE_CHECKING
 
-from loopwarden.policy.commands import bystanders, configs, scripts, shells, variables
+from loopwarden.policy.commands import (
+    bashbuiltins,
+    bystanders,
+    configs,
+    interpreters,
+    readers,
+    shells,
+    variables,
+)
 from loopwarden.policy.commands import launchers as table
 from loopwarden.policy.commands.launchers import Launcher
 from loopwarden.policy.commands.options import Scan, grammar, scan
@@ -73,7 +82,7 @@ def unwrap(reading: Reading, run: Run, stdin: Stdin) -> None:
         shells.powershell(reading, run, name, stdin)
     elif name in table.FOREIGN_SHELLS:
         shells.foreign(reading, run, name, stdin)
-    elif (found := table.interpreter(name)) is not None:
+    elif (found := interpreters.interpreter(name)) is not None:
         shells.interpreter(reading, run, name, found, stdin)
     elif name in table.LAUNCHERS:
         run.known = True
@@ -82,7 +91,7 @@ def unwrap(reading: Reading, run: Run, stdin: Stdin) -> None:
         run.known = True
     elif name in bystanders.BYSTANDERS:
         run.known = True
-        _bystander(reading, run, name, bystanders.BYSTANDERS[name], stdin)
+        readers.read(reading, run, name, bystanders.BYSTANDERS[name], stdin)
 
 
 def _name(run: Run) -> str | None:
@@ -140,7 +149,7 @@ def _launch(
             reading.line(option.value, run.dialect, f"{name} {option.name}", run)
             return
         if option.name in spec.programs:
-            _program(reading, run, name, option.name, option.value)
+            readers.program(reading, run, name, option.name, option.value)
         if option.name in spec.split:
             split = _split_string(reading, run, name, option.value, argv, found.rest)
             if split is None:
@@ -194,17 +203,6 @@ def _inner(
     reading.add(inner, via=name, parent=run, dialect=run.dialect, stdin=stdin, tail=tail)
 
 
-def _program(reading: Reading, run: Run, name: str, option: str, value: Word | None) -> None:
-    """An option naming a program it runs with words of its own (`fakeroot --faked P`,
-    `gcc -wrapper P,ARGS`, `go test -exec P`): a run whose further words are not known."""
-    if value is None:
-        return
-    words: tuple[Word, ...] = (value,)
-    if option == "-wrapper" and value.text is not None:
-        words = tuple(Word(part) for part in value.text.split(","))
-    reading.add(words, via=f"{name} {option}", parent=run, dialect=run.dialect, tail="words")
-
-
 def _split_string(
     reading: Reading, run: Run, name: str, value: Word | None, argv: tuple[Word, ...], at: int
 ) -> tuple[Word, ...] | None:
@@ -242,330 +240,6 @@ def _assignments(reading: Reading, run: Run, argv: tuple[Word, ...], i: int) -> 
         variables.assigned(reading, run, variable, Word(value))
         i += 1
     return i
-
-
-# --- programs known not to run commands, with the options that would ------------------------
-
-
-def _bystander(
-    reading: Reading, run: Run, name: str, spec: bystanders.Bystander, stdin: Stdin
-) -> None:
-    if spec is bystanders.PLAIN:
-        return
-    found = scan(spec.grammar, run.argv, 1)
-    for option in found.options:
-        if option.name in spec.lines:
-            value = option.value
-            if name == "tar" and option.name == "--checkpoint-action":
-                if value is None or value.text is None or value.text.startswith("exec"):
-                    command = value.text.partition("=")[2] if value and value.text else None
-                    reading.line(Word(command) if command is not None else value, "bash",
-                                 f"{name} {option.name}", run)  # fmt: skip
-                continue
-            reading.line(value, "bash", f"{name} {option.name}", run)
-        elif option.name in spec.programs:
-            _program(reading, run, name, option.name, option.value)
-        elif option.name in spec.opaque:
-            reading.doubt(run, f"`{name} {option.name}` runs code loopwarden cannot read", True)
-        elif (
-            option.name in spec.reads_input
-            and option.value is not None
-            and shells.reads_input(option.value)
-        ):
-            reading.doubt(run, f"`{name}` reads what it runs from input", True)
-    if spec.reader:
-        READERS[spec.reader](reading, run, name, found, stdin)
-
-
-def _input_text(stdin: Stdin) -> str | None:
-    if stdin.kind in ("heredoc", "herestring") and stdin.text is not None:
-        return stdin.text.text
-    return None
-
-
-def _reads_stdin(reading: Reading, run: Run, name: str, stdin: Stdin, check: Callable[[str], bool],
-                 what: str) -> None:  # fmt: skip
-    """A program reading its commands from standard input: a here-document or here-string is
-    checked with `check`; a pipe, a file or a terminal is opaque."""
-    text = _input_text(stdin)
-    if text is not None:
-        if check(text):
-            reading.doubt(run, f"`{name}` runs {what} from its input", True)
-    elif stdin.kind in ("heredoc", "herestring"):
-        reading.doubt(run, f"cannot read the commands `{name}` reads from input: they are computed")
-    else:
-        source = {"pipe": "a pipe", "file": "a file", "process": "a process substitution"}
-        where = source.get(stdin.kind, "input")
-        reading.doubt(run, f"`{name}` reads the commands it runs from {where}", True)
-
-
-def _tar(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    """tar's old-style first word (`tar cIf PROG F`): its letters take values in order."""
-    argv = run.argv
-    if len(argv) < 2 or argv[1].text is None or argv[1].text.startswith("-"):
-        return
-    letters = argv[1].text
-    if not re.fullmatch(r"[A-Za-z]+", letters):
-        return
-    at = 2
-    for letter in letters:
-        if letter in "fbCgKLNTVXH":
-            at += 1
-        elif letter in "IF":
-            value = argv[at] if at < len(argv) else None
-            if letter == "I":
-                reading.line(value, "bash", f"{name} -I", run)
-            else:
-                reading.doubt(run, f"`{name} -F` runs a script loopwarden cannot read", True)
-            at += 1
-
-
-def _ssh(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    """ssh's `-o` options that run a command here (ProxyCommand, LocalCommand,
-    KnownHostsCommand) are read; a config file from input and a provider library are doubts."""
-    for option in found.options:
-        value = option.value
-        if option.name == "-F" and value is not None and shells.reads_input(value):
-            reading.doubt(run, f"`{name}` reads its configuration from input", True)
-        if option.name != "-o" or value is None:
-            continue
-        if value.text is None:
-            reading.doubt(run, f"cannot read an `{name} -o` option: it is computed")
-            continue
-        parts = re.split(r"\s*=\s*|\s+", value.text.strip(), maxsplit=1)
-        key, rest = parts[0].lower(), parts[1] if len(parts) > 1 else ""
-        if key in ("proxycommand", "localcommand", "knownhostscommand"):
-            if rest.lower() != "none":
-                reading.line(Word(rest), "bash", f"{name} -o {parts[0]}", run)
-        elif key in ("pkcs11provider", "securitykeyprovider", "match", "include"):
-            reading.doubt(run, f"an `{name}` option loads code or settings loopwarden cannot read")
-
-
-def _compiler(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    """A compiler driver: options read from a file (`@file`) may include `-wrapper`."""
-    if any(w.text is not None and w.text.startswith("@") and len(w.text) > 1 for w in run.argv):
-        reading.doubt(run, f"`{name}` reads more options from a file loopwarden cannot read")
-
-
-def _sqlite3(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    if any(o.name == "-safe" for o in found.options):
-        return
-    texts = [o.value for o in found.options if o.name == "-cmd"]
-    operands = [w for _, w in found.operands]
-    texts += operands[1:]
-    for option in found.options:
-        if option.name == "-init" and option.value is not None and shells.reads_input(option.value):
-            reading.doubt(run, f"`{name}` reads commands from input", True)
-    for text in texts:
-        if text is None:
-            continue
-        if text.text is None:
-            reading.doubt(run, f"cannot read what `{name}` is given to run: it is computed")
-        elif scripts.sqlite_runs_code(text.text):
-            reading.doubt(run, f"`{name}` is given a dot command that runs a command", True)
-    if len(operands) <= 1:
-        _reads_stdin(reading, run, name, stdin, scripts.sqlite_runs_code, "dot commands")
-
-
-def _psql(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    commands = [o.value for o in found.options if o.name in ("-c", "--command")]
-    files = [o.value for o in found.options if o.name in ("-f", "--file")]
-    for text in commands:
-        if text is not None and (text.text is None or scripts.psql_runs_code(text.text)):
-            reading.doubt(run, f"`{name}` is given a meta-command that runs a command", True)
-    from_input = any(f is not None and shells.reads_input(f) for f in files)
-    if (from_input or not (commands or files)) and stdin.kind != "terminal":
-        _reads_stdin(reading, run, name, stdin, scripts.psql_runs_code, "meta-commands")
-
-
-def _ed(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    _reads_stdin(reading, run, name, stdin, scripts.ed_runs_code, "commands (`!`)")
-
-
-def _vim(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    """vim's ex commands from `-c`, `--cmd` and `+cmd`, and from input in ex mode; `-S`, `-s`,
-    `-u` files from input."""
-    commands = [o.value for o in found.options if o.name in ("-c", "--cmd")]
-    commands += [w for _, w in found.operands if w.text is None or w.text.startswith("+")]
-    for word in commands:
-        if word is None:
-            continue
-        text = word.text[1:] if word.text is not None and word.text.startswith("+") else word.text
-        if text is None or scripts.ex_runs_code(text):
-            reading.doubt(run, f"`{name}` is given an ex command that may run code", True)
-    for option in found.options:
-        value = option.value
-        if option.name.startswith("--remote-") or (
-            option.name in ("-S", "-u", "-U") and (value is None or shells.reads_input(value))
-        ):
-            reading.doubt(run, f"`{name}` runs commands from input or another vim", True)
-    ex_mode = name == "ex" or any(o.name in ("-e", "-E", "-es", "-Es") for o in found.options)
-    texts = [w.text or "" for w in run.argv]
-    scriptin = [n for n, t in enumerate(texts) if re.fullmatch(r"-[A-Za-z]*s", t)]
-    if not ex_mode and scriptin:
-        script = run.argv[scriptin[0] + 1] if scriptin[0] + 1 < len(run.argv) else None
-        if script is None or shells.reads_input(script):
-            reading.doubt(run, f"`{name} -s` types keys it reads from input", True)
-    if ex_mode and stdin.kind != "terminal":
-        _reads_stdin(reading, run, name, stdin, scripts.ex_runs_code, "ex commands")
-
-
-def _zip(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    argv = run.argv
-    for n, word in enumerate(argv[1:], 1):
-        if word.text == "-TT" and n + 1 < len(argv):
-            reading.line(argv[n + 1], "bash", f"{name} -TT", run)
-        elif word.text is not None and word.text.startswith("-TT") and len(word.text) > 3:
-            reading.line(Word(word.text[3:]), "bash", f"{name} -TT", run)
-
-
-def _make(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    """make's variables given on the line that change how recipes run (`SHELL=…`)."""
-    for _, word in found.operands:
-        text = word.text if word.text is not None else word.lead
-        if re.match(r"^\s*(SHELL|\.SHELLFLAGS|MAKESHELL)\s*[:+?]?=", text or ""):
-            reading.doubt(run, f"`{name}` is given the shell its recipes run with")
-
-
-def _cmake(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    """`cmake -E env|chdir|time … CMD`: a launcher; `-P SCRIPT` from input is opaque."""
-    argv = run.argv
-    texts = [w.text for w in argv]
-    if "-E" in texts:
-        at = texts.index("-E")
-        tool = texts[at + 1] if at + 1 < len(texts) else None
-        rest = argv[at + 2 :]
-        if tool == "env":
-            while rest and (rest[0].text is None or rest[0].text.startswith("-") or (
-                _ASSIGNMENT.match(rest[0].text)
-            )):  # fmt: skip
-                if rest[0].text == "--":
-                    rest = rest[1:]
-                    break
-                rest = rest[1:]
-        elif tool == "chdir":
-            rest = rest[1:]
-        elif tool == "time":
-            pass
-        else:
-            return
-        if rest:
-            reading.add(rest, via=f"cmake -E {tool}", parent=run, dialect=run.dialect, stdin=stdin)
-        run.launcher = True
-
-
-def _inputs(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    """Nothing beyond the entry's options (their input checked by `_bystander`)."""
-
-
-def _gh(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    """`gh alias set NAME EXPANSION [--shell]`: a shell alias's expansion is read."""
-    words = [w for _, w in found.operands]
-    texts = [w.text for w in words]
-    running = bystanders.RUNNING_SUBCOMMANDS.get(name, frozenset())
-    if texts and texts[0] in running:
-        reading.doubt(run, f"`{name} {texts[0]}` runs a program loopwarden does not read", True)
-    if texts[:2] == ["alias", "set"] and len(words) >= 4:
-        expansion = words[3]
-        shell = any(o.name in ("-s", "--shell") for o in found.options)
-        if expansion.text is None or shell or expansion.text.startswith("!"):
-            text = expansion.text[1:] if expansion.text and expansion.text.startswith("!") else None
-            reading.line(Word(text) if text is not None else expansion, "bash",
-                         f"{name} alias", run)  # fmt: skip
-
-
-def _apt(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    for option in found.options:
-        if option.name in ("-o", "--option") and option.value is not None:
-            text = option.value.text
-            if text is None or re.search(r"(?i)invoke|script|::pre-|::post-|dpkg::", text):
-                reading.doubt(run, f"an `{name} -o` setting runs a command", True)
-
-
-def _less(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    for word in run.argv[1:]:
-        text = word.text if word.text is not None else word.lead
-        if text.startswith("+") and (word.text is None or re.search(r"[!|]", text)):
-            reading.doubt(run, f"`{name}` is given a command that runs a shell", True)
-
-
-def _subcommands(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> None:
-    words = [w.text for _, w in found.operands]
-    running = bystanders.RUNNING_SUBCOMMANDS.get(name, frozenset())
-    if words and (words[0] is None or words[0] in running):
-        reading.doubt(run, f"`{name} {words[0] or '…'}` runs code loopwarden does not read", True)
-
-
-READERS: dict[str, Callable[[Reading, Run, str, Scan, Stdin], None]] = {
-    "tar": _tar,
-    "ssh": _ssh,
-    "compiler": _compiler,
-    "sqlite3": _sqlite3,
-    "psql": _psql,
-    "ed": _ed,
-    "vim": _vim,
-    "zip": _zip,
-    "make": _make,
-    "cmake": _cmake,
-    "inputs": _inputs,
-    "gh": _gh,
-    "apt": _apt,
-    "less": _less,
-    "subcommands": _subcommands,
-}
-"""The readers of programs with a small language or an option grammar of their own."""
-
-
-# --- builtins and programs with a reader of their own --------------------------------------
-
-
-def _eval(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    run.launcher = True
-    words = run.argv[1:]
-    if words and words[0].text == "--":
-        words = words[1:]
-    if words:
-        reading.line(joined(words), "bash", "eval", run)
-
-
-def _source(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    words = run.argv[1:]
-    if words and words[0].text == "--":
-        words = words[1:]
-    script = words[0] if words else None
-    if script is not None and shells.reads_input(script):
-        shells.from_input(reading, run, name, stdin, "bash", script)
-
-
-def _trap(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    found = scan(grammar(), run.argv, 1)
-    operands = [w for _, w in found.operands]
-    if len(operands) >= 2 and operands[0].text not in ("-", ""):
-        reading.line(operands[0], "bash", "trap", run)
-    elif len(operands) == 1 and operands[0].text is None:
-        reading.doubt(run, "cannot tell what `trap` sets: its words are computed")
-
-
-def _alias(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    for word in run.argv[1:]:
-        if word.text is None:
-            reading.doubt(run, "cannot read an alias this line defines: it is computed")
-            continue
-        alias, eq, value = word.text.partition("=")
-        if eq:
-            reading.aliases.add(alias)
-            reading.line(Word(value), "bash", "alias", run)
-
-
-def _hash(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    """`hash -p PATH NAME` makes NAME run PATH: like an alias, a later NAME is a doubt."""
-    found = scan(grammar(values="-p", optional=""), run.argv, 1)
-    if found.has("-p"):
-        for _, word in found.operands:
-            if word.text is not None:
-                reading.aliases.add(word.text)
-            else:
-                reading.doubt(run, "cannot read the name `hash -p` binds: it is computed")
 
 
 def _find(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
@@ -680,100 +354,6 @@ def _later(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     shells.from_input(reading, run, name, stdin, "bash")
 
 
-def _test(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    """`test -v NAME` / `[ -v NAME ]`: a subscript in NAME is arithmetic."""
-    words = run.argv[1:]
-    for n, word in enumerate(words[:-1]):
-        if word.text == "-v":
-            variables.name_doubt(reading, run, words[n + 1])
-
-
-def _printf(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    found = scan(grammar(values="-v"), run.argv, 1, stop=True)
-    for option in found.options:
-        if option.name == "-v" and option.value is not None:
-            variables.name_doubt(reading, run, option.value)
-            reading.assign(option.value.text or "", None)
-
-
-def _read(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    """`read NAME…`: names (a subscript in one is arithmetic), each set to input."""
-    found = scan(grammar(values="-a -d -i -n -N -p -t -u"), run.argv, 1)
-    names = [w for _, w in found.operands] + [o.value for o in found.options if o.name == "-a"
-                                              and o.value is not None]  # fmt: skip
-    for word in names:
-        variables.name_doubt(reading, run, word)
-        if word.text is not None:
-            reading.assign(word.text.split("[", 1)[0], None)
-    if not names:
-        reading.assign("REPLY", None)
-
-
-def _mapfile(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    """`mapfile -C CALLBACK`: bash runs CALLBACK (with words added) as it reads."""
-    found = scan(grammar(values="-d -n -O -s -u -C -c"), run.argv, 1)
-    for option in found.options:
-        if option.name == "-C":
-            reading.line(option.value, "bash", f"{name} -C", run)
-    for _, word in found.operands:
-        if word.text is not None:
-            reading.assign(word.text, None)
-    if not found.operands:
-        reading.assign("MAPFILE", None)
-
-
-def _compgen(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    """`compgen -W WORDS` expands WORDS as the shell would (its `$( … )` runs); `-C CMD` runs
-    CMD; `-F FUNC` calls a function (one the line defines is read)."""
-    found = scan(grammar(values="-A -G -W -C -F -P -S -X -o"), run.argv, 1)
-    for option in found.options:
-        if option.name == "-W" and option.value is not None:
-            text = option.value.text
-            reading.line(Word(": " + text) if text is not None else option.value, "bash",
-                         f"{name} -W", run)  # fmt: skip
-        elif option.name == "-C":
-            reading.line(option.value, "bash", f"{name} -C", run)
-        elif (
-            option.name == "-F"
-            and option.value is not None
-            and option.value.text not in reading.functions
-        ):
-            reading.doubt(run, f"`{name} -F` calls a function this line does not define")
-
-
-def _fc(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    """`fc` runs commands from history (or an editor): only `fc -l` lists."""
-    found = scan(grammar(values="-e"), run.argv, 1)
-    if found.has("-l") and not found.has("-e", "-s"):
-        return
-    editor = found.value("-e")
-    if editor is not None:
-        reading.line(editor, "bash", "fc -e", run)
-    reading.doubt(run, "`fc` runs commands from the shell's history, which loopwarden cannot read")
-
-
-def _enable(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    if scan(grammar(values="-f"), run.argv, 1).has("-f"):
-        reading.doubt(run, "`enable -f` loads a builtin from a library", True)
-
-
-def _let(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    variables.let(reading, run, list(run.argv[1:]))
-
-
-def _declare(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    variables.declare(reading, run, list(run.argv[1:]))
-
-
-def _unset(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    functions = False
-    for word in run.argv[1:]:
-        if word.text is not None and word.text.startswith("-"):
-            functions = functions or "f" in word.text
-        elif not functions:
-            variables.name_doubt(reading, run, word)
-
-
 def _last_operand(reading: Reading, run: Run) -> None:
     operands = [w for w in run.argv[1:] if w.text is None or not w.text.startswith("-")]
     if operands:
@@ -804,13 +384,8 @@ _WRITERS: dict[str, Callable[[Reading, Run], None]] = {
 """Programs that write files they are given (checked for git's settings and hooks)."""
 
 _HANDLERS: dict[str, Callable[[Reading, Run, str, Stdin], None]] = {
+    **bashbuiltins.HANDLERS,
     "runuser": _runuser,
-    "eval": _eval,
-    "source": _source,
-    ".": _source,
-    "trap": _trap,
-    "alias": _alias,
-    "hash": _hash,
     "find": _find,
     "fd": _fd,
     "fdfind": _fd,
@@ -828,23 +403,6 @@ _HANDLERS: dict[str, Callable[[Reading, Run, str, Stdin], None]] = {
     "at": _later,
     "batch": _later,
     "crontab": _later,
-    "test": _test,
-    "[": _test,
-    "printf": _printf,
-    "read": _read,
-    "mapfile": _mapfile,
-    "readarray": _mapfile,
-    "compgen": _compgen,
-    "complete": _compgen,
-    "fc": _fc,
-    "enable": _enable,
-    "let": _let,
-    "declare": _declare,
-    "typeset": _declare,
-    "local": _declare,
-    "export": _declare,
-    "readonly": _declare,
-    "unset": _unset,
 }
 """Programs with a reader of their own (the rest: shells, interpreters, `LAUNCHERS`,
 `bystanders.BYSTANDERS`)."""

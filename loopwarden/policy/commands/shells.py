@@ -15,6 +15,7 @@ import posixpath
 import re
 from typing import TYPE_CHECKING
 
+from loopwarden.policy.commands import interpreters
 from loopwarden.policy.commands import launchers as table
 from loopwarden.policy.commands.options import grammar, scan
 from loopwarden.policy.commands.runs import Run, Stdin
@@ -167,7 +168,7 @@ def powershell(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
 
 
 def interpreter(
-    reading: Reading, run: Run, name: str, spec: table.Interpreter, stdin: Stdin
+    reading: Reading, run: Run, name: str, spec: interpreters.Interpreter, stdin: Stdin
 ) -> None:
     """Inline code is opaque; so is a program read from input, a module that may run the
     line's code, and an option the interpreter's grammar does not list; a script file is a
@@ -185,7 +186,7 @@ def interpreter(
     if found.unknown:
         reading.doubt(run, f"`{name}` is given an option loopwarden does not know", True)
         return
-    base = table.interpreter_base(name)
+    base = interpreters.interpreter_base(name)
     for option in found.options:
         if option.name not in spec.modules:
             continue
@@ -195,8 +196,8 @@ def interpreter(
         if base == "python" and option.name == "-m":
             module = option.value.text if option.value is not None else ""
             run.known = (
-                module in table.INERT_MODULES["python"]
-                or (module or "").split(".")[0] in table.INERT_MODULES["python"]
+                module in interpreters.INERT_MODULES["python"]
+                or (module or "").split(".")[0] in interpreters.INERT_MODULES["python"]
             )
             return  # python -m MODULE: the rest are the module's arguments
     if name == "gdb" or base == "gdb":
@@ -234,8 +235,8 @@ def _module_runs_code(base: str, option: str, value: Word | None) -> bool:
         return True
     if base == "python":
         return (
-            text in table.CODE_MODULES["python"]
-            or text.split(".")[0] in (table.CODE_MODULES["python"])
+            text in interpreters.CODE_MODULES["python"]
+            or text.split(".")[0] in (interpreters.CODE_MODULES["python"])
         )
     if base == "perl":
         if option == "-d":
