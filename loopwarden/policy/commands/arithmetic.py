@@ -45,7 +45,12 @@ def doubt(text: str, numeric: Numeric, depth: int = 0) -> str | None:
         match = _TOKEN.match(text, i)
         if match is None:
             char = text[i]
-            if char in "$`":
+            if char == "`" or text.startswith("$(", i):
+                return (
+                    "arithmetic holds a command substitution, which bash runs as it evaluates "
+                    "the text: compute the value into a variable first"
+                )
+            if char == "$":
                 return "arithmetic holds an expansion loopwarden does not read"
             if char == "[":
                 return "arithmetic holds a subscript loopwarden does not read"

@@ -185,6 +185,7 @@ class _Walk:
         words: list[Node] = []
         redirects: list[Node] = []
         env: list[Word] = []
+        timed: list[Node] = []  # `time ( … )`: the grammar puts the subshell in the command
         for child in node.named_children:
             kind = child.type
             if kind == "variable_assignment":
@@ -198,6 +199,8 @@ class _Walk:
                 continue
             elif kind == "command_name" or kind in WORDS:
                 words.append(child)
+            elif kind == "subshell" and name is not None and name.text == b"time" and not words[1:]:
+                timed.append(child)
             else:
                 found.doubts.append(unread(kind))
         run = None
@@ -212,6 +215,8 @@ class _Walk:
                 depth=self.depth, doubts=keywords, env=tuple(env),
             )  # fmt: skip
         self.settle(found, run, parent)
+        for statement in timed:
+            self.node(statement, run or parent, stdin, "time")
         for redirect in redirects:
             self.redirect(redirect, run or parent)
 

@@ -57,6 +57,13 @@ _CONSTRUCTS = {
     "array": "an array",
     "subscript": "an array subscript",
     "regex": "a pattern",
+    "subshell": "a `( )` subshell inside a command",
+    "compound_statement": "a `{ }` group inside a command",
+    "if_statement": "an `if` block inside a command",
+    "while_statement": "a loop inside a command",
+    "for_statement": "a `for` loop inside a command",
+    "case_statement": "a `case` block inside a command",
+    "test_command": "a `[[ ]]` test inside a command",
 }
 
 
@@ -127,7 +134,12 @@ def subscript_check(reading: Reading, run: Run | None, name: str, index: str, fo
 def _arithmetictext(reading: Reading, text: str, found: Found) -> None:
     plain = variables._plain(text)
     if plain is None:
-        found.doubts.append("arithmetic holds an expansion loopwarden does not read")
+        found.doubts.append(
+            "a `${x:offset:length}` bound holds a command substitution, which bash runs as it "
+            "evaluates it: compute the value into a variable first"
+            if "$(" in text or "`" in text
+            else "a `${x:offset:length}` bound holds an expansion loopwarden does not read"
+        )
         return
     reading.later(None, lambda r: arithmetic.doubt(plain, r.numeric))
 

@@ -51,7 +51,7 @@ def read(reading: Reading, run: Run, name: str, spec: bystanders.Bystander, stdi
         elif option.name in spec.programs:
             program(reading, run, name, option.name, option.value)
         elif option.name in spec.opaque:
-            reading.doubt(run, f"`{name} {option.name}` runs code loopwarden cannot read", True)
+            reading.doubt(run, f"`{name} {option.name}` runs code or a program", True)
         elif (
             option.name in spec.reads_input
             and option.value is not None
@@ -101,7 +101,7 @@ def _tar(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> No
             if letter == "I":
                 reading.line(value, "bash", f"{name} -I", run)
             else:
-                reading.doubt(run, f"`{name} -F` runs a script loopwarden cannot read", True)
+                reading.doubt(run, f"`{name} -F` runs a script", True)
             at += 1
 
 
@@ -249,7 +249,7 @@ def _gh(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdin) -> Non
     texts = [w.text for w in words]
     running = bystanders.RUNNING_SUBCOMMANDS.get(name, frozenset())
     if texts and texts[0] in running:
-        reading.doubt(run, f"`{name} {texts[0]}` runs a program loopwarden does not read", True)
+        reading.doubt(run, f"`{name} {texts[0]}` runs a program of its own", True)
     if texts[:2] == ["alias", "set"] and len(words) >= 4:
         expansion = words[3]
         shell = any(o.name in ("-s", "--shell") for o in found.options)
@@ -278,7 +278,7 @@ def _subcommands(reading: Reading, run: Run, name: str, found: Scan, stdin: Stdi
     words = [w.text for _, w in found.operands]
     running = bystanders.RUNNING_SUBCOMMANDS.get(name, frozenset())
     if words and (words[0] is None or words[0] in running):
-        reading.doubt(run, f"`{name} {words[0] or '…'}` runs code loopwarden does not read", True)
+        reading.doubt(run, f"`{name} {words[0] or '…'}` runs code it is given", True)
 
 
 READERS: dict[str, Callable[[Reading, Run, str, Scan, Stdin], None]] = {

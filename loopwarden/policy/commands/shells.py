@@ -87,7 +87,7 @@ def foreign(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     if found.has("-c", "--command") or script is None or reads_input(script) or found.has("-s"):
         if found.has("--version", "-v", "--help", "-h") and script is None:
             return
-        reading.doubt(run, f"`{name}` runs a shell language loopwarden does not read", True)
+        reading.doubt(run, f"`{name}` runs text in a shell language no grammar here reads", True)
         return
     if found.maybe_option or found.shifted:
         reading.doubt(run, f"cannot tell what `{name}` runs: a computed word is among its options")
@@ -184,14 +184,18 @@ def interpreter(
     if found.has(*spec.no_input):
         return
     if found.unknown:
-        reading.doubt(run, f"`{name}` is given an option loopwarden does not know", True)
+        reading.doubt(run, f"`{name}` is given an option outside its grammar here", True)
         return
     base = interpreters.interpreter_base(name)
     for option in found.options:
         if option.name not in spec.modules:
             continue
         if _module_runs_code(base, option.name, option.value):
-            reading.doubt(run, f"`{name} {option.name}` loads code loopwarden cannot read", True)
+            reading.doubt(
+                run,
+                f"`{name} {option.name}` loads code by name (a module that runs its arguments, code in the name itself, or input)",
+                True,
+            )
             return
         if base == "python" and option.name == "-m":
             module = option.value.text if option.value is not None else ""
