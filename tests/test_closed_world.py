@@ -130,7 +130,7 @@ def test_every_node_type_of_the_grammar_is_read_or_a_doubt():
         ("x=$(cat f); echo $((x))", "arithmetic reads a variable this line does not set"),
         ("lwrun git status", "cannot tell whether `lwrun` runs `git`"),
         ("timeout --bogus 5 git status", "`timeout` is given an option loopwarden does not know"),
-        ("zsh -c 'noglob git status'", "`zsh` runs a shell language loopwarden does not read"),
+        ("zsh -c 'noglob git status'", "`zsh` runs text in a shell language no grammar here reads"),
         ("echo ${!x@Q}", "a `${…}` form loopwarden does not read"),
     ],
 )

@@ -50,6 +50,9 @@ def unwrap(reading: Reading, run: Run, stdin: Stdin) -> None:
     name = _name(run)
     if name is None:
         return
+    if name in _PLAIN:  # most programs of a line: nothing to read in their words
+        run.known = True
+        return
     if run.dialect == "powershell":
         from loopwarden.policy.commands.powershell import unwrap as powershell_unwrap
 
@@ -406,5 +409,20 @@ _HANDLERS: dict[str, Callable[[Reading, Run, str, Stdin], None]] = {
 }
 """Programs with a reader of their own (the rest: shells, interpreters, `LAUNCHERS`,
 `bystanders.BYSTANDERS`)."""
+
+_PLAIN = frozenset(
+    name
+    for name, spec in bystanders.BYSTANDERS.items()
+    if spec is bystanders.PLAIN
+    and name not in _HANDLERS
+    and name not in _WRITERS
+    and name not in table.LAUNCHERS
+    and name not in table.SHELLS | table.POWERSHELLS | table.FOREIGN_SHELLS | table.RESERVED
+    and name not in bystanders.SUBCOMMAND_BASES
+    and interpreters.interpreter(name) is None
+    and not name.startswith("git-")
+)
+"""Programs `unwrap` knows at once to need nothing more (the class (b) programs with no option
+that runs a command, and no other reading)."""
 
 __all__ = ["TERMINAL", "unwrap"]

@@ -332,7 +332,7 @@ class Evaluator:
 
     def word(self, node: Node, found: Found) -> Word:
         if node.type == "command_name" and node.child_count == 1:
-            node = node.children[0]
+            node = node.child(0)
         if node.type == "word":
             raw = node.text
             if not _SPECIAL_BYTES.search(raw):
