@@ -387,3 +387,35 @@ def test_shells_without_a_real_grammar_here_are_opaque():
         assert [r.code for r in command_reasons(DENY, line)] == [ReasonCode.COMMAND_OPAQUE], line
     assert not command_reasons(DENY, "zsh ./script.zsh"), "a script file is a program"
     assert "zsh" in launchers.FOREIGN_SHELLS and "bash" in launchers.SHELLS
+
+
+# --- reasons never quote the line --------------------------------------------------------------
+
+SECRET = "ghp_" + "Q" * 36
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"lwrun {SECRET} git push",
+        f"lwrun --token={SECRET} rm -rf x",
+        f"timeout --{SECRET} 5 git push",
+        f"tar -cf x.tar --checkpoint-action=exec='{SECRET} git push' .",
+        f"sed 's/a/{SECRET}/e' f",
+        f"git -c alias.{SECRET}='!sh' {SECRET}",
+        f"x='a[$({SECRET})]'; (( x ))",
+        f"time {{ {SECRET}; }}",
+        f"{SECRET}=1; echo ${{!{SECRET}}}",
+        f"zsh -c '{SECRET}'",
+        f"python3 -m {SECRET} git push",
+        f"echo {SECRET} | xargs lwrun",
+        f"brew sh {SECRET}",
+        f"printf x > .git/hooks/{SECRET}",
+    ],
+)
+def test_a_closed_world_reason_never_quotes_the_line(line):
+    allow = CommandRules(allow=("ls", "git status"), deny=("git push", "rm -r -f"))
+    for rules in (DENY, allow):
+        told = messages(rules, line)
+        assert told, line
+        assert all(SECRET not in m for m in told), told
