@@ -203,6 +203,18 @@ LAYERS: list[Layer] = [
     Layer("bash /dev/fd/0", "any", lambda p: f"bash /dev/fd/0 <<< {_q(p)}", simple=True),
     Layer("pipe into bash", "any", lambda p: f"echo {_q(p)} | bash", "opaque"),
     Layer("trap", "any", lambda p: f"trap {_q(p)} EXIT", simple=True),
+    Layer("bash -s", "any", lambda p: f"bash -s <<< {_q(p)}", simple=True),
+    Layer("env -S", "plain", lambda p: f"env -S {_q(p)}", simple=True),
+    Layer(
+        "alias",
+        "oneline",
+        lambda p: f"shopt -s expand_aliases\nalias z={_q(p)}\nz",
+        "doubt",
+        multiline=True,
+    ),
+    Layer("eval a variable", "any", lambda p: f'v={_q(p)}; eval "$v"', "doubt"),
+    Layer("coproc", "simple1", lambda p: f"coproc {p.text}; wait"),
+    Layer("exec in a subshell", "simple", lambda p: f"( exec {p.text}\n)"),
     Layer("BASH_ENV", "any", lambda p: f"BASH_ENV=<(echo {_q(p)}) bash -c :", "doubt", simple=True),
     Layer(
         "mapfile -C",
@@ -258,6 +270,10 @@ LAYERS: list[Layer] = [
             "strace -qqo /dev/null",
             "command",
             "command --",
+            "builtin command",
+            "runuser -u root --",
+            "nice",
+            "timeout -k 1 20",
             "cmake -E env",
         )
     ],
@@ -355,10 +371,14 @@ _WEAKER = {"read": 0, "doubt": 1, "opaque": 2}
 
 
 def core(draw: Draw, commands: list[list[str]]) -> Piece:
-    """A command, its program's name spelled one of the ways bash reads as the name."""
+    """A command, its program's name — and, one time in two, another of its words — spelled one
+    of the ways bash reads as that word."""
     argv = draw(commands)
-    spelling = draw(_SPELLINGS)
-    words = [spelling(argv[0]), *argv[1:]]
+    words = [draw(_SPELLINGS)(argv[0]), *argv[1:]]
+    if len(argv) > 1 and draw([False, True]):
+        at = draw(list(range(1, len(argv))))
+        spelling = draw(_SPELLINGS[:-1])  # `../bin/` spells a program, not its arguments
+        words[at] = spelling(argv[at])
     text = " ".join(words)
     return Piece(text, simple=True, plain=text == " ".join(argv))
 
