@@ -168,6 +168,10 @@ def test_a_doubt_names_the_construct_and_what_to_do(line, says):
         "env --chdir=. git status",
         "chrt -o 0 git status",
         "python3 -m pytest -q -k 'not slow'",
+        '[[ $# -eq 0 ]] && echo none; [[ "$?" -ne 0 ]] && echo failed',
+        "for i in $(seq 1 5); do echo $((i * 2)); done",
+        "n=$(grep -c TODO src/a.py); [[ $n -gt 0 ]] && echo some",
+        "time ( git status )",
     ],
 )
 def test_what_the_issue_asks_to_read_precisely_is_admitted(line):

@@ -160,10 +160,19 @@ def arithmetic_word(
                 "evaluate its text, and a subscript there runs a command)"
             ),
         )  # fmt: skip
-    elif not (word.kind == ARITHMETIC or numeric(walk, node)):
+    elif not (word.kind == ARITHMETIC or numeric(walk, node) or _special_number(node)):
         found.doubts.append(
             "a `[[ … ]]` comparison evaluates computed text as arithmetic, which may run a command"
         )
+
+
+def _special_number(node: Node) -> bool:
+    """`$#`, `$?`, `$$`, `$!` (also quoted): numbers bash keeps."""
+    if node.type == "string" and len(node.named_children) == 1:
+        node = node.named_children[0]
+    if node.type != "simple_expansion":
+        return False
+    return node.text.decode("utf-8", "surrogateescape")[1:] in arithmetic.BASH_NUMBERS
 
 
 def masked(
@@ -266,6 +275,11 @@ def numeric(walk: Evaluator, node: Node) -> bool:
         return args in (["-u"], ["-g"], ["-ru"], ["-rg"])
     if program == "git":
         return args[:2] == ["rev-list", "--count"]
+    if program == "seq":
+        return bool(args) and all(re.fullmatch(r"-?\d+(\.\d+)?|-w", a) for a in args)
+    if program == "grep":  # one count: no file name with it (one file at most, no -H)
+        operands = [a for a in args if not a.startswith("-")]
+        return "-c" in args and "-H" not in args and len(operands) <= 2
     return False
 
 
