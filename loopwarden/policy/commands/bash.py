@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from loopwarden.policy.commands import configs, evaluation, variables
 from loopwarden.policy.commands.evaluation import WORDS, Evaluator, Found, unread
-from loopwarden.policy.commands.reading import NUMBER, PATH
+from loopwarden.policy.commands.reading import KEYS, NUMBER, PATH
 from loopwarden.policy.commands.runs import TERMINAL, Run, Stdin
 from loopwarden.policy.commands.words import BRACES, SUBSTITUTION, Pieces, Word
 
@@ -397,7 +397,10 @@ class _Walk:
             numeric = evaluation.numeric(self.words, value) or (
                 word.kind == BRACES and evaluation.numeric_braces(value)
             )
-            if word.text is None and word.params is not None and word.template == "\0":
+            keys = evaluation.keys_of(value)
+            if keys is not None:
+                self.reading.assign(name, KEYS + keys)  # `"${!arr[@]}"`: its subscripts
+            elif word.text is None and word.params is not None and word.template == "\0":
                 self.reading.assign(name, "\x02" + word.params[0])
             else:
                 self.reading.assign(name, NUMBER if numeric else word.text)

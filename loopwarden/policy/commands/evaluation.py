@@ -283,6 +283,18 @@ def numeric(walk: Evaluator, node: Node) -> bool:
     return False
 
 
+def keys_of(node: Node) -> str | None:
+    """The array whose subscripts a word is (`"${!a[@]}"`, `${!a[*]}`), if it is one."""
+    if node.type == "string" and len(node.named_children) == 1:
+        node = node.named_children[0]
+    if node.type != "expansion":
+        return None
+    model = expansions.parse(node.text.decode("utf-8", "surrogateescape").lstrip())
+    if model is None or model.prefix != "!" or model.subscript not in ("@", "*"):
+        return None
+    return model.name
+
+
 def path(node: Node) -> bool:
     """Whether a word node is the output of a command that prints an absolute path (`mktemp`,
     `mktemp -d`, `pwd`, `git rev-parse --show-toplevel`, `realpath X`)."""

@@ -28,6 +28,9 @@ PATH = "\x03/"
 """A value known to be an absolute path though not which (`$(mktemp)`, `$(pwd)`)."""
 ALIAS = "\x02"
 """Marks a value that is another variable's (`y=$x`): ALIAS + its name."""
+KEYS = "\x04"
+"""Marks a value that is a subscript of an array (`for i in "${!a[@]}"`): KEYS + its name; a
+number unless the array is associative."""
 
 
 class TooManyRuns(Exception):
@@ -141,6 +144,8 @@ class Reading:
         values = self.values.get(name)
         if values is None or NUMBER in values or PATH in values:
             return None
+        if any(v.startswith(KEYS) for v in values):
+            return None
         if any(v.startswith(ALIAS) for v in values):
             out: set[str] = set()
             for value in values:
@@ -149,7 +154,7 @@ class Reading:
                     if (
                         value[1:] == name
                         or other is None
-                        or any(o[:1] in "\x01\x02\x03" for o in other)
+                        or any(o[:1] in "\x01\x02\x03\x04" for o in other)
                     ):
                         return None
                     out |= other
@@ -168,7 +173,7 @@ class Reading:
         for value in values:
             if value == PATH:
                 leads.add("/")
-            elif value[:1] in ("", "-", NUMBER[0], ALIAS):
+            elif value[:1] in ("", "-", NUMBER[0], ALIAS, KEYS):
                 return None
             else:
                 leads.add(value)
@@ -186,6 +191,8 @@ class Reading:
             return False
         for value in values:
             if value == NUMBER or value == "" or arithmetic.is_number(value):
+                continue
+            if value.startswith(KEYS) and value[1:] not in self.assoc:
                 continue
             if depth > 3 or arithmetic.doubt(value, lambda n: self.numeric(n, depth + 1)):
                 return False

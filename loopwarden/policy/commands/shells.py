@@ -314,8 +314,15 @@ def sed(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
         texts = [script.text] if script.text is not None else templates(reading, script)
         if texts is None:
             reading.doubt(run, f"cannot read the `{name}` script: it is {script.kind}")
-        elif any(sed_runs_code(text) for text in texts):
+        elif any(sed_runs_code(text.replace(PART, "x")) for text in texts):
             reading.doubt(run, f"the `{name}` script runs commands (the e command or flag)", True)
+        elif any(sed_runs_code(text) for text in texts):
+            reading.doubt(
+                run,
+                f"a variable stands where `{name}` reads an address, a command or a flag (its "
+                "value could be an `e` command): write that part out, or compute the script "
+                "before",
+            )
 
 
 def templates(reading: Reading, word: Word, limit: int = 16) -> list[str] | None:
