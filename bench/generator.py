@@ -53,7 +53,7 @@ async def run(quick: bool, budget: float) -> Section:
                 pieces = [linegen.compose(rng.choice, cores) for _ in range(cfg.batch)]
                 lines = [p.text for p in pieces]
                 t0 = time.perf_counter()
-                ran = box.run(lines, bound=6)
+                ran = box.run(lines, bound=6, settle=True)
                 for piece, done in zip(pieces, ran, strict=True):
                     reasons = command_reasons(deny, piece.text)
                     if kind == "evasion":

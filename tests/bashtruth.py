@@ -164,7 +164,18 @@ read -r -d '' config < "$LW_CONFIG"
 i=0
 while IFS= read -r -d '' line; do
   printf '\n=== %d\n' "$i" >> "$LW_LOG"
-  /usr/bin/timeout -k 1 "$LW_BOUND" /usr/bin/bash -c "$line" </dev/null >/dev/null 2>&1
+  /usr/bin/timeout -k 1 "$LW_BOUND" /usr/bin/bash -c "$line" </dev/null >/dev/null 2>&1 &
+  group=$!  # timeout leads a process group of its own: the line's processes are in it
+  wait "$group"
+  # what the line left running (an output `>( )`, a `<( )` bash does not wait for) ends
+  # before the next line starts, so that what it does is its own line's (zombies aside)
+  if [ -n "$LW_SETTLE" ] && kill -0 -- "-$group" 2>/dev/null; then  # (the builtin kill)
+    for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+      /usr/bin/pgrep -g "$group" -r R,S,D,T,t,I >/dev/null || break
+      /usr/bin/sleep 0.05
+    done
+    kill -9 -- "-$group" 2>/dev/null
+  fi
   refs=("$LW_REMOTE"/refs/heads/*)
   if (( ${#refs[@]} )) || [ -s "$LW_REMOTE/packed-refs" ]; then
     echo REMOTE >> "$LW_LOG"
@@ -246,8 +257,11 @@ class Sandbox:
         (self.work / "push").write_text("")  # so that `git pu?h` expands as it would
         shutil.copy(self.work / ".git" / "config", self.root / "config")
 
-    def run(self, lines: list[str], bound: float = 4) -> list[set[str]]:
-        """The denied commands each of `lines` really runs in bash."""
+    def run(self, lines: list[str], bound: float = 4, settle: bool = False) -> list[set[str]]:
+        """The denied commands each of `lines` really runs in bash. With `settle`, what a line
+        leaves running (a `<( )` bash does not wait for) is waited for, then ended, before the
+        next line starts, so that a denied command it runs late is not blamed on the next line
+        (it costs a process-table scan after each line whose process group lives on)."""
         self.log.write_text("")
         listing = self.root / "lines"
         listing.write_bytes(b"".join(line.encode() + b"\0" for line in lines))
@@ -258,6 +272,7 @@ class Sandbox:
             "LW_REMOTE": str(self.remote),
             "LW_BOUND": str(bound),
             "LW_CONFIG": str(self.root / "config"),
+            "LW_SETTLE": "1" if settle else "",
         }
         command = ["/usr/bin/bash", "-c", _DRIVER]
         if _unshare_works():

@@ -57,7 +57,7 @@ def escapes(sandbox: Sandbox, lines: list[str]) -> list[tuple[str, set[str]]]:
     """The lines bash really ran a denied command for that the rules let run (each confirmed
     by a run of its own)."""
     out = []
-    for line, ran in zip(lines, sandbox.run(lines), strict=True):
+    for line, ran in zip(lines, sandbox.run(lines, settle=True), strict=True):
         if ran and not command_reasons(DENY, line):
             again = sandbox.run([line], bound=8)[0]
             if again:
@@ -78,7 +78,7 @@ def test_whatever_bash_really_runs_that_a_rule_denies_is_denied(sandbox, pieces)
 @given(st.lists(composed(linegen.HARMLESS), min_size=BATCH // 2, max_size=BATCH // 2))
 def test_harmless_commands_in_layers_loopwarden_reads_are_admitted(sandbox, pieces):
     lines = [piece.text for piece in pieces]
-    for piece, ran in zip(pieces, sandbox.run(lines), strict=True):
+    for piece, ran in zip(pieces, sandbox.run(lines, settle=True), strict=True):
         assert not ran or sandbox.run([piece.text], bound=8)[0] == set(), (
             "the benign generator made a line that runs a denied command",
             piece.text,
