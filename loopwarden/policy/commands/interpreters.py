@@ -40,10 +40,11 @@ def _interpreter(
     interactive: str = "",
     ends: str = "",
     clusters: bool = True,
+    octal: str = "",
 ) -> Interpreter:
     g = grammar(values=values, optional=optional, flags=flags, permute=False, clusters=clusters)
     return Interpreter(
-        g._replace(ends=_set(ends)), _set(inline), _set(no_input), _set(modules),
+        g._replace(ends=_set(ends), octal=_set(octal)), _set(inline), _set(no_input), _set(modules),
         _set(interactive),
     )  # fmt: skip
 
@@ -65,23 +66,27 @@ INTERPRETERS: dict[str, Interpreter] = {
         "-e -E -I -M -m",
         "-e -E",
         "-v -V -h -c",
-        optional="-i -l -0 -x -d -D -C -V -F",
-        flags="-a -c -f -g -h -n -p -s -S -t -T -u -U -v -w -W -X",
+        optional="-i -x -d -D -C -V -F",
+        flags="-a -c -f -g -h -l -0 -n -p -s -S -t -T -u -U -v -w -W -X",
         modules="-M -m -d",
+        octal="-l -0",
     ),
     "ruby": _interpreter(
         "-e -I -r -C -E -F -W --encoding --external-encoding --internal-encoding --enable "
         "--disable",
         "-e",
         "-v --version -h --help -c",
-        optional="-0 -i -x -W -K -T",
-        flags="-a -c -d --debug -l -n -p -s -S -v -w -y --yydebug --verbose --version --help "
+        optional="-i -x -W -K -T",
+        flags="-0 -a -c -d --debug -l -n -p -s -S -v -w -y --yydebug --verbose --version --help "
         "--copyright --jit -h",
         modules="-r",
+        octal="-0",
     ),
     "node": _interpreter(
         "-e --eval -p --print -r --require --import --loader --experimental-loader "
         "--input-type -C --conditions --env-file --title --max-old-space-size --stack-size "
+        "--experimental-specifier-resolution --unhandled-rejections --dns-result-order "
+        "--max-http-header-size --disable-warning --heapsnapshot-signal --report-dir "
         "--inspect-port --test-reporter --test-reporter-destination --test-name-pattern "
         "--watch-path --openssl-config",
         "-e --eval -p --print",
@@ -89,10 +94,10 @@ INTERPRETERS: dict[str, Interpreter] = {
         optional="--inspect --inspect-brk --inspect-wait --env-file-if-exists",
         flags="-c --check -i --interactive -v --version -h --help --test --watch "
         "--enable-source-maps --no-warnings --trace-warnings --trace-uncaught "
-        "--experimental-vm-modules --experimental-specifier-resolution=node --no-deprecation "
+        "--experimental-vm-modules --no-deprecation "
         "--throw-deprecation --pending-deprecation --preserve-symlinks --abort-on-uncaught-exception "
         "--expose-gc --harmony --experimental-strip-types --experimental-transform-types "
-        "--no-experimental-fetch --unhandled-rejections=strict --unhandled-rejections=warn "
+        "--no-experimental-fetch "
         "--openssl-legacy-provider --use-openssl-ca --trace-exit --prof --cpu-prof "
         "--heap-prof --experimental-modules --test-only --frozen-intrinsics",
         modules="-r --require --import --loader --experimental-loader",

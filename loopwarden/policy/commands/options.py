@@ -46,6 +46,7 @@ class Grammar(NamedTuple):
     longs: tuple[str, ...] = ()  # every long option named above, for prefixes (derived)
     numbers: bool = False  # `-5` is an option with a number (`nice -5`), read as `-N`
     ends: frozenset[str] = frozenset()  # options after which no option is read (python -m)
+    octal: frozenset[str] = frozenset()  # optional values of octal digits only (perl -l, -0)
 
     def canonical(self, name: str) -> str:
         return self.aliases.get(name, name)
@@ -215,11 +216,20 @@ def _option(g: Grammar, words: tuple[Word, ...], i: int, out: Scan) -> int:
         return i + 1
     sign = text[0]
     letters = text[1:]
+    skip = 0
     for n, letter in enumerate(letters):
+        if skip:
+            skip -= 1
+            continue
         name = sign + letter
         rest = letters[n + 1 :]
         if g.closed and not g.knows(name):
             out.unknown = True
+        if name in g.octal:  # `-lane` is -l -a -n -e; `-0777`, `-0x1F` take their digits
+            digits = re.match(r"x[0-9A-Fa-f]*|[0-7]*", rest).group()  # type: ignore[union-attr]
+            out.options.append(Option(g.canonical(name), Word(digits) if digits else None, i))
+            skip = len(digits)
+            continue
         if name in g.optional:
             out.options.append(Option(g.canonical(name), Word(rest) if rest else None, i))
             return i + 1
