@@ -48,7 +48,6 @@ WORDS = frozenset(
 and `>( … )` in them are read as commands."""
 
 _SPECIAL_BYTES = re.compile(rb"[\\*?\[{~$`]")
-_CODE_MARKS = ("`", "$(", "$[", "${")
 _NUMERIC_DATE = re.compile(r"^\+(%[sNYmdHMSjuwVGgCyeklIp%])+$")
 
 _CONSTRUCTS = {
