@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from loopwarden.policy.commands.regexes import lazy
+
 BASH_NUMBERS = frozenset(
     ["RANDOM", "SRANDOM", "SECONDS", "EPOCHSECONDS", "LINENO", "BASHPID", "PPID", "UID",
      "EUID", "BASH_SUBSHELL", "OPTIND", "HISTCMD", "#", "?", "$", "!"]
@@ -25,12 +27,12 @@ BASH_NUMBERS = frozenset(
 MARK = "\x01"
 """Opens and closes a placeholder: MARK + its number + MARK."""
 
-_TOKEN = re.compile(
+_TOKEN = lazy(
     r"\s+|\"|0[xX][0-9a-fA-F]+|[0-9]+#[0-9A-Za-z@_]+|[0-9]+|[A-Za-z_][A-Za-z0-9_]*"
     r"|\x01[0-9]+\x01|\*\*=?|<<=?|>>=?|[-+*/%&|^]=|[!=<>]=|&&|\|\||\+\+|--|[-+*/%<>=!&|^~?:,()]"
 )
-_ASSIGN = re.compile(r"\s*(=(?!=)|[-+*/%&|^]=|<<=|>>=)")
-_INCREMENT = re.compile(r"\s*(\+\+|--)")
+_ASSIGN = lazy(r"\s*(=(?!=)|[-+*/%&|^]=|<<=|>>=)")
+_INCREMENT = lazy(r"\s*(\+\+|--)")
 
 Numeric = Callable[[str], bool]
 """Whether a variable (or a placeholder, by its token) holds a number when the line runs."""
@@ -105,7 +107,7 @@ def _closing(text: str, start: int) -> int:
     return -1
 
 
-_NUMBER = re.compile(r"^\s*[-+]?\s*(0[xX][0-9a-fA-F]+|[0-9]+#[0-9A-Za-z@_]+|[0-9]+)\s*$")
+_NUMBER = lazy(r"^\s*[-+]?\s*(0[xX][0-9a-fA-F]+|[0-9]+#[0-9A-Za-z@_]+|[0-9]+)\s*$")
 
 
 def is_number(text: str) -> bool:

@@ -34,6 +34,7 @@ from loopwarden.policy.commands import launchers as table
 from loopwarden.policy.commands.launchers import Launcher
 from loopwarden.policy.commands.options import Scan, grammar, scan
 from loopwarden.policy.commands.programs import GIT, program_name, spec_of
+from loopwarden.policy.commands.regexes import lazy
 from loopwarden.policy.commands.runs import TERMINAL, Run, Stdin, Tail
 from loopwarden.policy.commands.words import Word, filled, joined
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 
     from loopwarden.policy.commands.reading import Reading
 
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_ASSIGNMENT = lazy(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def unwrap(reading: Reading, run: Run, stdin: Stdin) -> None:

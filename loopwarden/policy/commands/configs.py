@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING
 from loopwarden.policy.commands.options import Scan, grammar, scan
 from loopwarden.policy.commands.programs import GIT
 from loopwarden.policy.commands.programs import read as read_argv
+from loopwarden.policy.commands.regexes import lazy
 from loopwarden.policy.commands.runs import Run, Stdin
 from loopwarden.policy.commands.words import Word, joined
 
 if TYPE_CHECKING:
     from loopwarden.policy.commands.reading import Reading
 
-_CODE_KEYS = re.compile(
+_CODE_KEYS = lazy(
     r"^(core\.(pager|editor|sshcommand|askpass|fsmonitor|gitproxy|alternaterefscommand)"
     r"|sequence\.editor|diff\.external|interactive\.difffilter|imap\.tunnel|gpg\.program"
     r"|gpg\..+\.program|gpg\.ssh\.defaultkeycommand|credential(\..+)?\.helper|pager\..+"
@@ -37,7 +38,7 @@ _CODE_KEYS = re.compile(
 )
 """git settings whose value is a command (or a program) git runs."""
 
-_ELSEWHERE_KEYS = re.compile(
+_ELSEWHERE_KEYS = lazy(
     r"^(include\.path|includeif\..+\.path|core\.hookspath|core\.worktree|init\.templatedir"
     r"|url\..+\.(insteadof|pushinsteadof)|remote\..+\.vcs|protocol\.(.+\.)?allow"
     r"|submodule\..+\.update|alias\..+)$"
@@ -45,7 +46,7 @@ _ELSEWHERE_KEYS = re.compile(
 """git settings that make git read settings or run programs from elsewhere (a file, a
 directory of hooks, a rewritten URL): a doubt (an alias only when it is a shell alias)."""
 
-_BOOLEAN = re.compile(r"^(true|false|yes|no|on|off|1|0|)$", re.I)
+_BOOLEAN = lazy(r"^(true|false|yes|no|on|off|1|0|)$", re.I)
 
 _GIT_CODE_OPTIONS: dict[str, frozenset[str]] = {
     "rebase": frozenset({"-x", "--exec"}),
@@ -120,7 +121,7 @@ def git(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     _git_argv_carriers(reading, run, sub, command.operands)
 
 
-GIT_FILES = re.compile(
+GIT_FILES = lazy(
     r"(^|/)\.git/(config|hooks(/|$))|(^|/)\.?gitconfig$|(^|/)git/config$"
     r"|(^|/)\.git/modules/.+/(config|hooks(/|$))"
 )

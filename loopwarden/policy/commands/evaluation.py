@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from loopwarden.policy.commands import arithmetic, expansions, variables
 from loopwarden.policy.commands.reading import NUMBER
+from loopwarden.policy.commands.regexes import lazy
 from loopwarden.policy.commands.words import (
     ARITHMETIC,
     BRACES,
@@ -47,8 +48,8 @@ WORDS = frozenset(
 """Every word node the reader evaluates (`Evaluator.part`); `$( … )`, backquotes, `<( … )`
 and `>( … )` in them are read as commands."""
 
-_SPECIAL_BYTES = re.compile(rb"[\\*?\[{~$`]")
-_NUMERIC_DATE = re.compile(r"^\+(%[sNYmdHMSjuwVGgCyeklIp%])+$")
+_SPECIAL_BYTES = lazy(rb"[\\*?\[{~$`]")
+_NUMERIC_DATE = lazy(r"^\+(%[sNYmdHMSjuwVGgCyeklIp%])+$")
 
 _CONSTRUCTS = {
     "ERROR": "text that is not bash",

@@ -13,10 +13,11 @@ substring bounds are arithmetic (`arithmetic.py`).
 
 from __future__ import annotations
 
-import re
 from typing import NamedTuple
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!0-]")
+from loopwarden.policy.commands.regexes import lazy
+
+_NAME = lazy(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!0-]")
 _OPERATORS = (
     ":-", ":=", ":+", ":?", "-", "=", "+", "?", "##", "#", "%%", "%", "//", "/#", "/%", "/",
     "^^", "^", ",,", ",", "@", ":",

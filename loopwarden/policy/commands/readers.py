@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 
 from loopwarden.policy.commands import bystanders, scripts, shells
 from loopwarden.policy.commands.options import Scan, scan
+from loopwarden.policy.commands.regexes import lazy
 from loopwarden.policy.commands.runs import Run, Stdin
 from loopwarden.policy.commands.words import Word
 
 if TYPE_CHECKING:
     from loopwarden.policy.commands.reading import Reading
 
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_ASSIGNMENT = lazy(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def program(reading: Reading, run: Run, name: str, option: str, value: Word | None) -> None:

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import re
 
+from loopwarden.policy.commands.regexes import lazy
 from loopwarden.policy.commands.words import PART
 
 # --- awk -------------------------------------------------------------------------------------
 
+_AWK_NAME = lazy(r"[A-Za-z_][A-Za-z0-9_]*")
+_AWK_NUMBER = lazy(r"[0-9.]+([eE][-+]?[0-9]+)?")
 _AWK_KEYWORDS_BEFORE_REGEX = frozenset(
     {"print", "printf", "return", "in", "case", "if", "while", "for", "do", "else", "getline"}
 )
@@ -68,7 +71,7 @@ def awk_runs_code(program: str) -> bool:
                 continue
             return True  # a pipe to or from a command, or gawk's |& coprocess
         if char.isalpha() or char == "_":
-            match = re.compile(r"[A-Za-z_][A-Za-z0-9_]*").match(program, i)
+            match = lazy(r"[A-Za-z_][A-Za-z0-9_]*").match(program, i)
             assert match is not None
             word = match.group()
             if word == "system":
@@ -76,7 +79,7 @@ def awk_runs_code(program: str) -> bool:
             i, previous = match.end(), (word if word in _AWK_KEYWORDS_BEFORE_REGEX else "x")
             continue
         if char.isdigit() or char == ".":
-            match = re.compile(r"[0-9.]+([eE][-+]?[0-9]+)?").match(program, i)
+            match = lazy(r"[0-9.]+([eE][-+]?[0-9]+)?").match(program, i)
             i, previous = (match.end() if match else i + 1), "x"
             continue
         previous = ")" if char in ")]" else "$" if char == "$" else "op"
@@ -128,7 +131,7 @@ def _regex_end(text: str, start: int) -> int:
 
 # --- sed -------------------------------------------------------------------------------------
 
-_NUMBER = re.compile(r"\d+")
+_NUMBER = lazy(r"\d+")
 
 
 def sed_runs_code(script: str) -> bool:
@@ -274,7 +277,7 @@ class _Sed:
 
 # --- ed, and vim's ex commands ----------------------------------------------------------------
 
-_ED_ADDRESS = re.compile(r"^\s*(([0-9.$,;+\-]|'[a-z]|/(\\.|[^/])*/?|\?(\\.|[^?])*\??)\s*)*")
+_ED_ADDRESS = lazy(r"^\s*(([0-9.$,;+\-]|'[a-z]|/(\\.|[^/])*/?|\?(\\.|[^?])*\??)\s*)*")
 
 
 def ed_runs_code(script: str) -> bool:
@@ -359,7 +362,7 @@ _EX_READ = frozenset(
         "norm-no",
     ]
 )
-_EX_RANGE = re.compile(r"^[\s:]*([%.$,;0-9+\-]|'[<>a-z]|/(\\.|[^/])*/|\?(\\.|[^?])*\?)*\s*")
+_EX_RANGE = lazy(r"^[\s:]*([%.$,;0-9+\-]|'[<>a-z]|/(\\.|[^/])*/|\?(\\.|[^?])*\?)*\s*")
 
 
 def ex_runs_code(commands: str) -> bool:
@@ -418,7 +421,7 @@ def _ex_split(commands: str) -> list[str]:
 
 # --- sqlite3 and psql -------------------------------------------------------------------------
 
-_SQLITE_RUNS = re.compile(
+_SQLITE_RUNS = lazy(
     r"^\s*\.(sh|she|shel|shell|sy|sys|syst|syste|system|load|lo|loa|excel|www)\b"
     r"|^\s*\.(once|output|out|outp|outpu|import|read|log|o)\s+['\"]?\s*\|",
     re.MULTILINE,
@@ -430,7 +433,7 @@ def sqlite_runs_code(text: str) -> bool:
     return bool(_SQLITE_RUNS.search(text)) or bool(re.search(r"\bedit\s*\(", text, re.I))
 
 
-_PSQL_RUNS = re.compile(r"\\!|\\[ogw]\s*\||\\(copy|i|ir|include|include_relative)\b|\bprogram\b",
+_PSQL_RUNS = lazy(r"\\!|\\[ogw]\s*\||\\(copy|i|ir|include|include_relative)\b|\bprogram\b",
                         re.I)  # fmt: skip
 
 

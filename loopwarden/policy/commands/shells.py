@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING
 from loopwarden.policy.commands import interpreters
 from loopwarden.policy.commands import launchers as table
 from loopwarden.policy.commands.options import grammar, scan
+from loopwarden.policy.commands.regexes import lazy
 from loopwarden.policy.commands.runs import Run, Stdin
 from loopwarden.policy.commands.words import PART, PROCESS, Word, joined
 
 if TYPE_CHECKING:
     from loopwarden.policy.commands.reading import Reading
 
-_INPUT_PATH = re.compile(
+_INPUT_PATH = lazy(
     r"^(/dev/(stdin|fd(/\d+)?|tty)|/proc/(self|thread-self|\d+)(/task/\d+)?/fd(/\d+)?)$"
 )
 

@@ -16,6 +16,7 @@ import re
 from typing import TYPE_CHECKING
 
 from loopwarden.policy.commands.programs import program_name
+from loopwarden.policy.commands.regexes import lazy
 from loopwarden.policy.commands.rules import glob_matches
 from loopwarden.policy.commands.words import PART, Word
 
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
     from loopwarden.policy.commands.reading import Reading
     from loopwarden.policy.commands.runs import Run
 
-_SEPARATORS = re.compile(r"[^A-Za-z0-9._+/\\-]+")  # a program name is made of these
-_SHELL_CODE = re.compile(r"\$\(|`|\$'|\$\{|\\[xu0-7]")
+_SEPARATORS = lazy(r"[^A-Za-z0-9._+/\\-]+")  # a program name is made of these
+_SHELL_CODE = lazy(r"\$\(|`|\$'|\$\{|\\[xu0-7]")
 
 
 def names(programs: tuple[str, ...], run: Run, reading: Reading) -> str | None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from loopwarden.policy.commands import arithmetic
 from loopwarden.policy.commands.reading import NUMBER
+from loopwarden.policy.commands.regexes import lazy
 from loopwarden.policy.commands.runs import Run
 from loopwarden.policy.commands.words import Word
 
@@ -83,7 +84,7 @@ CODE_VARIABLES = frozenset(
 """Variables whose value a program runs as a command (a pager, an editor, `ssh`, a compiler
 `make` calls): their value is read as a command line."""
 
-CONFIG_VARIABLES = re.compile(r"^GIT_CONFIG_(PARAMETERS|COUNT|KEY_\d+|VALUE_\d+)$")
+CONFIG_VARIABLES = lazy(r"^GIT_CONFIG_(PARAMETERS|COUNT|KEY_\d+|VALUE_\d+)$")
 """Variables that set git configuration (aliases, pagers) where loopwarden cannot read it."""
 
 _DOUBTED = {
@@ -112,20 +113,20 @@ _DOUBTED = {
 """Variables whose value makes a program run code loopwarden cannot read from the line."""
 
 _OPTION_VARIABLES = {
-    "TAR_OPTIONS": re.compile(
+    "TAR_OPTIONS": lazy(
         r"--(to-c|checkpoint-a|use-c|rsh|rmt|info|new-v|transform)|(^|\s)-[A-Za-z]*[IF]"
     ),
-    "ZIPOPT": re.compile(r"-TT|--unzip|--tt"),
-    "MAKEFLAGS": re.compile(r"--eval|(^|\s)-[A-Za-z]*[Ef]|SHELL|\.SHELLFLAGS"),
-    "MFLAGS": re.compile(r"--eval|(^|\s)-[A-Za-z]*[Ef]|SHELL"),
-    "GNUMAKEFLAGS": re.compile(r"--eval|(^|\s)-[A-Za-z]*[Ef]|SHELL"),
-    "GOFLAGS": re.compile(r"-toolexec|-exec|-overlay"),
-    "RUBYOPT": re.compile(r"-[A-Za-z]*[reI]|--"),
-    "PERL5OPT": re.compile(r"-[A-Za-z]*[MmdIe]"),
+    "ZIPOPT": lazy(r"-TT|--unzip|--tt"),
+    "MAKEFLAGS": lazy(r"--eval|(^|\s)-[A-Za-z]*[Ef]|SHELL|\.SHELLFLAGS"),
+    "MFLAGS": lazy(r"--eval|(^|\s)-[A-Za-z]*[Ef]|SHELL"),
+    "GNUMAKEFLAGS": lazy(r"--eval|(^|\s)-[A-Za-z]*[Ef]|SHELL"),
+    "GOFLAGS": lazy(r"-toolexec|-exec|-overlay"),
+    "RUBYOPT": lazy(r"-[A-Za-z]*[reI]|--"),
+    "PERL5OPT": lazy(r"-[A-Za-z]*[MmdIe]"),
 }
 """Variables holding options for a program, doubted when they hold one that runs code."""
 
-_NODE_SAFE = re.compile(
+_NODE_SAFE = lazy(
     r"^(--max-old-space-size=\d+|--max-semi-space-size=\d+|--stack-size=\d+|--enable-source-maps"
     r"|--no-warnings|--trace-warnings|--trace-deprecation|--no-deprecation|--throw-deprecation"
     r"|--experimental-vm-modules|--experimental-specifier-resolution=\w+|--openssl-legacy-provider"
@@ -135,7 +136,7 @@ _NODE_SAFE = re.compile(
     r"exception|--expose-gc|--disable-warning=[\w-]+|--experimental-strip-types|--conditions=\S+"
     r"|-C\s*\S+)$"
 )
-_CARGO_RUNNER = re.compile(r"^CARGO_TARGET_[A-Z0-9_]+_(RUNNER|LINKER)$")
+_CARGO_RUNNER = lazy(r"^CARGO_TARGET_[A-Z0-9_]+_(RUNNER|LINKER)$")
 
 
 def assigned(reading: Reading, run: Run | None, variable: str, value: Word) -> None:
@@ -180,7 +181,7 @@ SUBSCRIPT_CODE = (
 )
 SUBSCRIPT_EXPANSION = "a subscript holds an expansion loopwarden does not read"
 
-_DECLARED = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[(.*)\])?(?:(\+?=)(.*))?$", re.DOTALL)
+_DECLARED = lazy(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[(.*)\])?(?:(\+?=)(.*))?$", re.DOTALL)
 
 
 def name_doubt(reading: Reading, run: Run | None, word: Word, array: str = "") -> None:
