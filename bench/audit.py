@@ -18,17 +18,16 @@ import nacl.signing
 
 from bench import harness as h
 from bench.report import Section, Table, Target
+from loopwarden.audit.bundles import export_bundle, load_bundle, verify_bundle
+from loopwarden.audit.database import audit
 from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.clock import system_clock
-from loopwarden.ledger.audit.bundles import export_bundle, load_bundle, verify_bundle
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log import merkle
-from loopwarden.ledger.log.keys import Keyring, KeyStore
-from loopwarden.ledger.log.receipts import open_envelope, pae
-from loopwarden.ledger.state.fold import apply
-from loopwarden.ledger.state.registry import parse_body
-from loopwarden.ledger.storage.reader import JournalRow
-from loopwarden.ledger.storage.store import Txn
+from loopwarden.kernel.log import merkle
+from loopwarden.kernel.log.keys import Keyring, KeyStore
+from loopwarden.kernel.log.seals import open_envelope, pae
+from loopwarden.kernel.store.reader import JournalRow
+from loopwarden.kernel.store.store import Txn
+from loopwarden.kinds import KINDS
 
 T = TypeVar("T")
 NAME = "audit"
@@ -119,7 +118,7 @@ def primitives(
     envelopes = [json.loads(r.envelope) for r in rows]
     payloads = [base64.b64decode(e["payload"]) for e in envelopes]
     bodies = [json.loads(p) for p in payloads]
-    models = [parse_body(b) for b in bodies]
+    models = [KINDS.parse_body(b) for b in bodies]
     digests = [sha256_digest(r.envelope) for r in rows]
 
     def parse() -> None:
@@ -130,12 +129,12 @@ def primitives(
 
     def schema() -> None:
         for body in bodies:
-            parse_body(body)
+            KINDS.parse_body(body)
 
     def fold() -> None:
         view = None
         for body, digest in zip(models, digests, strict=True):
-            view = apply(view, body, digest)
+            view = KINDS.apply(view, body, digest)
 
     def merkle_log() -> None:
         frontier: list[bytes] = []
@@ -149,7 +148,7 @@ def primitives(
             canonical_bytes(b) for b in bodies
         ],
         "receipt schema (typed body, one pass)": schema,
-        "fold (apply)": fold,
+        "fold (KINDS.apply)": fold,
         "Merkle leaf hash + frontier append": merkle_log,
         "envelope digest (SHA-256)": lambda: [sha256_digest(r.envelope) for r in rows],
         "open_envelope with the keyring (every check)": lambda: [

@@ -26,13 +26,13 @@ import anyio.to_thread
 from bench import harness as h
 from bench import kernel
 from bench.report import Section, Table, Target
-from loopwarden.ledger.storage.location import Location, parse_location
-from loopwarden.ledger.storage.reader import Reader
-from loopwarden.ledger.storage.store import Store, connect
-from loopwarden.ledger.storage.worker import Worker
-from loopwarden.operations.projection import ProjectionRequest, projection
-from loopwarden.operations.quota import QuotaRequest, quota
+from loopwarden.kernel.sql.location import Location, parse_location
+from loopwarden.kernel.sql.worker import Worker
+from loopwarden.kernel.store.reader import Reader
+from loopwarden.kernel.store.store import Store, connect
 from loopwarden.principals import Principal
+from loopwarden.projection.projection import ProjectionRequest, projection
+from loopwarden.turns.quota import QuotaRequest, quota
 
 NAME = "backends"
 PG_TARGET = 1_000  # sealed turns/s, 8 writers on PostgreSQL

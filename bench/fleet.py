@@ -36,12 +36,12 @@ from pathlib import Path
 from bench import harness as h
 from bench.report import Section, Table, Target
 from bench.transport import _free_port, _wait_listening
-from loopwarden.ledger.storage.location import Location, parse_location
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.hooks import HookEvent, hook
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.auth.tokens import issue_token
+from loopwarden.hosts.hook import HookEvent, hook
+from loopwarden.kernel.sql.location import Location, parse_location
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.principals import Principal
-from loopwarden.server.tokens import issue_token
+from loopwarden.turns.claim import ClaimRequest, claim
 
 NAME = "fleet"
 HOSTS = 16
@@ -281,7 +281,7 @@ class Host:
 class Held:
     """What PostgreSQL's own view (`pg_stat_activity`, sampled) says of the sequencer row over
     the measured window. Writes no longer take it: an integrator holds it while it gives a
-    batch of pending receipts their leaves (`ledger/storage/integrator.py`). `held`: the share
+    batch of pending receipts their leaves (`kernel/store/integrator.py`). `held`: the share
     of samples in which an integrator held the row — its transaction has a transaction id
     (`backend_xid`), which locking the row gives it, and nothing else an integrator does
     before that; `busy`: the share in which an integrator was in any transaction or statement

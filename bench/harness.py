@@ -19,15 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loopwarden.ledger.homes import DB_NAME
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.storage.location import Location
-from loopwarden.ledger.storage.reader import Reader
-from loopwarden.ledger.storage.store import Store, Synchronous, connect
-from loopwarden.operations import claim as claim_op
-from loopwarden.operations import loops as loops_op
-from loopwarden.operations import update as update_op
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.sql.location import Location
+from loopwarden.kernel.store.homes import DB_NAME
+from loopwarden.kernel.store.reader import Reader
+from loopwarden.kernel.store.store import Store, Synchronous, connect
+from loopwarden.kinds import KINDS
+from loopwarden.loops import lifecycle as loops_op
 from loopwarden.principals import Principal
+from loopwarden.turns import claim as claim_op
+from loopwarden.turns import update as update_op
 
 REPO = Path(__file__).resolve().parent.parent
 OPERATOR = Principal(id="bench-operator", role="operator")
@@ -112,6 +113,7 @@ async def open_store(
         key_dir=home,
         synchronous=synchronous,
         checkpoint_every=checkpoint_every,
+        kinds=KINDS,
     )
     try:
         yield store

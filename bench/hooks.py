@@ -31,10 +31,10 @@ from bench import harness as h
 from bench.dashboard import mint
 from bench.report import Section, Table, Target
 from bench.transport import http_server
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.hooks import HookEvent, hook
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.hosts.hook import HookEvent, hook
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.principals import Principal
+from loopwarden.turns.claim import ClaimRequest, claim
 
 NAME = "hooks"
 LOOP = "hooked"
@@ -193,13 +193,13 @@ def command_hook(
 PHASES = """
 import sys, time
 t0 = time.perf_counter()
-from loopwarden.clients.entry import lean, leave
+from loopwarden.cli.entry import lean, leave
 lean()
 from loopwarden.clients import admin, hook_command
-from loopwarden.hooks import handle
-from loopwarden.ledger import homes
-from loopwarden.ledger.log import keys
-from loopwarden.ledger.storage import store
+from loopwarden.hosts import handle
+from loopwarden.kernel.store import homes
+from loopwarden.kernel.log import keys
+from loopwarden.kernel.store import store
 t1 = time.perf_counter()
 code = hook_command.main(sys.argv[2:])  # argv: -c hook HOST …
 t2 = time.perf_counter()
@@ -312,7 +312,7 @@ def group_of(name: str, startup: set[str]) -> str:
         return "interpreter start-up (imported by `python -c pass` too)"
     if top in PYDANTIC:
         return "pydantic (with pydantic_core, annotated_types, typing_*)"
-    if name.startswith(("loopwarden.ledger", "loopwarden.policy", "loopwarden.operations")):
+    if name.startswith(("loopwarden.kernel", "loopwarden.policy", "loopwarden.kernel.runner")):
         return ".".join(name.split(".")[:2])
     if top == "loopwarden":
         return "loopwarden, the rest (clients, hooks, hosts, …)"

@@ -23,9 +23,10 @@ from pathlib import Path
 
 from bench import harness as h
 from bench.report import Section, Table, Target
-from loopwarden.ledger.log.integrity import Integrity
-from loopwarden.ledger.storage.sqlite import SqliteBackend
-from loopwarden.ledger.storage.store import Synchronous, migrate
+from loopwarden.kernel.log.integrity import Integrity
+from loopwarden.kernel.sql.sqlite import SqliteBackend
+from loopwarden.kernel.store.store import Synchronous, migrate
+from loopwarden.kinds import KINDS
 from loopwarden.principals import Principal
 
 NAME = "kernel"
@@ -179,7 +180,7 @@ def ceiling(synchronous: Synchronous, seconds: float) -> float:
         backend = SqliteBackend(home / "ceiling.db", synchronous)
         conn = backend.writer
         try:
-            migrate(backend, Integrity(bytes(32)))
+            migrate(backend, Integrity(bytes(32)), KINDS)
             commits, deadline = 0, h.Deadline(seconds)
             t0 = time.perf_counter()
             while not deadline.expired:

@@ -18,8 +18,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, ToolAnnotations
 
 from loopwarden.clock import Clock, system_clock
-from loopwarden.ledger.state.events import LoopId
-from loopwarden.operations.results import Model
+from loopwarden.kernel.runner.results import Model
+from loopwarden.kernel.state.events import LoopId
 from loopwarden.server.app import build_server
 from loopwarden.server.settings import Settings
 from loopwarden.server.tools import GovernedTool, make_tool, success_result

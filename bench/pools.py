@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from bench import harness as h
 from bench.report import Section, Table, Target
-from loopwarden.operations import loops as loops_op
-from loopwarden.operations.pools import PoolDefineRequest, pool_define
+from loopwarden.loops import lifecycle as loops_op
+from loopwarden.pools.pool_ops import PoolDefineRequest, pool_define
 from loopwarden.principals import Principal
 
 NAME = "pools"

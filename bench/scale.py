@@ -14,12 +14,12 @@ from pathlib import Path
 
 from bench import harness as h
 from bench.report import Section, Table, Target
-from loopwarden.ledger.homes import DB_NAME
-from loopwarden.ledger.log import merkle
-from loopwarden.ledger.storage.store import Store, Txn
-from loopwarden.operations import projection as projection_op
-from loopwarden.operations import quota as quota_op
-from loopwarden.operations import receipt as receipt_op
+from loopwarden.journal import receipt as receipt_op
+from loopwarden.kernel.log import merkle
+from loopwarden.kernel.store.homes import DB_NAME
+from loopwarden.kernel.store.store import Store, Txn
+from loopwarden.projection import projection as projection_op
+from loopwarden.turns import quota as quota_op
 
 NAME = "scale"
 TARGET = 1.5  # cost at the largest size over the cost at 10²

@@ -16,7 +16,7 @@ from bench.report import Section, Table, Target
 
 NAME = "startup"
 SERVER_IMPORT = "loopwarden.server.app"
-CLI_IMPORT = "loopwarden.clients.cli"  # what `loopwarden serve` imports first
+CLI_IMPORT = "loopwarden.cli"  # what `loopwarden serve` imports first
 TOP = 10
 
 

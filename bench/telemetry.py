@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 from bench import harness as h
 from bench.report import Section, Table, Target
-from loopwarden.ledger.storage.store import Store
+from loopwarden.exports.sink import WebhookSink, sending
+from loopwarden.exports.targets import ExportTarget
+from loopwarden.kernel.store.store import Store
 from loopwarden.observe import NOBODY, Observer
-from loopwarden.server.exports import ExportTarget
-from loopwarden.server.sink import WebhookSink, sending
 
 NAME = "telemetry"
 ARMS = ("off", "off again (A/A)", "tracing + metrics", "tracing + metrics + webhook sink")

@@ -1,5 +1,5 @@
 """`python -m loopwarden` is the `loopwarden` command."""
 
-from loopwarden.clients.entry import main
+from loopwarden.cli.entry import main
 
 main()

@@ -1,8 +1,8 @@
 """Time, injectable: every lease, rate window and deadline reads the clock through here.
 
 An instant has one type in memory, an aware UTC `datetime`; it is text only where it leaves
-the process: in the database (the row codecs, `ledger/storage/schema.py` TIME), in a receipt's
-signed JSON (`ledger/state/events.py` Timestamp) and in results and pages. That text is one
+the process: in the database (the row codecs, `kernel/sql/schema.py` TIME), in a receipt's
+signed JSON (`kernel/state/events.py` Timestamp) and in results and pages. That text is one
 fixed RFC 3339 form with microseconds and a `Z` (`format_time`), so stored times sort
 lexicographically in SQL and a receipt's bytes never depend on how a time was made.
 """

@@ -21,9 +21,10 @@ import pgserver
 import pytest
 
 from loopwarden.clock import ManualClock
-from loopwarden.ledger.log.integrity import Integrity
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.storage.store import Store
+from loopwarden.kernel.log.integrity import Integrity
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.store.store import Store
+from loopwarden.kinds import KINDS
 from loopwarden.principals import Principal
 
 OPERATOR = Principal(id="alice", role="operator")
@@ -186,6 +187,7 @@ async def store(home: Path, clock: ManualClock, store_url: str) -> AsyncIterator
         key_dir=home,
         clock=clock,
         checkpoint_every=16,
+        kinds=KINDS,
     )
     try:
         yield store

@@ -94,14 +94,15 @@ class PgServer:
         if self._shape is None:
             import psycopg
 
-            from loopwarden.ledger.log.integrity import Integrity
-            from loopwarden.ledger.storage.migrations import migrate
-            from loopwarden.ledger.storage.postgres import PostgresBackend
+            from loopwarden.kernel.log.integrity import Integrity
+            from loopwarden.kernel.sql.postgres import PostgresBackend
+            from loopwarden.kernel.store.migrations import migrate
+            from loopwarden.kinds import KINDS
 
             url = self.fresh_url("shape")
             backend = PostgresBackend(url)
             try:
-                migrate(backend, Integrity(bytes(32)))
+                migrate(backend, Integrity(bytes(32)), KINDS)
             finally:
                 backend.close_now()
             name = self.schemas[-1]
@@ -112,9 +113,9 @@ class PgServer:
     def _emptied(self, name: str, integrity: Any) -> bool:
         import psycopg
 
-        from loopwarden.ledger.storage.migrations import initialize
-        from loopwarden.ledger.storage.postgres import POSTGRESQL, PgConnection, PostgresBackend
-        from loopwarden.ledger.storage.schema import META, SCHEMA_VERSION
+        from loopwarden.kernel.sql.postgres import POSTGRESQL, PgConnection, PostgresBackend
+        from loopwarden.kernel.sql.schema import META, SCHEMA_VERSION
+        from loopwarden.kernel.sql.upgrades import initialize
 
         shape = self._new_shape()
         try:

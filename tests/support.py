@@ -37,14 +37,14 @@ from mcp.client.streamable_http import streamable_http_client
 
 from loopwarden.clients.agent import AgentClient
 from loopwarden.clock import Clock
-from loopwarden.ledger.homes import DB_NAME
-from loopwarden.ledger.log import merkle
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import ReceiptBody
-from loopwarden.ledger.state.registry import parse_body
-from loopwarden.ledger.storage.reader import JournalRow, Reader
-from loopwarden.ledger.storage.store import connect
+from loopwarden.kernel.log import merkle
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.log.seals import open_envelope
+from loopwarden.kernel.state.events import ReceiptBody
+from loopwarden.kernel.store.homes import DB_NAME
+from loopwarden.kernel.store.reader import JournalRow, Reader
+from loopwarden.kernel.store.store import connect
+from loopwarden.kinds import KINDS
 from loopwarden.policy.budgets import Totals, to_micros
 from loopwarden.principals import Principal
 from loopwarden.server.app import build_server
@@ -293,12 +293,13 @@ def mint_tokens(
     the store `store` names (default: the home's), each living `expires` (default: for ever)."""
     from typer.testing import CliRunner
 
-    from loopwarden.clients.cli import app
+    from loopwarden.cli.root import app
 
     runner = CliRunner()
     minted = {}
     for agent, role in specs:
-        result = runner.invoke(
+        result = off_loop(
+            runner.invoke,
             app,
             [
                 *("token", "create", "--agent", agent, "--role", role, "--json"),
@@ -317,9 +318,19 @@ def run_cli_app(*args: str) -> Any:
     """`loopwarden ARGS` in-process (typer's runner); returns the click `Result`."""
     from typer.testing import CliRunner
 
-    from loopwarden.clients.cli import app
+    from loopwarden.cli.root import app
 
-    return CliRunner().invoke(app, list(args))
+    return off_loop(CliRunner().invoke, app, list(args))
+
+
+def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` on a thread of its own: the CLI runs its own event loop (`anyio.run`), which
+    refuses to start on a thread where one is running (a test's, or an async module fixture's
+    that the anyio plugin keeps going; with `sniffio` installed anyio sees it there too)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
 
 
 # --- MCP clients -----------------------------------------------------------------------------
@@ -439,7 +450,7 @@ def loop_entries(reader: Reader, home: Path, loop_id: str) -> list[Entry]:
     for row in reader.loop_journal(loop_id):
         opened = open_envelope(row.envelope, keyring)
         assert opened.verified, (row.receipt_id, opened.problems)
-        entries.append(Entry(row, parse_body(opened.body)))
+        entries.append(Entry(row, KINDS.parse_body(opened.body)))
     return entries
 
 
@@ -639,7 +650,7 @@ def raw_sql_url(backend: str, store_url: str, *statements: Any) -> None:
     if backend == "sqlite":
         conn = sqlite3.connect(store_url, isolation_level=None)
     else:
-        from loopwarden.ledger.storage.postgres import connect
+        from loopwarden.kernel.sql.postgres import connect
 
         conn = connect(store_url)  # type: ignore[assignment]
     try:
@@ -660,24 +671,24 @@ def run_statement(conn: Any, statement: Any) -> None:
 
 async def control_loop(store: Any, who: Principal, action: str, request: Any) -> Any:
     """Pause, resume or cancel by action name (the operations are `pause_loop` and so on)."""
-    from loopwarden.operations.loops import CONTROLS
+    from loopwarden.loops.lifecycle import CONTROLS
 
     return await CONTROLS[action](store, who, request)
 
 
 def _envelope_columns() -> str:
-    from loopwarden.ledger.storage.schema import JOURNAL
+    from loopwarden.kernel.sql.schema import JOURNAL
 
     return ", ".join(c.name for c in JOURNAL.columns if c.holds == "envelope")
 
 
 ENVELOPE_PARTS = _envelope_columns()
-"""The journal columns a receipt's envelope is stored in, from its table description (`ledger/storage/envelopes.py`): select
+"""The journal columns a receipt's envelope is stored in, from its table description (`kernel/sql/envelopes.py`): select
 them in this order and pass the values to `stored_envelope`."""
 
 
 def stored_envelope(*parts: Any) -> bytes:
     """The envelope a journal row's parts store, as loopwarden reads it back."""
-    from loopwarden.ledger.storage.envelopes import unpacked
+    from loopwarden.kernel.sql.envelopes import unpacked
 
     return unpacked(*parts)

@@ -27,7 +27,7 @@ from loopwarden import canonical
 from loopwarden.canonical import MAX_EXACT_INT, canonical_bytes
 from loopwarden.clock import format_time, parse_time
 from loopwarden.errors import SealError
-from loopwarden.ledger.log.receipts import parse_envelope
+from loopwarden.kernel.log.seals import parse_envelope
 
 RELEASE_DB = Path(__file__).parent / "fixtures" / "release-0.1.0" / "loopwarden.db"
 

@@ -41,24 +41,24 @@ from support import loopwarden as loopwarden_process
 from typer.testing import CliRunner
 
 import loopwarden
+from loopwarden.approvals.approval_ops import ApprovalRequest, request_approval
 from loopwarden.canonical import canonical_bytes, sha256_digest
+from loopwarden.cli.root import app
 from loopwarden.clients import admin, demo, render
-from loopwarden.clients.cli import app
 from loopwarden.clock import parse_time
-from loopwarden.ledger.homes import DB_NAME
-from loopwarden.ledger.log.keys import Signer, public_key_b64
-from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import TIME_PATTERN, Evidence, ToolUse, Usage
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.approvals import ApprovalRequest, request_approval
-from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
-from loopwarden.operations.projection import ProjectionRequest, projection
-from loopwarden.operations.quota import QuotaRequest
-from loopwarden.operations.quota import quota as quota_op
-from loopwarden.operations.update import UpdateRequest, UpdateResult, update
+from loopwarden.kernel.log.keys import Signer, public_key_b64
+from loopwarden.kernel.log.seals import open_envelope
+from loopwarden.kernel.state.events import TIME_PATTERN, Evidence, ToolUse, Usage
+from loopwarden.kernel.store.homes import DB_NAME
+from loopwarden.kernel.store.store import Store
 from loopwarden.policy.digest import policy_digest
 from loopwarden.policy.loader import parse_policy
 from loopwarden.principals import Principal
+from loopwarden.projection.projection import ProjectionRequest, projection
+from loopwarden.turns.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.turns.quota import QuotaRequest
+from loopwarden.turns.quota import quota as quota_op
+from loopwarden.turns.update import UpdateRequest, UpdateResult, update
 
 T = TypeVar("T")
 
@@ -479,6 +479,7 @@ def test_receipts_json_shape_and_kind_filter(home, loop):
         assert set(item) == {
             "seq",
             "receipt_id",
+            "digest",
             "kind",
             "at",
             "principal",
@@ -873,7 +874,9 @@ def test_token_create_prints_the_token_once_and_list_never_shows_it(home):
     listed = ok_json(f"token list --home {home}")
     assert set(listed) == {"tokens"}
     for item in listed["tokens"]:
-        assert set(item) == {"token_id", "agent", "role", "created_at", "revoked_at", "expires_at"}
+        assert set(item) == {
+            "token_id", "agent", "role", "created_at", "revoked_at", "expires_at", "loop_id"
+        }  # fmt: skip
         assert item["revoked_at"] is None and item["expires_at"] is None
     assert {t["agent"] for t in listed["tokens"]} == {"builder", "ops"}
     human = cli(f"token list --home {home}")
@@ -1542,10 +1545,12 @@ def test_export_status_shows_each_sinks_cursor_lag_error_and_live_lease(home, lo
     async def sink() -> None:
         async with admin.open_store(home) as store:
             await store.write(
-                lambda tx: tx.take_export_lease("siem", "host/1/ab", "https://x", 600)
+                lambda tx: tx.cursors.take_export_lease("siem", "host/1/ab", "https://x", 600)
             )
-            await store.write(lambda tx: tx.advance_export("siem", "host/1/ab", 0, 1, 600))
-            await store.write(lambda tx: tx.note_export_failure("siem", "host/1/ab", "HTTP 503"))
+            await store.write(lambda tx: tx.cursors.advance_export("siem", "host/1/ab", 0, 1, 600))
+            await store.write(
+                lambda tx: tx.cursors.note_export_failure("siem", "host/1/ab", "HTTP 503")
+            )
 
     code, empty = cli_json(f"export-status --home {home}")
     assert code == 0 and empty["sinks"] == [] and empty["log_size"] >= 1
@@ -1808,3 +1813,36 @@ def test_times_print_in_the_one_utc_form_in_json_and_in_text(home, loop, two_pen
     assert re.fullmatch(stamp, made["expires_at"])
     (token,) = ok_json(f"token list --home {home}")["tokens"]
     assert all(re.fullmatch(stamp, token[k]) for k in ("created_at", "expires_at"))
+
+
+# --- messages a person can act on ------------------------------------------------------------
+
+
+def test_a_malformed_id_is_described_not_shown_as_a_regular_expression(home, loop):
+    result = cli(f"approve appr-nope --home {home}")
+    said = one_line(result.stderr)
+    assert result.exit_code == 2 and "'appr-' followed by 20 hex digits" in said
+    assert "^appr" not in said and "{20}" not in said
+
+
+def test_a_mistyped_pool_name_gets_the_pools_it_may_mean(home):
+    assert cli(f"pool create team --max-turns 5 --home {home}").exit_code == 0
+    result = cli(f"pool show tema --home {home}")
+    assert result.exit_code == 1 and "did you mean 'team'?" in one_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('agents = ["a"]\n[budgets]\nmax_turn = 3\n', "budgets.max_turn: unknown key (did you mean 'max_turns'?)"),
+        ('agents = ["a"]\n[budgets]\nmax_turns = 3\n[tool]\nallow = []\n', "tool: unknown key (did you mean 'tools'?)"),
+        ('agents = ["a"]\n[budgets]\nmax_turns = 3\n\n[tools]\nallow = ["fs.read"\ndeny = []\n\n[stop]\n',
+         "the one opened at line 6 is not closed"),
+    ],
+    ids=["a-budget-key", "a-section", "an-unclosed-array"],
+)  # fmt: skip
+def test_a_policy_mistake_is_reported_where_it_is_with_what_was_meant(tmp_path, text, said):
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    result = cli(f"policy check {path}")
+    assert result.exit_code == 2 and said in one_line(result.stderr)

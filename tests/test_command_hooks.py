@@ -24,11 +24,11 @@ from conftest import BUILDER, OPERATOR
 from corpora import load
 from support import cli, cli_env, db_bytes, loopwarden, mint_tokens, start_server, stop_server
 
+from loopwarden.audit.database import audit
 from loopwarden.clients.admin import open_store
-from loopwarden.hooks.handle import handle
-from loopwarden.ledger.audit.database import audit
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.hosts.handle import handle
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.turns.claim import ClaimRequest, claim
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hooks"
 LOOP = "cmd"

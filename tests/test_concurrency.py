@@ -66,10 +66,11 @@ from support import (
 
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clock import ManualClock
-from loopwarden.ledger.storage.store import snapshot
-from loopwarden.operations.claim import ClaimResult
-from loopwarden.operations.update import UpdateResult
+from loopwarden.kernel.store.store import snapshot
+from loopwarden.policy.budgets import Totals
 from loopwarden.principals import Principal
+from loopwarden.turns.claim import ClaimResult
+from loopwarden.turns.update import UpdateResult
 
 pytestmark = pytest.mark.anyio
 
@@ -463,7 +464,7 @@ async def test_the_same_update_sent_5_times_at_once_over_http_seals_one_report(
     kinds = reports_of(served.home, loop_id, grant.turn_id)
     assert kinds == {"turn.claimed": 1, "turn.reported": 1}, kinds
     with open_db(served.home) as reader:
-        assert reader.loop_row(loop_id).totals.model_calls == 2, "charged once"
+        assert reader.loop_row(loop_id).totals.units("model_calls") == 2, "charged once"
 
 
 @bounded(60)
@@ -554,9 +555,9 @@ async def test_the_journal_checks_catch_a_double_grant_a_gap_a_double_report_and
             ]
         )
     with pytest.raises(AssertionError):
-        assert_totals_match(dataclasses.replace(totals, cost_micros=totals.cost_micros + 1), clean)
+        assert_totals_match(totals.plus(Totals(cost_micros=1)), clean)
     with pytest.raises(AssertionError):
-        assert_totals_match(dataclasses.replace(totals, turns=totals.turns - 1), clean)
+        assert_totals_match(totals.minus(Totals(turns=1)), clean)
 
 
 # --- replicas on one PostgreSQL database ---------------------------------------------------------

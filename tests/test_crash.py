@@ -51,15 +51,15 @@ from support import (
     wait_listening,
 )
 
+from loopwarden.audit.database import audit
 from loopwarden.clients import admin
 from loopwarden.clients.agent import AgentClient
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.state.events import Evidence
-from loopwarden.ledger.storage.store import startup_check
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.update import UpdateRequest, update
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.state.events import Evidence
+from loopwarden.kernel.store.store import startup_check
 from loopwarden.principals import Principal
+from loopwarden.turns.claim import ClaimRequest, claim
+from loopwarden.turns.update import UpdateRequest, update
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import httpx2
 import pytest
-from conftest import BUILDER, OPERATOR
+from conftest import BASIC_POLICY, BUILDER, OPERATOR
 from support import (
     EVIDENCE,
     LEAKS,
@@ -34,10 +34,11 @@ from support import (
     running,
 )
 
+from loopwarden.approvals.approval_ops import request_approval
 from loopwarden.clock import ManualClock, format_time
 from loopwarden.dashboard.charts import MAX_POINTS, budget_chart
 from loopwarden.dashboard.history import Histories, LoopHistory
-from loopwarden.dashboard.sessions import IDLE, Sessions
+from loopwarden.dashboard.operator_sessions import IDLE, Sessions
 from loopwarden.dashboard.views import (
     FRESH,
     OPEN_TURNS,
@@ -46,14 +47,15 @@ from loopwarden.dashboard.views import (
     fresh_refusals,
     loop_pools,
 )
-from loopwarden.operations.approvals import request_approval
-from loopwarden.operations.claim import claim
-from loopwarden.operations.journal import ReceiptLine
-from loopwarden.operations.loops import cancel_loop, list_loops, open_loop, pause_loop
-from loopwarden.operations.pools import pool_define, pools
-from loopwarden.operations.projection import projection
-from loopwarden.operations.update import update
+from loopwarden.journal.listing import ReceiptLine
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import cancel_loop, open_loop, pause_loop
 from loopwarden.policy.model import LoopPolicy
+from loopwarden.pools.pool_ops import pool_define, pools
+from loopwarden.projection.loop_list import list_loops
+from loopwarden.projection.projection import projection
+from loopwarden.turns.claim import claim
+from loopwarden.turns.update import update
 
 pytestmark = pytest.mark.anyio
 CSRF_FIELD = re.compile(r'name="csrf" value="([^"]+)"')
@@ -406,7 +408,7 @@ def test_the_dashboard_command_creates_no_home(tmp_path):
 
 def test_the_cli_still_starts_without_the_web_stack():
     code = (
-        "import sys; from loopwarden.clients.cli import app; "
+        "import sys; from loopwarden.cli.root import app; "
         "print(sorted(m for m in ('mcp', 'starlette', 'jinja2', 'uvicorn') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -448,6 +450,46 @@ async def test_budget_history_from_the_receipts_sums_to_the_stored_totals(store,
     assert [line.seq for line in history.lines] == list(range(1, state.head.seq + 1))
 
 
+async def test_the_history_chart_ends_at_the_stored_totals_after_expiries_closes_and_hooks(
+    store, clock
+):
+    """Every way a receipt charges a budget is the fold's: calls a host observed in a turn whose
+    lease then expired, a call observed outside any turn, a turn closed by its loop's cancel.
+    The history folds the same typed receipts, so each chart ends at the stored totals."""
+    from test_hooks import fixture
+
+    from loopwarden.hosts.handle import handle
+
+    async def hook(event: dict) -> None:
+        await handle(store, "claude-code", json.dumps(event).encode(), loop_id="hist",
+                     agent="builder", servers=["loopwarden"])  # fmt: skip
+
+    await opened(store, tools={"allow": ["fs.*", "shell.run"]}, observe={"mode": "record"},
+                 budgets={"max_tool_calls": 50}, claims={"lease_seconds": 60})  # fmt: skip
+    await hook(fixture("claude-code", "SessionStart-startup"))
+    await claim(store, BUILDER, {"loop_id": "hist"})
+    for _ in range(2):
+        await hook(fixture("claude-code", "PreToolUse-bash"))
+        await hook(fixture("claude-code", "PostToolUse-bash"))
+    clock.advance(120)  # its lease runs out; the next claim sweeps it, charging what ran
+    closing = await claim(store, BUILDER, {"loop_id": "hist"})
+    assert closing.granted, closing.reasons
+    await hook(fixture("claude-code", "PostToolUse-write"))  # in the open turn
+    await cancel_loop(store, OPERATOR, {"loop_id": "hist", "reason": "done"})  # closes it
+    await hook(fixture("claude-code", "PostToolUse-bash"))  # outside any turn: charged alone
+    state = await projection(store, OPERATOR, {"loop_id": "hist"})
+    history = await Histories().get(store, OPERATOR, "hist", state.head.seq)
+    assert history.unreadable == 0
+    stored = await store.read(lambda r: r.loop_row("hist"))
+    assert history.totals == stored.totals
+    kind_at = {line.seq: line.kind for line in history.lines}
+    moved = {kind_at[seq] for _, seq, _ in history.series["tool_calls"]}
+    assert {"lease.expired", "loop.cancelled"} <= moved, moved  # charged when they sealed
+    for dim, line in state.budgets.items():
+        points = history.series.get(dim, [])
+        assert points and points[-1][2] == pytest.approx(line.used), dim
+
+
 async def test_a_history_reads_only_the_receipts_after_its_cached_head(store):
     await opened(store)
     histories = Histories()
@@ -458,36 +500,63 @@ async def test_a_history_reads_only_the_receipts_after_its_cached_head(store):
     assert again.turns[grant.turn_id].agent == "builder"
 
 
+def _body(seq: int, kind: str, turn_id: str | None, data: dict, *reasons: str) -> dict:
+    """A receipt body of `kind` as signed (typed, valid for its kind), in a made-up chain."""
+    role = "observer" if kind.startswith(("tool.", "host.")) else "agent"
+    return KINDS.make_body(
+        kind, loop_id="x", seq=seq, at=ManualClock()(), turn_id=turn_id,
+        principal={"id": "builder", "role": role}, policy_digest="sha256:" + "0" * 64,
+        decision={"effect": "deny" if reasons else "allow",
+                  "reasons": [{"code": r, "message": f"why {r}"} for r in reasons]},
+        prev=None if seq == 1 else "sha256:" + f"{seq:064x}", data=data,
+    ).as_json()  # fmt: skip
+
+
+def _line(seq: int, kind: str, turn_id: str | None, *reasons: str) -> ReceiptLine:
+    return ReceiptLine(seq=seq, receipt_id=f"rcpt-{seq:024d}", kind=kind,
+                       at=format_time(ManualClock()()), principal="builder",
+                       effect="deny" if reasons else "allow", reasons=list(reasons),
+                       messages=[f"why {r}" for r in reasons], turn_id=turn_id,
+                       digest="sha256:" + f"{seq + 1:064x}", verified=True)  # fmt: skip
+
+
 def test_host_receipts_are_counted_per_tool_and_unmodelled_kinds_by_kind_for_their_turn():
     """What a host's hooks recorded is shown by tool (policy name and the host's own), how often
-    let through, blocked (and why) and run; a kind this version does not model (or a hook
-    receipt whose data names no tool) is still counted for its turn."""
+    let through, blocked (and why) and run; a kind this version does not know is still counted
+    for its turn."""
     turn = "turn-" + "a" * 20
     history = LoopHistory("x")
-
-    def line(seq: int, kind: str, turn_id: str | None, *reasons: str) -> ReceiptLine:
-        return ReceiptLine(seq=seq, receipt_id=f"rcpt-{seq:024d}", kind=kind,
-                           at=format_time(ManualClock()()), principal="builder",
-                           effect="deny" if reasons else "allow", reasons=list(reasons),
-                           turn_id=turn_id, verified=True)  # fmt: skip
-
-    bash = {"tool": "shell.run", "host_tool": "Bash"}
-    history.extend(
-        [line(1, "loop.opened", None), line(2, "turn.claimed", turn),
-         line(3, "tool.admitted", turn), line(4, "tool.observed", turn),
-         line(5, "tool.refused", turn, "command_denied"), line(6, "x.future", turn),
-         line(7, "tool.observed", turn), line(8, "host.attached", None)],
-        [{}, {"todo_id": "t1"}, bash, {**bash, "errored": True}, bash, {"shape": ["?"]},
-         {"anything": 1}, {}],
-    )  # fmt: skip
+    call = {"host": "claude-code", "session_id": "s1", "host_tool": "Bash", "tool": "shell.run",
+            "input_digest": "sha256:" + "1" * 64}  # fmt: skip
+    ran = {key: call[key] for key in ("host", "session_id", "host_tool", "tool")}
+    ran["response_digest"] = "sha256:" + "2" * 64
+    receipts = [
+        (1, "loop.opened", None, {"objective": "o", "policy": BASIC_POLICY, "todos": []}, ()),
+        (2, "turn.claimed", turn, {"turn_id": turn, "todo_id": "t1", "fence": 1,
+                                   "lease_expires_at": ManualClock()(), "allowed_tools": [],
+                                   "approval_tools": []}, ()),
+        (3, "tool.admitted", turn, call, ()),
+        (4, "tool.observed", turn, {**ran, "errored": True}, ()),
+        (5, "tool.refused", turn, {**call, "enforced": True}, ("command_denied",)),
+        (6, "x.future", turn, {"shape": ["?"]}, ()),
+        (7, "tool.observed", turn, ran, ()),
+        (8, "host.attached", None, {"host": "claude-code", "session_id": "s1"}, ()),
+    ]  # fmt: skip
+    bodies = []
+    for seq, kind, turn_id, data, reasons in receipts:
+        if kind == "x.future":  # a kind this version does not know: signed, unread
+            bodies.append({"kind": kind, "seq": seq, "data": data})
+        else:
+            bodies.append(_body(seq, kind, turn_id, data, *reasons))
+    history.extend(KINDS, [_line(s, k, t, *r) for s, k, t, _, r in receipts], bodies)
     tools = history.turns[turn]
     use = tools.host[("shell.run", "Bash")]
-    assert (use.admitted, use.ran, use.errored, use.refused) == (1, 1, 1, 1)
-    assert use.refusals == {"command_denied": 1} and tools.host[("?", "?")].ran == 1
+    assert (use.admitted, use.ran, use.errored, use.refused) == (1, 2, 1, 1)
+    assert use.refusals == {"command_denied": 1}
     assert tools.other == {"x.future": 1} and tools.todo_id == "t1" and history.head == 8
     assert history.lines[4].subject == "shell.run (Bash)"
     with pytest.raises(ValueError):
-        history.extend([line(10, "tool.observed", turn)], [{}])  # a gap is refused, not skipped
+        history.extend(KINDS, [_line(10, "tool.observed", turn)], [{}])  # a gap is refused
 
 
 def test_every_report_of_a_turn_is_kept_with_its_verdict_in_order():
@@ -495,24 +564,29 @@ def test_every_report_of_a_turn_is_kept_with_its_verdict_in_order():
     both reports (the later one used to replace the one that caused the refusal)."""
     turn = "turn-" + "b" * 20
     history = LoopHistory("x")
-
-    def line(seq: int, kind: str, *reasons: str) -> ReceiptLine:
-        return ReceiptLine(seq=seq, receipt_id=f"rcpt-{seq:024d}", kind=kind,
-                           at=format_time(ManualClock()()), principal="builder",
-                           effect="deny" if reasons else "allow", reasons=list(reasons),
-                           messages=[f"why {r}" for r in reasons], turn_id=turn, verified=True)  # fmt: skip
-
+    report = {"turn_id": turn, "todo_id": "t1", "fence": 1, "summary": "s", "charged": False,
+              "closes_turn": False}  # fmt: skip
+    receipts = [
+        (2, "turn.claimed", {"turn_id": turn, "todo_id": "t1", "fence": 1,
+                             "lease_expires_at": ManualClock()(), "allowed_tools": [],
+                             "approval_tools": []}, ()),
+        (3, "turn.refused", {**report, "outcome": "completed",
+                             "tools_used": [{"name": "fs.write"}, {"name": "git.push"}]},
+         ("tool_denied",)),
+        (4, "turn.refused", {**report, "outcome": "failed",
+                             "tools_used": [{"name": "tests.run", "count": 1}]},
+         ("turn_closed",)),
+    ]  # fmt: skip
+    history.head = 1  # its loop.opened read before
     history.extend(
-        [line(1, "turn.claimed"), line(2, "turn.refused", "tool_denied"),
-         line(3, "turn.refused", "turn_closed")],
-        [{"todo_id": "t1"},
-         {"outcome": "completed", "tools_used": [{"name": "fs.write"}, {"name": "git.push"}]},
-         {"outcome": "failed", "tools_used": [{"name": "tests.run", "count": 1}]}],
-    )  # fmt: skip
+        KINDS,
+        [_line(s, k, turn, *r) for s, k, _, r in receipts],
+        [_body(s, k, turn, d, *r) for s, k, d, r in receipts],
+    )
     reports = history.turns[turn].reports
     assert [(r.seq, r.outcome, r.tools, r.reasons) for r in reports] == [
-        (2, "completed", (("fs.write", 1), ("git.push", 1)), ("tool_denied",)),
-        (3, "failed", (("tests.run", 1),), ("turn_closed",)),
+        (3, "completed", (("fs.write", 1), ("git.push", 1)), ("tool_denied",)),
+        (4, "failed", (("tests.run", 1),), ("turn_closed",)),
     ]
     assert history.lines[1].subject == "fs.write×1, git.push×1"
     assert history.lines[1].explained == [("tool_denied", "why tool_denied")]
@@ -584,7 +658,7 @@ async def test_a_paused_loop_asks_the_operator_to_resume_it_before_any_approval(
     await pause_loop(store, OPERATOR, {"loop_id": "held", "reason": "freeze"})
     state = await projection(store, OPERATOR, {"loop_id": "held"})
     assert (state.attention.who, state.attention.why) == ("human", "the loop is paused")
-    assert state.next_action == "operator: resume the loop (1 approval(s) also await a decision)"
+    assert state.next_action == "operator: resume the loop (and 1 approval awaits a decision)"
     history = await Histories().get(store, OPERATOR, "held", state.head.seq)
     assert history.control is not None
     assert (history.control.kind, history.control.reason) == ("loop.paused", "freeze")
@@ -616,3 +690,30 @@ async def test_a_loop_page_lists_the_pools_its_policy_names_and_those_its_agents
         "bound",
         "other",
     ]
+
+
+async def test_a_loop_page_shows_approved_approvals_its_live_turns_may_still_use(server, tokens):
+    """An approval the operator granted stays on the loop's page until its turn uses it."""
+    from loopwarden.approvals.approval_ops import ApprovalRequest
+    from loopwarden.clients.agent import AgentClient
+    from loopwarden.turns.claim import ClaimRequest
+
+    open_by_cli(server, "granted")
+    async with AgentClient.stdio("builder", server.home) as agent:
+        turn = await agent.call(claim, ClaimRequest(loop_id="granted"))
+        assert turn.granted, turn.reasons
+        asked = await agent.call(
+            request_approval,
+            ApprovalRequest(
+                turn_id=turn.turn_id,
+                fence=turn.fence,
+                tool="deploy.stage",
+                summary="ship to staging",
+            ),
+        )
+    approved = cli("approve", asked.approval_id, "--home", str(server.home))
+    assert approved.returncode == 0, approved.stderr
+    with client(server) as http:
+        sign_in(http, tokens["alice"].token)
+        page = http.get("/loops/granted").text
+    assert "Approved, not yet used (1)" in page and asked.approval_id in page

@@ -1,4 +1,4 @@
-"""Receipts stored as their parts (`ledger/storage/envelopes.py`): the journal keeps a
+"""Receipts stored as their parts (`kernel/sql/envelopes.py`): the journal keeps a
 receipt's payload (deflated), key id and signature in binary, and every read builds the
 envelope back byte for byte — what was signed and hashed into the Merkle tree is what a
 verifier sees. An envelope its parts cannot rebuild is kept whole; stored parts edited outside
@@ -18,12 +18,12 @@ from conftest import BUILDER
 from support import ENVELOPE_PARTS, raw_sql_url, stored_envelope
 from test_store import open_test_loop, work_one
 
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log import merkle
-from loopwarden.ledger.log.keys import KeyStore, Signer
-from loopwarden.ledger.log.receipts import seal
-from loopwarden.ledger.storage import envelopes
-from loopwarden.ledger.storage.envelopes import (
+from loopwarden.audit.database import audit
+from loopwarden.kernel.log import merkle
+from loopwarden.kernel.log.keys import KeyStore, Signer
+from loopwarden.kernel.log.seals import seal
+from loopwarden.kernel.sql import envelopes
+from loopwarden.kernel.sql.envelopes import (
     DEFLATED,
     MAX_INFLATED,
     RAW,
@@ -32,8 +32,9 @@ from loopwarden.ledger.storage.envelopes import (
     packed,
     unpacked,
 )
-from loopwarden.ledger.storage.migrations import UPGRADES
-from loopwarden.ledger.storage.store import Store
+from loopwarden.kernel.sql.upgrades import UPGRADES
+from loopwarden.kernel.store.store import Store
+from loopwarden.kinds import KINDS
 
 pytestmark = [pytest.mark.anyio]
 
@@ -149,7 +150,9 @@ def test_a_deflated_payload_with_bytes_after_its_end_is_refused():
 async def _worked(home: Path, store_url: str, turns: int = 3) -> list[bytes]:
     """A store with a loop and `turns` completed turns; its envelopes in leaf order."""
     keys = KeyStore(home)
-    store = await Store.open(store_url, keys.load_signer(), keyring=keys.keyring(), key_dir=home)
+    store = await Store.open(
+        store_url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, kinds=KINDS
+    )
     try:
         await open_test_loop(store, turns)
         for n in range(turns):
@@ -162,14 +165,16 @@ async def _worked(home: Path, store_url: str, turns: int = 3) -> list[bytes]:
 
 async def _reopened(home: Path, store_url: str) -> Store:
     keys = KeyStore(home)
-    return await Store.open(store_url, keys.load_signer(), keyring=keys.keyring(), key_dir=home)
+    return await Store.open(
+        store_url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, kinds=KINDS
+    )
 
 
 def _rows(backend: str, store_url: str) -> list[tuple]:
     if backend == "sqlite":
         conn = sqlite3.connect(store_url)
     else:
-        from loopwarden.ledger.storage.postgres import connect
+        from loopwarden.kernel.sql.postgres import connect
 
         conn = connect(store_url)  # type: ignore[assignment]
     try:
@@ -217,7 +222,8 @@ async def test_a_version_8_store_is_packed_in_place_and_reads_back_every_envelop
         if backend == "sqlite"
         else "UPDATE meta SET value = '8' WHERE key = 'schema_version'"
     )
-    taken_back = [step.reverted() for v in (10, 9) for step in reversed(UPGRADES[v])]
+    later = sorted((v for v in UPGRADES if v > 8), reverse=True)
+    taken_back = [step.reverted() for v in later for step in reversed(UPGRADES[v])]
     raw_sql_url(backend, store_url, *taken_back, version)
     with pytest.raises(Exception, match="payload"):  # version 8 had no parts columns
         _rows(backend, store_url)
@@ -283,5 +289,10 @@ async def test_stored_parts_edited_outside_loopwarden_are_findings(home, backend
 async def _reopened_unchecked(home: Path, store_url: str) -> Store:
     keys = KeyStore(home)
     return await Store.open(
-        store_url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, check=False
+        store_url,
+        keys.load_signer(),
+        keyring=keys.keyring(),
+        key_dir=home,
+        check=False,
+        kinds=KINDS,
     )

@@ -36,16 +36,18 @@ from test_hooks import (
 from test_hooks import report as honest_report
 from test_judge import objections
 
+from loopwarden.audit.database import audit
 from loopwarden.clock import ManualClock
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import LeaseExpired, LoopStopped, ToolObserved, TurnReport
-from loopwarden.ledger.state.registry import parse_body
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import LoopControlRequest
-from loopwarden.operations.update import update
+from loopwarden.hosts.host_kinds import ToolObserved
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.log.seals import open_envelope
+from loopwarden.kernel.state.events import LoopStopped, TurnReport
+from loopwarden.kernel.store.store import Store
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import LoopControlRequest
+from loopwarden.turns.claim import ClaimRequest, claim
+from loopwarden.turns.turn_kinds import LeaseExpired
+from loopwarden.turns.update import update
 
 pytestmark = pytest.mark.anyio
 SESSION_B = "0b5e1d7c-2f3a-4c9e-8d6b-1a2b3c4d5e6f"
@@ -112,11 +114,11 @@ async def test_letting_a_lease_expire_does_not_escape_max_tool_calls(store, cloc
     expired = [
         r for r in await store.read(lambda r: r.loop_journal(LOOP)) if r.kind == "lease.expired"
     ]
-    body = parse_body(open_envelope(expired[0].envelope, None).body)
+    body = KINDS.parse_body(open_envelope(expired[0].envelope, None).body)
     assert body.data.tool_calls_charged == 3
     await judged_clean(store)
     journal = [
-        parse_body(open_envelope(r.envelope, None).body)
+        KINDS.parse_body(open_envelope(r.envelope, None).body)
         for r in await store.read(lambda r: r.loop_journal(LOOP))
     ]
     i = next(n for n, b in enumerate(journal) if b.kind == "lease.expired")
@@ -147,7 +149,7 @@ async def test_a_report_on_a_turn_a_refusal_closed_is_not_charged_again(store):
     under = await update(store, BUILDER, honest_report(granted, "u1", {}, usage={"cost_usd": 1}))
     assert not under.accepted and under.turn_status == "refused", "the answer says it closed"
     totals = (await store.read(lambda r: r.loop_row(LOOP))).totals
-    assert (totals.tool_calls, totals.cost_micros) == (2, 1_000_000)
+    assert (totals.tool_calls, totals.units("cost_usd")) == (2, 1_000_000)
     again = await update(
         store, BUILDER, honest_report(granted, "u2", {"shell.run": 2}, usage={"cost_usd": 1})
     )
@@ -229,7 +231,12 @@ async def _drive(data: st.DataObject, mode: str) -> None:
         home, clock = Path(tmp), ManualClock()
         keys = KeyStore(home)
         store = await Store.open(
-            home / "lw.db", keys.load_signer(), keyring=keys.keyring(), key_dir=home, clock=clock
+            home / "lw.db",
+            keys.load_signer(),
+            keyring=keys.keyring(),
+            key_dir=home,
+            clock=clock,
+            kinds=KINDS,
         )
         try:
             policy = {**HOOKED, "observe": {"mode": mode}, "claims": {"lease_seconds": 60}}
@@ -241,7 +248,7 @@ async def _drive(data: st.DataObject, mode: str) -> None:
             report = await store.read(lambda r: audit(r, store.keyring, workers=0))
             assert report.findings == [], [f.as_dict() for f in report.findings]
             rows = await store.read(lambda r: r.loop_journal(LOOP))
-            bodies = [parse_body(open_envelope(r.envelope, None).body) for r in rows]
+            bodies = [KINDS.parse_body(open_envelope(r.envelope, None).body) for r in rows]
             loop = await store.read(lambda r: r.loop_row(LOOP))
             assert loop.totals.tool_calls == _charged(bodies)
         finally:

@@ -31,11 +31,11 @@ from support import cli, cli_env, free_port, kill_server, start_server, stop_ser
 
 from loopwarden.clients.admin import open_store
 from loopwarden.errors import InvalidInput
-from loopwarden.ledger.storage.store import Store
+from loopwarden.exports.sink import Pacing, WebhookSink, sending
+from loopwarden.exports.targets import ExportTarget, export_target, verify_signature
+from loopwarden.kernel.store.store import Store
+from loopwarden.loops.lifecycle import OpenLoopRequest, open_loop
 from loopwarden.observe.telemetry import Telemetry
-from loopwarden.operations.loops import OpenLoopRequest, open_loop
-from loopwarden.server.exports import ExportTarget, export_target, verify_signature
-from loopwarden.server.sink import Pacing, WebhookSink, sending
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
@@ -156,10 +156,10 @@ async def test_one_holder_at_a_time_a_stale_lease_is_taken_over_and_the_cursor_n
     store, clock
 ):
     def take(holder: str) -> Any:
-        return store.write(lambda tx: tx.take_export_lease("siem", holder, "http://x", 60))
+        return store.write(lambda tx: tx.cursors.take_export_lease("siem", holder, "http://x", 60))
 
     def advance(holder: str, index: int) -> Any:
-        return store.write(lambda tx: tx.advance_export("siem", holder, index, 1, 60))
+        return store.write(lambda tx: tx.cursors.advance_export("siem", holder, index, 1, 60))
 
     first = await take("a")
     assert first is not None and not first.took_over and first.cursor.exported == -1
@@ -171,11 +171,11 @@ async def test_one_holder_at_a_time_a_stale_lease_is_taken_over_and_the_cursor_n
     taken = await take("b")
     assert taken is not None and taken.took_over and taken.cursor.exported == 5
     assert not await advance("a", 9)  # a lost the lease: it cannot move the cursor
-    assert not await store.write(lambda tx: tx.note_export_failure("siem", "a", "HTTP 500"))
+    assert not await store.write(lambda tx: tx.cursors.note_export_failure("siem", "a", "HTTP 500"))
     assert await advance("b", 3)  # an older acknowledgement never moves the cursor back
     cursor = await store.read(lambda r: r.export_cursor("siem"))
     assert (cursor.exported, cursor.holder, cursor.sent) == (5, "b", 2)
-    assert await store.write(lambda tx: tx.release_export_lease("siem", "b"))
+    assert await store.write(lambda tx: tx.cursors.release_export_lease("siem", "b"))
     again = await take("a")  # released: free at once, and no takeover
     assert again is not None and not again.took_over
 
@@ -251,7 +251,7 @@ async def _caught_up(cursor: Callable[[], Any], expected: list[str]) -> Any:
 
 
 def test_a_signature_verifies_only_for_its_body_secret_and_a_fresh_timestamp():
-    from loopwarden.server.exports import signature
+    from loopwarden.exports.targets import signature
 
     body, stamp = b'[{"id":"r1"}]', "1767225600"
     header = signature(SECRET, stamp, body)

@@ -13,20 +13,21 @@ import pytest
 from conftest import BUILDER, OPERATOR
 from support import cli_env, db_bytes, loopwarden, make_policy, run_cli_app
 
-from loopwarden.ledger.homes import DB_NAME
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
-from loopwarden.operations.receipt import ReceiptRequest, receipt
+from loopwarden.journal.receipt import ReceiptRequest, receipt
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.store.homes import DB_NAME
+from loopwarden.kernel.store.store import Store
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.policy.evaluate import explain
 from loopwarden.policy.lint import case_near_misses
 from loopwarden.policy.loader import parse_policy
+from loopwarden.turns.claim import ClaimRequest, claim
 
 SERVE_AND_WRITE = """
 import sys, anyio
 from loopwarden.clients.admin import open_store
-from loopwarden.server.tokens import issue_token
+from loopwarden.auth.tokens import issue_token
 from loopwarden.principals import principal
 from pathlib import Path
 
@@ -146,7 +147,7 @@ def test_policy_check_prints_the_case_note_in_both_forms(tmp_path):
 async def test_the_receipt_tool_writes_nothing_even_for_a_receipt_no_checkpoint_covers_yet(home):
     keys = KeyStore(home)
     store = await Store.open(
-        home / DB_NAME, keys.load_signer(), keyring=keys.keyring(), checkpoint_every=0
+        home / DB_NAME, keys.load_signer(), keyring=keys.keyring(), checkpoint_every=0, kinds=KINDS
     )
     try:
         request = OpenLoopRequest(

@@ -27,22 +27,22 @@ import pytest
 from conftest import BUILDER, OPERATOR, REVIEWER
 from support import cli_env, control_loop, loopwarden, make_policy
 
-from loopwarden.clock import ManualClock
-from loopwarden.hooks.handle import handle
-from loopwarden.hooks.install import Target, merged
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.approvals import (
+from loopwarden.approvals.approval_ops import (
     ApprovalRequest,
     DecideApprovalRequest,
     decide_approval,
     request_approval,
 )
-from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
-from loopwarden.operations.loops import LoopControlRequest, OpenLoopRequest, TodoInput, open_loop
-from loopwarden.operations.update import UpdateRequest, update
+from loopwarden.audit.database import audit
+from loopwarden.clock import ManualClock
+from loopwarden.hosts.handle import handle
+from loopwarden.hosts.install import Target, merged
+from loopwarden.hosts.tool_names import policy_tool
+from loopwarden.kernel.store.store import Store
+from loopwarden.loops.lifecycle import LoopControlRequest, OpenLoopRequest, TodoInput, open_loop
 from loopwarden.policy.commands.lines import read_line
-from loopwarden.policy.hosts import policy_tool
+from loopwarden.turns.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.turns.update import UpdateRequest, update
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hooks"
 LOOP = "L1"
@@ -467,7 +467,7 @@ def test_install_speaks_each_hosts_settings_format():
 def test_install_names_the_store_in_the_hook_command_but_never_a_password(tmp_path):
     from typer.testing import CliRunner
 
-    from loopwarden.clients.cli import app
+    from loopwarden.cli.root import app
 
     settings = merged(None, target(store="postgresql://lw@db.internal/loopwarden"))
     command = settings["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
@@ -549,9 +549,9 @@ async def test_a_real_hook_process_fails_closed(home, store, tmp_path, host):
 HEAVY = (  # what the admin CLI, the server and the dashboard load, and a hook must not
     "typer", "click", "rich", "mcp", "httpx", "httpx2", "httpcore", "starlette", "uvicorn",
     "jinja2", "yaml", "opentelemetry", "prometheus_client", "loopwarden.server",
-    "loopwarden.dashboard", "loopwarden.clients.cli", "loopwarden.clients.render",
-    "loopwarden.operations.catalog", "loopwarden.ledger.audit",
-    "importlib.metadata", "email",  # pydantic's plugin lookup, turned off (clients/entry.py)
+    "loopwarden.dashboard", "loopwarden.cli.root", "loopwarden.cli.common", "loopwarden.clients.render",
+    "loopwarden.catalog", "loopwarden.audit",
+    "importlib.metadata", "email",  # pydantic's plugin lookup, turned off (cli/entry.py)
 )  # fmt: skip
 
 
@@ -583,7 +583,7 @@ async def test_a_real_hook_process_decides_without_loading_the_cli_server_or_tel
     )
     assert (done.returncode, done.stdout) == (0, b""), done.stderr[-2000:]
     assert (await kinds(store))[-1] == "tool.admitted", "decided, sealed, answered"
-    assert {"loopwarden.operations.hooks", "loopwarden.policy.commands.verdicts"} <= names
+    assert {"loopwarden.hosts.hook", "loopwarden.policy.commands.verdicts"} <= names
     assert heavy(names) == set(), "the hook's entry loads only what a pre-tool decision needs"
 
 
@@ -626,7 +626,7 @@ async def test_a_damaged_store_blocks_every_call(home, store, clock, backend, st
         conn.commit()
         conn.close()
     else:
-        from loopwarden.ledger.storage.postgres import connect  # autocommit: the edit stands
+        from loopwarden.kernel.sql.postgres import connect  # autocommit: the edit stands
 
         edit = connect(store_url)
         edit.execute("UPDATE loops SET turns = 0")

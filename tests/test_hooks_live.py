@@ -36,7 +36,7 @@ from test_hooks import imported_by
 
 from loopwarden.clients.admin import open_store
 from loopwarden.clients.agent import ToolCallError
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hooks" / "claude-code"
 LOOP = "live"
@@ -240,7 +240,8 @@ def test_a_command_only_host_forwards_to_the_server_and_gets_its_decision(
 
 
 # What the forwarder may import beyond what the interpreter (and `-m`'s runpy) loads anyway.
-FORWARDER = {"loopwarden", "loopwarden.clients", "loopwarden.clients.entry", "loopwarden.hosts",
+FORWARDER = {"loopwarden", "loopwarden.clients", "loopwarden.cli", "loopwarden.cli.entry", "loopwarden.hostnames",
+             "loopwarden.hosts",
              "loopwarden.clients.hook_forward", "loopwarden.clients.http1", "_socket",
              "__future__", "importlib"}  # fmt: skip
 
@@ -373,7 +374,7 @@ def test_the_forwarder_blocks_a_tool_on_any_answer_that_is_not_a_decision(status
 def test_doctor_checks_that_the_server_takes_the_observer_token(live, tmp_path):
     from typer.testing import CliRunner
 
-    from loopwarden.clients.cli import app
+    from loopwarden.cli.root import app
 
     base = live["served"].url.removesuffix("/mcp")
     user, project = tmp_path / "user", tmp_path / "project"

@@ -36,21 +36,21 @@ from test_hooks import (
 from typer.testing import CliRunner
 
 from loopwarden import hosts
-from loopwarden.clients.cli import app
+from loopwarden.catalog import TOOLS
+from loopwarden.cli.root import app
 from loopwarden.clients.hook_command import parser
-from loopwarden.hooks.handle import handle
+from loopwarden.hosts import host_kinds
+from loopwarden.hosts.handle import handle
+from loopwarden.hosts.hook import OWN_TOOLS
 from loopwarden.hosts.host import Hook, Place
-from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state import events
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.catalog import TOOLS
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.hooks import OWN_TOOLS
-from loopwarden.operations.journal import journal
-from loopwarden.operations.update import update
-from loopwarden.policy.hosts import is_internal, policy_tool
+from loopwarden.hosts.tool_names import is_internal, policy_tool
+from loopwarden.journal.listing import journal
+from loopwarden.kernel.log.seals import open_envelope
+from loopwarden.kernel.store.store import Store
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.policy.patterns import is_tool_name
+from loopwarden.turns.claim import ClaimRequest, claim
+from loopwarden.turns.update import update
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def test_every_registered_host_is_one_module_the_rest_derives_from(name):
     host = hosts.get(name)
     assert host.name == name
     assert (REPO / "loopwarden" / "hosts" / f"{name.replace('-', '_')}.py").is_file()
-    assert name in get_args(events.Host), "the receipts' host field"
+    assert name in get_args(host_kinds.Host), "the receipts' host field"
     assert name in parser()._actions[1].choices, "the hook command's choices"
     commands = {c.name for g in app.registered_groups if g.name == "hook" for c in
                 g.typer_instance.registered_commands}  # fmt: skip
@@ -85,7 +85,7 @@ def test_every_registered_host_is_one_module_the_rest_derives_from(name):
 
 def test_the_entry_point_and_the_forwarder_load_no_host_module_to_decide():
     script = (
-        "import sys; import loopwarden.clients.entry, loopwarden.clients.hook_forward; "
+        "import sys; import loopwarden.cli.entry, loopwarden.clients.hook_forward; "
         "print(sorted(m for m in sys.modules if m.startswith('loopwarden.hosts.')))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
@@ -109,8 +109,11 @@ async def test_only_loopwardens_own_tools_under_its_installed_server_name_pass(s
         assert denied((await say(store, mcp(own)))[1]) is None
     assert await kinds(store) == ["loop.opened", "host.attached"], "own tools: unrecorded"
     for other in ("mcp__loopwarden__exec_shell", "mcp__loopwarden__Bash",
-                  "mcp__loopwarden__x__claim", "mcp__loopwardenx__claim"):  # fmt: skip
+                  "mcp__loopwarden__x__claim"):  # fmt: skip
         assert "claim a turn first" in denied((await say(store, mcp(other)))[1]), other
+    # An own tool's name under another server name is refused with the way to install for it.
+    elsewhere = denied((await say(store, mcp("mcp__loopwardenx__claim")))[1])
+    assert "server name 'loopwardenx'" in elsewhere and "--server-name loopwardenx" in elsewhere
     assert await kinds(store) == ["loop.opened", "host.attached"] + ["tool.refused"] * 4
 
     async def under(servers: list[str], tool: str) -> str | None:
@@ -370,13 +373,13 @@ async def test_refusals_of_internal_tools_sealed_before_the_class_stay_legal(sto
     receipt by the rule it was sealed under, and still objects to reasons no rule gives."""
     from test_judge import _recast, objections
 
-    from loopwarden.ledger.state.registry import parse_body
+    from loopwarden.kinds import KINDS
 
     await opened(store)
     assert "claim a turn first" in denied((await say(store, fixture("claude-code",
                                                                     "PreToolUse-read")))[1])  # fmt: skip
     rows = await store.read(lambda r: r.loop_journal(LOOP))
-    bodies = [parse_body(open_envelope(r.envelope, None).body) for r in rows]
+    bodies = [KINDS.parse_body(open_envelope(r.envelope, None).body) for r in rows]
     refused = bodies[-1]
     assert refused.kind == "tool.refused"
     old = refused.data.model_copy(update={"host_tool": "ToolSearch", "tool": "host.ToolSearch"})

@@ -41,7 +41,7 @@ from support import (
 )
 
 from loopwarden.clients.agent import ToolCallError
-from loopwarden.operations.claim import ClaimResult
+from loopwarden.turns.claim import ClaimResult
 
 pytestmark = pytest.mark.anyio
 

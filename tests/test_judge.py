@@ -26,25 +26,18 @@ from test_projection_fold import FUZZ_POLICY, OPERATIONS, WEIGHTED, World
 from loopwarden.canonical import canonical_bytes
 from loopwarden.clock import ManualClock, parse_time
 from loopwarden.errors import LoopwardenError
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import (
-    ClaimRefused,
-    LeaseRenewed,
-    ReceiptBody,
-    ReceiptKind,
-    RequestRefused,
-    TurnClaimed,
-    TurnRefused,
-    TurnReported,
-)
-from loopwarden.ledger.state.fold import FoldError, apply
-from loopwarden.ledger.state.judge import Judge
-from loopwarden.ledger.state.registry import make_body, parse_body
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
-from loopwarden.operations.update import UpdateRequest, update
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.log.seals import open_envelope
+from loopwarden.kernel.runner.request_kinds import RequestRefused
+from loopwarden.kernel.state.events import ReceiptBody, ReceiptKind, TurnRefused
+from loopwarden.kernel.state.fold import FoldError
+from loopwarden.kernel.state.judge import Judge
+from loopwarden.kernel.store.store import Store
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.turns.claim import ClaimRequest, claim
+from loopwarden.turns.turn_kinds import ClaimRefused, LeaseRenewed, TurnClaimed, TurnReported
+from loopwarden.turns.update import UpdateRequest, update
 
 
 def _chained(bodies: list[ReceiptBody]) -> list[tuple[ReceiptBody, str]]:
@@ -62,14 +55,14 @@ def objections(bodies: list[ReceiptBody]) -> list[str]:
     """Replay `bodies` of one loop as an audit does, re-chained: the judge's verdicts (a
     receipt whose facts cannot even be rebuilt is one, as in `audit.judged`) and the fold's
     refusal, if any."""
-    judge, view, out = Judge(keys_known=False), None, []
+    judge, view, out = Judge(KINDS, keys_known=False), None, []
     for body, digest in _chained(bodies):
         try:
             out += [f"{body.kind} #{body.seq}: {v.rule}" for v in judge.step(view, body)]
         except (LookupError, ValueError) as exc:
             out.append(f"{body.kind} #{body.seq}: unjudgeable ({type(exc).__name__})")
         try:
-            view = apply(view, body, digest)
+            view = KINDS.apply(view, body, digest)
         except FoldError as exc:
             return [*out, f"fold: {exc}"]
         judge.after(view, body)
@@ -81,7 +74,9 @@ def _recast(body: ReceiptBody, kind: ReceiptKind, data: Any, effect: str, code: 
     fields = body.model_dump(by_alias=False, exclude={"kind", "data", "decision"})
     fields.pop("schema_", None)
     reasons = [{"code": code, "message": "forged"}] if effect == "deny" else []
-    return make_body(kind, **fields, data=data, decision={"effect": effect, "reasons": reasons})
+    return KINDS.make_body(
+        kind, **fields, data=data, decision={"effect": effect, "reasons": reasons}
+    )
 
 
 def flipped(bodies: list[ReceiptBody], i: int) -> list[ReceiptBody] | None:
@@ -123,7 +118,7 @@ def _next_todo(bodies: list[ReceiptBody]) -> tuple[str, int] | None:
     """An open todo of the loop as these receipts leave it, and its next fence."""
     view = None
     for body, digest in _chained(bodies):
-        view = apply(view, body, digest)
+        view = KINDS.apply(view, body, digest)
     assert view is not None
     for todo in view.todos.values():
         if todo.status == "open":
@@ -136,7 +131,9 @@ async def _journal(data: st.DataObject) -> list[ReceiptBody]:
     with tempfile.TemporaryDirectory() as tmp:
         home, clock = Path(tmp), ManualClock()
         keys = KeyStore(home)
-        store = await Store.open(home / "loopwarden.db", keys.load_signer(), clock=clock)
+        store = await Store.open(
+            home / "loopwarden.db", keys.load_signer(), clock=clock, kinds=KINDS
+        )
         try:
             todos = [
                 TodoInput(id="a", title="a"),
@@ -157,7 +154,7 @@ async def _journal(data: st.DataObject) -> list[ReceiptBody]:
             rows = await store.read(lambda r: r.loop_journal("L"))
         finally:
             await store.close()
-    return [parse_body(open_envelope(r.envelope, None).body) for r in rows]
+    return [KINDS.parse_body(open_envelope(r.envelope, None).body) for r in rows]
 
 
 PROPERTY = settings(
@@ -225,7 +222,7 @@ async def _scripted(store: Store, clock: ManualClock, policy: dict[str, Any]) ->
         ),
     )
     rows = await store.read(lambda r: r.loop_journal("L"))
-    return [parse_body(open_envelope(r.envelope, None).body) for r in rows]
+    return [KINDS.parse_body(open_envelope(r.envelope, None).body) for r in rows]
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ statement the previous key did not sign, or by one whose body was edited — is 
 
 from __future__ import annotations
 
-from loopwarden.ledger.log.keys import Signer
-from loopwarden.ledger.log.rotations import KeyChain, genesis, parse_statement, rotation
+from loopwarden.kernel.log.keys import Signer
+from loopwarden.kernel.log.rotations import KeyChain, genesis, parse_statement, rotation
 
 ORIGIN = "loopwarden.local/test"
 AT = "2026-12-01T00:00:00.000000Z"

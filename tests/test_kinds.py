@@ -16,10 +16,9 @@ import pytest
 from support import make_policy
 from test_judge import _scripted, objections
 
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.state import registry
-from loopwarden.ledger.state.events import ReceiptKind
-from loopwarden.ledger.state.registry import AFTER_CLOSE, HOST_KINDS, KINDS, REFUSALS
+from loopwarden.audit.database import audit
+from loopwarden.kernel.state.events import ReceiptKind
+from loopwarden.kinds import KINDS
 from loopwarden.principals import ROLES
 
 
@@ -34,7 +33,7 @@ def test_every_receipt_kind_has_one_spec_that_folds_and_is_judged():
         else:
             assert spec.fold is not None and spec.judge is not None, kind
         assert spec.callers and spec.callers <= set(ROLES), kind
-        assert registry.BODY_TYPES[kind].model_fields["data"].annotation is spec.data
+        assert KINDS.body_types[kind].model_fields["data"].annotation is spec.data
 
 
 def test_the_kind_sets_are_the_registrys_flags():
@@ -43,13 +42,18 @@ def test_the_kind_sets_are_the_registrys_flags():
         ReceiptKind.REQUEST_REFUSED,
         ReceiptKind.TURN_REFUSED,
         ReceiptKind.TOOL_REFUSED,
-    } == REFUSALS
-    assert {k for k in ReceiptKind if k.startswith(("host.", "tool."))} == HOST_KINDS
-    assert REFUSALS | {ReceiptKind.TOOL_OBSERVED} == AFTER_CLOSE
+        ReceiptKind.MODEL_REFUSED,
+    } == KINDS.refusals
+    assert {k for k in ReceiptKind if k.startswith(("host.", "tool."))} == KINDS.host_kinds
+    assert KINDS.refusals | {
+        ReceiptKind.TOOL_OBSERVED,
+        ReceiptKind.MCP_TOOL_CHANGED,
+        ReceiptKind.MODEL_CALLED,
+    } == (KINDS.after_close)
 
 
 def test_a_body_of_each_kind_carries_that_kinds_data_model_only():
-    claimed = registry.BODY_TYPES[ReceiptKind.TURN_CLAIMED]
+    claimed = KINDS.body_types[ReceiptKind.TURN_CLAIMED]
     with pytest.raises(ValueError, match=r"turn\.claimed"):
         claimed.model_validate({"kind": "turn.reported"})
 
@@ -58,7 +62,9 @@ def test_a_body_of_each_kind_carries_that_kinds_data_model_only():
 def without_claim_rule(monkeypatch):
     """The registry as it would be had the claim's judge rule been forgotten."""
     spec = KINDS[ReceiptKind.TURN_CLAIMED]
-    monkeypatch.setitem(KINDS, ReceiptKind.TURN_CLAIMED, dataclasses.replace(spec, judge=None))
+    monkeypatch.setitem(
+        KINDS._specs, ReceiptKind.TURN_CLAIMED, dataclasses.replace(spec, judge=None)
+    )
 
 
 @pytest.mark.anyio
@@ -81,8 +87,8 @@ async def test_verify_reports_receipts_of_a_kind_it_cannot_judge(store, clock, w
 
 
 def test_every_budget_dimension_has_its_reason_code():
+    from loopwarden.policy.budgets import BUDGET_DIMENSIONS
     from loopwarden.policy.decision import ReasonCode, budget_code
-    from loopwarden.policy.model import BUDGET_DIMENSIONS
 
     assert {budget_code(d) for d in BUDGET_DIMENSIONS} == {
         c for c in ReasonCode if c.startswith("budget_exhausted:")

@@ -1,4 +1,4 @@
-"""Every backend's live schema is the described one (`ledger/storage/schema.py`): read from the
+"""Every backend's live schema is the described one (`kernel/sql/schema.py`): read from the
 database's own catalog (SQLite's `pragma table_info` / `index_list` / `table_list`,
 PostgreSQL's `information_schema` and `pg_indexes`) — for a new store, and for stores upgraded
 from every older version that exists (a version-1 SQLite file, the 0.1.0 release's file at
@@ -23,20 +23,18 @@ import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR
 from support import run_statement
 
-from loopwarden.ledger.log.integrity import Integrity
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.storage.backends import Backend
-from loopwarden.ledger.storage.dialect import Dialect
-from loopwarden.ledger.storage.migrations import (
-    SQLITE_VERSION_1,
-    UPGRADES,
-    migrate,
-)
-from loopwarden.ledger.storage.schema import SCHEMA_VERSION
-from loopwarden.ledger.storage.store import Store
-from loopwarden.ledger.storage.table import Table
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, open_loop
+from loopwarden.kernel.log.integrity import Integrity
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.sql.backends import Backend
+from loopwarden.kernel.sql.dialect import Dialect
+from loopwarden.kernel.sql.schema import SCHEMA_VERSION
+from loopwarden.kernel.sql.table import Table
+from loopwarden.kernel.sql.upgrades import SQLITE_VERSION_1, UPGRADES
+from loopwarden.kernel.store.migrations import migrate
+from loopwarden.kernel.store.store import Store
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import OpenLoopRequest, open_loop
+from loopwarden.turns.claim import ClaimRequest, claim
 
 RELEASE_0_1_0 = Path(__file__).parent / "fixtures" / "release-0.1.0"
 
@@ -121,7 +119,7 @@ def sqlite_expected(backend: type[Backend]) -> dict[str, Shape]:
 
 
 def assert_sqlite_schema(path: Path) -> None:
-    from loopwarden.ledger.storage.sqlite import SqliteBackend
+    from loopwarden.kernel.sql.sqlite import SqliteBackend
 
     conn = sqlite3.connect(path)
     try:
@@ -219,7 +217,7 @@ def _pg_default(default: str | None) -> str | None:
 def assert_pg_schema(url: str) -> None:
     import psycopg
 
-    from loopwarden.ledger.storage.postgres import PostgresBackend
+    from loopwarden.kernel.sql.postgres import PostgresBackend
 
     with psycopg.connect(url, autocommit=True) as conn:
         live = pg_shapes(conn)
@@ -238,7 +236,9 @@ def assert_pg_schema(url: str) -> None:
 async def _used(home: Path, url: str) -> None:
     """Open the store at `url` (making or upgrading it) and write through it."""
     keys = KeyStore(home)
-    store = await Store.open(url, keys.load_signer(), keyring=keys.keyring(), key_dir=home)
+    store = await Store.open(
+        url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, kinds=KINDS
+    )
     try:
         opened = await open_loop(
             store,
@@ -299,11 +299,11 @@ async def test_a_version_5_postgresql_store_upgraded_has_exactly_the_described_s
 def test_the_catalog_comparison_sees_a_changed_column(tmp_path):
     """The comparison fails when the live schema differs from the description (here a column
     whose default was changed outside loopwarden): it can fail."""
-    from loopwarden.ledger.storage.sqlite import SqliteBackend
+    from loopwarden.kernel.sql.sqlite import SqliteBackend
 
     backend = SqliteBackend(tmp_path / "x.db", "normal")
     try:
-        migrate(backend, Integrity(bytes(32)))
+        migrate(backend, Integrity(bytes(32)), KINDS)
         backend.writer.execute("ALTER TABLE turns ADD COLUMN extra TEXT")
     finally:
         backend.close_now()
@@ -312,8 +312,8 @@ def test_the_catalog_comparison_sees_a_changed_column(tmp_path):
 
 
 def test_the_shared_upgrade_steps_are_the_statements_their_versions_shipped_with():
-    from loopwarden.ledger.storage.postgres import POSTGRESQL
-    from loopwarden.ledger.storage.sqlite import SQLITE
+    from loopwarden.kernel.sql.postgres import POSTGRESQL
+    from loopwarden.kernel.sql.sqlite import SQLITE
 
     def spelled(dialect: Dialect) -> list[str]:
         return [s for step in UPGRADES[6] for s in step.statements(dialect)]
@@ -333,7 +333,7 @@ def test_the_shared_upgrade_steps_are_the_statements_their_versions_shipped_with
 
 
 def test_version_8_creates_the_export_cursors_table_as_version_8_described_it():
-    from loopwarden.ledger.storage.sqlite import SQLITE
+    from loopwarden.kernel.sql.sqlite import SQLITE
 
     step = UPGRADES[8][-1]  # version 8's budget pools come first
     assert step.statements(SQLITE) == [
@@ -349,7 +349,7 @@ async def test_a_version_7_sqlite_file_upgraded_gains_the_export_cursors_and_kee
 ):
     await _used(home, str(home / "loopwarden.db"))
     conn = sqlite3.connect(home / "loopwarden.db", isolation_level=None)
-    for version in (10, 9, 8):  # back to what version 7 made
+    for version in sorted((v for v in UPGRADES if v > 7), reverse=True):  # back to version 7
         for step in reversed(UPGRADES[version]):
             revert(conn, step)
     conn.execute("PRAGMA user_version = 7")

@@ -26,20 +26,20 @@ from mcp.types import INVALID_PARAMS
 from pydantic import BaseModel
 from support import TOOL_NAMES, codes, make_policy, text_of
 
+from loopwarden.approvals.approval_ops import ApprovalRequestResult, DecideApprovalResult
 from loopwarden.clock import ManualClock
-from loopwarden.operations.approvals import ApprovalRequestResult, DecideApprovalResult
-from loopwarden.operations.claim import ClaimResult
-from loopwarden.operations.leases import HeartbeatResult
-from loopwarden.operations.loops import OpenLoopResult
-from loopwarden.operations.projection import ProjectionResult
-from loopwarden.operations.quota import QuotaResult
-from loopwarden.operations.receipt import ReceiptResult
-from loopwarden.operations.todos import TodoAddResult
-from loopwarden.operations.update import UpdateResult
+from loopwarden.journal.receipt import ReceiptResult
+from loopwarden.loops.lifecycle import OpenLoopResult
 from loopwarden.principals import Principal
+from loopwarden.projection.projection import ProjectionResult
 from loopwarden.server.app import build_server
 from loopwarden.server.settings import Settings
 from loopwarden.server.tools import error_of
+from loopwarden.todos.todo_ops import TodoAddResult
+from loopwarden.turns.claim import ClaimResult
+from loopwarden.turns.leases import HeartbeatResult
+from loopwarden.turns.quota import QuotaResult
+from loopwarden.turns.update import UpdateResult
 
 pytestmark = pytest.mark.anyio
 

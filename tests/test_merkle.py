@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loopwarden.ledger.log import merkle
+from loopwarden.kernel.log import merkle
 
 VECTORS = json.loads((Path(__file__).parent / "vectors" / "rfc6962.json").read_text())
 LEAF_DATA = [bytes.fromhex(h) for h in VECTORS["leaves_hex"]]
@@ -356,7 +356,7 @@ def test_append_refuses_a_frontier_of_the_wrong_length():
 def test_filling_a_state_tree_at_once_builds_the_tree_leaf_by_leaf_puts_build(slots, data):
     # The audit rebuilds each loop's tree in one `fill`; the write path `put`s leaf by leaf.
     # Every slot, a sparse subset, or (as a damaged row could) slots outside the tree.
-    from loopwarden.ledger.storage.statetree import EMPTY, StateTree, node
+    from loopwarden.kernel.store.statetree import EMPTY, StateTree, node
 
     inside = st.integers(min_value=0, max_value=slots - 1)
     chosen = data.draw(

@@ -33,7 +33,7 @@ from support import (
     stop_server,
 )
 
-from loopwarden.operations.loops import OpenLoopRequest, open_loop
+from loopwarden.loops.lifecycle import OpenLoopRequest, open_loop
 from loopwarden.server.notifications import (
     LOOPS_URI,
     REFUSED,

@@ -30,11 +30,11 @@ from support import (
     stop_server,
 )
 
+from loopwarden.auth.identity import OAuthSettings, oauth_settings
+from loopwarden.auth.oauth import REFETCH_SECONDS, JwtVerifier
 from loopwarden.clients.agent import ToolCallError
 from loopwarden.clock import ManualClock
 from loopwarden.errors import InvalidInput
-from loopwarden.server.identity import OAuthSettings, oauth_settings
-from loopwarden.server.oauth import REFETCH_SECONDS, JwtVerifier
 
 pytestmark = pytest.mark.anyio
 

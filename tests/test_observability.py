@@ -45,10 +45,10 @@ from test_hooks_live import POLICY, bash, event
 
 from loopwarden.clients.admin import open_store
 from loopwarden.errors import NotFound
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.observe import tracing_wanted
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.principals import Principal
+from loopwarden.turns.claim import ClaimRequest, claim
 
 LOOP = "watched"
 POLICY_LEASE = 900  # seconds: the default lease of a policy that names none
@@ -451,7 +451,7 @@ def test_tracing_is_on_with_the_flag_or_an_otel_exporter_and_off_when_disabled(
 def test_with_telemetry_off_a_hook_process_loads_neither_sdk(tmp_path):
     script = (
         "import sys\n"
-        "import loopwarden.clients.hook_command, loopwarden.hooks.handle\n"
+        "import loopwarden.clients.hook_command, loopwarden.hosts.handle\n"
         "from loopwarden.observe import NOBODY, watching\n"
         "assert watching(tracing=False, metrics=False, version='x') is NOBODY\n"
         "loaded = [m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'prometheus'))]\n"

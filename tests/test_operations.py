@@ -15,37 +15,37 @@ import pytest
 from conftest import BASIC_POLICY, BUILDER, OPERATOR, REVIEWER, STRANGER
 from support import codes, control_loop, make_policy
 
-from loopwarden.canonical import canonical_bytes
-from loopwarden.clock import parse_time
-from loopwarden.errors import Conflict, Forbidden, InvalidInput, NotFound, PolicyError
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log import merkle
-from loopwarden.ledger.log.checkpoints import open_checkpoint
-from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
-from loopwarden.ledger.state.rows import LoopView
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.approvals import (
+from loopwarden.approvals.approval_ops import (
     ApprovalRequest,
     DecideApprovalRequest,
     decide_approval,
     request_approval,
 )
-from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
-from loopwarden.operations.leases import HeartbeatRequest, heartbeat
-from loopwarden.operations.loops import (
+from loopwarden.audit.database import audit
+from loopwarden.canonical import canonical_bytes
+from loopwarden.clock import parse_time
+from loopwarden.errors import Conflict, Forbidden, InvalidInput, NotFound, PolicyError
+from loopwarden.journal.receipt import ReceiptRequest, receipt
+from loopwarden.kernel.log import merkle
+from loopwarden.kernel.log.checkpoints import open_checkpoint
+from loopwarden.kernel.log.seals import open_envelope
+from loopwarden.kernel.runner.outsiders import WINDOW as OUTSIDER_WINDOW
+from loopwarden.kernel.state.events import Evidence, ToolUse, Usage
+from loopwarden.kernel.state.rows import LoopView
+from loopwarden.kernel.store.store import Store
+from loopwarden.loops.lifecycle import (
     LoopControlRequest,
     OpenLoopRequest,
     TodoInput,
     open_loop,
 )
-from loopwarden.operations.outsiders import WINDOW as OUTSIDER_WINDOW
-from loopwarden.operations.projection import ProjectionRequest, projection
-from loopwarden.operations.quota import QuotaRequest, quota
-from loopwarden.operations.receipt import ReceiptRequest, receipt
-from loopwarden.operations.todos import TodoAddRequest, todo_add
-from loopwarden.operations.update import UpdateRequest, UpdateResult, update
 from loopwarden.principals import Principal
+from loopwarden.projection.projection import ProjectionRequest, projection
+from loopwarden.todos.todo_ops import TodoAddRequest, todo_add
+from loopwarden.turns.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.turns.leases import HeartbeatRequest, heartbeat
+from loopwarden.turns.quota import QuotaRequest, quota
+from loopwarden.turns.update import UpdateRequest, UpdateResult, update
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
@@ -494,7 +494,7 @@ async def test_update_replay_with_same_key_returns_identical_result_and_no_recei
     again = await report(store, BUILDER, first, usage=Usage(cost_usd=0.1), key="u-1")
     assert again == original
     assert await journal_count(store) == before
-    assert (await view(store)).loop.totals.cost_micros == 100_000
+    assert (await view(store)).loop.totals.units("cost_usd") == 100_000
 
 
 async def test_update_same_key_different_arguments_is_idempotency_conflict(store):
@@ -510,7 +510,7 @@ async def test_update_same_key_different_arguments_is_idempotency_conflict(store
     # report on it is not charged again, and the answer says the turn is over.
     assert body["kind"] == "turn.refused" and body["data"]["charged"] is False
     assert conflict.turn_status == "reported"
-    assert (await view(store)).loop.totals.cost_micros == 100_000
+    assert (await view(store)).loop.totals.units("cost_usd") == 100_000
 
 
 async def test_a_refusal_on_an_open_turn_is_charged_and_says_the_turn_is_open(store):
@@ -524,7 +524,7 @@ async def test_a_refusal_on_an_open_turn_is_charged_and_says_the_turn_is_open(st
     assert not refused.accepted and refused.turn_status == "open"
     body = await body_of(store, refused.receipt_id)
     assert body["data"]["charged"] is True
-    assert (await view(store)).loop.totals.cost_micros == 300_000
+    assert (await view(store)).loop.totals.units("cost_usd") == 300_000
 
 
 async def test_update_by_non_owner_is_refused_and_not_charged(store):
@@ -535,7 +535,7 @@ async def test_update_by_non_owner_is_refused_and_not_charged(store):
     body = await body_of(store, result.receipt_id)
     assert body["kind"] == "turn.refused" and body["data"]["charged"] is False
     state = await view(store)
-    assert state.loop.totals.cost_micros == 0
+    assert state.loop.totals.units("cost_usd") == 0
     assert state.turns[first.turn_id].status == "open"  # type: ignore[index]
     assert (await report(store, BUILDER, first)).accepted
 
@@ -641,6 +641,33 @@ async def test_approved_approval_admits_the_tool_once_and_is_consumed(store):
     second = granted(await claim_as(store, BUILDER))
     reused = await report(store, BUILDER, second, tools={"deploy.prod": 1}, approvals=[approval])
     assert not reused.accepted and "approval_invalid" in codes(reused)
+
+
+async def test_an_approval_of_this_turn_counts_without_being_cited(store):
+    """The operator approved deploy.prod for this very turn; the report forgets to cite it: it
+    is found, consumed and recorded as found (the loop does not stop), and the audit agrees."""
+    await open_test_loop(store, make_policy())  # on_violation = stop_loop, the default
+    first = granted(await claim_as(store, BUILDER))
+    approval = await _approve(store, first)
+    result = await report(store, BUILDER, first, tools={"deploy.prod": 1})
+    assert result.accepted and result.status == "active", result.reasons
+    assert (await view(store)).approvals[approval].status == "consumed"
+    sealed = await store.read(lambda r: r.receipt_by_id(result.receipt_id))
+    assert store.body_of(sealed).data.approvals_found == (approval,)
+    report_ = await store.read(lambda r: audit(r, store.keyring, workers=0))
+    assert report_.findings == [], [f.as_dict() for f in report_.findings]
+
+
+async def test_an_uncited_approval_is_used_only_for_the_tool_it_approves(store):
+    await open_test_loop(store, GATED)
+    first = granted(await claim_as(store, BUILDER))
+    approval = await _approve(store, first, tool="deploy.staging")
+    result = await report(store, BUILDER, first, tools={"deploy.prod": 1})
+    assert not result.accepted and codes(result) == {"approval_required"}
+    assert (await view(store)).approvals[approval].status == "approved"  # not consumed
+    unrelated = await report(store, BUILDER, granted(await claim_as(store, BUILDER)), "progress")
+    sealed = await store.read(lambda r: r.receipt_by_id(unrelated.receipt_id))
+    assert store.body_of(sealed).data.approvals_found is None
 
 
 async def test_approval_is_bound_to_the_turn_that_requested_it(store):
@@ -802,7 +829,7 @@ async def test_an_outsider_reusing_its_own_update_key_on_another_loops_turn_chan
     added = (await loop_kinds(store))[len(kinds_before) :]
     assert added == ["turn.refused"]  # its refusal, sealed; no lease.expired in its name
     state = await view(store)
-    assert state.turns[theirs.turn_id].status == "open" and state.loop.totals.cost_micros == 0  # type: ignore[index]
+    assert state.turns[theirs.turn_id].status == "open" and state.loop.totals.units("cost_usd") == 0  # type: ignore[index]
 
 
 async def test_an_outsider_claim_is_sealed_but_reveals_nothing_and_sweeps_nothing(store, clock):
@@ -1176,7 +1203,7 @@ async def test_receipt_of_unknown_id_is_not_found(store):
 
 
 async def test_an_operator_cancels_an_open_todo_which_is_never_claimed_and_no_longer_owed(store):
-    from loopwarden.operations.todos import todo_cancel
+    from loopwarden.todos.todo_ops import todo_cancel
 
     await open_test_loop(store)
     done = await todo_cancel(store, OPERATOR, {"loop_id": "L1", "todo_id": "a", "reason": "dup"})
@@ -1197,7 +1224,7 @@ async def test_an_operator_cancels_an_open_todo_which_is_never_claimed_and_no_lo
 
 
 async def test_todo_cancel_refuses_what_it_cannot_cancel_and_changes_nothing(store):
-    from loopwarden.operations.todos import todo_cancel
+    from loopwarden.todos.todo_ops import todo_cancel
 
     await open_test_loop(
         store,

@@ -21,30 +21,32 @@ from conftest import BASIC_POLICY, BUILDER, OPERATOR, STRANGER
 from mcp import Client
 from support import cli, cli_env
 
+from loopwarden.audit.database import audit
+from loopwarden.catalog import OPERATIONS, TOOLS
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.clock import ManualClock
 from loopwarden.errors import Forbidden, InvalidInput, NotFound
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.homes import DB_NAME
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.storage.store import Store, snapshot
-from loopwarden.operations.catalog import OPERATIONS, TOOLS
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, open_loop
-from loopwarden.operations.quota import QuotaRequest, quota
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.store.homes import DB_NAME
+from loopwarden.kernel.store.store import Store, snapshot
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import OpenLoopRequest, open_loop
 from loopwarden.policy.evaluate import evaluate_claim
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.server.app import build_server
 from loopwarden.server.schemas import slim
 from loopwarden.server.settings import Settings
+from loopwarden.turns.claim import ClaimRequest, claim
+from loopwarden.turns.quota import QuotaRequest, quota
 
 RELEASE_0_1_0 = Path(__file__).parent / "fixtures" / "release-0.1.0"
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
 
-def _server(home: Path, who: str = "builder", role: str = "agent") -> Any:
-    return build_server(Settings.create(home=home, agent=who, role=role), clock=ManualClock())
+def _server(home: Path, who: str = "builder", role: str = "agent", store: str | None = None) -> Any:
+    settings = Settings.create(home=home, agent=who, role=role, store=store)
+    return build_server(settings, clock=ManualClock())
 
 
 async def test_every_tool_schema_is_its_operations_request_and_result_model(home):
@@ -110,7 +112,7 @@ async def test_errors_carry_their_code_to_the_typed_client(home, store):
     await open_loop(
         store, OPERATOR, OpenLoopRequest(objective="o", policy=BASIC_POLICY, loop_id="L1")
     )
-    async with AgentClient.connect(_server(home)) as agent:
+    async with AgentClient.connect(_server(home, store=store.location.url)) as agent:
         with pytest.raises(ToolCallError) as missing:
             await agent.quota("L9")
         assert (missing.value.code, missing.value.message) == ("not_found", "no loop with id 'L9'")
@@ -182,7 +184,9 @@ def _rows(home: Path) -> list[Any]:
 async def test_a_release_0_1_0_database_keeps_working_and_still_verifies(tmp_path):
     home = _release_copy(tmp_path)
     keys = KeyStore(home)
-    store = await Store.open(home / DB_NAME, keys.load_signer(), keyring=keys.keyring())
+    store = await Store.open(
+        home / DB_NAME, keys.load_signer(), keyring=keys.keyring(), kinds=KINDS
+    )
     try:
         opened = await open_loop(
             store,
@@ -199,21 +203,23 @@ async def test_a_release_0_1_0_database_keeps_working_and_still_verifies(tmp_pat
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_a_receipt_summary_follows_the_envelope_it_is_given_not_a_remembered_one(tmp_path):
-    # Summaries are memoized (a projection shows the same recent receipts every call); the memo
-    # is keyed by the envelope's hash, so a row whose envelope changed is summarized anew.
+async def test_a_receipt_summary_follows_the_envelope_it_is_given_not_a_remembered_one(store):
+    # Typed bodies are memoized per store (a projection shows the same recent receipts every
+    # call); the memo is keyed by the envelope's hash, so a row whose envelope changed is
+    # summarized anew, even under its old digest.
     from dataclasses import replace
 
-    from loopwarden.operations.journal import receipt_summary
+    from loopwarden.journal.listing import receipt_summary
 
-    home = _release_copy(tmp_path)
-    with snapshot(home / DB_NAME) as reader:
-        rows = list(reader.iter_journal())
+    await open_loop(store, OPERATOR, {"objective": "o", "policy": BASIC_POLICY, "loop_id": "m"})
+    with pytest.raises(NotFound):  # an outsider: answered like no loop, and sealed as refused
+        await claim(store, STRANGER, {"loop_id": "m"})
+    rows = await store.read(lambda r: r.loop_journal("m"))
     opened = next(r for r in rows if r.kind == "loop.opened")
     refused = next(r for r in rows if r.kind.endswith(".refused"))
-    first = receipt_summary(opened)
-    assert receipt_summary(opened) == first and first.effect == "allow"
-    swapped = receipt_summary(replace(opened, envelope=refused.envelope))
+    first = receipt_summary(store, opened)
+    assert receipt_summary(store, opened) == first and first.effect == "allow"
+    swapped = receipt_summary(store, replace(opened, envelope=refused.envelope))
     assert (swapped.seq, swapped.kind) == (opened.seq, "loop.opened")  # the row's own columns
     assert swapped.effect == "deny" and swapped.reasons  # the body of the envelope it holds
     assert (swapped.principal, swapped.reasons) != (first.principal, first.reasons)

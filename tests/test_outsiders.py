@@ -38,22 +38,22 @@ from support import (
     stop_server,
 )
 
+from loopwarden.audit.database import audit
 from loopwarden.clients.agent import AgentClient, ToolCallError
 from loopwarden.errors import NotFound
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.storage.reader import JournalRow
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
-from loopwarden.operations.outsiders import WINDOW
-from loopwarden.operations.projection import ProjectionRequest, projection
-from loopwarden.operations.quota import QuotaRequest, quota
-from loopwarden.operations.todos import TodoAddRequest, todo_add
-from loopwarden.operations.update import UpdateRequest, update
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.log.seals import open_envelope
+from loopwarden.kernel.runner.outsiders import WINDOW
+from loopwarden.kernel.store.reader import JournalRow
+from loopwarden.kernel.store.store import Store
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.principals import Principal
+from loopwarden.projection.projection import ProjectionRequest, projection
 from loopwarden.server.tools import error_of
+from loopwarden.todos.todo_ops import TodoAddRequest, todo_add
+from loopwarden.turns.claim import ClaimRequest, claim
+from loopwarden.turns.quota import QuotaRequest, quota
+from loopwarden.turns.update import UpdateRequest, update
 
 pytestmark = pytest.mark.anyio
 

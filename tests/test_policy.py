@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from loopwarden.errors import PolicyError
-from loopwarden.policy.budgets import MICRO, Totals, budget_lines, exhausted, to_micros
+from loopwarden.policy.budgets import (
+    BUDGET_DIMENSIONS,
+    MICRO,
+    Totals,
+    budget_lines,
+    exhausted,
+    to_micros,
+)
 from loopwarden.policy.decision import Reason
 from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.evaluate import (
@@ -32,7 +39,7 @@ from loopwarden.policy.evaluate import (
     explain,
 )
 from loopwarden.policy.loader import format_for, parse_policy, policy_from_data
-from loopwarden.policy.model import BUDGET_DIMENSIONS, LoopPolicy
+from loopwarden.policy.model import LoopPolicy
 from loopwarden.policy.patterns import TOOL_NAME_RE, check_pattern, is_tool_name, matches
 
 DIGEST = "sha256:" + "ab" * 32
@@ -479,6 +486,8 @@ CLAIM_POLICY = {
         "max_tool_calls": 50,
         "max_cost_usd": 5.0,
         "max_wall_seconds": 3600,
+        "max_cache_write_tokens": 2000,
+        "max_cache_read_tokens": 8000,
     },
     "rate": {"turns_per_window": 5, "window_seconds": 60},
     "claims": {"max_active": 3, "max_active_per_agent": 2},
@@ -543,6 +552,18 @@ CLAIM_RULES = [
         {"totals": Totals(wall_micros=3600 * MICRO)},
         {"totals": Totals(wall_micros=3600 * MICRO - 1)},
         "budget_exhausted:wall_seconds",
+    ),
+    (
+        "cache_write_tokens",
+        {"totals": Totals(cache_write_tokens=2000)},
+        {"totals": Totals(cache_write_tokens=1999)},
+        "budget_exhausted:cache_write_tokens",
+    ),
+    (
+        "cache_read_tokens",
+        {"totals": Totals(cache_read_tokens=8000)},
+        {"totals": Totals(cache_read_tokens=7999)},
+        "budget_exhausted:cache_read_tokens",
     ),
     ("rate", {"claims_in_window": 5}, {"claims_in_window": 4}, "rate_limited"),
     ("leases", {"active": 3}, {"active": 2}, "lease_limit"),
@@ -914,7 +935,7 @@ def test_evaluate_stop_given_broken_facts_fails_closed_instead_of_raising():
 def test_three_charges_of_a_tenth_sum_to_exactly_three_hundred_thousand_micros():
     charge = Totals(cost_micros=to_micros(0.1))
     total = Totals().plus(charge).plus(charge).plus(charge)
-    assert total.cost_micros == 300_000
+    assert total.units("cost_usd") == 300_000
     assert total.used("cost_usd") == 0.3
 
 
@@ -925,7 +946,7 @@ def test_ten_charges_of_a_tenth_exhaust_a_one_dollar_budget_exactly():
     for _ in range(10):
         total = total.plus(Totals(cost_micros=to_micros(0.1)))
     assert exhausted(policy.budgets, total) == ["cost_usd"]
-    assert exhausted(policy.budgets, Totals(cost_micros=total.cost_micros - 1)) == []
+    assert exhausted(policy.budgets, Totals(cost_micros=total.units("cost_usd") - 1)) == []
 
 
 @pytest.mark.parametrize(
@@ -939,7 +960,9 @@ def test_to_micros(value, micros):
 
 def test_budget_lines_report_limit_used_and_remaining_per_dimension():
     policy = _policy({"budgets": {"max_turns": 20, "max_cost_usd": 5.0, "max_wall_seconds": 10}})
-    lines = budget_lines(policy, Totals(turns=3, cost_micros=300_000, wall_micros=12 * MICRO))
+    lines = budget_lines(
+        policy.budgets, Totals(turns=3, cost_micros=300_000, wall_micros=12 * MICRO)
+    )
     assert list(lines) == list(BUDGET_DIMENSIONS)
     assert (lines["turns"].limit, lines["turns"].used, lines["turns"].remaining) == (20, 3, 17)
     assert (lines["cost_usd"].used, lines["cost_usd"].remaining) == (0.3, 4.7)
@@ -1060,6 +1083,8 @@ SCALAR_CHANGES = [
     ("budgets", "max_tool_calls", 201),
     ("budgets", "max_cost_usd", 5.01),
     ("budgets", "max_wall_seconds", 3600.5),
+    ("budgets", "max_cache_write_tokens", 1000),
+    ("budgets", "max_cache_read_tokens", 1000),
     ("rate", "turns_per_window", 61),
     ("rate", "window_seconds", 3601),
     ("claims", "lease_seconds", 901),
@@ -1077,8 +1102,11 @@ SCALAR_CHANGES = [
     ("tools", "approval", ["deploy.*", "db.migrate"]),
     (None, "agents", ["builder", "reviewer", "tester"]),
     ("tools", "commands", {"deny": ["git push*"]}),
+    ("tools", "arguments", [{"tool": "mcp.fs.*", "argument": "path", "under": ["/srv"]}]),
     (None, "observe", {"mode": "record"}),
     (None, "pools", ["team-a"]),
+    (None, "model", {"allow": ["claude-*"]}),
+    (None, "gateway", {"pin": "first_sight"}),
 ]
 
 

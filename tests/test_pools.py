@@ -26,13 +26,13 @@ from conftest import BUILDER, OPERATOR, REVIEWER
 from support import EVIDENCE, codes, make_policy
 
 import loopwarden
+from loopwarden.audit.database import audit
 from loopwarden.clock import parse_time
 from loopwarden.errors import Conflict, NotFound, PolicyError
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.state.events import ReceiptKind
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, open_loop
-from loopwarden.operations.pools import (
+from loopwarden.kernel.state.events import ReceiptKind
+from loopwarden.loops.lifecycle import OpenLoopRequest, open_loop
+from loopwarden.policy.pool_policy import PoolPolicy, window_end, window_start
+from loopwarden.pools.pool_ops import (
     PoolControlRequest,
     PoolDefineRequest,
     PoolsRequest,
@@ -41,8 +41,8 @@ from loopwarden.operations.pools import (
     pool_resume,
     pools,
 )
-from loopwarden.operations.update import UpdateRequest, update
-from loopwarden.policy.pools import PoolPolicy, window_end, window_start
+from loopwarden.turns.claim import ClaimRequest, claim
+from loopwarden.turns.update import UpdateRequest, update
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
@@ -163,7 +163,7 @@ async def test_max_concurrent_turns_counts_open_turns_across_loops(store):
 
 
 async def test_an_expired_lease_in_another_loop_frees_its_pool_slot_for_a_claim(store, clock):
-    from loopwarden.operations.quota import QuotaRequest, quota
+    from loopwarden.turns.quota import QuotaRequest, quota
 
     await define(store, "team-a", max_concurrent_turns=1)
     await open_in(store, "L1", pools=["team-a"])
@@ -247,7 +247,7 @@ async def test_the_audit_flags_a_grant_its_pool_should_have_refused(store, monke
     await open_in(store, "L1", pools=["team-a"])
     await finish(store, BUILDER, await claim(store, BUILDER, ClaimRequest(loop_id="L1")))
     # A server that holds the key but skips the pool's check (a bug, or an insider).
-    monkeypatch.setattr("loopwarden.operations.claim.claim_reasons", lambda *args: [])
+    monkeypatch.setattr("loopwarden.turns.claim.claim_reasons", lambda *args: [])
     forged = await claim(store, BUILDER, ClaimRequest(loop_id="L1"))
     assert forged.granted
     report = await verified(store)
@@ -257,7 +257,7 @@ async def test_the_audit_flags_a_grant_its_pool_should_have_refused(store, monke
 
 async def test_the_audit_flags_a_pool_change_sealed_for_a_non_operator(store):
     from loopwarden.canonical import digest_of
-    from loopwarden.ledger.state.events import PoolDefined
+    from loopwarden.pools.pool_kinds import PoolDefined
 
     await define(store, "team-a", budgets={"max_turns": 1})
     document = PoolPolicy.model_validate({"budgets": {"max_turns": 99}}).model_dump(
@@ -298,8 +298,8 @@ async def test_a_pool_row_changed_outside_loopwarden_is_refused_and_reported(
 
 
 async def test_quota_shows_the_pool_lines_and_projection_says_the_pool_blocks(store, clock):
-    from loopwarden.operations.projection import ProjectionRequest, projection
-    from loopwarden.operations.quota import QuotaRequest, quota
+    from loopwarden.projection.projection import ProjectionRequest, projection
+    from loopwarden.turns.quota import QuotaRequest, quota
 
     clock.set(datetime(2026, 5, 4, 10, 0, tzinfo=UTC))
     await define(store, "team-a", budgets={"max_cost_usd": 0.5}, window="1d")
@@ -319,7 +319,7 @@ async def test_quota_shows_the_pool_lines_and_projection_says_the_pool_blocks(st
 
 
 async def test_observed_tool_calls_charge_the_pools_in_and_outside_turns(store):
-    from loopwarden.operations.hooks import HookEvent, hook
+    from loopwarden.hosts.hook import HookEvent, hook
     from loopwarden.principals import Principal
 
     await define(store, "calls", budgets={"max_tool_calls": 3})
@@ -355,11 +355,12 @@ POOL_WORKER = textwrap.dedent(
 
     import anyio
 
-    from loopwarden.ledger.log.keys import KeyStore
-    from loopwarden.ledger.state.events import Evidence, Usage
-    from loopwarden.ledger.storage.store import Store
-    from loopwarden.operations.claim import ClaimRequest, claim
-    from loopwarden.operations.update import UpdateRequest, update
+    from loopwarden.kernel.log.keys import KeyStore
+    from loopwarden.kernel.state.events import Evidence, Usage
+    from loopwarden.kernel.store.store import Store
+    from loopwarden.kinds import KINDS
+    from loopwarden.turns.claim import ClaimRequest, claim
+    from loopwarden.turns.update import UpdateRequest, update
     from loopwarden.principals import Principal
 
 
@@ -389,7 +390,7 @@ POOL_WORKER = textwrap.dedent(
 
     async def main(home, url, worker, loops):
         keys = KeyStore(home)
-        store = await Store.open(url, keys.load_signer(), key_dir=home)
+        store = await Store.open(url, keys.load_signer(), key_dir=home, kinds=KINDS)
         (home / f"ready-{worker}").touch()
         deadline = time.monotonic() + 40
         while not (home / "go").exists():
@@ -467,7 +468,7 @@ async def test_processes_sharing_a_pool_never_overdraw_it_by_one_unit(
 
 
 async def test_a_bundle_of_a_pooled_loop_verifies_and_says_what_it_cannot_judge(store):
-    from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
+    from loopwarden.audit.bundles import export_bundle, verify_bundle
 
     await define(store, "team-a", budgets={"max_turns": 1})
     await open_in(store, "L1", pools=["team-a"])

@@ -31,19 +31,22 @@ from conftest import BASIC_POLICY, BUILDER, OPERATOR
 from support import cli, cli_env, merkle_problems
 
 from loopwarden.errors import KeyFileError, StoreError
-from loopwarden.ledger.log import merkle
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.storage.store import Store, snapshot
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, open_loop
-from loopwarden.operations.todos import TodoAddRequest, todo_add
+from loopwarden.kernel.log import merkle
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.store.store import Store, snapshot
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import OpenLoopRequest, open_loop
+from loopwarden.todos.todo_ops import TodoAddRequest, todo_add
+from loopwarden.turns.claim import ClaimRequest, claim
 
 pytestmark = pytest.mark.anyio
 
 
 async def _open(home: Path, url: str, **kw: Any) -> Store:
     keys = KeyStore(home)
-    return await Store.open(url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, **kw)
+    return await Store.open(
+        url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, kinds=KINDS, **kw
+    )
 
 
 async def _loop(store: Store, loop_id: str = "L1", todos: int = 3) -> None:

@@ -22,49 +22,53 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import CallCharges, control_loop, make_policy, scale
 
-from loopwarden.clock import ManualClock
-from loopwarden.errors import LoopwardenError, NotFound
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import (
-    Evidence,
-    ReceiptBody,
-    ToolUse,
-    TurnRefused,
-    TurnReport,
-    TurnReported,
-    Usage,
-)
-from loopwarden.ledger.state.fold import rebuild
-from loopwarden.ledger.state.registry import DATA_MODELS, parse_body
-from loopwarden.ledger.state.rows import LoopView
-from loopwarden.ledger.storage.store import Store, snapshot
-from loopwarden.operations.approvals import (
+from loopwarden.approvals.approval_ops import (
     ApprovalRequest,
     DecideApprovalRequest,
     decide_approval,
     request_approval,
 )
-from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
-from loopwarden.operations.hooks import HookEvent, hook
-from loopwarden.operations.leases import HeartbeatRequest, heartbeat
-from loopwarden.operations.loops import (
+from loopwarden.audit.database import audit
+from loopwarden.clock import ManualClock
+from loopwarden.errors import LoopwardenError, NotFound
+from loopwarden.hosts.hook import HookEvent, hook
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.log.seals import open_envelope
+from loopwarden.kernel.state.events import (
+    Evidence,
+    ModelSpend,
+    ReceiptBody,
+    ToolUse,
+    TurnRefused,
+    TurnReport,
+    Usage,
+)
+from loopwarden.kernel.state.rows import LoopView
+from loopwarden.kernel.store.store import Store, snapshot
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import (
     LoopControlRequest,
     OpenLoopRequest,
+    SetPolicyRequest,
     TodoInput,
     open_loop,
+    set_policy,
 )
-from loopwarden.operations.pools import (
+from loopwarden.mcp_gateway.gateway_ops import GatewayChange, gateway_tool_changed
+from loopwarden.model_gateway.model_ops import model_admit, model_settle
+from loopwarden.pools.pool_ops import (
     PoolControlRequest,
     PoolDefineRequest,
     pool_define,
     pool_pause,
     pool_resume,
 )
-from loopwarden.operations.todos import TodoAddRequest, TodoCancelRequest, todo_add, todo_cancel
-from loopwarden.operations.update import UpdateRequest, UpdateResult, update
 from loopwarden.principals import Principal
+from loopwarden.todos.todo_ops import TodoAddRequest, TodoCancelRequest, todo_add, todo_cancel
+from loopwarden.turns.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.turns.leases import HeartbeatRequest, heartbeat
+from loopwarden.turns.turn_kinds import TurnReported
+from loopwarden.turns.update import UpdateRequest, UpdateResult, update
 
 CAROL = Principal(id="carol", role="agent")
 AGENTS = (BUILDER, REVIEWER, CAROL)
@@ -73,6 +77,32 @@ MICRO = 1_000_000
 
 
 # --- the fold check --------------------------------------------------------------------------
+
+
+def _settled(loop_id: str) -> Any:
+    from loopwarden.model_gateway.model_kinds import ModelPrice
+    from loopwarden.model_gateway.model_ops import SettleRequest
+
+    price = ModelPrice(
+        key="claude-sonnet-4-5", input=3.0, output=15.0, cache_write=3.75, cache_read=0.3
+    )
+    usage = ModelSpend(model_calls=1, input_tokens=1000, output_tokens=100, cache_read_tokens=500)
+    usage = usage.model_copy(update={"cost_usd": price.cost_micros(usage) / 1e6})
+    return SettleRequest(
+        loop_id=loop_id, provider="anthropic", api="messages", model="claude-sonnet-4-5",
+        stream=True, request_digest="sha256:" + "3" * 64, status=200, outcome="ok", usage=usage,
+        source="provider", price=price, duration_ms=5.0,
+    )  # fmt: skip
+
+
+def _admission(loop_id: str, cost: float) -> Any:
+    from loopwarden.model_gateway.model_ops import AdmitRequest
+
+    return AdmitRequest(
+        loop_id=loop_id, provider="anthropic", api="messages", model="claude-sonnet-4-5",
+        stream=False, request_digest="sha256:" + "4" * 64, priced=True,
+        reserve=ModelSpend(model_calls=1, output_tokens=100, cost_usd=cost),
+    )  # fmt: skip
 
 
 async def fold_check(store: Store, loop_id: str) -> tuple[list[ReceiptBody], LoopView]:
@@ -91,12 +121,12 @@ async def fold_check(store: Store, loop_id: str) -> tuple[list[ReceiptBody], Loo
     for expected_seq, row in enumerate(rows, start=1):
         opened = open_envelope(row.envelope, store.keyring)
         assert opened.verified, opened.problems
-        body = parse_body(opened.body)
+        body = KINDS.parse_body(opened.body)
         assert (body.seq, row.seq) == (expected_seq, expected_seq), "seq is not contiguous from 1"
         assert body.prev == prev, f"receipt {body.seq} does not chain to its predecessor"
         prev = row.digest
         bodies.append(body)
-    rebuilt = rebuild([(b, row.digest) for b, row in zip(bodies, rows, strict=True)])[loop_id]
+    rebuilt = KINDS.rebuild([(b, row.digest) for b, row in zip(bodies, rows, strict=True)])[loop_id]
     assert stored is not None
     assert rebuilt.loop == stored.loop
     assert rebuilt.todos == stored.todos
@@ -127,14 +157,21 @@ def assert_counters_are_sums(bodies: list[ReceiptBody], stored: LoopView) -> Non
         charged = isinstance(body.data, TurnReported) or (
             isinstance(body.data, TurnRefused) and body.data.charged
         )
+        if body.kind == "model.called":  # what the gateway observed, charged as it ended
+            spent = data["usage"]
+            for name in ("model_calls", "input_tokens", "output_tokens", "cache_write_tokens",
+                         "cache_read_tokens"):  # fmt: skip
+                expected[name] += spent.get(name, 0)
+            expected["cost_micros"] += round(spent.get("cost_usd", 0) * MICRO)
         if charged:
             assert isinstance(body.data, TurnReport)
             usage = body.data.usage
-            expected["model_calls"] += usage.model_calls
-            expected["input_tokens"] += usage.input_tokens
-            expected["output_tokens"] += usage.output_tokens
+            if body.data.model_observed is None:  # else charged call by call by the gateway
+                expected["model_calls"] += usage.model_calls
+                expected["input_tokens"] += usage.input_tokens
+                expected["output_tokens"] += usage.output_tokens
+                expected["cost_micros"] += round(usage.cost_usd * MICRO)
             expected["tool_calls"] += calls.report(data)
-            expected["cost_micros"] += round(usage.cost_usd * MICRO)
             expected["wall_micros"] += round(usage.wall_seconds * MICRO)
     totals = stored.loop.totals.as_dict()
     assert totals == {name: expected[name] for name in totals}
@@ -372,6 +409,12 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(store, clo
         update(store, BUILDER, _report(v1, "progress", "w1", tools_used=[ToolUse(name="fs.read")])),
     )
     assert reported.accepted and [r.code for r in reported.reasons] == ["tool_unreported"]
+    # The MCP gateway, for the same loop: a downstream tool no longer its pinned description.
+    changed_tool = GatewayChange(
+        loop_id="L4", session_id="g", server="files", tool="read_file",
+        pinned_digest="sha256:" + "3" * 64, seen_digest="sha256:" + "4" * 64,
+    )  # fmt: skip
+    await step("L4", gateway_tool_changed(store, observer, changed_tool))
     cancel = TodoCancelRequest(loop_id="L4", todo_id="b", reason="not needed")
     assert (await step("L4", todo_cancel(store, OPERATOR, cancel))).todo_status == "cancelled"
 
@@ -391,11 +434,37 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(store, clo
     )
     x1 = await step("L5", claim(store, BUILDER, req("L5")))
     await step("L5", update(store, BUILDER, _report(x1, "completed", "p1")))
+
+    # L6: the model gateway: calls charged in and outside a turn, one refused, the report.
+    modelled = make_policy(
+        agents=["builder"], budgets={"max_turns": 20, "max_cost_usd": 1.0},
+        model={"allow": ["claude-*"]}, observe={"mode": "record"},
+    )  # fmt: skip
+    await step(
+        "L6",
+        open_loop(
+            store, OPERATOR, OpenLoopRequest(objective="o", policy=modelled, todos=todos, loop_id="L6")
+        ),
+    )  # fmt: skip
+    gateway = Principal(id="builder", role="observer")
+    await step("L6", model_settle(store, gateway, _settled("L6")))  # outside a turn
+    y1 = await step("L6", claim(store, BUILDER, req("L6")))
+    await step("L6", model_settle(store, gateway, _settled("L6")))  # in the turn
+    refused = await step("L6", model_admit(store, gateway, _admission("L6", cost=2.0)))
+    assert not refused.admitted and refused.receipt_id is not None
+    await step("L6", update(store, BUILDER, _report(y1, "progress", "m1")))
+    wider = {**pooled, "budgets": {**pooled["budgets"], "max_turns": 30}}
+    changed = SetPolicyRequest(loop_id="L5", policy=wider, reason="more turns")
+    assert (await step("L5", set_policy(store, OPERATOR, changed))).changed
+    x2 = await step("L5", claim(store, BUILDER, req("L5")))
+    await step("L5", update(store, BUILDER, _report(x2, "progress", "p2")))
     seen.update(
         await store.read(lambda r: [j.kind for j in r.iter_journal() if j.loop_id == "pool:team"])
     )
 
-    assert set(seen) == set(DATA_MODELS), f"kinds never exercised: {set(DATA_MODELS) - set(seen)}"
+    assert set(seen) == set(KINDS.data_models), (
+        f"kinds never exercised: {set(KINDS.data_models) - set(seen)}"
+    )
     report = await store.read(lambda r: audit(r, store.keyring, workers=0))
     assert report.findings == [], "every decision of the scenario is judged legal"
 
@@ -599,7 +668,7 @@ async def _drive(data: st.DataObject, on_violation: str) -> None:
         clock = ManualClock()
         keys = KeyStore(home)
         store = await Store.open(
-            home / "loopwarden.db", keys.load_signer(), clock=clock, checkpoint_every=8
+            home / "loopwarden.db", keys.load_signer(), clock=clock, checkpoint_every=8, kinds=KINDS
         )
         try:
             policy = copy.deepcopy(FUZZ_POLICY)

@@ -22,15 +22,15 @@ from hypothesis import strategies as st
 
 from loopwarden.canonical import DIGEST_PREFIX, canonical_bytes, digest_of, sha256_digest
 from loopwarden.errors import KeyFileError, SealError
-from loopwarden.ledger.log import keys as keys_module
-from loopwarden.ledger.log.checkpoints import (
+from loopwarden.kernel.log import keys as keys_module
+from loopwarden.kernel.log.checkpoints import (
     SIG_PREFIX,
     checkpoint_body,
     note_key_hash,
     open_checkpoint,
     sign_checkpoint,
 )
-from loopwarden.ledger.log.keys import (
+from loopwarden.kernel.log.keys import (
     Keyring,
     KeyStore,
     Signer,
@@ -38,7 +38,7 @@ from loopwarden.ledger.log.keys import (
     key_id_for,
     public_key_b64,
 )
-from loopwarden.ledger.log.receipts import PAYLOAD_TYPE, open_envelope, pae, receipt_id_for, seal
+from loopwarden.kernel.log.seals import PAYLOAD_TYPE, open_envelope, pae, receipt_id_for, seal
 
 VECTOR_DIR = Path(__file__).parent / "vectors"
 DSSE = json.loads((VECTOR_DIR / "dsse.json").read_text())
@@ -794,7 +794,7 @@ _CONCURRENT_LOADER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from loopwarden.ledger.log.keys import KeyStore
+    from loopwarden.kernel.log.keys import KeyStore
     print("ready", flush=True)
     sys.stdin.readline()
     print(KeyStore(Path(sys.argv[1])).load_signer().key_id, flush=True)
@@ -880,7 +880,7 @@ def test_load_signer_loads_the_winner_when_another_process_publishes_first(tmp_p
     ),
 )
 def test_envelope_template_renders_exactly_the_rfc8785_bytes(payload, signature, key_id):
-    from loopwarden.ledger.log.receipts import envelope_bytes
+    from loopwarden.kernel.log.seals import envelope_bytes
 
     expected = rfc8785.dumps(  # the reference itself, not our fast path
         {
@@ -898,7 +898,7 @@ def test_envelope_template_renders_exactly_the_rfc8785_bytes(payload, signature,
 def _release_payloads() -> list[bytes]:
     import sqlite3
 
-    from loopwarden.ledger.log.receipts import parse_envelope
+    from loopwarden.kernel.log.seals import parse_envelope
 
     db = Path(__file__).parent / "fixtures" / "release-0.1.0" / "loopwarden.db"
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
@@ -917,12 +917,12 @@ def _two_steps(payload: bytes) -> Any:
     """What the audit did before: json.loads (no NaN), then the typed body; None on failure."""
     from pydantic import ValidationError
 
-    from loopwarden.ledger.log.receipts import _parse_body
-    from loopwarden.ledger.state.registry import parse_body
+    from loopwarden.kernel.log.seals import _parse_body
+    from loopwarden.kinds import KINDS
 
     raw = _parse_body(payload)
     try:
-        return parse_body(raw if raw is not None else {})
+        return KINDS.parse_body(raw if raw is not None else {})
     except ValidationError:
         return None
 
@@ -953,7 +953,7 @@ def _edit(body: Any, path: list[int], value: Any) -> Any:
 def test_the_one_pass_payload_parse_reads_what_json_then_the_schema_read(
     which, path, value, edit, spacing, ascii_only
 ):
-    from loopwarden.ledger.state.registry import parse_payload
+    from loopwarden.kinds import KINDS
 
     body = json.loads(RELEASE_PAYLOADS[which])
     if edit:
@@ -964,7 +964,7 @@ def test_the_one_pass_payload_parse_reads_what_json_then_the_schema_read(
         )
     except ValueError:
         return
-    one, two = parse_payload(payload), _two_steps(payload)
+    one, two = KINDS.parse_payload(payload), _two_steps(payload)
     if one is not None:
         assert one == two
     if not edit:
@@ -972,10 +972,10 @@ def test_the_one_pass_payload_parse_reads_what_json_then_the_schema_read(
 
 
 def test_every_release_payload_takes_the_one_pass_and_reads_the_same():
-    from loopwarden.ledger.state.registry import parse_payload
+    from loopwarden.kinds import KINDS
 
     for payload in RELEASE_PAYLOADS:
-        one = parse_payload(payload)
+        one = KINDS.parse_payload(payload)
         assert one is not None and one == _two_steps(payload)
     assert len(RELEASE_PAYLOADS) == 32
 
@@ -984,9 +984,9 @@ def test_every_release_payload_takes_the_one_pass_and_reads_the_same():
 def test_a_payload_json_loads_would_refuse_is_not_read_in_one_pass(literal):
     # NaN and Infinity are not JSON: the audit's old parse refused them (payload_malformed),
     # so the one pass must not read them where the schema lets any value through (a policy).
-    from loopwarden.ledger.state.registry import parse_payload
+    from loopwarden.kinds import KINDS
 
     opened = next(p for p in RELEASE_PAYLOADS if b'"kind":"loop.opened"' in p)
     payload = opened.replace(b'"policy":{', b'"policy":{"x":' + literal.encode() + b",", 1)
     assert payload != opened and _two_steps(payload) is None
-    assert parse_payload(payload) is None
+    assert KINDS.parse_payload(payload) is None

@@ -1,4 +1,4 @@
-"""The write path proves every row it acts on (ledger/storage/guard.py), beyond the attacks of
+"""The write path proves every row it acts on (kernel/store/guard.py), beyond the attacks of
 `test_tamper_rows.py`: each row kind a write reads, edited with plain sqlite3 between two
 writes, makes the next write on that loop fail with `IntegrityError` having sealed nothing, and
 `verify` names it; loops the edit does not touch keep working; putting the row back heals both.
@@ -10,18 +10,21 @@ import sqlite3
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import BUILDER, OPERATOR, REVIEWER
 from support import make_policy
 
+from loopwarden.audit.database import audit
 from loopwarden.errors import IntegrityError
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log.integrity import Integrity
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.storage.store import Store, snapshot
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.kernel.log.integrity import Integrity
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.store.store import Store, snapshot
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.policy.pool_policy import TOTAL_WINDOW
+from loopwarden.turns.claim import ClaimRequest, claim
 
 pytestmark = pytest.mark.anyio
 DB = "loopwarden.db"
@@ -115,7 +118,7 @@ EDITS: dict[str, tuple[Edit, set[str]]] = {
 async def _opened(home: Path, clock) -> Store:
     keys = KeyStore(home)
     return await Store.open(
-        home / DB, keys.load_signer(), keyring=keys.keyring(), clock=clock, check=False
+        home / DB, keys.load_signer(), keyring=keys.keyring(), clock=clock, check=False, kinds=KINDS
     )
 
 
@@ -238,3 +241,177 @@ async def test_a_deleted_open_todo_is_skipped_and_verify_reports_it(home, clock)
         assert "decision_illegal" not in codes and "state_mismatch" in codes
     finally:
         await store.close()
+
+
+# --- the proved view: every reading method a write can reach -----------------------------------
+
+# How each reading method of `ProvedRows` is asked in the case below, and the stored row an edit
+# of which it must refuse (`table`, `where`): loop A with t0 claimed by builder (t1 waits on
+# t0), an approved approval in that turn, the pool `team` it draws from, and the claim's
+# idempotency record.
+ProvedRead = Callable[[Any], object]
+NOW = "2999-01-01T00:00:00.000000Z"
+PROVED_READS: dict[str, tuple[ProvedRead, str, str]] = {
+    "loop_row": (lambda r: r.loop_row("A"), "loops", "loop_id = 'A'"),
+    "todos": (lambda r: r.todos("A", ["t2"]), "todos", "todo_id = 't2'"),
+    "todo": (lambda r: r.todo("A", "t2"), "todos", "todo_id = 't2'"),
+    "all_todos": (lambda r: r.all_todos("A"), "todos", "todo_id = 't3'"),
+    "max_todo_order": (lambda r: r.max_todo_order("A"), "todos", "todo_id = 't3'"),
+    "next_eligible_todo": (lambda r: r.next_eligible_todo("A"), "todos", "todo_id = 't2'"),
+    "dependencies_done": (
+        lambda r: r.dependencies_done("A", r.todo("A", "t1")),
+        "todos",
+        "todo_id = 't0'",
+    ),
+    "turns": (lambda r: r.turns([_turn_id()]), "turns", "loop_id = 'A'"),
+    "turn": (lambda r: r.turn(_turn_id()), "turns", "loop_id = 'A'"),
+    "loop_turns": (lambda r: r.loop_turns("A"), "turns", "loop_id = 'A'"),
+    "open_turns": (lambda r: r.open_turns("A"), "turns", "loop_id = 'A'"),
+    "expired_turns": (lambda r: r.expired_turns("A", _far()), "turns", "loop_id = 'A'"),
+    "count_open_turns": (lambda r: r.count_open_turns("A"), "turns", "loop_id = 'A'"),
+    "claims_since": (lambda r: r.claims_since("A", _long_ago()), "turns", "loop_id = 'A'"),
+    "approvals": (lambda r: r.approvals([_approval_id()]), "approvals", "loop_id = 'A'"),
+    "approval": (lambda r: r.approval(_approval_id()), "approvals", "loop_id = 'A'"),
+    "approved_for_turn": (
+        lambda r: r.approved_for_turn("A", _turn_id()),
+        "approvals",
+        "loop_id = 'A'",
+    ),
+    "loop_approvals": (lambda r: r.loop_approvals("A"), "approvals", "loop_id = 'A'"),
+    "view": (lambda r: r.view("A", None), "approvals", "loop_id = 'A'"),
+    "policy": (lambda r: r.policy(r.loop_row("B").policy_digest), "policies", "1 = 1"),
+    "pools": (lambda r: r.pools(), "pools", "name = 'team'"),
+    "usage": (lambda r: r.usage("team", TOTAL_WINDOW), "pool_usage", "pool = 'team'"),
+    "idempotency": (lambda r: r.idempotency("builder", "claim-1"), "idempotency", "1 = 1"),
+    "log_state": (lambda r: r.log_state(), "log_state", "id = 1"),
+}
+NOT_ROWS = {
+    "loops_with_expired_turns_in": "loop ids to sweep, each swept through its proved rows",
+    "tree": "a loop's state tree, built from its proved row",
+    "lock_clause": "SQL text",
+}
+WRITES = {"save", "keep", "put_pool", "put_usage", "carry_log", "log_carried", "hold",
+          "own_pool_catalog"}  # fmt: skip
+_IDS: dict[str, str] = {}
+
+
+def _turn_id() -> str:
+    return _IDS["turn"]
+
+
+def _approval_id() -> str:
+    return _IDS["approval"]
+
+
+def _far():
+    from loopwarden.clock import parse_time
+
+    return parse_time(NOW)
+
+
+def _long_ago():
+    from loopwarden.clock import parse_time
+
+    return parse_time("2000-01-01T00:00:00.000000Z")
+
+
+def test_every_reading_method_of_the_proved_view_is_held_to_its_proof():
+    """A method added to `ProvedRows` must be listed here: as a read proved below, as one that
+    returns no row, or as a write."""
+    from loopwarden.kernel.store.guard import ProvedRows
+
+    public = {name for name in dir(ProvedRows) if not name.startswith("_")}
+    public |= {"lock_clause", "conn", "dialect", "integrity"}  # set in __init__
+    assert public - {"conn", "dialect", "integrity"} == set(PROVED_READS) | set(NOT_ROWS) | WRITES
+
+
+def test_a_write_reads_unproved_rows_only_through_its_named_reader():
+    """The transaction is no reader: what is not proved is reached as `tx.unproved`."""
+    from loopwarden.kernel.store.reader import Reader
+    from loopwarden.kernel.store.txn import Txn
+
+    readers = {n for n in dir(Reader) if not n.startswith("_")} - {"rows"}
+    assert readers & {n for n in dir(Txn) if not n.startswith("_")} == set()
+
+
+async def _proved_case(store: Store) -> None:
+    from loopwarden.approvals.approval_ops import (
+        ApprovalRequest,
+        DecideApprovalRequest,
+        decide_approval,
+        request_approval,
+    )
+    from loopwarden.pools.pool_ops import PoolDefineRequest, pool_define
+
+    await pool_define(
+        store, OPERATOR, PoolDefineRequest(name="team", policy={"budgets": {"max_turns": 50}})
+    )
+    for loop_id in ("A", "B"):
+        await open_loop(
+            store,
+            OPERATOR,
+            OpenLoopRequest(
+                objective=loop_id,
+                policy=make_policy(pools=["team"]),
+                loop_id=loop_id,
+                todos=[
+                    TodoInput(id="t0", title="first"),
+                    TodoInput(id="t1", title="after t0", depends_on=("t0",)),
+                    TodoInput(id="t2", title="third"),
+                    TodoInput(id="t3", title="fourth"),
+                ],
+            ),
+        )
+    granted = await claim(store, BUILDER, ClaimRequest(loop_id="A", idempotency_key="claim-1"))
+    assert granted.granted, granted.reasons
+    asked = await request_approval(
+        store,
+        BUILDER,
+        ApprovalRequest(
+            turn_id=granted.turn_id, fence=granted.fence, tool="deploy.prod", summary="ship it"
+        ),
+    )
+    await decide_approval(
+        store, OPERATOR, DecideApprovalRequest(approval_id=asked.approval_id, approve=True)
+    )
+    _IDS.update(turn=granted.turn_id, approval=asked.approval_id)
+
+
+@pytest.mark.parametrize("method", list(PROVED_READS))
+async def test_each_reading_method_of_a_write_refuses_an_edited_row(home, clock, method):
+    read, table, where = PROVED_READS[method]
+    store = await _opened(home, clock)
+    try:
+        await _proved_case(store)
+        assert await store.write(lambda tx: read(tx.rows) is not None), "reads clean before"
+    finally:
+        await store.close()
+    conn = sqlite3.connect(home / DB)
+    try:
+        edited = _edit_one(conn, table, where)
+        conn.commit()
+    finally:
+        conn.close()
+    assert edited, f"the case has a {table} row where {where}"
+    store = await _opened(home, clock)
+    try:
+        with pytest.raises(IntegrityError):
+            await store.write(lambda tx: read(tx.rows))
+    finally:
+        await store.close()
+
+
+def _edit_one(conn: sqlite3.Connection, table: str, where: str) -> int:
+    """Change one stored value of the rows `where`, as an editor outside loopwarden would."""
+    edits = {
+        "loops": "objective = json_quote('edited')",
+        "todos": "title = 'edited'",
+        "turns": "lease_expires_at = '2998-01-01T00:00:00.000000Z'",
+        "approvals": "tool = 'deploy.edited'",
+        "policies": "document = replace(document, '\"max_turns\":20', '\"max_turns\":99')",
+        "pools": "status = 'paused'",
+        "pool_usage": "turns = turns + 7",
+        "idempotency": "request_digest = 'sha256:' || substr(request_digest, 8, 63) || '0'",
+        "log_state": "size = size + 1",
+    }
+    return conn.execute(f"UPDATE {table} SET {edits[table]} WHERE {where}").rowcount

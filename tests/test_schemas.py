@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from mcp import Client
 
+from loopwarden.catalog import TOOLS
 from loopwarden.clock import ManualClock
-from loopwarden.operations.catalog import TOOLS
 from loopwarden.server.app import build_server
 from loopwarden.server.schemas import slim
 from loopwarden.server.settings import Settings

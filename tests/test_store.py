@@ -25,21 +25,21 @@ from support import raw_sql_url
 
 import loopwarden
 from loopwarden.errors import IntegrityError, LoopwardenError
-from loopwarden.ledger.log import merkle
-from loopwarden.ledger.log.checkpoints import open_checkpoint
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.log.receipts import open_envelope
-from loopwarden.ledger.state.events import Evidence, ReceiptBody, TodoAdded, TodoSpec
-from loopwarden.ledger.state.fold import rebuild
-from loopwarden.ledger.state.registry import parse_body
-from loopwarden.ledger.storage.reader import Reader
-from loopwarden.ledger.storage.store import Store, startup_check
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
-from loopwarden.operations.runner import run_now
-from loopwarden.operations.todos import todo_add
-from loopwarden.operations.update import UpdateRequest, update
+from loopwarden.kernel.log import merkle
+from loopwarden.kernel.log.checkpoints import open_checkpoint
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.log.seals import open_envelope
+from loopwarden.kernel.runner.runner import run_now
+from loopwarden.kernel.state.events import Evidence, ReceiptBody, TodoSpec
+from loopwarden.kernel.store.reader import Reader
+from loopwarden.kernel.store.store import Store, startup_check
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.principals import Principal
+from loopwarden.todos.todo_kinds import TodoAdded
+from loopwarden.todos.todo_ops import todo_add
+from loopwarden.turns.claim import ClaimRequest, claim
+from loopwarden.turns.update import UpdateRequest, update
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
@@ -52,7 +52,7 @@ WIDE_POLICY = {**copy.deepcopy(BASIC_POLICY), "budgets": {"max_turns": 1000}}
 
 async def open_store(home: Path, **kwargs: Any) -> Store:
     keys = KeyStore(home)
-    store = await Store.open(home / "loopwarden.db", keys.load_signer(), **kwargs)
+    store = await Store.open(home / "loopwarden.db", keys.load_signer(), kinds=KINDS, **kwargs)
     return store
 
 
@@ -125,10 +125,10 @@ async def assert_fold_equals_stored(store: Store, loop_id: str) -> list[ReceiptB
     for expected_seq, row in enumerate(rows, start=1):
         opened = open_envelope(row.envelope, store.keyring)
         assert opened.verified, opened.problems
-        body = parse_body(opened.body)
+        body = KINDS.parse_body(opened.body)
         assert body.seq == row.seq == expected_seq
         bodies.append(body)
-    rebuilt = rebuild([(b, r.digest) for b, r in zip(bodies, rows, strict=True)])[loop_id]
+    rebuilt = KINDS.rebuild([(b, r.digest) for b, r in zip(bodies, rows, strict=True)])[loop_id]
     assert (rebuilt.loop, rebuilt.todos, rebuilt.turns, rebuilt.approvals, rebuilt.policy) == (
         stored.loop,
         stored.todos,
@@ -164,9 +164,11 @@ async def test_failed_transaction_after_append_leaves_no_trace(store):
         )
         tx.remember("builder", "key-1", "update", "sha256:" + "0" * 64, '{"accepted":true}')
         assert (
-            tx.pending_count() == 1 and len(tx.integrate()) == 1
+            tx.unproved.pending_count() == 1 and len(tx.integrate()) == 1
         )  # the leaf, as a commit gives it
-        assert tx.journal_count() == 16 and tx.latest_checkpoint() is not None  # visible inside
+        assert (
+            tx.unproved.journal_count() == 16 and tx.unproved.latest_checkpoint() is not None
+        )  # visible inside
         raise RuntimeError("boom after the append")
 
     with pytest.raises(RuntimeError, match="boom"):
@@ -290,7 +292,7 @@ async def test_a_store_opening_while_another_writer_commits_checks_one_snapshot(
     by another process between its reads is not a damaged store (it once refused to serve:
     "the journal holds 22 receipts but the Merkle log has 21 leaves")."""
     keys = KeyStore(home)
-    writer = Store.open_now(store_url, keys.load_signer(), key_dir=home)
+    writer = Store.open_now(store_url, keys.load_signer(), key_dir=home, kinds=KINDS)
     try:
         request = {"objective": "o", "policy": BASIC_POLICY, "loop_id": "L"}
         run_now(open_loop, writer, OPERATOR, request)
@@ -304,7 +306,7 @@ async def test_a_store_opening_while_another_writer_commits_checks_one_snapshot(
             return counted(reader)
 
         monkeypatch.setattr(Reader, "journal_count", count_after_a_commit)
-        opened = Store.open_now(store_url, keys.load_signer(), key_dir=home)
+        opened = Store.open_now(store_url, keys.load_signer(), key_dir=home, kinds=KINDS)
         opened.close_now()
         assert commits, "the writer committed while the check ran"
     finally:
@@ -382,18 +384,19 @@ WORKER = textwrap.dedent(
 
     import anyio
 
-    from loopwarden.ledger.state.events import Evidence
-    from loopwarden.ledger.log.keys import KeyStore
-    from loopwarden.ledger.storage.store import Store
+    from loopwarden.kernel.state.events import Evidence
+    from loopwarden.kernel.log.keys import KeyStore
+    from loopwarden.kernel.store.store import Store
+    from loopwarden.kinds import KINDS
     from loopwarden.principals import Principal
-    from loopwarden.operations.claim import ClaimRequest, claim
-    from loopwarden.operations.update import UpdateRequest, update
-    from loopwarden.ledger.state.events import Usage
+    from loopwarden.turns.claim import ClaimRequest, claim
+    from loopwarden.turns.update import UpdateRequest, update
+    from loopwarden.kernel.state.events import Usage
 
 
     async def main(home: Path, loop_id: str, agent: str) -> None:
         keys = KeyStore(home)
-        store = await Store.open(home / "loopwarden.db", keys.load_signer())
+        store = await Store.open(home / "loopwarden.db", keys.load_signer(), kinds=KINDS)
         who = Principal(id=agent, role="agent")
         (home / f"ready-{agent}").touch()
         deadline = time.monotonic() + 30
@@ -523,7 +526,7 @@ async def test_several_processes_share_one_store_without_breaking_invariants(hom
         loop = await store.read(lambda r: r.loop_row("L1"))
         assert loop.status == "completed"
         turns = sum(1 for b in bodies if b.kind == "turn.claimed")
-        assert loop.totals.turns == turns and loop.totals.model_calls == turns
+        assert loop.totals.turns == turns and loop.totals.units("model_calls") == turns
     finally:
         await store.close()
 
@@ -535,11 +538,12 @@ SATURATOR = textwrap.dedent(
 
     import anyio
 
-    from loopwarden.ledger.log.keys import KeyStore
-    from loopwarden.ledger.state.events import Evidence
-    from loopwarden.ledger.storage.store import Store
-    from loopwarden.operations.claim import ClaimRequest, claim
-    from loopwarden.operations.update import UpdateRequest, update
+    from loopwarden.kernel.log.keys import KeyStore
+    from loopwarden.kernel.state.events import Evidence
+    from loopwarden.kernel.store.store import Store
+    from loopwarden.kinds import KINDS
+    from loopwarden.turns.claim import ClaimRequest, claim
+    from loopwarden.turns.update import UpdateRequest, update
     from loopwarden.principals import Principal
 
 
@@ -558,7 +562,7 @@ SATURATOR = textwrap.dedent(
 
 
     async def main(home, turns):
-        store = await Store.open(home / "loopwarden.db", KeyStore(home).load_signer())
+        store = await Store.open(home / "loopwarden.db", KeyStore(home).load_signer(), kinds=KINDS)
         try:
             async with anyio.create_task_group() as tg:  # 8 agents: the queue is never empty
                 for a in range(8):
@@ -621,8 +625,8 @@ async def test_a_process_writing_flat_out_does_not_starve_another_process(home, 
 
 
 async def test_a_version_1_database_is_migrated_in_place_and_keeps_working(home):
-    from loopwarden.ledger.storage.migrations import SQLITE_UPGRADES, SQLITE_VERSION_1
-    from loopwarden.ledger.storage.schema import SCHEMA_VERSION
+    from loopwarden.kernel.sql.schema import SCHEMA_VERSION
+    from loopwarden.kernel.sql.upgrades import SQLITE_UPGRADES, SQLITE_VERSION_1
 
     home.mkdir(parents=True)
     path = home / "loopwarden.db"
@@ -671,16 +675,18 @@ HOOK_FIXTURES = Path(__file__).parent / "fixtures" / "hooks" / "claude-code"
 async def test_a_version_5_store_is_migrated_to_6_and_its_rows_proved_again(
     home, backend, store_url
 ):
-    from loopwarden.hooks.handle import handle
-    from loopwarden.ledger.audit.database import audit
-    from loopwarden.ledger.storage.migrations import UPGRADES
-    from loopwarden.ledger.storage.schema import SCHEMA_VERSION
+    from loopwarden.audit.database import audit
+    from loopwarden.hosts.handle import handle
+    from loopwarden.kernel.sql.schema import SCHEMA_VERSION
+    from loopwarden.kernel.sql.upgrades import UPGRADES
 
     keys = KeyStore(home)
 
     async def opened() -> Store:
         signer = keys.load_signer()
-        return await Store.open(store_url, signer, keyring=keys.keyring(), key_dir=home)
+        return await Store.open(
+            store_url, signer, keyring=keys.keyring(), key_dir=home, kinds=KINDS
+        )
 
     store = await opened()
     try:
@@ -727,7 +733,7 @@ async def test_a_version_5_store_is_migrated_to_6_and_its_rows_proved_again(
 
 
 async def test_a_database_from_a_newer_loopwarden_is_refused(home):
-    from loopwarden.ledger.storage.schema import SCHEMA_VERSION
+    from loopwarden.kernel.sql.schema import SCHEMA_VERSION
 
     home.mkdir(parents=True)
     conn = sqlite3.connect(home / "loopwarden.db", isolation_level=None)
@@ -778,7 +784,7 @@ async def test_a_write_past_the_backlog_is_refused_at_once_and_nothing_of_it_is_
     from loopwarden.errors import StoreBusy
 
     keys = KeyStore(home)
-    store = await Store.open(store_url, keys.load_signer(), key_dir=home, backlog=2)
+    store = await Store.open(store_url, keys.load_signer(), key_dir=home, backlog=2, kinds=KINDS)
     try:
         await open_test_loop(store, 4)
         started, released = anyio.Event(), threading.Event()
@@ -818,7 +824,7 @@ async def test_a_backlog_limit_below_one_is_refused(home):
     from loopwarden.errors import InvalidInput
 
     with pytest.raises(InvalidInput, match="positive number of calls, not 0"):
-        Store.open_now(home / "loopwarden.db", KeyStore(home).load_signer(), backlog=0)
+        Store.open_now(home / "loopwarden.db", KeyStore(home).load_signer(), backlog=0, kinds=KINDS)
     assert not (home / "loopwarden.db").exists()
 
 
@@ -872,7 +878,7 @@ async def test_a_database_error_in_one_grouped_body_fails_that_body_alone(store)
 
 async def assert_log_whole(store: Store) -> None:
     """The Merkle log holds exactly the journal: the start-up check and a full audit agree."""
-    from loopwarden.ledger.audit.database import audit
+    from loopwarden.audit.database import audit
 
     await store.read(startup_check)
     report = await store.read(lambda r: audit(r, store.keyring, workers=0))

@@ -33,37 +33,38 @@ from conftest import BUILDER, OPERATOR, REVIEWER
 from support import ENVELOPE_PARTS, cli, cli_env, control_loop, make_policy, stored_envelope
 from typer.testing import CliRunner
 
-from loopwarden.canonical import canonical_bytes, sha256_digest
-from loopwarden.clients import admin
-from loopwarden.clients.cli import app
-from loopwarden.clock import ManualClock, parse_time
-from loopwarden.ledger.audit import bundles
-from loopwarden.ledger.audit import database as audit_module
-from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.audit.findings import Finding, Report
-from loopwarden.ledger.log import merkle
-from loopwarden.ledger.log.checkpoints import sign_checkpoint
-from loopwarden.ledger.log.keys import Keyring, KeyStore, Signer, public_key_b64
-from loopwarden.ledger.log.receipts import receipt_id_for, seal
-from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
-from loopwarden.ledger.storage.copies import copy_rows
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.approvals import (
+from loopwarden.approvals.approval_ops import (
     ApprovalRequest,
     DecideApprovalRequest,
     decide_approval,
     request_approval,
 )
-from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
-from loopwarden.operations.loops import (
+from loopwarden.audit import bundles
+from loopwarden.audit import database as audit_module
+from loopwarden.audit.bundles import export_bundle, verify_bundle
+from loopwarden.audit.database import audit
+from loopwarden.audit.findings import Finding, Report
+from loopwarden.canonical import canonical_bytes, sha256_digest
+from loopwarden.cli.root import app
+from loopwarden.clients import admin
+from loopwarden.clock import ManualClock, parse_time
+from loopwarden.kernel.log import merkle
+from loopwarden.kernel.log.checkpoints import sign_checkpoint
+from loopwarden.kernel.log.keys import Keyring, KeyStore, Signer, public_key_b64
+from loopwarden.kernel.log.seals import receipt_id_for, seal
+from loopwarden.kernel.state.events import Evidence, ToolUse, Usage
+from loopwarden.kernel.store.copies import copy_rows
+from loopwarden.kernel.store.store import Store
+from loopwarden.kinds import KINDS
+from loopwarden.loops.lifecycle import (
     LoopControlRequest,
     OpenLoopRequest,
     TodoInput,
     open_loop,
 )
-from loopwarden.operations.update import UpdateRequest, update
 from loopwarden.principals import Principal
+from loopwarden.turns.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.turns.update import UpdateRequest, update
 
 DB = "loopwarden.db"
 CHECKPOINT_EVERY = 4
@@ -96,7 +97,11 @@ CHECKPOINT_SIZES = [4, 8, 12, 15]  # every 4 receipts, plus one signed at the en
 async def _build_journal(home: Path) -> None:
     keys = KeyStore(home)
     store = await Store.open(
-        home / DB, keys.load_signer(), clock=ManualClock(), checkpoint_every=CHECKPOINT_EVERY
+        home / DB,
+        keys.load_signer(),
+        clock=ManualClock(),
+        checkpoint_every=CHECKPOINT_EVERY,
+        kinds=KINDS,
     )
     reports = iter(range(1000))
 
@@ -594,7 +599,7 @@ CASES: dict[str, Case] = {
 
 def pg_connection(url: str) -> Any:
     """A psycopg connection in one transaction (committed by `damaged_copy`), `?` queries."""
-    from loopwarden.ledger.storage.postgres import connect
+    from loopwarden.kernel.sql.postgres import connect
 
     conn = connect(url)
     conn.execute("BEGIN")
@@ -608,7 +613,9 @@ def copy_to(home: Path, url: str) -> None:
     async def copy() -> None:
         keys = KeyStore(home)
         with admin.open_reader(home) as source:
-            store = await Store.open(url, keys.load_signer(), keyring=keys.keyring(), key_dir=home)
+            store = await Store.open(
+                url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, kinds=KINDS
+            )
             try:
                 await store.write(lambda tx: copy_rows(source, tx.conn))
             finally:

@@ -42,20 +42,20 @@ from support import (
 )
 from typer.testing import CliRunner
 
+from loopwarden.approvals.approval_ops import ApprovalRequest, request_approval
+from loopwarden.auth.tokens import TOKEN_PREFIX, token_hash, token_id_for
+from loopwarden.cli.root import app
 from loopwarden.clients import admin
 from loopwarden.clients.agent import AgentClient, ToolCallError
-from loopwarden.clients.cli import app
-from loopwarden.ledger.homes import DB_NAME
-from loopwarden.ledger.log.keys import KeyStore, public_key_b64
-from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
-from loopwarden.ledger.storage.location import STORE_ENV
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.approvals import ApprovalRequest, request_approval
-from loopwarden.operations.claim import ClaimRequest, ClaimResult, claim
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
-from loopwarden.operations.update import UpdateRequest, update
+from loopwarden.kernel.log.keys import KeyStore, public_key_b64
+from loopwarden.kernel.sql.location import STORE_ENV
+from loopwarden.kernel.state.events import Evidence, ToolUse, Usage
+from loopwarden.kernel.store.homes import DB_NAME
+from loopwarden.kernel.store.store import Store
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.principals import Principal
-from loopwarden.server.tokens import TOKEN_PREFIX, token_hash, token_id_for
+from loopwarden.turns.claim import ClaimRequest, ClaimResult, claim
+from loopwarden.turns.update import UpdateRequest, update
 
 ATTACKED = Path(__file__).parent / "fixtures" / "attacked-0.1.0"
 POLICY = make_policy(budgets={"max_turns": 3})
@@ -91,7 +91,7 @@ class Db:
     def _connect(self) -> Any:
         if self.store is None:
             return sqlite3.connect(self.path)
-        from loopwarden.ledger.storage.postgres import connect  # autocommit: each statement stands
+        from loopwarden.kernel.sql.postgres import connect  # autocommit: each statement stands
 
         conn = connect(self.store)
         conn.commit = lambda: None  # type: ignore[attr-defined]

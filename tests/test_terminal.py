@@ -32,11 +32,11 @@ import pyte
 from conftest import BASIC_POLICY, BUILDER, OPERATOR
 from support import ENVELOPE_PARTS, cli_env, loopwarden, stored_envelope
 
+from loopwarden.approvals.approval_ops import ApprovalRequest, request_approval
 from loopwarden.clients.admin import open_store
-from loopwarden.ledger.homes import DB_NAME
-from loopwarden.operations.approvals import ApprovalRequest, request_approval
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.loops import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.kernel.store.homes import DB_NAME
+from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
+from loopwarden.turns.claim import ClaimRequest, claim
 
 COLUMNS, LINES = 200, 60
 RUN_FOR = 30.0  # seconds any one command may take under the pseudo-terminal

@@ -31,21 +31,25 @@ import pytest
 from conftest import BUILDER, OPERATOR
 from test_store import open_test_loop
 
+from loopwarden.audit.database import audit
 from loopwarden.errors import Conflict, StoreBusy
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.state.events import TodoAdded, TodoSpec
-from loopwarden.ledger.storage.postgres import connect
-from loopwarden.ledger.storage.store import Store, snapshot
-from loopwarden.operations.claim import ClaimRequest, claim
-from loopwarden.operations.receipt import ReceiptRequest, receipt
+from loopwarden.journal.receipt import ReceiptRequest, receipt
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.sql.postgres import connect
+from loopwarden.kernel.state.events import TodoSpec
+from loopwarden.kernel.store.store import Store, snapshot
+from loopwarden.kinds import KINDS
+from loopwarden.todos.todo_kinds import TodoAdded
+from loopwarden.turns.claim import ClaimRequest, claim
 
 pytestmark = pytest.mark.anyio
 
 
 async def _open(home: Path, url: str, **kw: Any) -> Store:
     keys = KeyStore(home)
-    return await Store.open(url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, **kw)
+    return await Store.open(
+        url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, kinds=KINDS, **kw
+    )
 
 
 def _add(loop_id: str, n: int) -> Any:
@@ -280,10 +284,12 @@ async def test_replicas_take_turns_a_replica_lets_receipts_gather_after_another_
 _STUCK_REPLICA = textwrap.dedent(
     """
     import sys, time, anyio
-    from loopwarden.ledger.log.keys import KeyStore
-    from loopwarden.ledger.storage.store import Store
-    from loopwarden.ledger.storage.txn import Txn
-    from loopwarden.ledger.state.events import TodoAdded, TodoSpec
+    from loopwarden.kernel.log.keys import KeyStore
+    from loopwarden.kernel.store.store import Store
+    from loopwarden.kinds import KINDS
+    from loopwarden.kernel.store.txn import Txn
+    from loopwarden.kernel.state.events import TodoSpec
+    from loopwarden.todos.todo_kinds import TodoAdded
     from loopwarden.principals import Principal
 
     home, url = sys.argv[1], sys.argv[2]
@@ -300,7 +306,7 @@ _STUCK_REPLICA = textwrap.dedent(
 
     async def main():
         keys = KeyStore(home)
-        store = await Store.open(url, keys.load_signer(), keyring=keys.keyring(), key_dir=home)
+        store = await Store.open(url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, kinds=KINDS)
         who = Principal(id="alice", role="operator")
         for n in range(10):
             todo = TodoAdded(todo=TodoSpec(id=f"k{n}", title="k", order=n))
@@ -426,7 +432,9 @@ async def test_a_hook_process_past_the_pending_limit_is_refused_before_it_writes
         log.close()
     assert _counts(pg_url) == (0, 4)
     keys = KeyStore(home)
-    hook = Store.open_now(pg_url, keys.load_signer(), keyring=keys.keyring(), key_dir=home)
+    hook = Store.open_now(
+        pg_url, keys.load_signer(), keyring=keys.keyring(), key_dir=home, kinds=KINDS
+    )
     try:
         hook.max_pending = 1
         with pytest.raises(StoreBusy, match="4 receipts are waiting"):
@@ -474,7 +482,7 @@ async def _race(
     """`op(request)` on both replicas, the second sent while the first holds its commit (the
     rows written, not committed) and released once PostgreSQL shows the second waiting for a
     lock: what each returned or raised."""
-    from loopwarden.operations.runner import _write
+    from loopwarden.kernel.runner.runner import _write
 
     token = anyio.lowlevel.current_token()
     reached, gate, outcome = anyio.Event(), anyio.Event(), [None, None]
@@ -506,7 +514,7 @@ async def _race(
 async def test_two_replicas_opening_one_loop_id_at_once_give_one_loop_and_a_conflict(home, pg_url):
     from test_store import WIDE_POLICY
 
-    from loopwarden.operations.loops import OpenLoopRequest, open_loop
+    from loopwarden.loops.lifecycle import OpenLoopRequest, open_loop
 
     first, second = await _open(home, pg_url), await _open(home, pg_url)
     request = OpenLoopRequest(objective="o", policy=WIDE_POLICY, loop_id="twice")
@@ -528,8 +536,8 @@ async def test_a_turn_found_before_its_loop_was_free_is_read_again_not_refused_a
 ):
     from conftest import BUILDER
 
-    from loopwarden.operations.claim import ClaimRequest, claim
-    from loopwarden.operations.leases import HeartbeatRequest, heartbeat
+    from loopwarden.turns.claim import ClaimRequest, claim
+    from loopwarden.turns.leases import HeartbeatRequest, heartbeat
 
     first, second = await _open(home, pg_url), await _open(home, pg_url)
     try:

@@ -1,4 +1,4 @@
-"""The server's verified-token cache (`server/verified.py`) on a real store, both backends:
+"""The server's verified-token cache (`auth/verified.py`) on a real store, both backends:
 a repeat request is answered without the token's row, but a revocation or an expiry (by the
 store's clock) refuses the very next request, as without the cache; concurrent requests share
 one tokens-version read.
@@ -12,10 +12,10 @@ from datetime import timedelta
 import anyio
 import pytest
 
+from loopwarden.auth.bearer import StoreTokenVerifier
+from loopwarden.auth.tokens import issue_token, revoke_token
+from loopwarden.auth.verified import Coalesced
 from loopwarden.principals import Principal
-from loopwarden.server.auth import StoreTokenVerifier
-from loopwarden.server.tokens import issue_token, revoke_token
-from loopwarden.server.verified import Coalesced
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 

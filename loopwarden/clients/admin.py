@@ -8,13 +8,20 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from loopwarden.errors import KeyFileError, NotFound
-from loopwarden.ledger.homes import DB_NAME, home_source, private_dir, resolve_home, store_source
-from loopwarden.ledger.log.integrity import Integrity
-from loopwarden.ledger.log.keys import Keyring, KeyStore
-from loopwarden.ledger.log.rotations import Trust, directory_trust
-from loopwarden.ledger.storage.location import Location
-from loopwarden.ledger.storage.reader import Reader
-from loopwarden.ledger.storage.store import Store, snapshot
+from loopwarden.kernel.log.integrity import Integrity
+from loopwarden.kernel.log.keys import Keyring, KeyStore
+from loopwarden.kernel.log.rotations import Trust, directory_trust
+from loopwarden.kernel.sql.location import Location
+from loopwarden.kernel.store.homes import (
+    DB_NAME,
+    home_source,
+    private_dir,
+    resolve_home,
+    store_source,
+)
+from loopwarden.kernel.store.reader import Reader
+from loopwarden.kernel.store.store import Store, snapshot
+from loopwarden.kinds import KINDS
 from loopwarden.principals import Principal
 
 DEFAULT_OPERATOR = "operator"
@@ -95,6 +102,7 @@ async def open_store(
         key_dir=path,
         check=check,
         create=create,
+        kinds=KINDS,
     )
     try:
         yield opened

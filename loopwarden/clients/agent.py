@@ -20,19 +20,19 @@ from typing import Any, TypeVar
 from mcp import Client, StdioServerParameters
 from pydantic import BaseModel
 
-from loopwarden.ledger.state.events import Evidence, ToolUse, Usage
-from loopwarden.operations import approvals as approvals_ops
-from loopwarden.operations import claim as claim_ops
-from loopwarden.operations import leases as lease_ops
-from loopwarden.operations import loops as loop_ops
-from loopwarden.operations import projection as projection_ops
-from loopwarden.operations import quota as quota_ops
-from loopwarden.operations import receipt as receipt_ops
-from loopwarden.operations import todos as todo_ops
-from loopwarden.operations import update as update_ops
-from loopwarden.operations.operation import Operation, Req, Res
+from loopwarden.approvals import approval_ops as approvals_ops
+from loopwarden.journal import receipt as receipt_ops
+from loopwarden.kernel.runner.operation import Operation, Req, Res
+from loopwarden.kernel.state.events import Evidence, ToolUse, Usage
+from loopwarden.loops import lifecycle as loop_ops
 from loopwarden.principals import Role
+from loopwarden.projection import projection as projection_ops
 from loopwarden.server.tools import error_of
+from loopwarden.todos import todo_ops
+from loopwarden.turns import claim as claim_ops
+from loopwarden.turns import leases as lease_ops
+from loopwarden.turns import quota as quota_ops
+from loopwarden.turns import update as update_ops
 
 M = TypeVar("M", bound=BaseModel)
 

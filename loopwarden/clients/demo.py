@@ -13,7 +13,7 @@ import hashlib
 import json
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
@@ -22,19 +22,19 @@ from typing import Any
 
 from rich.markup import escape
 
+from loopwarden.approvals.approval_ops import DecideApprovalRequest, decide_approval
+from loopwarden.audit.bundles import export_bundle, verify_bundle
+from loopwarden.audit.database import audit
 from loopwarden.clients import admin, render
 from loopwarden.clients.agent import AgentClient
 from loopwarden.clock import format_optional
 from loopwarden.errors import Conflict
-from loopwarden.ledger.audit.bundles import export_bundle, verify_bundle
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.homes import DB_NAME
-from loopwarden.ledger.log.keys import Keyring
-from loopwarden.operations.approvals import DecideApprovalRequest, decide_approval
-from loopwarden.operations.loops import OpenLoopRequest, open_loop
-from loopwarden.operations.update import UpdateResult
+from loopwarden.kernel.log.keys import Keyring
+from loopwarden.kernel.store.homes import DB_NAME
+from loopwarden.loops.lifecycle import OpenLoopRequest, open_loop
 from loopwarden.policy.digest import policy_document
 from loopwarden.policy.loader import parse_policy
+from loopwarden.turns.update import UpdateResult
 
 OPERATOR = admin.operator("operator")
 
@@ -92,11 +92,13 @@ def _policy(name: str) -> dict[str, Any]:
     return policy_document(parse_policy(text, "toml", source=name))
 
 
-def _reasons(reasons) -> list[str]:
+def _reasons(reasons: Iterable[Any]) -> list[str]:
     return [r.code for r in reasons]
 
 
-async def _open(home: Path, n: Narrator, loop_id: str, objective: str, todos: list[dict]) -> None:
+async def _open(
+    home: Path, n: Narrator, loop_id: str, objective: str, todos: list[dict[str, Any]]
+) -> None:
     """The operator opens `loop_id` under its demo policy (`demo_policies/<loop_id>.toml`)."""
     async with admin.open_store(home) as store:
         result = await open_loop(

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from loopwarden import hosts
 from loopwarden.hosts.host import Reply
+from loopwarden.kinds import KINDS
 
 DESCRIPTION = (
     "Answer one agent-host hook event (stdin) for AGENT in loop LOOP, in HOST's format. "
@@ -52,10 +53,10 @@ def parser() -> argparse.ArgumentParser:
 
 def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
     from loopwarden.clients import admin
-    from loopwarden.hooks.handle import failure, handle_now
-    from loopwarden.ledger.homes import synchronous_mode
-    from loopwarden.ledger.log.keys import KeyStore
-    from loopwarden.ledger.storage.store import Store
+    from loopwarden.hosts.handle import failure, handle_now
+    from loopwarden.kernel.log.keys import KeyStore
+    from loopwarden.kernel.store.homes import synchronous_mode
+    from loopwarden.kernel.store.store import Store
 
     try:
         home, location = admin.existing_store(args.home, args.store)
@@ -68,8 +69,9 @@ def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
             keyring=keys.keyring(),
             key_dir=home,
             synchronous=synchronous_mode(),
-            check=False,  # every row a write reads is proved anyway (ledger/storage/guard.py)
+            check=False,  # every row a write reads is proved anyway (kernel/store/guard.py)
             create=False,
+            kinds=KINDS,
         )
     except Exception as exc:  # no store, no decision: fail closed, naming why
         message = getattr(exc, "message", None) or f"cannot open the store ({type(exc).__name__})"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from loopwarden.errors import KeyFileError, clip
-from loopwarden.ledger.log.keys import Keyring, decode_public_key, key_id_for, public_key_b64
+from loopwarden.kernel.log.keys import Keyring, decode_public_key, key_id_for, public_key_b64
 
 KEY_ID_PREFIX = "ed25519-"
 

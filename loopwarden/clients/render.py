@@ -16,9 +16,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from loopwarden.audit.findings import Report
 from loopwarden.clock import format_time
-from loopwarden.ledger.audit.findings import Report
-from loopwarden.operations.projection import ProjectionResult
+from loopwarden.projection.projection import ProjectionResult
 
 # Piped output (scripts, docs, grep) is never wrapped: a line of ours (a finding, a step) stays
 # one line whatever its length, and tables get a wide fixed width instead of rich's 80 columns.

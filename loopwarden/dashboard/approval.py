@@ -14,11 +14,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from loopwarden.dashboard.app import Ctx, Dashboard, Probe
+from loopwarden.approvals.approval_ops import list_approvals
+from loopwarden.dashboard.board import Ctx, Dashboard, Probe
 from loopwarden.errors import InvalidInput, NotFound
-from loopwarden.ledger.state.events import APPROVAL_ID_PATTERN
-from loopwarden.ledger.storage.reader import Reader
-from loopwarden.operations.approvals import list_approvals
+from loopwarden.kernel.state.events import APPROVAL_ID_PATTERN
+from loopwarden.kernel.store.reader import Reader
 
 EXPIRIES = ("15m", "1h", "4h", "1d", "7d")  # the queue's choices (pages.EXPIRIES)
 

@@ -16,12 +16,12 @@ import os
 import sys
 from pathlib import Path
 
+from loopwarden.audit.database import audit
 from loopwarden.errors import LoopwardenError
-from loopwarden.ledger.audit.database import audit
-from loopwarden.ledger.log.keys import KeyStore
-from loopwarden.ledger.log.rotations import directory_trust
-from loopwarden.ledger.storage.location import STORE_ENV, parse_location
-from loopwarden.ledger.storage.store import snapshot
+from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.log.rotations import directory_trust
+from loopwarden.kernel.sql.location import STORE_ENV, parse_location
+from loopwarden.kernel.store.store import snapshot
 
 
 def _say(message: dict[str, object]) -> None:

@@ -8,9 +8,11 @@ A page asks for the loop at its current head and only the receipts after the cac
 read, in chunks, so a loop with thousands of receipts is read once, and no single read holds
 the store's read side for long.
 
-Budgets are charged as the fold charges them: a claim counts one turn; a report, and a refused
-report marked `charged`, add their usage. A page compares the result with the stored totals
-and says so if they differ.
+Budgets are what the fold says: each receipt, parsed as its kind's typed body, is folded into
+the loop's view with the same registry the write path and the audit use (`Kinds.apply`), and
+each budget's line is the view's totals after it — a claim's turn, a report's usage, a lease's
+expiry, a loop's close, a call observed outside a turn, whatever a kind charges. A page
+compares the result with the stored totals and says so if they differ.
 
 Each turn keeps every report the agent sent, in order, with its verdict: a refused report does
 not replace the one before it (a turn stopped for `tool_denied` and then reported again, refused
@@ -31,17 +33,21 @@ from typing import Any
 import anyio
 from pydantic import ValidationError
 
-from loopwarden.ledger.state.events import ReceiptKind, Usage
-from loopwarden.ledger.state.folding import usage_totals
-from loopwarden.ledger.storage.store import Store
-from loopwarden.operations.journal import JournalRequest, ReceiptLine, journal
-from loopwarden.policy.budgets import Totals
-from loopwarden.policy.model import BUDGET_DIMENSIONS
+from loopwarden.approvals.approval_kinds import ApprovalRequested
+from loopwarden.errors import LoopwardenError
+from loopwarden.hosts.host_kinds import ToolAdmitted, ToolCall, ToolObserved, ToolRefused
+from loopwarden.journal.listing import JournalRequest, ReceiptLine, journal
+from loopwarden.kernel.state.events import LoopStopped, ReceiptBody, ReceiptKind, TurnReport
+from loopwarden.kernel.state.registry import Kinds
+from loopwarden.kernel.state.rows import LoopView
+from loopwarden.kernel.store.store import Store
+from loopwarden.loops.loop_kinds import LoopStatusChanged
+from loopwarden.policy.budgets import BUDGET_DIMENSIONS, Totals
 from loopwarden.principals import Principal
+from loopwarden.turns.turn_kinds import TurnClaimed
 
 CHUNK = 100  # receipts per read (~10 ms): bounds how long one read holds the store's read side
 MAX_LOOPS = 8  # loops whose history is kept (least recently used dropped first)
-REPORT_KINDS = frozenset({"turn.reported", "turn.refused"})
 # The turn's own lifecycle; any other kind that names a turn is something a host recorded.
 TURN_KINDS = frozenset(
     str(kind)
@@ -56,12 +62,6 @@ TURN_KINDS = frozenset(
         ReceiptKind.REQUEST_REFUSED,
         ReceiptKind.CLAIM_REFUSED,
     )
-)
-
-
-TOOL_CALL_KINDS = frozenset(
-    str(kind)
-    for kind in (ReceiptKind.TOOL_ADMITTED, ReceiptKind.TOOL_REFUSED, ReceiptKind.TOOL_OBSERVED)
 )
 
 
@@ -126,6 +126,7 @@ class TurnTools:
     agent: str = ""
     reports: list[Report] = field(default_factory=list)
     host: dict[tuple[str, str], HostUse] = field(default_factory=dict)
+    hosts: set[str] = field(default_factory=set)  # the hosts (or the MCP gateway) that saw it
     other: Counter[str] = field(default_factory=Counter)  # receipts of unmodelled kinds, by kind
 
     @property
@@ -165,112 +166,115 @@ class LoopHistory:
     head: int = 0
     lines: list[Line] = field(default_factory=list)
     control: Control | None = None  # the latest pause, resume or cancel
-    totals: Totals = field(default_factory=Totals)
+    view: LoopView | None = None  # the loop as its receipts fold it (None before loop.opened)
     # dimension → [(at, seq, used so far)], one point each time that dimension moved
     series: dict[str, list[tuple[datetime, int, float]]] = field(default_factory=dict)
     turns: dict[str, TurnTools] = field(default_factory=dict)
-    unreadable: int = 0  # charging receipts whose usage could not be read (tampered data)
+    unreadable: int = 0  # receipts that are no typed body or do not fold (tampered data)
 
-    def extend(self, receipts: list[ReceiptLine], data: list[dict[str, Any]]) -> None:
-        """Add the next receipts (in `seq` order, from `head + 1`) and their bodies' data."""
-        for receipt, facts in zip(receipts, data, strict=True):
+    @property
+    def totals(self) -> Totals:
+        """What the loop's receipts charged, as the fold charges it."""
+        return self.view.loop.totals if self.view is not None else Totals()
+
+    def extend(
+        self, kinds: Kinds, receipts: list[ReceiptLine], bodies: list[dict[str, Any]]
+    ) -> None:
+        """Add the next receipts (in `seq` order, from `head + 1`) and their signed bodies."""
+        for receipt, raw in zip(receipts, bodies, strict=True):
             if receipt.seq != self.head + 1:
                 raise ValueError(f"{self.loop_id}: receipt {receipt.seq} after {self.head}")
-            self._add(receipt, facts)
+            self._add(kinds, receipt, _typed(kinds, raw))
             self.head = receipt.seq
 
-    def _add(self, r: ReceiptLine, data: dict[str, Any]) -> None:
+    def _add(self, kinds: Kinds, r: ReceiptLine, body: ReceiptBody | None) -> None:
         self.lines.append(
             Line(
-                r.seq,
-                r.receipt_id,
-                r.kind,
-                r.at,
-                r.principal,
-                r.effect,
-                tuple(r.reasons),
-                r.turn_id,
-                r.verified,
-                tuple(r.messages),
-                subject(r.kind, data),
+                r.seq, r.receipt_id, r.kind, r.at, r.principal, r.effect, tuple(r.reasons),
+                r.turn_id, r.verified, tuple(r.messages), subject(body),
             )
-        )
-        charge = self._charge(r.kind, data)
-        if r.seq == 1 or charge is not None:
-            before = self.totals
-            self.totals = before.plus(charge or Totals())
+        )  # fmt: skip
+        before = self.totals
+        if body is None:
+            self.unreadable += 1
+        else:
+            self._fold(kinds, body, r.digest)
+        if r.seq == 1 or self.totals != before:
             for dim in BUDGET_DIMENSIONS:
                 if r.seq == 1 or self.totals.units(dim) != before.units(dim):
                     self.series.setdefault(dim, []).append((r.at, r.seq, self.totals.used(dim)))
         if r.turn_id is not None:
-            self._note_turn(r, data)
-        if r.kind in CONTROL_KINDS:  # a cancel's reason is its stop's detail
-            given = data.get("detail" if r.kind == ReceiptKind.LOOP_CANCELLED else "reason")
-            self.control = Control(r.kind, r.principal, r.at, str(given or ""))
+            self._note_turn(r, body)
+        data = body.data if body is not None else None
+        if r.kind in CONTROL_KINDS and isinstance(data, (LoopStatusChanged, LoopStopped)):
+            given = data.detail if isinstance(data, LoopStopped) else data.reason
+            self.control = Control(r.kind, r.principal, r.at, given)  # a cancel's: its stop's
 
-    def _charge(self, kind: str, data: dict[str, Any]) -> Totals | None:
-        if kind == "turn.claimed":
-            return Totals(turns=1)
-        if kind == "turn.reported" or (kind == "turn.refused" and data.get("charged")):
-            try:
-                charged = data.get("tool_calls_charged")  # absent in 0.1.0's receipts
-                tool_calls = charged if isinstance(charged, int) else None
-                return usage_totals(Usage.model_validate(data.get("usage", {})), tool_calls)
-            except ValidationError:
-                self.unreadable += 1
-        return None
+    def _fold(self, kinds: Kinds, body: ReceiptBody, digest: str) -> None:
+        """Fold one receipt into the view; one that does not fit leaves the view as it was
+        (the audit says why) and is counted unreadable."""
+        try:
+            self.view = kinds.apply(self.view, body, digest)
+        except LoopwardenError:  # FoldError, or an opening whose policy does not parse
+            self.unreadable += 1
 
-    def _note_turn(self, r: ReceiptLine, data: dict[str, Any]) -> None:
+    def _note_turn(self, r: ReceiptLine, body: ReceiptBody | None) -> None:
+        """What a receipt says about its turn (one this version cannot read, by its kind)."""
         assert r.turn_id is not None
         turn = self.turns.setdefault(r.turn_id, TurnTools(r.turn_id))
-        if r.kind == "turn.claimed":
-            turn.todo_id, turn.agent = str(data.get("todo_id", "")), r.principal
-        elif r.kind in REPORT_KINDS:
+        data = body.data if body is not None else None
+        if isinstance(data, TurnClaimed):
+            turn.todo_id, turn.agent = data.todo_id, r.principal
+        elif isinstance(data, TurnReport):
             tools = tuple(tools_used(data).items())
             turn.reports.append(
-                Report(
-                    r.seq, str(data.get("outcome", "")), tools, r.effect == "deny", tuple(r.reasons)
-                )
+                Report(r.seq, data.outcome, tools, r.effect == "deny", tuple(r.reasons))
             )
-        elif r.kind in TOOL_CALL_KINDS:
+        elif isinstance(data, (ToolCall, ToolObserved)):
             _note_host(turn, r, data)
         elif r.kind not in TURN_KINDS:
             turn.other[r.kind] += 1
 
 
-def _note_host(turn: TurnTools, r: ReceiptLine, data: dict[str, Any]) -> None:
-    """Count one hook receipt for its tool (what the receipt names; `?` if it names none)."""
-    tool, host_tool = str(data.get("tool", "?")), str(data.get("host_tool", "?"))
-    use = turn.host.setdefault((tool, host_tool), HostUse(tool, host_tool))
-    if r.kind == ReceiptKind.TOOL_ADMITTED:
+def _typed(kinds: Kinds, raw: dict[str, Any]) -> ReceiptBody | None:
+    """A signed body as its kind's typed body (None where it is not one: tampered data)."""
+    try:
+        return kinds.parse_body(raw)
+    except (ValidationError, ValueError, TypeError):
+        return None
+
+
+def _note_host(turn: TurnTools, r: ReceiptLine, data: ToolCall | ToolObserved) -> None:
+    """Count one hook receipt for its tool."""
+    use = turn.host.setdefault((data.tool, data.host_tool), HostUse(data.tool, data.host_tool))
+    turn.hosts.add(data.host)
+    if isinstance(data, ToolAdmitted):
         use.admitted += 1
-    elif r.kind == ReceiptKind.TOOL_REFUSED:
+    elif isinstance(data, ToolRefused):
         use.refused += 1
         use.refusals.update(r.reasons)
-    else:
+    elif isinstance(data, ToolObserved):
         use.ran += 1
-        use.errored += bool(data.get("errored"))
+        use.errored += data.errored
 
 
-def tools_used(data: dict[str, Any]) -> Counter[str]:
-    """A report's `tools_used` as name → count (entries that are not a named tool skipped)."""
+def tools_used(report: TurnReport) -> Counter[str]:
+    """A report's `tools_used` as name → count."""
     tools: Counter[str] = Counter()
-    for use in data.get("tools_used", ()):
-        if isinstance(use, dict) and isinstance(use.get("name"), str):
-            count = use.get("count", 1)
-            tools[use["name"]] += count if isinstance(count, int) else 1
+    for use in report.tools_used:
+        tools[use.name] += use.count
     return tools
 
 
-def subject(kind: str, data: dict[str, Any]) -> str:
-    """The tools a receipt is about, for a list line: a report's, or a host's call."""
-    if kind in REPORT_KINDS:
+def subject(body: ReceiptBody | None) -> str:
+    """The tools a receipt is about, for a list line: a report's, a host's call, an approval's."""
+    data = body.data if body is not None else None
+    if isinstance(data, TurnReport):
         return ", ".join(f"{name}×{n}" for name, n in tools_used(data).items())
-    if kind in TOOL_CALL_KINDS and isinstance(data.get("tool"), str):
-        host_tool = data.get("host_tool")
-        return f"{data['tool']} ({host_tool})" if isinstance(host_tool, str) else data["tool"]
-    if isinstance(data.get("tool"), str):  # an approval's
-        return str(data["tool"])
+    if isinstance(data, (ToolCall, ToolObserved)):
+        return f"{data.tool} ({data.host_tool})"
+    if isinstance(data, ApprovalRequested):
+        return data.tool
     return ""
 
 
@@ -290,12 +294,12 @@ class Histories:
             history = self._histories.pop(loop_id, None) or LoopHistory(loop_id)
             while history.head < head:
                 request = JournalRequest(
-                    loop_id=loop_id, after_seq=history.head, limit=CHUNK, with_data=True
+                    loop_id=loop_id, after_seq=history.head, limit=CHUNK, with_bodies=True
                 )
                 chunk = await journal(store, who, request)
                 if not chunk.receipts:
                     break
-                history.extend(chunk.receipts, chunk.data or [])
+                history.extend(store.kinds, chunk.receipts, chunk.bodies or [])
                 await anyio.sleep(0)  # reads queued meanwhile (governance) go before the next chunk
             self._histories[loop_id] = history
             while len(self._histories) > self._max:

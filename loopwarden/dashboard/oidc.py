@@ -1,5 +1,5 @@
 """Operators sign into the dashboard with OpenID Connect when an issuer is configured
-(`[oauth] dashboard_client_id`, `server/identity.py`); the token sign-in stays beside it.
+(`[oauth] dashboard_client_id`, `auth/identity.py`); the token sign-in stays beside it.
 
 `GET /login/oidc` sends the browser to the issuer's authorization endpoint (authorization code
 flow with PKCE `S256`, a fresh `state` and `nonce`, `resource` = this server's `/mcp`, scope
@@ -29,10 +29,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from loopwarden.auth.oauth import IssuerUnavailable, JwtVerifier, granted_scopes
 from loopwarden.clock import Clock, system_clock
-from loopwarden.dashboard.sessions import COOKIE, next_page
+from loopwarden.dashboard.operator_sessions import COOKIE, next_page
 from loopwarden.principals import Principal
-from loopwarden.server.oauth import IssuerUnavailable, JwtVerifier, granted_scopes
 
 log = logging.getLogger("loopwarden.dashboard")
 
@@ -181,7 +181,10 @@ async def start_page(d: Any, login: OidcLogin, request: Request) -> Response:
         url, state = await login.start(next_page(request.query_params.get("next", "")))
     except IssuerUnavailable as exc:
         log.error("OIDC sign-in unavailable: %s", exc)
-        return d.error_page(503, "the identity provider cannot be reached; sign in with a token")
+        page: Response = d.error_page(
+            503, "the identity provider cannot be reached; sign in with a token"
+        )
+        return page
     response = RedirectResponse(url, status_code=303)
     # Lax, not strict: the callback is a top-level navigation from the identity provider.
     response.set_cookie(
@@ -204,9 +207,10 @@ async def callback_page(d: Any, login: OidcLogin, request: Request) -> Response:
             if isinstance(exc, LoginRefused)
             else "The identity provider cannot be reached."
         )
-        return d.render(
+        refused: Response = d.render(
             "login.html", 403, message=message, error=True, csrf="", who=None, next="/", oidc=True
         )
+        return refused
     session = d.sessions.create(None, who)
     session.say("ok", f"Signed in as {who.id} (identity provider).")
     # A page of ours moves on: after a cross-site redirect chain a SameSite=Strict session

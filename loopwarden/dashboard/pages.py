@@ -30,10 +30,18 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from loopwarden.approvals.approval_ops import decide_approval, list_approvals
+from loopwarden.auth.tokens import TOKEN_PREFIX, token_hash
 from loopwarden.clock import format_time
 from loopwarden.dashboard import approval, oidc
-from loopwarden.dashboard.app import Ctx, Dashboard, Probe, operator_problem
-from loopwarden.dashboard.sessions import COOKIE, LOGIN_COOKIE, new_secret, next_page, same_secret
+from loopwarden.dashboard.board import Ctx, Dashboard, Probe, operator_problem
+from loopwarden.dashboard.operator_sessions import (
+    COOKIE,
+    LOGIN_COOKIE,
+    new_secret,
+    next_page,
+    same_secret,
+)
 from loopwarden.dashboard.views import (
     RECENT_LINES,
     RECENT_RECEIPTS,
@@ -53,19 +61,18 @@ from loopwarden.dashboard.views import (
     unused,
 )
 from loopwarden.errors import Conflict, InvalidInput
-from loopwarden.ledger.state.events import APPROVAL_ID_PATTERN, ID_PATTERN, RECEIPT_ID_PATTERN
-from loopwarden.ledger.storage.reader import Reader
-from loopwarden.operations.approvals import decide_approval, list_approvals
-from loopwarden.operations.loops import CONTROLS, list_loops
-from loopwarden.operations.pools import POOL_CONTROLS
-from loopwarden.operations.pools import pools as list_pools
-from loopwarden.operations.projection import ProjectionResult, projection
-from loopwarden.operations.receipt import receipt
-from loopwarden.operations.todos import todo_cancel
+from loopwarden.journal.receipt import receipt
+from loopwarden.kernel.state.events import APPROVAL_ID_PATTERN, ID_PATTERN, RECEIPT_ID_PATTERN
+from loopwarden.kernel.store.reader import Reader
+from loopwarden.loops.lifecycle import CONTROLS
 from loopwarden.policy.model import POOL_NAME_RE
+from loopwarden.pools.pool_ops import POOL_CONTROLS
+from loopwarden.pools.pool_ops import pools as list_pools
 from loopwarden.principals import Principal
-from loopwarden.server.tokens import TOKEN_PREFIX, token_hash
+from loopwarden.projection.loop_list import list_loops
+from loopwarden.projection.projection import ProjectionResult, projection
 from loopwarden.statuses import ApprovalStatus, LoopStatus
+from loopwarden.todos.todo_ops import todo_cancel
 
 EXPIRIES = {"15m": 900, "1h": 3600, "4h": 4 * 3600, "1d": 86400, "7d": 7 * 86400}
 LOGIN_MESSAGES = {
@@ -217,6 +224,7 @@ class Pages:
             is_violation=is_violation,
             turns=recent_turns(history),
             pending=[a for a in state.approvals if a.status == ApprovalStatus.PENDING],
+            decided=[a for a in state.approvals if a.status == ApprovalStatus.APPROVED],
             expiries=list(EXPIRIES),
             pools=await self._drawn_pools(ctx, state),
         )

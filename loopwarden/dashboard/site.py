@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -13,11 +12,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from loopwarden.dashboard import pages
-from loopwarden.dashboard.app import Dashboard, fault
-from loopwarden.dashboard.oidc import OidcLogin
+from loopwarden.dashboard.board import Dashboard, fault
+from loopwarden.dashboard.operator_sessions import COOKIE
 from loopwarden.dashboard.security import Guard
-from loopwarden.dashboard.sessions import COOKIE
-from loopwarden.server.runtime import Runtime
 
 
 def build_dashboard(dashboard: Dashboard) -> Guard:
@@ -38,32 +35,3 @@ def not_found(dashboard: Dashboard, request: Request) -> Response:
     session = dashboard.sessions.get(request.cookies.get(COOKIE))
     path = request.url.path[:200]
     return dashboard.error_page(404, f"there is no page at {path}", session)
-
-
-def oidc_login(runtime: Runtime) -> OidcLogin | None:
-    """The dashboard's OIDC client, when OAuth names one (`dashboard_client_id`)."""
-    oauth, jwts = runtime.settings.oauth, runtime.jwts
-    if oauth is None or jwts is None or oauth.dashboard_client_id is None:
-        return None
-    return OidcLogin(
-        jwts,
-        client_id=oauth.dashboard_client_id,
-        client_secret=oauth.client_secret,
-        redirect_uri=f"{runtime.settings.dashboard_url}/login/oidc/callback",
-        clock=runtime.clock,
-    )
-
-
-def dashboard_mount(runtime: Runtime, security: TransportSecuritySettings) -> Mount:
-    """The dashboard at `/` of a running server (`/mcp` is matched first), reading the
-    runtime's store, under the same Host and Origin rules as `/mcp`."""
-    settings = runtime.settings
-    dashboard = Dashboard(
-        lambda: runtime.store,
-        db=settings.location,
-        keys_home=settings.home,
-        security=security,
-        clock=runtime.clock,
-        oidc=oidc_login(runtime),
-    )
-    return Mount("/", app=build_dashboard(dashboard))

@@ -17,10 +17,10 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from loopwarden.clock import Clock, system_clock
-from loopwarden.dashboard.app import Dashboard
+from loopwarden.dashboard.board import Dashboard
 from loopwarden.dashboard.site import build_dashboard
-from loopwarden.ledger.storage.location import Location
-from loopwarden.ledger.storage.store import Store
+from loopwarden.kernel.sql.location import Location
+from loopwarden.kernel.store.store import Store
 
 LOOPBACK = "127.0.0.1"
 

@@ -10,14 +10,14 @@ from datetime import datetime, timedelta
 
 from loopwarden.dashboard.charts import Chart, budget_chart
 from loopwarden.dashboard.history import Line, LoopHistory, TurnTools
-from loopwarden.ledger.state.registry import REFUSALS
-from loopwarden.ledger.storage.reader import JournalRow
-from loopwarden.operations.loops import LoopSummary
-from loopwarden.operations.pools import PoolOut
-from loopwarden.operations.projection import TodoOut
-from loopwarden.operations.results import BudgetOut
+from loopwarden.kernel.runner.results import BudgetOut
+from loopwarden.kernel.store.reader import JournalRow
+from loopwarden.kinds import KINDS
 from loopwarden.policy.decision import ReasonCode
 from loopwarden.policy.model import LoopPolicy
+from loopwarden.pools.pool_ops import PoolOut
+from loopwarden.projection.loop_list import LoopSummary
+from loopwarden.projection.projection import TodoOut
 from loopwarden.statuses import TODO_STATUSES
 
 PAGE_LINES = 200  # journal lines per page
@@ -179,7 +179,7 @@ class Fresh:
 def fresh_refusals(rows: list[JournalRow], now: datetime) -> Fresh | None:
     """The refusals among a loop's newest receipts sealed since `now - FRESH`, or None."""
     since = now - FRESH
-    recent = [row for row in rows if row.kind in REFUSALS and row.at >= since]
+    recent = [row for row in rows if row.kind in KINDS.refusals and row.at >= since]
     return Fresh(len(recent), max(row.at for row in recent)) if recent else None
 
 
@@ -236,3 +236,23 @@ def loop_pools(pools: list[PoolOut], policy: LoopPolicy) -> list[PoolView]:
         if binding:
             bound.append(pool_view(pool, via=", ".join(binding)))
     return [pool_view(pool) for pool in pools if pool.name in named] + bound
+
+
+STOP_REASONS = {
+    "policy_violation": "a report named a tool the policy forbids",
+    "max_turns": "every turn of its budget was used",
+    "deadline": "its deadline passed",
+    "repeated_failure": "the same failure repeated too often",
+    "all_todos_done": "every todo is done",
+    "cancelled": "an operator cancelled it",
+}
+"""Why a loop closed, in words (`stop_reason` is the code the receipt carries)."""
+
+
+def stop_reason_text(code: str | None) -> str:
+    """A person's words for a loop's stop reason code (the code itself if it is a new one)."""
+    if not code:
+        return ""
+    if code.startswith("budget_exhausted:"):
+        return f"its {code.split(':', 1)[1].replace('_', ' ')} budget is used up"
+    return STOP_REASONS.get(code, code.replace("_", " "))

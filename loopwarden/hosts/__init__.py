@@ -7,7 +7,7 @@ writes and how to tell whether the host trusts them. Everything else is derived 
 and `get`: the CLI's choices, the forwarder, the entry point's fast dispatch, the receipts'
 `host` field, the policy's `[observe.names]` validation.
 
-Adding a host is one module and one line here. This package imports no host module until one
+Adding a host is one module and one line in `loopwarden/hostnames.py`. This package imports no host module until one
 is asked for (`get`): the entry point reads `NAMES` on every tool call a model makes.
 """
 
@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import importlib
 
+from loopwarden.hostnames import NAMES  # each is the module loopwarden/hosts/<name, - as _>.py
+
 TYPE_CHECKING = False  # not `typing`'s: importing typing would cost the entry point ~2 ms
 if TYPE_CHECKING:
     from loopwarden.hosts.host import Host
 
-NAMES: tuple[str, ...] = (  # each is the module loopwarden/hosts/<name, - as _>.py
-    "claude-code",
-    "codex",
-    "gemini",
-    "cursor",
-)
+__all__ = ["ANSWER_HEADER", "NAMES", "get"]
 
 ANSWER_HEADER = "Loopwarden-Hook-Answer"
 """The header a server's `POST /hooks/{host}` sets on every answer it makes: the forwarder

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from loopwarden.hosts.host import (
-    SHELL,
     Files,
     Host,
+    McpFile,
     On,
     Phase,
     Place,
@@ -29,6 +29,7 @@ from loopwarden.hosts.host import (
     duration_of,
     json_text,
 )
+from loopwarden.policy.patterns import SHELL
 
 
 def deny(reason: str) -> dict[str, Any]:
@@ -80,6 +81,10 @@ class ClaudeCode(Host):
          "EnterPlanMode", "ExitPlanMode", "AskUserQuestion"}
     )  # fmt: skip
     settings_file = ".claude/settings.json"
+    mcp_files = (
+        McpFile("project", ".mcp.json"),
+        McpFile("user", ".claude.json", per_project=True),
+    )
     http_hooks = True
     ids = ("tool_use_id", "agent_id", "agent_type")  # a subagent's call names the subagent
 

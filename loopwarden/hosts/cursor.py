@@ -15,11 +15,11 @@ from typing import Any, ClassVar
 
 from loopwarden.hosts.host import (
     MAX_ID,
-    SHELL,
     Event,
     Hook,
     Host,
     MalformedEvent,
+    McpFile,
     On,
     Phase,
     Reply,
@@ -30,6 +30,7 @@ from loopwarden.hosts.host import (
     json_text,
     session_of,
 )
+from loopwarden.policy.patterns import SHELL
 
 CLOSED = {"failClosed": True}  # a hook that fails (or times out) blocks the tool
 
@@ -65,6 +66,10 @@ class Cursor(Host):
         "Shell": "command"
     }  # and beforeShellExecution's own `command`
     settings_file = ".cursor/hooks.json"
+    mcp_files = (
+        McpFile("project", ".cursor/mcp.json"),
+        McpFile("user", ".cursor/mcp.json"),
+    )
 
     def read(self, event: dict[str, Any]) -> Event:
         name = field_of(event, "hook_event_name", str)
@@ -83,9 +88,12 @@ class Cursor(Host):
             server = field_of(event, "mcp_server_name", str) if "mcp_server_name" in event else ""
             tool = field_of(event, "tool_name", str)
             host_tool = f"mcp__{server}__{tool}" if server else f"MCP:{tool}"
+            tool_input = event.get("tool_input")
+            arguments = tool_input if isinstance(tool_input, dict) else None
             return Event(
-                "pre", session, host_tool=host_tool, input_digest=digest(event.get("tool_input"))
-            )
+                "pre", session, host_tool=host_tool, input_digest=digest(tool_input),
+                arguments=arguments,
+            )  # fmt: skip
         if name == "beforeReadFile":
             path = event.get("file_path")
             return Event("pre", session, host_tool="Read", input_digest=digest({"file_path": path}))

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from loopwarden.hosts.host import (
-    SHELL,
     Files,
     Hook,
     Host,
+    McpFile,
     On,
     Phase,
     Place,
@@ -35,6 +35,7 @@ from loopwarden.hosts.host import (
     digest,
     json_text,
 )
+from loopwarden.policy.patterns import SHELL
 
 TRUST_VARIABLE = "GEMINI_CLI_TRUST_WORKSPACE"
 
@@ -86,6 +87,10 @@ class Gemini(Host):
          "tracker_list_tasks", "tracker_add_dependency", "tracker_visualize"}
     )  # fmt: skip
     settings_file = ".gemini/settings.json"
+    mcp_files = (
+        McpFile("project", ".gemini/settings.json"),
+        McpFile("user", ".gemini/settings.json"),
+    )
     ids = ()  # its events carry no tool call id
 
     def tool_name(self, event: dict[str, Any]) -> str:

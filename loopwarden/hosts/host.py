@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 from loopwarden.errors import InvalidInput
 
 Phase = Literal["session", "pre", "post", "stop"]
-SHELL = "shell.run"  # the policy name of every host's shell tools
+
 MAX_EVENT = 32 * 1024 * 1024  # bytes of one event (a Write of a large file carries it whole)
 MAX_ID = 200  # characters kept of a host's ids (session, subagent)
 
@@ -54,6 +54,7 @@ class Event:
     stop_active: bool = False
     agent_id: str | None = None
     agent_type: str | None = None
+    arguments: dict[str, Any] | None = None  # an MCP tool's input, for argument rules
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,19 @@ class On:
     timeout: int = 30
     extra: Mapping[str, Any] = field(default_factory=dict)
     installed: bool = True
+
+
+@dataclass(frozen=True)
+class McpFile:
+    """Where a host keeps MCP servers: a file of the project (`scope="project"`) or of the
+    user's home, JSON or TOML, the servers under the key `table`; `per_project`: under
+    `projects[<absolute project path>]` too (Claude Code's local scope in `~/.claude.json`)."""
+
+    scope: Literal["project", "user"]
+    path: str
+    table: str = "mcpServers"
+    toml: bool = False
+    per_project: bool = False
 
 
 Files = Callable[[Path], str | None]
@@ -194,6 +208,7 @@ class Host:
     dialects: ClassVar[Mapping[str, str]] = {}  # shell tools whose line is not bash → language
     internal: ClassVar[frozenset[str]] = frozenset()  # host tools acting on nothing outside it
     settings_file: ClassVar[str]  # relative to the project (project scope) or the user's home
+    mcp_files: ClassVar[tuple[McpFile, ...]] = ()  # where it keeps MCP servers (`servers.py`)
     http_hooks: ClassVar[bool] = False  # it can post events itself (else: a command forwards)
 
     @property
@@ -260,12 +275,15 @@ class Host:
         the digest of its `tool_input`, and the command line a shell tool carries with that
         line's language."""
         tool_input = event.get("tool_input", {})
+        mcp = tool.startswith("mcp__") and isinstance(tool_input, dict)
         return {
             "session_id": session,
             "host_tool": tool,
             "input_digest": digest(tool_input),
             "command": self.shell_line(tool, tool_input),
             "shell": self.dialects.get(tool, "bash"),
+            # what argument rules judge (`[[tools.arguments]]`), never stored: MCP tools only
+            "arguments": tool_input if mcp else None,
         }
 
     def shell_line(self, tool: str, tool_input: Any) -> str | None:

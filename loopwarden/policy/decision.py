@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
+from loopwarden.policy.budgets import BUDGET_EXHAUSTED, DIMENSIONS
+
 Effect = Literal["allow", "deny"]
 
 
@@ -42,25 +44,34 @@ class ReasonCode(StrEnum):
     COMMAND_NOT_ALLOWED = "command_not_allowed"
     COMMAND_UNREADABLE = "command_unreadable"  # a doubt: something a rule depends on is not literal
     COMMAND_OPAQUE = "command_opaque"  # code loopwarden does not read (python -c, a pipe into sh)
+    ARGUMENT_NOT_ALLOWED = "argument_not_allowed"  # a value an argument rule refuses
+    ARGUMENT_UNREADABLE = "argument_unreadable"  # a doubt: an argument a rule cannot judge
+    TOOL_CHANGED = "tool_changed"  # a downstream tool's description is not the pinned one
+    TOOL_UNPINNED = "tool_unpinned"  # a downstream tool no operator pinned yet
     HOST_NOT_ATTACHED = "host_not_attached"
     UNREPORTED_TOOL_USE = (
         "unreported_tool_use"  # observed, not reported: a violation in enforce mode
     )
     TOOL_UNREPORTED = "tool_unreported"  # the same, as a warning (record mode)
     TOOL_UNOBSERVED = "tool_unobserved"  # reported, never observed: a warning
-    # a budget pool the claim draws from (policy/pools.py) has no room
+    # the model gateway (model_gateway/, policy/model_calls.py)
+    MODEL_NOT_ALLOWED = "model_not_allowed"  # no [model] allow pattern names it, or a deny does
+    MODEL_UNPRICED = "model_unpriced"  # the price table has no price for it (and no default)
+    UNREPORTED_MODEL_USE = (
+        "unreported_model_use"  # a report below what the gateway observed: a violation (enforce)
+    )
+    MODEL_USAGE_UNREPORTED = "model_usage_unreported"  # the same, as a warning (record mode)
+    # a budget pool the claim draws from (policy/pool_policy.py) has no room
     POOL_PAUSED = "pool_paused"
     POOL_EXHAUSTED = "pool_exhausted"
     POOL_BUSY = "pool_busy"
     POOL_UNKNOWN = "pool_unknown"
-    # a budget used up, by dimension (policy.model.BUDGET_DIMENSIONS)
-    BUDGET_EXHAUSTED_TURNS = "budget_exhausted:turns"
-    BUDGET_EXHAUSTED_MODEL_CALLS = "budget_exhausted:model_calls"
-    BUDGET_EXHAUSTED_INPUT_TOKENS = "budget_exhausted:input_tokens"
-    BUDGET_EXHAUSTED_OUTPUT_TOKENS = "budget_exhausted:output_tokens"
-    BUDGET_EXHAUSTED_TOOL_CALLS = "budget_exhausted:tool_calls"
-    BUDGET_EXHAUSTED_COST_USD = "budget_exhausted:cost_usd"
-    BUDGET_EXHAUSTED_WALL_SECONDS = "budget_exhausted:wall_seconds"
+    # a budget used up, one per dimension (`budget_exhausted:<dimension>`, derived from
+    # `policy/budgets.DIMENSIONS`: the enum's documented `_ignore_`/`vars()` form)
+    _ignore_ = "_members _d"
+    _members = vars()
+    for _d in DIMENSIONS:
+        _members[f"BUDGET_EXHAUSTED_{_d.name.upper()}"] = f"{BUDGET_EXHAUSTED}:{_d.name}"
     # the stop rules that close a loop by themselves
     ALL_TODOS_DONE = "all_todos_done"
     MAX_TURNS = "max_turns"
@@ -75,9 +86,6 @@ class ReasonCode(StrEnum):
     REJECTED = "rejected"
 
 
-BUDGET_EXHAUSTED = "budget_exhausted"
-"""The prefix of every budget's reason code."""
-
 VIOLATIONS = frozenset(
     {
         ReasonCode.TOOL_NOT_ALLOWED,
@@ -85,6 +93,7 @@ VIOLATIONS = frozenset(
         ReasonCode.APPROVAL_REQUIRED,
         ReasonCode.APPROVAL_INVALID,
         ReasonCode.UNREPORTED_TOOL_USE,
+        ReasonCode.UNREPORTED_MODEL_USE,
     }
 )
 """Reasons that count as a policy violation (they trigger `stop.on_violation`)."""

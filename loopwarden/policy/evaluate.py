@@ -7,16 +7,16 @@ closed: an unexpected error while evaluating is a deny whose reason names the er
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, ParamSpec
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec
 
+from loopwarden.policy.arguments import argument_reasons
 from loopwarden.policy.budgets import Totals, exhausted
 from loopwarden.policy.decision import Decision, Reason, ReasonCode, budget_code
-from loopwarden.policy.hosts import SHELL
 from loopwarden.policy.model import CommandRules, LoopPolicy
-from loopwarden.policy.patterns import first_match
+from loopwarden.policy.patterns import SHELL, first_match
 from loopwarden.statuses import CLOSED_LOOP_STATUSES, LoopStatus, TurnStatus
 
 if TYPE_CHECKING:
@@ -107,7 +107,9 @@ def tool_reasons(
         elif verdict.rule == "approval" and tool not in approved:
             reasons.append(
                 Reason(
-                    ReasonCode.APPROVAL_REQUIRED, f"{verdict.explain()}; cite an approved approval"
+                    ReasonCode.APPROVAL_REQUIRED,
+                    f"{verdict.explain()}; it needs an approval asked for in this turn "
+                    "(request_approval) and approved by an operator before it is used",
                 )
             )
     return reasons
@@ -232,6 +234,10 @@ class ReportFacts(TurnFacts):
     approval_problems: tuple[Reason, ...] = ()
     reported: tuple[tuple[str, int], ...] = ()  # tools_used: (name, count)
     observed: tuple[tuple[str, int], ...] = ()  # what the host's hooks saw in the turn
+    # The model usage the report gives and what the model gateway observed in the turn, per
+    # budget dimension, in its integer unit (micro-dollars for cost_usd)
+    model_reported: tuple[tuple[str, int], ...] = ()
+    model_observed: tuple[tuple[str, int], ...] = ()
 
 
 def turn_reasons(facts: TurnFacts) -> list[Reason]:
@@ -284,6 +290,8 @@ def evaluate_report(policy: LoopPolicy, facts: ReportFacts, *, digest: str) -> D
             )
         )
     violations, warnings = observation_reasons(policy, facts.reported, facts.observed)
+    late, noted = model_usage_reasons(policy, facts.model_reported, facts.model_observed)
+    violations, warnings = violations + late, warnings + noted
     reasons.extend(violations)
     if reasons:
         return Decision("deny", tuple(reasons), digest)
@@ -327,6 +335,38 @@ def observation_reasons(
     return violations, warnings
 
 
+def model_usage_reasons(
+    policy: LoopPolicy,
+    reported: tuple[tuple[str, int], ...],
+    observed: tuple[tuple[str, int], ...],
+) -> tuple[list[Reason], list[Reason]]:
+    """A report's model usage against what the model gateway observed in the turn:
+    (violations, warnings). A dimension the report gives (non-zero) below what was observed is
+    `unreported_model_use` (a violation) in `enforce` mode and `model_usage_unreported` (a
+    warning) in `record` mode; a dimension left out (zero) claims nothing and is not compared:
+    a model cannot know its own token counts, and the gateway's figures are charged anyway.
+    Mode `off` compares nothing."""
+    mode = policy.observe_mode
+    if mode == "off" or not observed:
+        return [], []
+    said = dict(reported)
+    violations, warnings = [], []
+    for name, seen in observed:
+        given = said.get(name, 0)
+        if not given or given >= seen:
+            continue
+        shown = (given / 1_000_000, seen / 1_000_000) if name == "cost_usd" else (given, seen)
+        message = (
+            f"the report gives {name} {shown[0]} where loopwarden's model gateway observed "
+            f"{shown[1]} in this turn: leave it out, or report at least what was observed"
+        )
+        if mode == "enforce":
+            violations.append(Reason(ReasonCode.UNREPORTED_MODEL_USE, message))
+        else:
+            warnings.append(Reason(ReasonCode.MODEL_USAGE_UNREPORTED, message))
+    return violations, warnings
+
+
 # --- tool calls, before they run (host hooks) ------------------------------------------------
 
 
@@ -346,6 +386,12 @@ class ToolCallFacts:
     lease_expired: bool = False  # the turn's lease has run out (not yet swept by a claim)
     internal: bool = False  # a host-internal tool (`policy/hosts.is_internal`)
     dialect: str = "bash"  # the shell language of `command`: "bash" or "powershell"
+    # The call's arguments, for argument rules (`[[tools.arguments]]`): decided on, never
+    # stored. None: not seen (a rule covering the tool then doubts, and denies).
+    arguments: Mapping[str, Any] | None = None
+    # The MCP server name a call of one of loopwarden's own tools came under, when the hooks
+    # do not let loopwarden's tools through under that name (decided on, never stored).
+    own_elsewhere: str | None = None
 
 
 def admits_internal(policy: LoopPolicy, tool: str) -> bool:
@@ -372,6 +418,18 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
             Reason(
                 ReasonCode.LOOP_NOT_ACTIVE,
                 f"loop {facts.loop_id} is {facts.loop_status}: no tool may run for it now",
+            )
+        ]
+    if facts.turn_id is None and facts.own_elsewhere is not None:
+        return [
+            Reason(
+                ReasonCode.NO_OPEN_TURN,
+                f"{facts.host_tool} is loopwarden's own tool under the MCP server name "
+                f"{facts.own_elsewhere!r}, which these hooks were not installed for, so they "
+                "decide it as any other tool: no call can start a turn. Stop and tell the user: "
+                f"the hooks must be installed again with --server-name {facts.own_elsewhere} "
+                "(`loopwarden hook install … --server-name "
+                f"{facts.own_elsewhere}`; `loopwarden hook doctor` shows it)",
             )
         ]
     if facts.turn_id is None:
@@ -402,7 +460,9 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
         reasons.append(reason)
     if facts.tool == SHELL and policy.tools.commands is not None:
         reasons.extend(command_reasons(policy.tools.commands, facts.command, facts.dialect))
-    limit = policy.budgets.max_tool_calls
+    if policy.tools.arguments is not None:
+        reasons.extend(argument_reasons(policy.tools.arguments, facts.tool, facts.arguments))
+    limit = policy.budgets.limit("tool_calls")
     if limit is not None and facts.tool_calls >= limit:
         reasons.append(
             Reason(
@@ -437,7 +497,8 @@ def rule_set(rules: CommandRules) -> RuleSet:
 
 @_fail_closed
 def evaluate_tool_call(policy: LoopPolicy, facts: ToolCallFacts, *, digest: str) -> Decision:
-    """May this tool call run now? The question a host's pre-tool hook asks."""
+    """May this tool call run now? The question a host's pre-tool hook asks, and the MCP
+    gateway before it forwards a call (`mcp_gateway/`): one function for both paths."""
     return Decision.of(tool_call_reasons(policy, facts), digest)
 
 
@@ -522,7 +583,7 @@ def _stop_reason(policy: LoopPolicy, facts: StopFacts) -> Reason | None:
                 f"the {dimension} budget is used up ({facts.totals.used(dimension)} of "
                 f"{policy.budgets.limit(dimension)})",
             )
-    max_turns = policy.budgets.max_turns
+    max_turns = policy.budgets.limit("turns")
     if max_turns is not None and facts.totals.turns >= max_turns and facts.open_turns == 0:
         return Reason(ReasonCode.MAX_TURNS, f"all {max_turns} turns of the budget are used")
     deadline = policy.stop.deadline

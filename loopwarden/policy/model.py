@@ -18,23 +18,14 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from loopwarden import hosts
+from loopwarden import hostnames as hosts
 from loopwarden.errors import clip
+from loopwarden.policy.arguments import MAX_RULES, ArgumentRule, normalized
+from loopwarden.policy.budgets import Budgets
 from loopwarden.policy.commands import check_command_pattern
 from loopwarden.policy.patterns import check_pattern, is_tool_name
 
 AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$")
-
-BUDGET_DIMENSIONS: tuple[str, ...] = (
-    "turns",
-    "model_calls",
-    "input_tokens",
-    "output_tokens",
-    "tool_calls",
-    "cost_usd",
-    "wall_seconds",
-)
-"""Budget dimensions, in display order. `turns` is limited by `max_turns`, the rest by `max_<dim>`."""
 
 MAX_TODOS_CEILING = 100_000
 MAX_HOST_TOOL = 200
@@ -125,6 +116,16 @@ class ToolRules(_Section):
     commands: CommandRules | None = Field(
         default=None, description="Rules over the command lines of shell.run calls."
     )
+    arguments: tuple[ArgumentRule, ...] | None = Field(
+        default=None,
+        max_length=MAX_RULES,
+        description="Rules over named arguments of tool calls (policy/arguments.py).",
+    )  # None (the default) keeps older digests
+
+    @field_validator("arguments")
+    @classmethod
+    def _one_order(cls, value: tuple[ArgumentRule, ...] | None) -> tuple[ArgumentRule, ...] | None:
+        return normalized(value)
 
     @model_validator(mode="after")
     def _no_contradictions(self) -> ToolRules:
@@ -139,38 +140,6 @@ class ToolRules(_Section):
                         f"tools.{second}; keep it in one list"
                     )
         return self
-
-
-class Budgets(_Section):
-    """Limits per loop. A missing key means no limit on that dimension."""
-
-    max_turns: int | None = Field(default=None, ge=1, le=10_000_000)
-    max_model_calls: int | None = Field(default=None, ge=0, le=10**12)
-    max_input_tokens: int | None = Field(default=None, ge=0, le=10**15)
-    max_output_tokens: int | None = Field(default=None, ge=0, le=10**15)
-    max_tool_calls: int | None = Field(default=None, ge=0, le=10**12)
-    max_cost_usd: float | None = Field(default=None, ge=0, le=10**9, allow_inf_nan=False)
-    max_wall_seconds: float | None = Field(default=None, ge=0, le=10**9, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_null_limits(cls, data: object) -> object:
-        # `null` would read as "no limit": that must be said by leaving the key out, never
-        # arrive by accident (a NaN turned into null on the wire, say).
-        if isinstance(data, dict):
-            for key, value in data.items():
-                if value is None:
-                    raise ValueError(
-                        f"budgets.{key} is null; leave the key out for no limit on that dimension"
-                    )
-        return data
-
-    def limit(self, dimension: str) -> float | int | None:
-        limit: float | int | None = getattr(self, f"max_{dimension}")
-        return limit
-
-    def is_empty(self) -> bool:
-        return all(self.limit(dim) is None for dim in BUDGET_DIMENSIONS)
 
 
 class Rate(_Section):
@@ -253,6 +222,43 @@ class ObserveRules(_Section):
     )
 
 
+MODEL_PATTERN_RE = re.compile(r"^[A-Za-z0-9*?][A-Za-z0-9._:@/*?-]{0,127}$")
+
+
+def check_model_pattern(pattern: str) -> str:
+    """`pattern` if it is a model-name glob (`*` any run, `?` one character), else `ValueError`."""
+    if not MODEL_PATTERN_RE.fullmatch(pattern):
+        raise ValueError(
+            f"invalid model pattern {clip(repr(pattern))}: use 1-128 letters, digits and "
+            "'._:@/-', with '*' and '?' as wildcards (e.g. 'claude-*')"
+        )
+    return pattern
+
+
+ModelPatterns = Annotated[
+    tuple[str, ...], Field(max_length=MAX_PATTERNS), _name_set(check_model_pattern)
+]
+
+
+class ModelRules(_Section):
+    """Which models the model gateway (docs/model-gateway.md) lets the loop's agents call, by
+    glob over the model name the request names. Deny wins; a model no `allow` pattern names is
+    refused (an empty `allow` admits none: a loop without `[model]` has no model calls through
+    the gateway)."""
+
+    allow: ModelPatterns = Field(default=(), description="Models the gateway forwards calls to.")
+    deny: ModelPatterns = Field(default=(), description="Models never called; deny always wins.")
+
+
+class GatewayRules(_Section):
+    """How the MCP gateway treats this loop's downstream tools (docs/mcp-gateway.md): `pin` says
+    who admits a tool description the gateway has not seen before, an operator (`loopwarden
+    gateway pin`; until then the tool is hidden) or the gateway on first sight. A pinned
+    description that changes is refused either way until an operator pins it again."""
+
+    pin: Literal["operator", "first_sight"] = "operator"
+
+
 class TodoRules(_Section):
     agents_may_add: bool = False
     max_todos: int = Field(default=1_000, ge=1, le=MAX_TODOS_CEILING)
@@ -272,8 +278,11 @@ class LoopPolicy(_Section):
     todos: TodoRules = TodoRules()
     observe: ObserveRules | None = None  # None (the default) is `off`, and keeps older digests
     pools: PoolNames | None = Field(
-        default=None, description="The budget pools the loop draws from (policy/pools.py)."
+        default=None, description="The budget pools the loop draws from (policy/pool_policy.py)."
     )  # None (the default) draws from none, and keeps older digests
+    model: ModelRules | None = None  # the model gateway's rules; None (the default) admits no
+    # model call through the gateway, and keeps older digests
+    gateway: GatewayRules | None = None  # None (the default): operators pin; keeps older digests
 
     @model_validator(mode="after")
     def _some_budget(self) -> LoopPolicy:

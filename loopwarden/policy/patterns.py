@@ -17,6 +17,9 @@ from loopwarden.errors import clip
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 _PATTERN_RE = re.compile(r"^[A-Za-z0-9_*?-]+(\.[A-Za-z0-9_*?-]+)*$")
 MAX_NAME_LENGTH = 128
+SHELL = "shell.run"
+"""The policy name of every host's shell tools: the one tool command rules (`[tools.commands]`)
+are about."""
 
 
 def is_tool_name(name: str) -> bool:

@@ -1,1 +1,3 @@
-"""The MCP server: wires the operations to MCP tools, resources and a prompt over stdio or streamable HTTP."""
+"""The MCP server and the HTTP app: the operations as MCP tools, resources and a prompt over stdio
+or streamable HTTP, and the routes features declare (hooks, metrics), mounted beside the
+dashboard."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.settings import AuthSettings
@@ -12,16 +12,17 @@ from mcp.server.mcpserver import MCPServer
 from pydantic import AnyHttpUrl
 
 from loopwarden import __version__
+from loopwarden.auth.oauth import BearerVerifier, JwtVerifier
 from loopwarden.clock import Clock, system_clock
+from loopwarden.exports.sink import WebhookSink, sending
+from loopwarden.mcp_gateway.proxy import Gateway
 from loopwarden.observe import tracing_wanted, watching
 from loopwarden.server.elicitation import ApprovalLinks, with_approval_links
 from loopwarden.server.notifications import ChangeFeed, CountingBus, subscribe_handlers
-from loopwarden.server.oauth import BearerVerifier, JwtVerifier
 from loopwarden.server.request_state import request_state_security
 from loopwarden.server.resources import register_resources
 from loopwarden.server.runtime import Runtime
 from loopwarden.server.settings import Settings, url_host
-from loopwarden.server.sink import WebhookSink, sending
 from loopwarden.server.tools import build_tools
 
 INSTRUCTIONS = """\
@@ -32,6 +33,11 @@ outcome, tools_used, usage, evidence, summary, idempotency_key) → follow the r
 (continue, wait, user_action_required, stop). Every call is checked against the loop's policy
 and sealed as a signed receipt; refusals are final for that call. projection(loop_id) shows the
 state and who must act next; the loop-operator prompt explains the protocol in full."""
+
+GATEWAY_INSTRUCTIONS = """
+This server is also a gateway: tools named SERVER__TOOL are other MCP servers' tools, each call
+decided by the loop's policy before it runs and recorded (claim a turn first; a refusal says
+why and what to do)."""
 
 
 def build_server(settings: Settings, *, clock: Clock = system_clock) -> MCPServer:
@@ -49,13 +55,28 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
     bus = CountingBus()
     feed = ChangeFeed(runtime, bus)
     links = ApprovalLinks(runtime, settings.dashboard_url, settings.approval_webhook)
+    gateway = None
+    if settings.gateway is not None:
+        gateway = Gateway(
+            settings.gateway,
+            runtime,
+            loop=settings.gateway_loop,
+            dashboard_url=settings.dashboard_url,
+            clock=clock,
+        )
+    runtime.gateway = gateway
 
     @asynccontextmanager
     async def lifespan(server: MCPServer) -> AsyncIterator[Runtime]:
-        async with runtime.open(), feed.running(), links.running():
-            export = settings.export
-            store = runtime.require_store()
-            sink = None if export is None else WebhookSink(store, export, observer=observer)
+        async with runtime.open(), feed.running(), links.running(), AsyncExitStack() as stack:
+            if gateway is not None:
+                await stack.enter_async_context(gateway.running())
+            export, store = settings.export, runtime.store
+            sink = (
+                None
+                if export is None or store is None  # no store: nothing to send (runtime.missing)
+                else WebhookSink(store, export, observer=observer)
+            )
             async with sending(sink):
                 yield runtime
 
@@ -75,7 +96,7 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
     server = MCPServer(
         "loopwarden",
         version=__version__,
-        instructions=INSTRUCTIONS,
+        instructions=INSTRUCTIONS + (GATEWAY_INSTRUCTIONS if gateway is not None else ""),
         lifespan=lifespan,
         tools=with_approval_links(build_tools(), links),
         log_level="WARNING",
@@ -83,7 +104,8 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
         auth=auth,
         request_state_security=request_state_security(settings),
         subscriptions=bus,
-        middleware=[feed],  # subscriptions/listen: only to loops the caller may see
+        # subscriptions/listen only to loops the caller may see; the gateway's downstream servers
+        middleware=[feed, *([gateway] if gateway is not None else [])],
     )
     register_resources(server, runtime)
     subscribe_handlers(server, feed)

@@ -38,9 +38,9 @@ from mcp_types import (
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from loopwarden.approvals.approval_ops import ApprovalRequestResult
 from loopwarden.errors import LoopwardenError
-from loopwarden.operations.approvals import ApprovalRequestResult
-from loopwarden.operations.projection import projection
+from loopwarden.projection.projection import projection
 from loopwarden.server.runtime import Runtime
 from loopwarden.server.tools import (
     GovernedTool,

@@ -33,10 +33,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loopwarden import hosts
-from loopwarden.hooks.handle import failure, handle
 from loopwarden.hosts import ANSWER_HEADER
+from loopwarden.hosts.handle import failure, handle
 from loopwarden.hosts.host import MAX_EVENT, Reply
-from loopwarden.ledger.state.events import ID_PATTERN
+from loopwarden.kernel.state.events import ID_PATTERN
 from loopwarden.server.runtime import Runtime
 
 log = logging.getLogger("loopwarden.server")

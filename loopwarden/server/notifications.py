@@ -45,9 +45,9 @@ from pydantic import ValidationError
 
 from loopwarden.clock import Clock, system_clock
 from loopwarden.errors import LoopwardenError
-from loopwarden.ledger.state.events import ID_PATTERN
-from loopwarden.ledger.storage.reader import Reader
-from loopwarden.operations.visibility import visible
+from loopwarden.kernel.runner.visibility import visible
+from loopwarden.kernel.state.events import ID_PATTERN
+from loopwarden.kernel.store.reader import Reader
 from loopwarden.principals import Principal
 from loopwarden.server.chores import every
 from loopwarden.server.runtime import Runtime

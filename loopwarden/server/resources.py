@@ -13,11 +13,11 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
 from loopwarden.errors import LoopwardenError, NotFound
-from loopwarden.ledger.state.events import ID_PATTERN, RECEIPT_ID_PATTERN
-from loopwarden.operations.loops import list_loops
-from loopwarden.operations.operation import Operation
-from loopwarden.operations.projection import loop_policy, policy_json, projection
-from loopwarden.operations.receipt import receipt
+from loopwarden.journal.receipt import receipt
+from loopwarden.kernel.runner.operation import Operation
+from loopwarden.kernel.state.events import ID_PATTERN, RECEIPT_ID_PATTERN
+from loopwarden.projection.loop_list import list_loops
+from loopwarden.projection.projection import loop_policy, policy_json, projection
 from loopwarden.server.runtime import Runtime
 
 LOOP_OPERATOR_PROMPT = """\

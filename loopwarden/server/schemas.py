@@ -52,7 +52,7 @@ def slim(schema: dict[str, Any]) -> dict[str, Any]:
     """A schema accepting exactly the instances `schema` accepts, without `$ref`s into its own
     `$defs` or the `anyOf` unions described above (see the module docstring)."""
     defs = schema.get("$defs", {})
-    out = _slim({k: v for k, v in schema.items() if k != "$defs"}, defs, ())
+    out: dict[str, Any] = _slim({k: v for k, v in schema.items() if k != "$defs"}, defs, ())
     if _refers(out):  # a recursive model: keep the definitions it still needs
         out["$defs"] = {name: _slim(d, defs, (name,)) for name, d in defs.items()}
     return out

@@ -1,6 +1,6 @@
 """Who the server speaks for and how it listens: resolved once, from flags and environment.
 
-The data directory and the store are resolved by `ledger/homes.py`, below every edge.
+The data directory and the store are resolved by `kernel/store/homes.py`, below every edge.
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from loopwarden.auth.identity import OAuthSettings, checked_url
 from loopwarden.errors import InvalidInput
-from loopwarden.ledger.homes import DB_NAME, resolve_home, store_source, synchronous_mode
-from loopwarden.ledger.storage.backends import Synchronous
-from loopwarden.ledger.storage.location import Location, parse_location
+from loopwarden.exports.targets import ExportTarget
+from loopwarden.kernel.sql.backends import Synchronous
+from loopwarden.kernel.sql.location import Location, parse_location
+from loopwarden.kernel.store.homes import DB_NAME, resolve_home, store_source, synchronous_mode
+from loopwarden.mcp_gateway.servers_file import ServersFile
+from loopwarden.model_gateway.gateway_config import GatewaySettings
 from loopwarden.principals import Principal, principal
-from loopwarden.server.exports import ExportTarget
-from loopwarden.server.identity import OAuthSettings, checked_url
 
 SERVE_ROLES = ("agent", "operator")  # an observer speaks through hooks, not tools
 DEFAULT_CHECKPOINT_EVERY = 256
@@ -112,6 +114,9 @@ class Settings:
     approval_webhook: str | None = None  # new approvals are posted here, with their link
     otel: bool = False  # `serve --otel`: export traces even without an OTEL_* endpoint variable
     export: ExportTarget | None = None  # `--export-webhook`: the receipt stream's receiver
+    model: GatewaySettings | None = None  # the model gateway's (`serve --http`)
+    gateway: ServersFile | None = None  # `--gateway FILE`: downstream MCP servers served too
+    gateway_loop: str | None = None  # `--loop`: the loop the gateway serves (over the file's)
 
     @property
     def dashboard_url(self) -> str | None:
@@ -215,3 +220,19 @@ def _check_identity(
                 checked_url(url, flag)
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from None
+
+
+def makes_no_store(settings: Settings) -> bool:
+    """Whether a server for `settings` must not make a store that is not there: one speaking
+    for an agent over stdio (launched by its client with a home it was given: a mistyped home
+    would give it an empty store that answers every loop `not_found`). An operator's server
+    makes one (it opens the first loop), and so does one over HTTP (started before its tokens
+    are minted)."""
+    file = settings.location.file
+    speaks_for = settings.principal.role if settings.principal is not None else None
+    return (
+        settings.http is None
+        and speaks_for in ("agent", "observer")
+        and file is not None
+        and not file.exists()
+    )

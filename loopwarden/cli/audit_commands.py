@@ -1,0 +1,218 @@
+"""`loopwarden verify`, `export` and `verify-bundle`: the offline audit and proof bundles."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from loopwarden.audit.bundles import export_bundle, load_bundle, verify_bundle
+from loopwarden.audit.database import audit as run_audit
+from loopwarden.audit.findings import FindingCode, Report
+from loopwarden.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_VERIFY,
+    Options,
+    fail,
+    run,
+    shared_options,
+)
+from loopwarden.clients import admin, render
+from loopwarden.clients.keyfiles import read_key_argument, read_key_file
+from loopwarden.errors import LoopwardenError, NotFound
+from loopwarden.kernel.log.integrity import Integrity
+from loopwarden.kernel.log.keys import Keyring
+from loopwarden.kernel.log.rotations import Trust
+from loopwarden.kernel.runner.visibility import missing_loop
+from loopwarden.kernel.store.reader import Reader
+
+TrustedKeys = Annotated[
+    Path | None,
+    typer.Option(
+        "--trusted-keys",
+        help="Trust the keys in this file (what `keys export` writes), not the key directory.",
+    ),
+]
+
+
+def home_trust(home: Path | None, json_out: bool) -> Trust:
+    """What `home`'s key directory vouches for; a broken key file is a clean failure."""
+    try:
+        return admin.trust_of(home)
+    except LoopwardenError as exc:
+        fail(exc.message, as_json=json_out, error=exc.code)
+
+
+def load_trusted(path: Path) -> Keyring:
+    try:
+        return read_key_file(path)
+    except LoopwardenError as exc:
+        fail(f"--trusted-keys: {exc.message}", EXIT_USAGE)
+
+
+def _trust(trusted_keys: Path | None, home: Path | None, json_out: bool) -> Trust:
+    if trusted_keys is None:
+        return home_trust(home, json_out)
+    keyring = load_trusted(trusted_keys)
+    return Trust(
+        keyring,
+        f"{render.counted(len(keyring.ids()), 'key')} of {trusted_keys.name} (--trusted-keys)",
+    )
+
+
+def _audit(
+    reader: Reader,
+    keyring: Keyring,
+    loop: str | None,
+    interactive: bool,
+    integrity: Integrity | None,
+) -> Report:
+    if not interactive:
+        return run_audit(reader, keyring, loop_id=loop, integrity=integrity)
+    from rich.progress import Progress
+
+    with Progress(console=render.err, transient=True) as progress:
+        task = progress.add_task("auditing", total=reader.journal_count())
+        return run_audit(
+            reader,
+            keyring,
+            loop_id=loop,
+            integrity=integrity,
+            progress=lambda done, total: progress.update(task, completed=done, total=total),
+        )
+
+
+@shared_options("home", "store", "json")
+def verify(
+    loop: Annotated[
+        str | None,
+        typer.Option("--loop", help="Audit one loop in depth (the log is always checked whole)."),
+    ] = None,
+    *,
+    options: Options,
+    trusted_keys: TrustedKeys = None,
+) -> None:
+    """Audit the whole store; exit 3 on any finding.
+
+    Every signature, the receipt schema, each loop's seq/prev chain, the Merkle root against
+    every checkpoint and their consistency, every decision judged against the loop's policy,
+    every projection rebuilt from its receipts, and the row proofs and MACs the server relies on.
+    """
+    home, json_out = options.home, options.json_out
+    trust = _trust(trusted_keys, home, json_out)
+    try:
+        with admin.open_reader(home, store=options.store) as reader:
+            if loop is not None and reader.loop_row(loop) is None:
+                raise NotFound(missing_loop(reader, admin.operator(), loop))
+            interactive = not json_out and sys.stderr.isatty()
+            report = _audit(reader, trust.keyring, loop, interactive, admin.integrity_of(home))
+    except LoopwardenError as exc:
+        fail(exc.message, as_json=json_out, error=exc.code)
+    report.trusted = trust.basis
+    for problem in trust.problems:
+        report.add(FindingCode.KEY_UNVOUCHED, problem)
+    if json_out:
+        render.emit_json(report.as_dict())
+    else:
+        render.audit(report)
+    raise typer.Exit(EXIT_OK if report.clean else EXIT_VERIFY)
+
+
+@shared_options("home", "store", "json")
+def export(
+    loop_id: str,
+    output: Annotated[
+        Path, typer.Option("-o", "--output", help="Where to write the bundle (JSON).")
+    ],
+    *,
+    options: Options,
+) -> None:
+    """Export an offline proof bundle of one loop.
+
+    The loop's envelopes, the public keys, a fresh signed checkpoint and an inclusion proof
+    per receipt; anyone can check it with `loopwarden verify-bundle`.
+    """
+    json_out = options.json_out
+    if not output.parent.is_dir():
+        fail(f"cannot write {output}: no such directory", EXIT_USAGE, as_json=json_out)
+
+    async def action() -> dict[str, Any]:
+        async with admin.open_store(options.home, store=options.store, create=False) as opened:
+            if await opened.read(lambda r: r.loop_row(loop_id)) is None:
+                raise NotFound(
+                    await opened.read(lambda r: missing_loop(r, admin.operator(), loop_id))
+                )
+            await opened.checkpoint()
+            now = opened.clock()
+            return await opened.read(
+                lambda reader: export_bundle(reader, loop_id, opened.keyring, now, opened.signer)
+            )
+
+    bundle = run(action, as_json=json_out)
+    try:
+        output.write_text(json.dumps(bundle, indent=2) + "\n")
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror}", EXIT_USAGE, as_json=json_out)
+    summary = {
+        "loop_id": loop_id,
+        "output": str(output),
+        "receipts": len(bundle["receipts"]),
+        "checkpoint_size": bundle["checkpoint"]["size"],
+        "key_ids": sorted(bundle["public_keys"]),
+    }
+    if json_out:
+        render.emit_json(summary)
+    else:
+        render.console.print(
+            f"wrote {output}: {render.counted(summary['receipts'], 'receipt')} of loop {loop_id}, checkpoint size "
+            f"{summary['checkpoint_size']}, keys {', '.join(summary['key_ids'])}"
+        )
+
+
+@shared_options("json", "home")
+def verify_bundle_cmd(
+    bundle_file: Annotated[Path, typer.Argument(metavar="BUNDLE")],
+    key: Annotated[
+        str | None,
+        typer.Option(
+            "--key", help="A trusted public key, or a file holding it (`keys export` output)."
+        ),
+    ] = None,
+    trusted_keys: Annotated[
+        Path | None,
+        typer.Option("--trusted-keys", help="A file of trusted public keys (`keys export`)."),
+    ] = None,
+    *,
+    options: Options,
+) -> None:
+    """Verify a proof bundle offline; exit 3 on any finding.
+
+    Needs no database and no server (--home is accepted and ignored). With --key or
+    --trusted-keys, a bundle signed by any other key fails; both take what `loopwarden keys
+    export` writes (a key line, its --json document, or a file of either).
+    """
+    json_out = options.json_out
+    if key is not None and trusted_keys is not None:
+        fail("give --key or --trusted-keys, not both", EXIT_USAGE, as_json=json_out)
+    trusted = None
+    if key is not None:
+        try:
+            trusted = read_key_argument(key)
+        except LoopwardenError as exc:
+            fail(f"--key: {exc.message}", EXIT_USAGE, as_json=json_out)
+    elif trusted_keys:
+        trusted = load_trusted(trusted_keys)
+    try:
+        text = bundle_file.read_text()
+    except OSError as exc:
+        fail(f"cannot read {bundle_file}: {exc.strerror}", EXIT_USAGE, as_json=json_out)
+    report = verify_bundle(load_bundle(text), trusted)
+    if json_out:
+        render.emit_json(report.as_dict())
+    else:
+        render.bundle(report)
+    raise typer.Exit(EXIT_OK if report.clean else EXIT_VERIFY)

@@ -1,1 +1,0 @@
-"""The governance operations: each declared once (`operation.py`) and run by one runner."""
