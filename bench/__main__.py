@@ -22,6 +22,7 @@ from bench import (
     backends,
     dashboard,
     fleet,
+    generator,
     hooks,
     kernel,
     mcp_gateway,
@@ -50,6 +51,7 @@ FAMILIES = {
     "telemetry": (telemetry, 5, 20),
     "pools": (pools, 5, 25),
     "fleet": (fleet, 6, 40),
+    "generator": (generator, 5, 60),
     "mcp_gateway": (mcp_gateway, 30, 60),
     "model_gateway": (model_gateway, 6, 40),
 }

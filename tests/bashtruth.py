@@ -16,11 +16,14 @@ commands it really ran: `"git push"` (git connected to push, or the remote recei
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 GIT_PUSH = "git push"
@@ -80,6 +83,58 @@ TOOLS = [
     "dirname",
     "basename",
     "pwd",
+    # launchers and programs outside the reader's first tables (issue 42): each is linked
+    # when the machine has it, so a corpus line using one is checked where it can be
+    "chrt",
+    "taskset",
+    "prlimit",
+    "setarch",
+    "linux32",
+    "linux64",
+    "x86_64",
+    "unshare",
+    "setpriv",
+    "fakeroot",
+    "faked",
+    "faked-sysv",
+    "getopt",
+    "valgrind",
+    "ssh-agent",
+    "dbus-run-session",
+    "dbus-daemon",
+    "sg",
+    "nsenter",
+    "strace",
+    "gdb",
+    "tar",
+    "ssh",
+    "scp",
+    "sftp",
+    "gcc",
+    "cc",
+    "as",
+    "ld",
+    "sqlite3",
+    "ed",
+    "ex",
+    "vi",
+    "vim",
+    "split",
+    "zip",
+    "unzip",
+    "make",
+    "cmake",
+    "ninja",
+    "tclsh",
+    "m4",
+    "mktemp",
+    "chmod",
+    "ln",
+    "stat",
+    "expr",
+    "yes",
+    "jq",
+    "gzip",
 ]
 _RM = """#!/bin/sh
 opts=$(/usr/bin/getopt -q -o dfirRvI -l force,interactive::,one-file-system,no-preserve-root,\
@@ -93,6 +148,12 @@ done
 [ -n "$r" ] && [ -n "$f" ] && echo RMRF >> "{log}"
 exit 0
 """
+_UNKNOWN_LAUNCHERS = {
+    "lwrun": '#!/bin/sh\nexec "$@"\n',  # runs its arguments
+    "lwsh": '#!/bin/sh\nexec sh -c "$*"\n',  # runs its arguments joined, by a shell
+    "lwopt": '#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n',  # options first
+}
+"""Stub launchers whose names no program table knows: what loopwarden must treat as unknown."""
 _RECEIVE = """#!/bin/sh
 echo PUSH >> "{log}"
 exit 1
@@ -103,7 +164,18 @@ read -r -d '' config < "$LW_CONFIG"
 i=0
 while IFS= read -r -d '' line; do
   printf '\n=== %d\n' "$i" >> "$LW_LOG"
-  /usr/bin/timeout -k 1 "$LW_BOUND" /usr/bin/bash -c "$line" </dev/null >/dev/null 2>&1
+  /usr/bin/timeout -k 1 "$LW_BOUND" /usr/bin/bash -c "$line" </dev/null >/dev/null 2>&1 &
+  group=$!  # timeout leads a process group of its own: the line's processes are in it
+  wait "$group"
+  # what the line left running (an output `>( )`, a `<( )` bash does not wait for) ends
+  # before the next line starts, so that what it does is its own line's (zombies aside)
+  if [ -n "$LW_SETTLE" ] && kill -0 -- "-$group" 2>/dev/null; then  # (the builtin kill)
+    for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+      /usr/bin/pgrep -g "$group" -r R,S,D,T,t,I >/dev/null || break
+      /usr/bin/sleep 0.05
+    done
+    kill -9 -- "-$group" 2>/dev/null
+  fi
   refs=("$LW_REMOTE"/refs/heads/*)
   if (( ${#refs[@]} )) || [ -s "$LW_REMOTE/packed-refs" ]; then
     echo REMOTE >> "$LW_LOG"
@@ -144,7 +216,7 @@ class Sandbox:
     def _tools(self) -> None:
         for tool in TOOLS:
             found = shutil.which(tool, path="/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
-            if found:
+            if found and not (self.bin / tool).exists():
                 (self.bin / tool).symlink_to(os.path.realpath(found))
         pytest = self.bin / "pytest"  # reads the files it is given, as the real one would
         pytest.write_text('#!/bin/sh\nfor a; do [ -r "$a" ] && cat "$a" > /dev/null; done\n')
@@ -154,6 +226,10 @@ class Sandbox:
             (self.bin / name).symlink_to(python)
         for name in ("git", "GIT", "git.exe"):  # as case-insensitive and Windows file systems
             (self.bin / name).symlink_to("/usr/bin/git")
+        for name, body in _UNKNOWN_LAUNCHERS.items():  # launchers no table names
+            stub = self.bin / name
+            stub.write_text(body)
+            stub.chmod(0o755)
         rm = self.bin / "rm"
         rm.write_text(_RM.replace("{log}", str(self.log)))
         rm.chmod(0o755)
@@ -181,8 +257,11 @@ class Sandbox:
         (self.work / "push").write_text("")  # so that `git pu?h` expands as it would
         shutil.copy(self.work / ".git" / "config", self.root / "config")
 
-    def run(self, lines: list[str], bound: float = 4) -> list[set[str]]:
-        """The denied commands each of `lines` really runs in bash."""
+    def run(self, lines: list[str], bound: float = 4, settle: bool = False) -> list[set[str]]:
+        """The denied commands each of `lines` really runs in bash. With `settle`, what a line
+        leaves running (a `<( )` bash does not wait for) is waited for, then ended, before the
+        next line starts, so that a denied command it runs late is not blamed on the next line
+        (it costs a process-table scan after each line whose process group lives on)."""
         self.log.write_text("")
         listing = self.root / "lines"
         listing.write_bytes(b"".join(line.encode() + b"\0" for line in lines))
@@ -193,14 +272,21 @@ class Sandbox:
             "LW_REMOTE": str(self.remote),
             "LW_BOUND": str(bound),
             "LW_CONFIG": str(self.root / "config"),
+            "LW_SETTLE": "1" if settle else "",
         }
         command = ["/usr/bin/bash", "-c", _DRIVER]
         if _unshare_works():
             command = ["/usr/bin/unshare", "-n", *command]
-        subprocess.run(command, cwd=self.work, env=env, timeout=60 + bound * len(lines), check=True)
+        try:
+            subprocess.run(
+                command, cwd=self.work, env=env, timeout=60 + bound * len(lines), check=True
+            )
+        finally:
+            _kill_strays(self.root)
         return _ran(self.log.read_text(), len(lines))
 
     def close(self) -> None:
+        _kill_strays(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -215,6 +301,29 @@ def _ran(log: str, count: int) -> list[set[str]]:
         elif current is not None and line == "RMRF":
             out[current].add(RM_RF)
     return out
+
+
+def _kill_strays(root: Path) -> None:
+    """End what the lines left running in the sandbox (a `script` or `setsid` in a session of
+    its own outlives its line's time bound, and `fakeroot` leaves its daemon): every process
+    whose working directory is inside it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+            except OSError:
+                continue
+            if cwd.startswith(str(root)):
+                pids.append(int(entry))
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        if not pids:
+            return
+        time.sleep(0.05)
 
 
 def _unshare_works() -> bool:

@@ -17,6 +17,7 @@ class Entry:
     denies: str = ""
     bash: bool = True  # a real bash can run it here (ground truth)
     number: int = 0  # its line in the file
+    opaque: tuple[str, ...] = ()  # carriers of unread code the policy accepts for it
 
 
 @dataclass
@@ -25,10 +26,13 @@ class _State:
     tasks: tuple[str, ...] = ()
     denies: str = ""
     bash: bool = True
+    opaque: tuple[str, ...] = ()
     entries: list[Entry] = field(default_factory=list)
 
     def add(self, line: str, number: int) -> None:
-        self.entries.append(Entry(line, self.group, self.tasks, self.denies, self.bash, number))
+        self.entries.append(
+            Entry(line, self.group, self.tasks, self.denies, self.bash, number, self.opaque)
+        )
 
 
 def load(name: str) -> list[Entry]:
@@ -58,6 +62,9 @@ def _directive(state: _State, text: str) -> None:
     key, _, value = text.partition(": ")
     if key in ("from", "class"):
         state.group, state.tasks, state.denies, state.bash = value, (), "", True
+        state.opaque = ()
+    elif key == "opaque":
+        state.opaque = tuple(v.strip() for v in value.split(","))
     elif key == "tasks":
         state.tasks = tuple(value.split())
     elif key == "denies":

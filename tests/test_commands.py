@@ -171,7 +171,7 @@ LINES = st.recursive(
 
 
 def _ran_only_where_denied(sandbox: Sandbox, lines: list[str]) -> None:
-    for line, commands in zip(lines, sandbox.run(lines), strict=True):
+    for line, commands in zip(lines, sandbox.run(lines, settle=True), strict=True):
         if commands:
             assert denied(DENY, line), (line, commands)
 

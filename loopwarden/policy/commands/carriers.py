@@ -1,6 +1,14 @@
-"""What a command runs in turn: launchers (`launchers.py`), shells and their `-c` text,
-interpreters given inline code, `eval`, `source`, `trap`, `alias`, `find -exec`, git's
-command-carrying settings and options, and environment variables whose value is a command.
+"""What a command runs in turn, by the class of its program (docs/hooks.md, "Command rules"):
+
+- (a) launchers (`launchers.py`, applied here), shells and interpreters (`shells.py`,
+  `interpreters.py`), the builtins that run text (`bashbuiltins.py`: `eval`, `source`, `trap`,
+  `alias`, `mapfile -C`, `compgen -W`/`-C`, `fc`), `find -exec`, `fd -x`, `parallel`, `at`, git's
+  command-carrying settings and options (`configs.py`): what they run is read, or doubted;
+- (b) programs known not to run the line's commands (`bystanders.py`), with the options and
+  small languages that would make them run one (`readers.py`, `scripts.py`), and the builtins
+  that take variable names or arithmetic (`bashbuiltins.py`, `variables.py`);
+- (c) any other program: `run.known` stays False, and `verdicts.py` doubts it when its words
+  name a program a rule is about.
 
 `unwrap` is called for every run a reader records. Nested command text is read again
 (`Reading.line`); a nested argv becomes a run of its own; what cannot be followed is a doubt on
@@ -13,18 +21,29 @@ import re
 import shlex
 from typing import TYPE_CHECKING
 
-from loopwarden.policy.commands import configs, shells
+from loopwarden.policy.commands import (
+    bashbuiltins,
+    bystanders,
+    configs,
+    interpreters,
+    readers,
+    shells,
+    variables,
+)
 from loopwarden.policy.commands import launchers as table
 from loopwarden.policy.commands.launchers import Launcher
 from loopwarden.policy.commands.options import Scan, grammar, scan
-from loopwarden.policy.commands.programs import program_name, spec_of
+from loopwarden.policy.commands.programs import GIT, program_name, spec_of
+from loopwarden.policy.commands.regexes import lazy
 from loopwarden.policy.commands.runs import TERMINAL, Run, Stdin, Tail
 from loopwarden.policy.commands.words import Word, filled, joined
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from loopwarden.policy.commands.reading import Reading
 
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_ASSIGNMENT = lazy(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def unwrap(reading: Reading, run: Run, stdin: Stdin) -> None:
@@ -32,27 +51,51 @@ def unwrap(reading: Reading, run: Run, stdin: Stdin) -> None:
     name = _name(run)
     if name is None:
         return
+    if name in _PLAIN:  # most programs of a line: nothing to read in their words
+        run.known = True
+        return
     if run.dialect == "powershell":
         from loopwarden.policy.commands.powershell import unwrap as powershell_unwrap
 
         if powershell_unwrap(reading, run, name, stdin):
+            run.known = True
             return
+        if re.fullmatch(r"[a-z]+-[a-z]+", name):
+            run.known = True  # a cmdlet (the PowerShell reader doubts the ones that run code)
+            return
+    if name in table.RESERVED and run.dialect == "bash":
+        run.known = True
+        reading.doubt(
+            run,
+            f"the shell keyword `{name}` stands where a command is read: bash reads this line "
+            "otherwise than loopwarden can (write it without `time`, `!` or `coproc` before a "
+            "compound command)",
+        )
+        return
+    if name.startswith("git-") and name[4:] in (GIT.subcommands or ()):
+        name = "git"  # `git-push` run by its path in git's exec path is `git push`
+    if name in _WRITERS:
+        _WRITERS[name](reading, run)
     handler = _HANDLERS.get(name)
     if handler is not None:
+        run.known = True
         handler(reading, run, name, stdin)
-        return
-    if name in table.SHELLS:
+    elif name in table.SHELLS:
         shells.shell(reading, run, name, stdin)
     elif name in table.POWERSHELLS:
         shells.powershell(reading, run, name, stdin)
     elif name in table.FOREIGN_SHELLS:
-        reading.doubt(run, f"`{name}` runs a shell language", True)
-    elif (found := table.interpreter(name)) is not None:
+        shells.foreign(reading, run, name, stdin)
+    elif (found := interpreters.interpreter(name)) is not None:
         shells.interpreter(reading, run, name, found, stdin)
     elif name in table.LAUNCHERS:
+        run.known = True
         _launch(reading, run, name, table.LAUNCHERS[name], 1, stdin)
-    else:
-        _subcommand_launcher(reading, run, name, stdin)
+    elif name in bystanders.SUBCOMMAND_BASES and _subcommand_launcher(reading, run, name, stdin):
+        run.known = True
+    elif name in bystanders.BYSTANDERS:
+        run.known = True
+        readers.read(reading, run, name, bystanders.BYSTANDERS[name], stdin)
 
 
 def _name(run: Run) -> str | None:
@@ -60,30 +103,47 @@ def _name(run: Run) -> str | None:
     return program_name(program.text) if program is not None and program.text else None
 
 
-_SUBCOMMAND_LAUNCHERS = frozenset(name.split()[0] for name in table.LAUNCHERS if " " in name)
-
-
-def _subcommand_launcher(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    """`uv run CMD`, `npm exec CMD`, …: a program whose subcommand launches a command."""
-    if name not in _SUBCOMMAND_LAUNCHERS:
-        return
+def _subcommand_launcher(reading: Reading, run: Run, name: str, stdin: Stdin) -> bool:
+    """`uv run CMD`, `npm exec CMD`, …: a program whose subcommand launches a command. True if
+    the program was read (whatever its subcommand)."""
     head = scan(spec_of(name).main, run.argv, 1, stop=True)
     if head.rest >= len(run.argv):
-        return
+        return name in bystanders.BYSTANDERS
     word = run.argv[head.rest].text
+    if word is not None:
+        word = spec_of(name).aliases.get(word, word)  # `npm x` is `npm exec`
     launcher = table.LAUNCHERS.get(f"{name} {word}") if word else None
     if launcher is not None:
         _launch(reading, run, f"{name} {word}", launcher, head.rest + 1, stdin)
+        return True
+    if word is None and any(key.startswith(name + " ") for key in table.LAUNCHERS):
+        reading.doubt(run, f"cannot tell which subcommand of `{name}` runs: it is computed")
+        return True
+    return name in bystanders.BYSTANDERS
 
 
 def _launch(
     reading: Reading, run: Run, name: str, spec: Launcher, start: int, stdin: Stdin
 ) -> None:
-    """A launcher: its options, `before` operands, then the command it runs."""
+    """A launcher: its `lead` operands, its options, `before` operands, then its command."""
     argv = run.argv
+    if spec.lead:
+        if any(w.text is None for w in argv[start : start + spec.lead]):
+            reading.doubt(
+                run, f"cannot tell which command `{name}` runs: a computed word comes first"
+            )
+            return
+        start += spec.lead
     found = scan(spec.grammar, argv, start, stop=not spec.grammar.permute)
     run.launcher = spec.transparent
     if found.has(*spec.no_run):
+        return
+    if found.unknown:
+        reading.doubt(
+            run,
+            f"`{name}` is given an option loopwarden does not know: cannot tell where its "
+            "command starts",
+        )
         return
     if found.maybe_option or found.shifted:
         reading.doubt(run, f"cannot tell which command `{name}` runs: a computed word comes first")
@@ -92,12 +152,18 @@ def _launch(
         if option.name in spec.shell:
             reading.line(option.value, run.dialect, f"{name} {option.name}", run)
             return
+        if option.name in spec.programs:
+            readers.program(reading, run, name, option.name, option.value)
         if option.name in spec.split:
             split = _split_string(reading, run, name, option.value, argv, found.rest)
             if split is None:
                 return
             argv = split
             found = scan(spec.grammar, argv, found.rest, stop=not spec.grammar.permute)
+    if not spec.operands:
+        if spec.bare == "shell" and not any(o.name in spec.shell for o in found.options):
+            shells.from_input(reading, run, name, stdin, "bash")
+        return
     i = found.rest + spec.before
     if spec.before and i > len(argv):
         return
@@ -113,7 +179,7 @@ def _launch(
     inner = argv[i:]
     if not inner:
         if spec.bare == "shell" or found.has(*spec.shell_flags):
-            reading.doubt(run, f"`{name}` runs a shell that reads its commands from input", True)
+            shells.from_input(reading, run, name, stdin, "bash")
         return
     if (spec.joined and not found.has(*spec.exec_options)) or found.has(*spec.join_options):
         reading.line(joined(inner), run.dialect, name, run)
@@ -165,56 +231,19 @@ def _assignments(reading: Reading, run: Run, argv: tuple[Word, ...], i: int) -> 
             continue
         if argv[i].text is None:
             if argv[i].lead and _ASSIGNMENT.match(argv[i].lead):
+                variable = argv[i].lead.partition("=")[0]
+                reading.assign(variable, None)
+                variables.assigned(reading, run, variable, Word(None, argv[i].kind))
                 i += 1
                 continue
             break
         if not _ASSIGNMENT.match(text or ""):
             break
         variable, _, value = (text or "").partition("=")
-        configs.assigned(reading, run, variable, Word(value))
+        reading.assign(variable, value)
+        variables.assigned(reading, run, variable, Word(value))
         i += 1
     return i
-
-
-def _eval(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    run.launcher = True
-    if len(run.argv) > 1:
-        reading.line(joined(run.argv[1:]), "bash", "eval", run)
-
-
-def _source(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    script = run.argv[1] if len(run.argv) > 1 else None
-    if script is not None and shells.reads_input(script):
-        shells.from_input(reading, run, name, stdin if script.text else Stdin("process"), "bash")
-
-
-def _trap(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    found = scan(grammar(), run.argv, 1)
-    operands = [w for _, w in found.operands]
-    if len(operands) >= 2 and operands[0].text not in ("-", ""):
-        reading.line(operands[0], "bash", "trap", run)
-
-
-def _alias(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    for word in run.argv[1:]:
-        if word.text is None:
-            reading.doubt(run, "cannot read an alias this line defines: it is computed")
-            continue
-        alias, eq, value = word.text.partition("=")
-        if eq:
-            reading.aliases.add(alias)
-            reading.line(Word(value), "bash", "alias", run)
-
-
-def _hash(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
-    """`hash -p PATH NAME` makes NAME run PATH: like an alias, a later NAME is a doubt."""
-    found = scan(grammar(values="-p", optional=""), run.argv, 1)
-    if found.has("-p"):
-        for _, word in found.operands:
-            if word.text is not None:
-                reading.aliases.add(word.text)
-            else:
-                reading.doubt(run, "cannot read the name `hash -p` binds: it is computed")
 
 
 def _find(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
@@ -225,13 +254,42 @@ def _find(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     argv, i = run.argv, 1
     while i < len(argv):
         if argv[i].text not in ("-exec", "-execdir", "-ok", "-okdir"):
+            if argv[i].text in ("-fprint", "-fprintf", "-fls", "-fprint0") and i + 1 < len(argv):
+                i += 1
             i += 1
             continue
         end = next((n for n in range(i + 1, len(argv)) if argv[n].text in (";", "+")), len(argv))
         inner = tuple(filled(word, "{}", path=True) for word in argv[i + 1 : end])
         tail: Tail = "operands" if end < len(argv) and argv[end].text == "+" else ""
-        reading.add(inner, via=f"find {argv[i].text}", parent=run, dialect=run.dialect, tail=tail)
+        via = f"find {argv[i].text}"
+        reading.add(inner, via=via, parent=run, dialect=run.dialect, stdin=stdin, tail=tail)
         i = end + 1
+
+
+_FD = grammar(
+    values="-e --extension -t --type -d --max-depth --min-depth --exact-depth -E --exclude "
+    "-S --size --changed-within --changed-before -o --owner --base-directory --path-separator "
+    "-j --threads --max-results -c --color --ignore-file --search-path --format --and",
+    optional="",
+)
+
+
+def _fd(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
+    """`fd … -x CMD …` / `-X CMD …` (`--exec`, `--exec-batch`): a run of its own, with the
+    found paths added."""
+    argv = run.argv
+    for n, word in enumerate(argv[1:], 1):
+        glued = word.text is not None and word.text.startswith(("--exec=", "--exec-batch="))
+        if word.text in ("-x", "--exec", "-X", "--exec-batch") or glued:
+            end = next((m for m in range(n + 1, len(argv)) if argv[m].text == ";"), len(argv))
+            first = (Word(word.text.partition("=")[2]),) if glued and word.text else ()
+            inner = tuple(filled(w, "{}", path=True) for w in (*first, *argv[n + 1 : end]))
+            reading.add(inner, via=f"fd {word.text}", parent=run, dialect=run.dialect,
+                        tail="operands")  # fmt: skip
+            return
+        if word.text is None and word.may_be_flag:
+            reading.doubt(run, "cannot tell whether `fd` runs a command: a computed word")
+            return
 
 
 def _parallel(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
@@ -282,15 +340,59 @@ def _runuser(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
     _launch(reading, run, name, spec, 1, stdin)
 
 
-_HANDLERS = {
+def _later(reading: Reading, run: Run, name: str, stdin: Stdin) -> None:
+    """`at`, `batch`, `crontab -`: commands read from input, run later (a here-document or
+    here-string is read; a file or a pipe is opaque)."""
+    words = [w.text for w in run.argv[1:]]
+    if name == "crontab" and not (set(words) & {"-", None}) and words:
+        return  # `crontab -l`, `crontab -e`, `crontab FILE` (a file: its lines run later)
+    listing = any(w in ("-l", "-r", "-d", "-c", "-q", "-V") for w in words)
+    if name in ("at", "batch") and listing and "-f" not in words:
+        return
+    if "-f" in words:
+        at = words.index("-f")
+        script = run.argv[at + 2] if at + 2 < len(run.argv) else None
+        if script is None or shells.reads_input(script):
+            shells.from_input(reading, run, name, stdin, "bash")
+        return
+    shells.from_input(reading, run, name, stdin, "bash")
+
+
+def _last_operand(reading: Reading, run: Run) -> None:
+    operands = [w for w in run.argv[1:] if w.text is None or not w.text.startswith("-")]
+    if operands:
+        configs.writes(reading, run, operands[-1])
+
+
+def _every_operand(reading: Reading, run: Run) -> None:
+    for word in run.argv[1:]:
+        configs.writes(reading, run, word)
+
+
+def _dd(reading: Reading, run: Run) -> None:
+    for word in run.argv[1:]:
+        if word.text is not None and word.text.startswith("of="):
+            configs.writes(reading, run, Word(word.text[3:]))
+
+
+_WRITERS: dict[str, Callable[[Reading, Run], None]] = {
+    "tee": _every_operand,
+    "cp": _last_operand,
+    "mv": _last_operand,
+    "ln": _last_operand,
+    "install": _last_operand,
+    "sed": _every_operand,
+    "gsed": _every_operand,
+    "dd": _dd,
+}
+"""Programs that write files they are given (checked for git's settings and hooks)."""
+
+_HANDLERS: dict[str, Callable[[Reading, Run, str, Stdin], None]] = {
+    **bashbuiltins.HANDLERS,
     "runuser": _runuser,
-    "eval": _eval,
-    "source": _source,
-    ".": _source,
-    "trap": _trap,
-    "alias": _alias,
-    "hash": _hash,
     "find": _find,
+    "fd": _fd,
+    "fdfind": _fd,
     "git": configs.git,
     "parallel": _parallel,
     "awk": shells.awk,
@@ -302,7 +404,26 @@ _HANDLERS = {
     ),
     "sed": shells.sed,
     "gsed": shells.sed,
+    "at": _later,
+    "batch": _later,
+    "crontab": _later,
 }
-"""Programs with a reader of their own (the rest: shells, interpreters, `LAUNCHERS`)."""
+"""Programs with a reader of their own (the rest: shells, interpreters, `LAUNCHERS`,
+`bystanders.BYSTANDERS`)."""
+
+_PLAIN = frozenset(
+    name
+    for name, spec in bystanders.BYSTANDERS.items()
+    if spec is bystanders.PLAIN
+    and name not in _HANDLERS
+    and name not in _WRITERS
+    and name not in table.LAUNCHERS
+    and name not in table.SHELLS | table.POWERSHELLS | table.FOREIGN_SHELLS | table.RESERVED
+    and name not in bystanders.SUBCOMMAND_BASES
+    and interpreters.interpreter(name) is None
+    and not name.startswith("git-")
+)
+"""Programs `unwrap` knows at once to need nothing more (the class (b) programs with no option
+that runs a command, and no other reading)."""
 
 __all__ = ["TERMINAL", "unwrap"]

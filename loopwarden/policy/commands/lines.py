@@ -1,6 +1,7 @@
 """A command line read whole: `read_line` gives a `Reading` its two steps — the readers of
 each dialect (`bash.py`, `powershell.py`, their grammars imported on first use) for nested
-command text, and `carriers.unwrap` for what each command runs in turn — and reads the line.
+command text, and `carriers.unwrap` for what each command runs in turn — reads the line, then
+decides the doubts that depend on all of it (`Reading.finish`).
 The modules it ties together import only `reading.py` below them, never each other's reader.
 """
 
@@ -30,6 +31,7 @@ def read_line(text: str, dialect: Dialect = "bash") -> Reading:
     reading = Reading(carriers.unwrap, read_text)
     try:
         read_text(reading, text, dialect, "", None, 0)
+        reading.finish()
     except TooManyRuns:
         reading.doubts.append(Doubt(f"the line runs more than {MAX_RUNS} commands"))
     except RecursionError:

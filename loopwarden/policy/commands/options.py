@@ -10,6 +10,7 @@ is reported (`maybe_option`), never guessed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import NamedTuple
@@ -27,7 +28,12 @@ class Grammar(NamedTuple):
     `clusters`: `-abc` is `-a -b -c` (GNU and POSIX programs), else it is one option (`find
     -name`, `terraform -chdir=d`); `permute`: options may follow operands (GNU), else the first
     operand ends them (launchers, POSIX); `plus`: `+o` options (shells). Any word starting with
-    `-` is an option (`-0`, `-10` too), `--` ends them."""
+    `-` is an option (`-0`, `-10` too), `--` ends them.
+
+    `flags` lists the options that take no value and `closed` says the lists are the program's
+    whole grammar: an option outside them is reported (`Scan.unknown`), since the program may
+    read the next word as its value. A long option is also read by any unambiguous prefix of
+    the long options the grammar names (`--sig` is `--signal`), as getopt_long reads it."""
 
     values: frozenset[str] = frozenset()
     optional: frozenset[str] = frozenset()
@@ -35,6 +41,12 @@ class Grammar(NamedTuple):
     clusters: bool = True
     permute: bool = True
     plus: bool = False
+    flags: frozenset[str] = frozenset()
+    closed: bool = False
+    longs: tuple[str, ...] = ()  # every long option named above, for prefixes (derived)
+    numbers: bool = False  # `-5` is an option with a number (`nice -5`), read as `-N`
+    ends: frozenset[str] = frozenset()  # options after which no option is read (python -m)
+    octal: frozenset[str] = frozenset()  # optional values of octal digits only (perl -l, -0)
 
     def canonical(self, name: str) -> str:
         return self.aliases.get(name, name)
@@ -42,19 +54,56 @@ class Grammar(NamedTuple):
     def takes_value(self, name: str) -> bool:
         return name in self.values or self.canonical(name) in self.values
 
+    def knows(self, name: str) -> bool:
+        return (
+            name in self.values
+            or name in self.optional
+            or name in self.flags
+            or name in self.aliases
+            or self.canonical(name) in self.flags
+        )
+
+    def long_name(self, given: str) -> str:
+        """The long option `given` names: itself if the grammar knows it, else the one long
+        option it is a prefix of (getopt_long), else itself."""
+        if not self.longs or self.knows(given):
+            return given
+        found = [name for name in self.longs if name.startswith(given)]
+        if len(found) > 1:  # `--fo` for --force and --format: a prefix of one canonical name?
+            found = list(dict.fromkeys(self.canonical(name) for name in found))
+        return found[0] if len(found) == 1 else given
+
 
 def grammar(
     values: str = "",
     optional: str = "",
     aliases: Mapping[str, str] | None = None,
-    **flags: bool,
+    flags: str | None = None,
+    *,
+    clusters: bool = True,
+    permute: bool = True,
+    plus: bool = False,
+    numbers: bool = False,
 ) -> Grammar:
-    """A `Grammar` from space-separated option lists (how the tables are written)."""
+    """A `Grammar` from space-separated option lists (how the tables are written). Giving
+    `flags` (even empty) closes the grammar: it is then the program's whole option list."""
+    value_set, optional_set = frozenset(values.split()), frozenset(optional.split())
+    flag_set = frozenset((flags or "").split())
+    mapping = dict(aliases or {})
+    longs = sorted(
+        {n for n in (*value_set, *optional_set, *flag_set, *mapping) if n.startswith("--")}
+    )
     return Grammar(
-        frozenset(values.split()),
-        frozenset(optional.split()),
-        MappingProxyType(dict(aliases or {})),
-        **flags,
+        value_set,
+        optional_set,
+        MappingProxyType(mapping),
+        clusters=clusters,
+        permute=permute,
+        plus=plus,
+        flags=flag_set,
+        closed=flags is not None,
+        longs=tuple(longs),
+        numbers=numbers,
     )
 
 
@@ -70,7 +119,7 @@ class Scan:
     `shifted` that an unquoted expansion may add or remove words (positions after it are not
     known); `ended` that `--` ended the options."""
 
-    __slots__ = ("ended", "maybe_option", "operands", "options", "rest", "shifted")
+    __slots__ = ("ended", "maybe_option", "operands", "options", "rest", "shifted", "unknown")
 
     def __init__(self, rest: int = 0) -> None:
         self.options: list[Option] = []
@@ -79,6 +128,7 @@ class Scan:
         self.maybe_option = False
         self.shifted = False
         self.ended = False
+        self.unknown = False  # an option a closed grammar does not list
 
     def has(self, *names: str) -> bool:
         return any(option.name in names for option in self.options)
@@ -101,13 +151,20 @@ def scan(g: Grammar, words: tuple[Word, ...], start: int = 0, stop: bool = False
         text = word.text
         if text is None:
             out.shifted = out.shifted or word.splits
-            out.maybe_option = out.maybe_option or (not out.ended and word.may_be_flag)
+            out.maybe_option = out.maybe_option or (
+                not out.ended and word.may_be_flag and not _never_option(g, word)
+            )
         elif not out.ended and text == "--":
             out.ended = True
             i += 1
             continue
         elif not out.ended and _is_option(g, text):
             i = _option(g, words, i, out)
+            if g.ends and out.options and out.options[-1].name in g.ends:
+                out.rest = i
+                if not stop:
+                    out.operands.extend((n, words[n]) for n in range(i, len(words)))
+                return out
             continue
         if stop:  # an operand (or a computed word) ends the options here
             out.rest = i
@@ -115,6 +172,19 @@ def scan(g: Grammar, words: tuple[Word, ...], start: int = 0, stop: bool = False
         out.operands.append((i, word))
         i += 1
     return out
+
+
+def _never_option(g: Grammar, word: Word) -> bool:
+    """A glob whose every match holds a character no option of a closed grammar can hold
+    (`*.pyc` for rm: `-r.pyc` is an invalid option, which rm refuses before doing anything)."""
+    if not g.closed or word.template == "" or word.params is not None or "=" in word.template:
+        return False
+    if any(len(name) == 2 and name[0] == "-" for name in (*g.values, *g.optional)):
+        return False  # `-o.pyc` would be -o with a value
+    letters = {name[1] for name in (*g.flags, *g.aliases) if len(name) == 2 and name[0] == "-"}
+    letters.update(ch for name in g.longs for ch in name)  # a prefix of one is that option too
+    literal = re.sub(r"\[[^\]]*\]|[*?]", "", word.template)
+    return any(not (ch in letters or ch == "-") for ch in literal)
 
 
 def _is_option(g: Grammar, text: str) -> bool:
@@ -128,8 +198,15 @@ def _is_option(g: Grammar, text: str) -> bool:
 def _option(g: Grammar, words: tuple[Word, ...], i: int, out: Scan) -> int:
     """Read the option word at `i` (and its value); the index after it."""
     text = words[i].text or ""
+    if g.numbers and text[1:].isdigit():
+        out.options.append(Option("-N", Word(text[1:]), i))
+        return i + 1
     if text.startswith("--") or not g.clusters:
         name, eq, glued = text.partition("=")
+        if name.startswith("--"):
+            name = g.long_name(name)
+        if g.closed and not g.knows(name):
+            out.unknown = True
         if eq:
             out.options.append(Option(g.canonical(name), Word(glued), i))
             return i + 1
@@ -139,9 +216,20 @@ def _option(g: Grammar, words: tuple[Word, ...], i: int, out: Scan) -> int:
         return i + 1
     sign = text[0]
     letters = text[1:]
+    skip = 0
     for n, letter in enumerate(letters):
+        if skip:
+            skip -= 1
+            continue
         name = sign + letter
         rest = letters[n + 1 :]
+        if g.closed and not g.knows(name):
+            out.unknown = True
+        if name in g.octal:  # `-lane` is -l -a -n -e; `-0777`, `-0x1F` take their digits
+            digits = re.match(r"x[0-9A-Fa-f]*|[0-7]*", rest).group()  # type: ignore[union-attr]
+            out.options.append(Option(g.canonical(name), Word(digits) if digits else None, i))
+            skip = len(digits)
+            continue
         if name in g.optional:
             out.options.append(Option(g.canonical(name), Word(rest) if rest else None, i))
             return i + 1

@@ -326,7 +326,7 @@ WGET = Program(
 )
 RM = Program(
     main=grammar(
-        optional="--interactive",
+        optional="--interactive --preserve-root",
         aliases={
             "-R": "-r",
             "--recursive": "-r",
@@ -334,6 +334,7 @@ RM = Program(
             "--dir": "-d",
             "--verbose": "-v",
         },
+        flags="-d -f -i -I -r -R -v --one-file-system --no-preserve-root --help --version",
     )
 )
 FIND = Program(

@@ -34,15 +34,20 @@ class Run:
     itself, "$(…)", "xargs", "bash -c", …) and `parent` is the index of the run it runs in.
     `tail` says more words are added when it runs: "operands" (paths, never options, as from
     `find -exec … {} +`) or "words" (anything, as from `xargs`). A `launcher` only changes how
-    its nested command runs (`timeout`, `env`, `bash -c`): allow rules need not name it."""
+    its nested command runs (`timeout`, `env`, `bash -c`): allow rules need not name it. A run
+    that is not `known` runs a program none of the tables names: whether it runs its arguments
+    is not known (`verdicts.py` then doubts it if they name a program a rule is about)."""
 
     __slots__ = (
         "argv",
         "depth",
         "dialect",
         "doubts",
+        "env",
         "function",
         "index",
+        "input",
+        "known",
         "launcher",
         "parent",
         "tail",
@@ -63,6 +68,9 @@ class Run:
         self.depth, self.dialect, self.tail = depth, dialect, tail
         self.launcher = False
         self.function = False  # a call of a function defined in the line (its body is read)
+        self.known = False  # its program is one the tables know to run, or not run, commands
+        self.input: Word | None = None  # a here-document or here-string it reads
+        self.env: tuple[Word, ...] = ()  # the values of `NAME=VALUE` words given it
         self.doubts: list[Doubt] = []
 
     @property

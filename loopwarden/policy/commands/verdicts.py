@@ -14,11 +14,13 @@ import re
 import shlex
 from typing import Literal, NamedTuple
 
+from loopwarden.policy.commands import unknown
 from loopwarden.policy.commands.lines import read_line
 from loopwarden.policy.commands.programs import Command, read
 from loopwarden.policy.commands.reading import Reading, name_of
 from loopwarden.policy.commands.rules import Match, Rule, glob_matches, match, rules_of
 from loopwarden.policy.commands.runs import Dialect, Run
+from loopwarden.policy.commands.words import PART, Word
 from loopwarden.policy.decision import Reason, ReasonCode
 
 Outcome = Literal["allowed", "denied", "doubt", "opaque", "not_allowed", "covered"]
@@ -56,10 +58,14 @@ class RuleSet(NamedTuple):
     allow: tuple[Rule, ...]
     opaque: tuple[Rule, ...]
     allow_texts: tuple[str, ...]
+    programs: tuple[str, ...] = ()  # the programs rules are about (for unknown programs)
 
     @staticmethod
     def of(deny: tuple[str, ...], allow: tuple[str, ...], opaque: tuple[str, ...]) -> RuleSet:
-        return RuleSet(rules_of(deny), rules_of(allow), rules_of(opaque), allow)
+        denied, allowed = rules_of(deny), rules_of(allow)
+        restricted = [r for r in allowed if r.subcommand or r.options or r.operands]
+        programs = tuple(dict.fromkeys(r.program for r in (*denied, *restricted)))
+        return RuleSet(denied, allowed, rules_of(opaque), allow, programs)
 
     def names(self, program: str) -> bool:
         """Whether a deny rule names `program` (or may: a rule's program is a glob)."""
@@ -73,19 +79,22 @@ def judge(rules: RuleSet, line: str, dialect: Dialect = "bash") -> Judged:
 
 
 def judge_reading(rules: RuleSet, reading: Reading) -> Judged:
-    verdicts = tuple(_judge(rules, run) for run in reading.runs)
+    verdicts = tuple(_judge(rules, run, reading) for run in reading.runs)
     return Judged(verdicts, tuple(d.what for d in reading.doubts))
 
 
-def _judge(rules: RuleSet, run: Run) -> Verdict:
+def _judge(rules: RuleSet, run: Run, reading: Reading) -> Verdict:
     program = run.program
     if program is None or program.text is None:
         kind = program.kind if program is not None else "missing"
         return Verdict(run, "doubt", why=f"cannot tell which program it runs: its name is {kind}")
     name = name_of(run) or ""
-    if not run.doubts and not rules.allow and not rules.names(name):
+    if name.startswith("git-"):
+        name = "git"  # `git-push`, run by its path, is git's push
+    named = None if run.known else unknown.names(rules.programs, run, reading)
+    if not run.doubts and not rules.allow and not rules.names(name) and named is None:
         return Verdict(run, "allowed")  # no rule names its program: nothing to read
-    command = read(run.argv)
+    command = read(_resolved(run.argv, reading))
     maybe: tuple[Rule, str] | None = None
     for rule in rules.deny:
         found, why = match(rule, command, run.tail, deny=True)
@@ -96,6 +105,8 @@ def _judge(rules: RuleSet, run: Run) -> Verdict:
     unread = [d for d in run.doubts if not d.opaque]
     if unread:
         return Verdict(run, "doubt", why=unread[0].what)
+    if named is not None:
+        return Verdict(run, "doubt", why=unknown.why(run, named), label="unknown")
     if maybe is not None:
         return Verdict(run, "doubt", maybe[0].text, why=maybe[1])
     opaque = [d for d in run.doubts if d.opaque]
@@ -115,6 +126,30 @@ def _judge(rules: RuleSet, run: Run) -> Verdict:
     if doubt is not None:
         return Verdict(run, "doubt", doubt[0].text, why=doubt[1])
     return Verdict(run, "not_allowed")
+
+
+def _resolved(argv: tuple[Word, ...], reading: Reading) -> tuple[Word, ...]:
+    """`argv` with each quoted word that is one variable the line sets replaced by what the
+    line tells of it: its one literal value, or the literal start every value has (a value
+    set before the line, or in a scope the line does not show, is the state the docs leave
+    out)."""
+    if all(w.text is not None or w.params is None for w in argv):
+        return argv
+    out = []
+    for word in argv:
+        if word.text is None and word.params and word.template == PART and not word.splits:
+            name = word.params[0]
+            if "\0" not in name and reading.assigned(name):
+                values = reading.literal_values(name)
+                if values is not None and len(values) == 1:
+                    out.append(Word(next(iter(values))))
+                    continue
+                lead = reading.starts(name)
+                if lead is not None:
+                    out.append(Word(None, word.kind, lead))
+                    continue
+        out.append(word)
+    return tuple(out)
 
 
 def _accepted(rules: tuple[Rule, ...], command: Command, run: Run) -> bool:
@@ -154,6 +189,8 @@ def message(verdict: Verdict, rules: RuleSet) -> str:
             f"cannot tell whether {who} is what tools.commands.{kind} rule {verdict.rule!r} "
             f"names: {verdict.why}; write the command out literally"
         )
+    if verdict.outcome == "doubt" and verdict.label == "unknown":
+        return f"{who}: {verdict.why}"
     if verdict.outcome == "doubt":
         return f"{who}: {verdict.why}; command rules apply here, so write it out literally"
     if verdict.outcome == "opaque":

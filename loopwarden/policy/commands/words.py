@@ -6,7 +6,9 @@ escapes and ANSI-C quotes (`$'\\x67it'`) decoded. Parameter expansion, command s
 arithmetic, brace expansion and unquoted glob characters make it *computed*: `text` is None and
 `kind` says which construct (never the word itself, which may hold a secret). `lead` is the
 literal text it starts with (so `-$x` is known to be a flag and `./$x` known not to be), and
-`splits` says an unquoted expansion may turn it into several words or none.
+`splits` says an unquoted expansion may turn it into several words or none. A word computed
+only from variables (`"$x"`, `s/a/${B}/`) also keeps their names (`params`) and its literal
+text with each of them marked (`template`), so that a reader can tell what it may become.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ FROM_INPUT = "filled in from input when it runs"
 UNREADABLE = "a construct loopwarden does not read"
 
 
+PART = "\0"
+"""Where a variable's value stands in a computed word's `template`."""
+
+
 class Word(NamedTuple):
     """One argv word. `text` is the exact value the program receives, or None if computed."""
 
@@ -31,6 +37,8 @@ class Word(NamedTuple):
     kind: str = ""  # why it is computed (one of the constants above)
     lead: str = ""  # the literal text a computed word starts with
     splits: bool = False  # an unquoted expansion: may become several words, or none
+    params: tuple[str, ...] | None = None  # the variables it is made of, if nothing else
+    template: str = ""  # its text with each of `params` as PART
 
     @staticmethod
     def of(text: str) -> Word:
@@ -42,9 +50,13 @@ class Word(NamedTuple):
 
     @property
     def may_be_flag(self) -> bool:
-        """Whether the program may read it as an option (it starts, or may start, with `-`)."""
+        """Whether the program may read it as an option (it starts, or may start, with `-`).
+        A glob with a literal start names files that start with it (`build/*.o`), so it is
+        never an option however many words it becomes."""
         if self.text is not None:
             return self.text.startswith("-") and self.text != "-"
+        if self.kind == GLOB and self.lead and not self.lead.startswith("-"):
+            return False
         return self.splits or not self.lead or self.lead.startswith("-")
 
 
@@ -61,25 +73,36 @@ class Pieces:
         self.kind = ""
         self.lead: str | None = None  # the literal text before the first computed part
         self.splits = False
+        self.params: list[str] | None = []
 
     def text(self, text: str, quoted: bool) -> None:
         self.chars.extend((ch, quoted) for ch in text)
 
-    def computed(self, kind: str, splits: bool) -> None:
+    def computed(self, kind: str, splits: bool, param: str | None = None) -> None:
+        """A computed part: `param` names the variable it is (`$x`, `${x}`), if it is one."""
         if not self.kind:
             self.kind = kind
             self.lead = "".join(ch for ch, _ in self.chars)
         self.splits = self.splits or splits
+        if param is None or self.params is None:
+            self.params = None
+        else:
+            self.params.append(param)
+            self.chars.append((PART, True))
 
     def word(self) -> Word:
         if self.kind:
-            return Word(None, self.kind, self.lead or "", self.splits)
+            if self.params is None:
+                return Word(None, self.kind, self.lead or "", self.splits)
+            template = "".join(ch for ch, _ in self.chars)
+            params = tuple(self.params)
+            return Word(None, self.kind, self.lead or "", self.splits, params, template)
         text = "".join(ch for ch, _ in self.chars)
         unquoted = "".join(ch if not quoted else "\0" for ch, quoted in self.chars)
         if has_braces(unquoted):
             return Word(None, BRACES, _lead(self.chars, "{"), True)
         if has_glob(unquoted):
-            return Word(None, GLOB, _lead(self.chars, "*?["), True)
+            return Word(None, GLOB, _lead(self.chars, "*?["), True, None, text)
         return Word(text)
 
 
