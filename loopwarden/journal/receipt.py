@@ -90,8 +90,10 @@ def covering_checkpoint(reader: Reader, store: Store, leaf_index: int) -> Checkp
         return latest
     size, frontier = reader.log_state()
     root = merkle.root_from_frontier(frontier)
-    note = sign_checkpoint(store.origin, size, root, store.signer)
-    return CheckpointRow(size, root, note, store.signer.key_id, store.clock())
+    now = store.clock()
+    signer = store.signer_at(now)
+    note = sign_checkpoint(store.origin, size, root, signer)
+    return CheckpointRow(size, root, note, signer.key_id, now)
 
 
 @operation(access="read", scope=by_receipt)
