@@ -69,9 +69,11 @@ class Observer:
         failed: int = 0,
         takeovers: int = 0,
         lag: int | None = None,
+        by_reference: int = 0,
     ) -> None:
         """An export sink's progress: receipts a receiver acknowledged, deliveries that failed,
-        leases taken over from a holder that let them expire, and the receipts still to send."""
+        leases taken over from a holder that let them expire, the receipts still to send, and
+        receipts acknowledged by reference (too large for a batch)."""
 
     def integrated(self, delays: Sequence[float]) -> None:
         """A batch of receipts given their Merkle leaves: each one's seconds from its time to

@@ -120,6 +120,13 @@ class Telemetry(Observer):
             ["sink"],
             registry=registry,
         )
+        self.by_reference = Counter(
+            "loopwarden_export_by_reference",
+            "Receipts an export sink sent by reference (id, digest and size, no envelope): too "
+            "large for a batch its receiver takes.",
+            ["sink"],
+            registry=registry,
+        )
         self.lag = Gauge(
             "loopwarden_export_lag_receipts",
             "Receipts sealed but not yet acknowledged by the sink's receiver (as this server saw "
@@ -140,9 +147,12 @@ class Telemetry(Observer):
         failed: int = 0,
         takeovers: int = 0,
         lag: int | None = None,
+        by_reference: int = 0,
     ) -> None:
         if self.registry is None:
             return
+        if by_reference:
+            self.by_reference.labels(sink).inc(by_reference)
         if sent:
             self.sent.labels(sink).inc(sent)
         if failed:
