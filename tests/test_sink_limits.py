@@ -1,4 +1,5 @@
-"""A feed an agent cannot stall (issue 44, finding 5).
+"""A feed an agent cannot stall, signed with a secret only its owner reads (issue 44,
+findings 5 and 6).
 
 An agent's legal reports, each with 64,000 bytes of evidence, sealed while the SIEM is down:
 the next batch used to be over a megabyte, a receiver with nginx's default body limit answered
@@ -8,11 +9,17 @@ counted and logged: every receipt after it still arrives, in order.
 
 A real `serve --http` with `--export-webhook`, an agent's real token calling it over HTTP, and a
 real receiver on loopback that refuses bodies over its limit with 413, as nginx does.
+
+The export secret signs what the SIEM trusts: a secret file others may read is refused at start,
+as the signing key is, and the README's recipe makes one only its owner reads.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +32,7 @@ import httpx2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import (
+    LEAKS,
     cli,
     cli_open_loop,
     connect_http,
@@ -180,3 +188,34 @@ def test_large_reports_sealed_while_the_siem_is_down_never_stall_the_feed(
             assert "was sent by reference" in served.stderr()
     finally:
         receiver.stop()
+
+
+def _readme_recipe() -> str:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    [line] = [x for x in readme.splitlines() if x.endswith("readable by you alone")]
+    return line
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_a_secret_file_others_may_read_is_refused_and_the_readmes_recipe_makes_a_private_one(
+    tmp_path, mode
+):
+    home = tmp_path / "home"
+    secret = tmp_path / "export.secret"
+    secret.write_bytes(SECRET + b"\n")
+    secret.chmod(mode)
+    args = ("--export-webhook", "https://siem.example/x", "--export-secret-file", str(secret))
+    done = cli("serve", "--http", f"127.0.0.1:{free_port()}", "--home", str(home), *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    assert re.search(rf"readable by others \(mode {mode:o}\).*chmod 600", said), said
+    assert SECRET.decode() not in done.stderr and "siem.example" not in done.stderr
+    assert not LEAKS.search(done.stderr.replace(str(secret), "SECRET_FILE")), done.stderr
+
+    # The README's recipe, run by a shell with the usual umask: a file for its owner alone.
+    made = tmp_path / "made"
+    made.mkdir()
+    subprocess.run(
+        ["sh", "-c", f"umask 022 && {_readme_recipe()}"], cwd=made, check=True, timeout=30
+    )
+    assert (os.stat(made / "export.secret").st_mode & 0o777) == 0o600
