@@ -71,6 +71,8 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
         async with runtime.open(), feed.running(), links.running(), AsyncExitStack() as stack:
             if gateway is not None:
                 await stack.enter_async_context(gateway.running())
+            if runtime.jwts is not None:  # the issuer's keys refreshed in the background
+                await stack.enter_async_context(runtime.jwts.keys.running())
             export = settings.export
             store = runtime.require_store()
             sink = None if export is None else WebhookSink(store, export, observer=observer)
