@@ -83,6 +83,11 @@ class Observer:
         """A gauge `loopwarden_<name>` whose value is `read()` at each scrape (cheap, never
         blocking: a queue's length)."""
 
+    def bound_names(self, known: Callable[[str, str], bool]) -> None:
+        """Keep span names a bounded set: a request span the MCP SDK names after what the
+        client asked for (`tools/call <name>`, `prompts/get <name>`) keeps the name only if
+        `known(method, name)`; any other is `(unknown)`."""
+
     def metrics(self) -> tuple[bytes, str] | None:
         """The Prometheus exposition (body, content type), None if metrics are off."""
         return None
@@ -92,6 +97,15 @@ class Observer:
 
 
 NOBODY = Observer()
+
+
+def metrics_pushed(environ: Mapping[str, str]) -> bool:
+    """Metrics are pushed over OTLP when `OTEL_METRICS_EXPORTER` names `otlp` (as the
+    OpenTelemetry SDK reads it: a comma-separated list), unless `OTEL_SDK_DISABLED=true`."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    names = environ.get("OTEL_METRICS_EXPORTER", "").lower().split(",")
+    return "otlp" in {name.strip() for name in names}
 
 
 def tracing_wanted(flag: bool, environ: Mapping[str, str]) -> bool:
