@@ -78,9 +78,7 @@ async def test_an_issuer_that_fails_is_asked_once_for_all_and_not_again_before_t
     clock = ManualClock(datetime.now(UTC))
     verifier = _verifier(issuer, clock)
     lasting = int(time.time()) + 3600  # the manual clock runs ahead of the issuer's
-    tokens = [
-        issuer.mint(sub="builder", aud=RESOURCE, scope=AGENT, exp=lasting) for _ in range(3)
-    ]
+    tokens = [issuer.mint(sub="builder", aud=RESOURCE, scope=AGENT, exp=lasting) for _ in range(3)]
     assert await _all(verifier, tokens[:1]) == [True]
     assert issuer.seen["/jwks"] == 1
 
@@ -154,8 +152,7 @@ def test_three_jwt_requests_to_a_real_serve_are_answered_at_once_while_the_jwks_
     resource = f"http://127.0.0.1:{port}/mcp"
     config = tmp_path / "oauth.toml"
     config.write_text(
-        f'[oauth]\nissuer = "{issuer.url}"\nresource = "{resource}"\n'
-        "jwks_cache_seconds = 0.05\n"
+        f'[oauth]\nissuer = "{issuer.url}"\nresource = "{resource}"\njwks_cache_seconds = 0.05\n'
     )
     served = start_server(
         tmp_path / "home", tmp_path / "logs", "--oauth-config", str(config), port=port
