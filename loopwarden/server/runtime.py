@@ -41,6 +41,7 @@ class Runtime:
     observer: Observer = NOBODY  # spans and metrics of every call (`observe/`)
     tokens: StoreTokenVerifier = field(init=False)  # every route's static-token verifier
     gateway: Any = None  # the MCP gateway (`mcp_gateway/proxy.Gateway`) when `--gateway` is on
+    _keys_seen: tuple[int, ...] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.tokens = StoreTokenVerifier(lambda: self.store)
@@ -104,7 +105,11 @@ class Runtime:
         store = self.store
         if store is None:
             return
+        seen = _stamp(keys)
+        if seen == self._keys_seen and keys.active_id() == store.signer.key_id:
+            return  # nothing in the key directory moved: the last look still holds
         tenure = await anyio.to_thread.run_sync(follow, keys, store.signer)
+        self._keys_seen = seen
         if (tenure.signer.key_id, tenure.until) != (store.signer.key_id, store.signs_until):
             if tenure.signer.key_id != store.signer.key_id:
                 log.warning("signing with the rotated-in key %s", tenure.signer.key_id)
@@ -115,3 +120,13 @@ class Runtime:
                     format_time(tenure.until),
                 )
             store.sign_with(tenure)
+
+
+def _stamp(keys: KeyStore) -> tuple[int, ...] | None:
+    """When the key directory and its history last changed, and the history's size: a look at
+    the key history is needed only when this moves (or a switch is still pending)."""
+    try:
+        directory, history = keys.dir.stat(), keys.history.stat()
+    except FileNotFoundError:
+        return None
+    return (directory.st_mtime_ns, history.st_mtime_ns, history.st_size, history.st_ino)
