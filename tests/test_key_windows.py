@@ -38,10 +38,13 @@ from support import (
 
 from loopwarden.clients.agent import ToolCallError
 from loopwarden.clock import ManualClock, parse_time
+from loopwarden.errors import KeyRetired
 from loopwarden.kernel.log.keys import HISTORY_ORIGIN, KeyStore, Signer, genesis, public_key_b64
 from loopwarden.kernel.store.store import Store
 from loopwarden.kinds import KINDS
 from loopwarden.loops.lifecycle import LoopControlRequest, OpenLoopRequest, open_loop
+from loopwarden.server.runtime import Runtime
+from loopwarden.server.settings import Settings
 
 LOOP = "L1"
 
@@ -160,6 +163,66 @@ def _until(check: Any, seconds: float = 15.0) -> Any:
         time.sleep(0.1)
 
 
+def test_a_server_follows_a_rotation_and_without_the_new_key_stops_signing_at_the_grace(
+    tmp_path, opened
+):
+    """The server's side of a rotation, on its own clock: each look at the key history
+    (`Runtime.follow_keys`, which a server makes every second) is made here directly, and the
+    grace runs out because the clock is moved past it, not because time passes."""
+    home = opened
+    clock = ManualClock(datetime.now().astimezone())
+    settings = Settings(home=home, principal=OPERATOR, auth=False, synchronous="normal")
+    runtime = Runtime(settings, clock=clock)
+    keys = KeyStore(home)
+    loop = LoopControlRequest(loop_id=LOOP)
+
+    async def run() -> None:
+        async with runtime.open():
+            store = runtime.require_store()
+            first = store.signer.key_id
+            await control_loop(store, OPERATOR, "pause", loop)
+
+            # The home's key rotates: at its next look the server signs with the new key.
+            second = keys.rotate().signer.key_id
+            assert second != first
+            await runtime.follow_keys(keys)
+            assert (store.signer.key_id, store.signs_until) == (second, None)
+            clock.set(datetime.now().astimezone())
+            await control_loop(store, OPERATOR, "resume", loop)
+
+            # It is given a rotation's history and not the new private key: it keeps its key
+            # until the stated end of the grace, and past it seals nothing.
+            elsewhere = tmp_path / "admin-home"
+            shutil.copytree(home / "keys", elsewhere / "keys")
+            rotated = KeyStore(elsewhere).rotate(grace_seconds=60)
+            assert rotated.until is not None
+            third = rotated.signer.key_id
+            for name in ("history", "active", f"{third}.pub"):
+                shutil.copy(elsewhere / "keys" / name, home / "keys" / name)
+            await runtime.follow_keys(keys)
+            assert (store.signer.key_id, store.signs_until) == (second, rotated.until)
+            clock.set(rotated.until - timedelta(seconds=1))
+            await control_loop(store, OPERATOR, "pause", loop)
+            sealed = await store.read(lambda reader: reader.journal_count())
+            clock.set(rotated.until + timedelta(milliseconds=1))
+            with pytest.raises(KeyRetired):
+                await control_loop(store, OPERATOR, "resume", loop)
+            assert await store.read(lambda reader: reader.journal_count()) == sealed
+
+            # Given the new key, it signs again, with that key.
+            shutil.copy(elsewhere / "keys" / f"{third}.key", home / "keys" / f"{third}.key")
+            await runtime.follow_keys(keys)
+            assert (store.signer.key_id, store.signs_until) == (third, None)
+            await control_loop(store, OPERATOR, "resume", loop)
+            assert await store.read(lambda reader: reader.journal_count()) == sealed + 1
+
+    anyio.run(run)
+    code, out = _verify(home)
+    assert (code, out["findings"]) == (0, []), out
+    assert out["trusted"].startswith("the key history: 3 keys")
+
+
+@pytest.mark.slow  # the in-process test above is its short variant, on a clock of its own
 def test_servers_move_to_the_new_key_and_one_without_it_stops_signing_at_the_grace(
     tmp_path, opened
 ):

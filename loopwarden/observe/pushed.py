@@ -79,6 +79,18 @@ class PushedMetrics:
             "loopwarden_export_by_reference",
             description="Receipts an export sink sent by reference: too large for a batch.",
         )
+        self.model_calls = meter.create_counter(
+            "loopwarden_model_calls",
+            description="Model calls through the model gateway, by provider and outcome.",
+        )
+        self.model_tokens = meter.create_counter(
+            "loopwarden_model_tokens",
+            description="Model tokens the gateway charged, by provider and sort.",
+        )
+        self.model_cost = meter.create_counter(
+            "loopwarden_model_cost_usd",
+            description="US dollars the gateway charged for model calls, by provider.",
+        )
         self.lag = meter.create_gauge(
             "loopwarden_export_lag_receipts",
             description="Receipts sealed but not yet acknowledged by the sink's receiver.",

@@ -172,6 +172,25 @@ class Telemetry(Observer):
             ["sink"],
             registry=registry,
         )
+        self.model_calls = Counter(
+            "loopwarden_model_calls",
+            "Model calls through the model gateway, charged as observed, by provider and outcome.",
+            ["provider", "outcome"],
+            registry=registry,
+        )
+        self.model_tokens = Counter(
+            "loopwarden_model_tokens",
+            "Model tokens the gateway charged, by provider and sort (input, output, "
+            "cache_write, cache_read).",
+            ["provider", "sort"],
+            registry=registry,
+        )
+        self.model_cost = Counter(
+            "loopwarden_model_cost_usd",
+            "US dollars the gateway charged for model calls, by provider.",
+            ["provider"],
+            registry=registry,
+        )
         self.lag = Gauge(
             "loopwarden_export_lag_receipts",
             "Receipts sealed but not yet acknowledged by the sink's receiver (as this server saw "
@@ -230,6 +249,26 @@ class Telemetry(Observer):
                 self.pushed.integration.record(seconds)
             if self.registry is not None:
                 self.integration.observe(seconds)
+
+    def spent(
+        self, provider: str, outcome: str, tokens: Mapping[str, int], cost_usd: float
+    ) -> None:
+        pushed = self.pushed
+        if pushed is not None:
+            pushed.model_calls.add(1, {"provider": provider, "outcome": outcome})
+            for sort, count in tokens.items():
+                if count:
+                    pushed.model_tokens.add(count, {"provider": provider, "sort": sort})
+            if cost_usd:
+                pushed.model_cost.add(cost_usd, {"provider": provider})
+        if self.registry is None:
+            return
+        self.model_calls.labels(provider, outcome).inc()
+        for sort, count in tokens.items():
+            if count:
+                self.model_tokens.labels(provider, sort).inc(count)
+        if cost_usd:
+            self.model_cost.labels(provider).inc(cost_usd)
 
     def gauge(self, name: str, description: str, read: Callable[[], float]) -> None:
         if self.pushed is not None:

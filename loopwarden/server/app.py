@@ -58,7 +58,7 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
     runtime = Runtime(settings=settings, clock=clock, observer=observer)
 
     bus = CountingBus()
-    feed = ChangeFeed(runtime, bus)
+    feed = ChangeFeed(runtime, bus, clock=clock)
     links = ApprovalLinks(runtime, settings.dashboard_url, settings.approval_webhook)
     gateway = None
     if settings.gateway is not None:
@@ -78,9 +78,12 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
                 await stack.enter_async_context(gateway.running())
             if runtime.jwts is not None:  # the issuer's keys refreshed in the background
                 await stack.enter_async_context(runtime.jwts.keys.running())
-            export = settings.export
-            store = runtime.require_store()
-            sink = None if export is None else WebhookSink(store, export, observer=observer)
+            export, store = settings.export, runtime.store
+            sink = (
+                None
+                if export is None or store is None  # no store: nothing to send (runtime.missing)
+                else WebhookSink(store, export, observer=observer)
+            )
             async with sending(sink):
                 yield runtime
 

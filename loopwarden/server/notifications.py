@@ -33,8 +33,8 @@ import contextvars
 import logging
 import re
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,16 +247,25 @@ class ListenStreams(ListenHandler):
             holder = self._holder()
         except LoopwardenError:
             raise MCPError(INVALID_PARAMS, REFUSED) from None
-        with anyio.CancelScope() as scope:
-            self._held[scope] = holder
+        with self.holding(holder):
             mark = _LISTENER.set(holder.who)
             try:
                 return await super().__call__(ctx, params)
             finally:
                 _LISTENER.reset(mark)
-                self._held.pop(scope, None)
         # Ended by the sweep: close the stream as the spec's graceful close does.
         return SubscriptionsListenResult(_meta={SUBSCRIPTION_ID_META_KEY: ctx.request_id})
+
+    @contextmanager
+    def holding(self, holder: Holder) -> Iterator[anyio.CancelScope]:
+        """A stream held by `holder` for the block's length: `sweep` cancels the scope (the
+        block ends quietly) once the holder's token is revoked or expired."""
+        with anyio.CancelScope() as scope:
+            self._held[scope] = holder
+            try:
+                yield scope
+            finally:
+                self._held.pop(scope, None)
 
     async def sweep(self) -> int:
         """End the streams whose token is revoked or expired (a JWT's `exp` passed, a static

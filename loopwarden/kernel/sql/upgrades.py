@@ -32,6 +32,8 @@ from loopwarden.kernel.sql.schema import (
     POOL_USAGE,
     POOLS,
     SCHEMA_VERSION,
+    TOKENS,
+    TURNS,
 )
 from loopwarden.kernel.sql.table import Column, SqlType, Table
 
@@ -163,6 +165,13 @@ UPGRADES: dict[int, tuple[Step, ...]] = {
     # batches. On SQLite the integrator runs in the write transaction itself, so a committed
     # store never holds a pending receipt.
     10: (CreateTable(PENDING, 10),),
+    # version 12: the model gateway (model_gateway/). A turn keeps what the gateway observed
+    # in it (`model`), a token may be bound to one loop (a gateway token). Both hold their
+    # default on every row already there and count in no proof until they are set.
+    12: (
+        AddColumn("turns", TURNS.column("model")),
+        AddColumn("tokens", TOKENS.column("loop_id")),
+    ),
 }
 # From version 11 on, a budget dimension (`policy/budgets.py`) arrives with its `since` version:
 # its columns, added to the loops and to the pools' windows, are that version's steps. Zero
