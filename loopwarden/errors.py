@@ -138,5 +138,10 @@ class KeyFileError(LoopwardenError, code="key_error"):
     """A signing key is missing, unreadable or has unsafe permissions."""
 
 
+class KeyRetired(LoopwardenError, code="key_retired"):
+    """The signing key was retired by a rotation and its stated grace is over: nothing is
+    signed with it (the server has not been given the new key)."""
+
+
 class SealError(LoopwardenError, code="seal_error"):
     """A receipt could not be canonicalized, signed or its own signature did not verify."""

@@ -5,6 +5,7 @@ Built on joserfc (the JWTs and the JWK set) and Starlette, served by uvicorn in 
 - metadata at `/.well-known/oauth-authorization-server` and `/.well-known/openid-configuration`
   (issuer, endpoints, `S256`, `authorization_response_iss_parameter_supported`);
 - `GET /jwks`: the current signing keys (`rotate()` replaces them: the old key id disappears);
+  `jwks_status` makes it fail, `jwks_hang` makes it hang (an outage, as a client sees one);
 - `POST /token`: `client_credentials` (a registered client and its secret → an access token for
   the requested `resource`, its `sub` the client's subject) and `authorization_code` with PKCE
   (`S256` checked against the verifier; a code works once) → an access token and an ID token;
@@ -67,6 +68,8 @@ class Issuer:
     seen: Counter[str] = field(default_factory=Counter)
     codes: dict[str, dict[str, Any]] = field(default_factory=dict)
     retired: list[ECKey] = field(default_factory=list)
+    jwks_status: int = 200  # anything else: `GET /jwks` answers that status, no keys
+    jwks_hang: threading.Event | None = None  # `GET /jwks` waits until this event is set
 
     @property
     def url(self) -> str:
@@ -117,6 +120,11 @@ class Issuer:
 
     def jwks(self, request: Request) -> Response:
         self.seen["/jwks"] += 1
+        hang = self.jwks_hang
+        if hang is not None:  # an issuer that takes the request and does not answer
+            hang.wait(timeout=120)
+        if self.jwks_status != 200:
+            return Response(status_code=self.jwks_status)
         return JSONResponse(KeySet([self.key]).as_dict(private=False))
 
     async def register(self, request: Request) -> Response:

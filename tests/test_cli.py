@@ -944,7 +944,7 @@ def test_keys_show_and_export_describe_the_active_key(home, loop):
 def test_keys_rotate_keeps_the_old_public_key_and_old_receipts_still_verify(home, loop):
     old = ok_json(f"keys export --home {home}")
     rotated = ok_json(f"keys rotate --home {home}")
-    assert set(rotated) == {"retired", "active", "public_key"}
+    assert set(rotated) == {"retired", "active", "public_key", "retired_signs_until"}
     assert rotated["retired"] == old["key_id"] and rotated["active"] != old["key_id"]
     shown = ok_json(f"keys show --home {home}")
     assert shown["active"] == rotated["active"]
@@ -1013,14 +1013,17 @@ def test_an_edited_rotation_statement_vouches_for_nothing(home, loop):
     assert any(f"rotation to {new} is not signed" in f["message"] for f in out["findings"])
 
 
-def test_a_home_without_a_key_history_is_trusted_whole_and_verify_says_so(home, loop):
+def test_a_home_without_a_key_history_fails_verify_and_says_how_to_pin_its_keys(home, loop):
     ok_json(f"keys rotate --home {home}")
     (home / "keys" / "history").unlink()
-    out = ok_json(f"verify --home {home}")
-    assert out["verdict"] == "clean"
-    assert out["trusted"].startswith(
-        "every key in the key directory (2 keys): it has no key history"
-    )
+    code, out = cli_json(f"verify --home {home}")
+    assert (code, out["verdict"]) == (3, "tampered")
+    assert [f["code"] for f in out["findings"]] == ["key_history_missing"]
+    assert "--trusted-keys" in out["findings"][0]["message"]
+    assert out["trusted"] == "no key history: 2 keys of the key directory, unproven"
+    pinned = tmp_keys = home.parent / "pinned.keys"
+    tmp_keys.write_text(cli(f"keys export --all --home {home}").stdout)
+    assert ok_json(f"verify --home {home} --trusted-keys {pinned}")["verdict"] == "clean"
 
 
 def test_a_damaged_key_history_is_a_clean_failure(home, loop):

@@ -279,6 +279,7 @@ def test_a_bad_webhook_configuration_is_refused_without_quoting_url_or_secret(
     if secret is not None:
         secret_file = tmp_path / "secret"
         secret_file.write_text(secret + "\n")
+        secret_file.chmod(0o600)
     with pytest.raises(InvalidInput, match=message) as refused:
         export_target(url, secret_file, None, env)
     assert "siem.example" not in str(refused.value)
@@ -343,6 +344,7 @@ def test_a_killed_and_restarted_serve_delivers_every_receipt_duplicates_only_acr
     store = () if store_url.endswith(".db") else ("--store", store_url)
     secret = tmp_path / "export.secret"
     secret.write_bytes(SECRET + b"\n")
+    secret.chmod(0o600)
     anyio.run(_seal_first, home, store)
     args = ("--export-webhook", receiver.url, "--export-secret-file", str(secret))
     args += ("--export-lease", "2", *store)

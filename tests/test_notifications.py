@@ -160,7 +160,7 @@ async def test_a_hundred_listeners_cost_one_store_read_per_poll(tmp_path):
         feed = ChangeFeed(runtime, bus)
         assert await feed.tick() == [] and feed.polls == 0  # nobody listens: nothing is read
         heard: list[list[ServerEvent]] = [[] for _ in range(100)]
-        leave = [bus.subscribe(events.append) for events in heard]
+        leave = [bus.subscribe(events.append, OPERATOR) for events in heard]
         await feed.baseline()
         for n in range(3):
             await open_loop(

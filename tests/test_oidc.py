@@ -105,3 +105,38 @@ def test_the_token_sign_in_stays_beside_it(setup):
     with httpx2.Client(base_url=dashboard_url(served), timeout=30) as http:
         page = http.get("/login").text
         assert 'name="token"' in page and "/login/oidc" in page
+
+
+def test_a_thousand_strangers_starting_sign_ins_cannot_cancel_an_operators(setup):
+    """Issue 44, finding 8: the sign-in in progress lives in the operator's own sealed cookie,
+    so no number of other sign-ins started elsewhere can evict it (there was one table of 1,000
+    pending sign-ins for the whole server)."""
+    served, issuer = setup
+    issuer.login_as = "alice"
+    with httpx2.Client(base_url=dashboard_url(served), follow_redirects=False, timeout=30) as http:
+        to_issuer = http.get("/login/oidc").headers["location"]
+        with httpx2.Client(base_url=dashboard_url(served), timeout=30) as stranger:
+            for _ in range(1_005):  # unauthenticated, each a sign-in of its own
+                assert stranger.get("/login/oidc", follow_redirects=False).status_code == 303
+        callback = httpx2.get(to_issuer, follow_redirects=False, timeout=10).headers["location"]
+        answer = http.get(callback.removeprefix(dashboard_url(served)))
+        assert answer.status_code == 200, answer.text
+        assert "alice" in http.get("/").text
+
+
+def test_a_state_cookie_that_is_not_the_servers_own_signs_nobody_in(setup):
+    served, issuer = setup
+    issuer.login_as = "alice"
+    with httpx2.Client(base_url=dashboard_url(served), follow_redirects=False, timeout=30) as http:
+        to_issuer = http.get("/login/oidc").headers["location"]
+        sealed = http.cookies["lw_oidc"]
+        callback = httpx2.get(to_issuer, follow_redirects=False, timeout=10).headers["location"]
+        parts = sealed.split(".")
+        middle = len(parts[3]) // 2
+        flipped = "B" if parts[3][middle] == "A" else "A"
+        parts[3] = parts[3][:middle] + flipped + parts[3][middle + 1 :]  # one byte edited
+        http.cookies.clear()
+        http.cookies.set("lw_oidc", ".".join(parts))
+        refused = http.get(callback.removeprefix(dashboard_url(served)))
+        assert refused.status_code == 403 and "expired" in refused.text
+        assert http.get("/").status_code == 303

@@ -761,7 +761,8 @@ def test_rotate_keeps_old_public_key_and_deletes_old_private_key(tmp_path, keyri
     store = KeyStore(tmp_path)
     old = store.load_signer()
     old_receipt = seal(BODY, old)
-    retired, new = store.rotate()
+    rotated = store.rotate()
+    retired, new = rotated.retired, rotated.signer
     assert retired == old.key_id != new.key_id
     assert store.active_id() == new.key_id
     assert store.load_signer().key_id == new.key_id
@@ -776,8 +777,9 @@ def test_rotate_keeps_old_public_key_and_deletes_old_private_key(tmp_path, keyri
 
 def test_rotate_on_a_fresh_home_makes_the_first_active_key(tmp_path):
     store = KeyStore(tmp_path)
-    retired, new = store.rotate()
-    assert retired is None
+    rotated = store.rotate()
+    retired, new = rotated.retired, rotated.signer
+    assert retired is None and rotated.until is None
     assert store.active_id() == new.key_id
     assert store.load_signer().key_id == new.key_id
 

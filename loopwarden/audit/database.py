@@ -15,15 +15,16 @@ import itertools
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from loopwarden.audit.findings import ENVELOPE_PROBLEMS, FindingCode, Report
+from loopwarden.audit.findings import ENVELOPE_PROBLEMS, Finding, FindingCode, Report
 from loopwarden.audit.pool_audit import check_pools
 from loopwarden.audit.proofs import Node, NodeCheck, check_loop, check_records
 from loopwarden.canonical import sha256_digest
@@ -32,6 +33,7 @@ from loopwarden.kernel.log import merkle
 from loopwarden.kernel.log.checkpoints import open_checkpoint
 from loopwarden.kernel.log.integrity import Integrity
 from loopwarden.kernel.log.keys import Keyring
+from loopwarden.kernel.log.rotations import Trust, Window
 from loopwarden.kernel.log.seals import (
     PAYLOAD_TYPE,
     open_envelope,
@@ -66,9 +68,9 @@ class _LoopChain:
 BATCH = 1024
 PARALLEL_FROM = 4096  # receipts; below this, worker start-up costs more than it saves
 
-Checked = tuple[bytes, str, tuple[str, bytes] | None, tuple[str, ...]]
+Checked = tuple[bytes, str, tuple[str, bytes] | None, tuple[str, ...], str | None]
 """What a worker makes of one envelope: its Merkle leaf hash, its digest, its payload type and
-payload (None if it is not a DSSE envelope), and its signature problems."""
+payload (None if it is not a DSSE envelope), its signature problems and the key id it names."""
 
 
 def check_envelopes(
@@ -83,7 +85,8 @@ def check_envelopes(
         parsed = parse_envelope(raw) if in_scope else None
         problems = signature_problem(keyring, parsed) if parsed is not None else ()
         payload = None if parsed is None else (parsed.payload_type, parsed.payload)
-        out.append((merkle.leaf_hash(raw), sha256_digest(raw), payload, problems))
+        key_id = None if parsed is None else parsed.key_id
+        out.append((merkle.leaf_hash(raw), sha256_digest(raw), payload, problems, key_id))
     return out
 
 
@@ -152,9 +155,12 @@ class _Audit:
         loop_id: str | None,
         report: Report,
         integrity: Integrity | None,
+        windows: Mapping[str, Window],
     ) -> None:
         self.reader, self.keyring, self.loop_id, self.report = reader, keyring, loop_id, report
         self.integrity = integrity
+        self.windows = windows
+        self.latest: datetime | None = None  # the latest receipt time so far, in log order
         self.nodes = NodeCheck(reader, report)
         self.made: list[Node] = []  # Merkle nodes the current batch's receipts complete
         self.checkpoints = reader.checkpoints(self._unreadable_checkpoint)
@@ -178,15 +184,19 @@ class _Audit:
         """One batch of the journal, with what `check_envelopes` made of its envelopes (or the
         receipts pending integration, which have no leaves yet: they are checked in their
         chains, after every integrated one)."""
-        for row, (leaf, _, _, _) in zip(rows, checked, strict=True):
+        for row, (leaf, *_) in zip(rows, checked, strict=True):
             if row.leaf_index is not None:
                 self._leaf(row, leaf)
         self.nodes.check(self.made)
         self.made = []
-        mine = [(row, c) for row, c in zip(rows, checked, strict=True) if self.in_scope(row)]
-        for row, (_, digest, payload, _) in mine:
-            self._receipt(row, digest, payload)
-        for row, (_, _, _, problems) in mine:
+        mine = []
+        for row, c in zip(rows, checked, strict=True):
+            if self.in_scope(row):
+                mine.append((row, c))
+                self._receipt(row, c[1], c[2], c[4])
+            else:  # its time still bounds what may come after it (index column, unsigned here)
+                self.latest = row.at if self.latest is None else max(self.latest, row.at)
+        for row, (_, _, _, problems, _) in mine:
             for problem in problems:
                 self.report.add(problem, ENVELOPE_PROBLEMS[problem], **_where(row))
         self.report.receipts += len(mine)
@@ -212,7 +222,13 @@ class _Audit:
                 f"the Merkle root recomputed at size {cp.size} differs from the checkpoint's",
             )
 
-    def _receipt(self, row: JournalRow, digest: str, payload: tuple[str, bytes] | None) -> None:
+    def _receipt(
+        self,
+        row: JournalRow,
+        digest: str,
+        payload: tuple[str, bytes] | None,
+        key_id: str | None,
+    ) -> None:
         """Everything about one receipt but its signature (checked in bulk, see `audit`)."""
         add = self.report.add
         body = None
@@ -248,6 +264,7 @@ class _Audit:
                 "the journal's index columns disagree with the signed body",
                 **_where(row),
             )
+        self._window(row, body.at, key_id)
         broken = chain_problem(chain.seq, chain.digest, body)
         if broken == "seq_gap":
             add(FindingCode.SEQ_GAP, f"seq {body.seq} follows seq {chain.seq}", **_where(row))
@@ -267,6 +284,19 @@ class _Audit:
         except FoldError as exc:
             add(FindingCode.PROJECTION_MISMATCH, f"the receipt does not fold: {exc}", **_where(row))
             chain.broken = True
+
+    def _window(self, row: JournalRow, at: datetime, key_id: str | None) -> None:
+        """Whether the receipt's key could sign it then (`rotations.Window`): dated inside the
+        key's window, and not placed after receipts dated past its end."""
+        window = self.windows.get(key_id) if key_id is not None else None
+        problem = None if window is None else window.problem(at, self.latest)
+        if problem is not None:
+            self.report.add(
+                FindingCode.KEY_OUT_OF_WINDOW,
+                f"signed by key {key_id} outside its signing window: {problem}",
+                **_where(row),
+            )
+        self.latest = at if self.latest is None else max(self.latest, at)
 
     def _fold(self, chain: _LoopChain, body: ReceiptBody, digest: str) -> None:
         """Fold one judged receipt: a pool's into the replayed pool (when pools are replayed),
@@ -357,6 +387,7 @@ def audit(
     progress: Callable[[int, int], None] | None = None,
     workers: int | None = None,
     integrity: Integrity | None = None,
+    windows: Mapping[str, Window] | None = None,
 ) -> Report:
     """Audit the database behind `reader` against the trusted `keyring`.
 
@@ -365,14 +396,16 @@ def audit(
     depends on all of it). `progress(done, total)` is called every 1024 receipts. `workers`
     sets how many processes verify signatures (default: one fewer than the CPUs; 0 = inline).
     With `integrity` (the store's secret), the MACs on loop rows, tokens, idempotency records
-    and the log state are checked too; without it the report notes they were not.
+    and the log state are checked too; without it the report notes they were not. With
+    `windows` (the key history's, `rotations.Window`), a receipt signed by a key outside its
+    window is a `key_out_of_window` finding.
 
     Signatures bind the exact stored bytes, so the audit does not re-serialize payloads to
     RFC 8785 (seal refuses to sign anything else; `receipt` and bundle checks still do).
     """
     started = time.perf_counter()
     report = Report("database")
-    run = _Audit(reader, keyring, loop_id, report, integrity)
+    run = _Audit(reader, keyring, loop_id, report, integrity, windows or {})
     total = reader.journal_count()
     with _envelope_checker(total, workers) as check:
         # One batch ahead: the envelopes of the next are checked while this one is folded.
@@ -401,6 +434,19 @@ def audit(
         )
     run.finish()
     report.seconds = time.perf_counter() - started
+    return report
+
+
+def audit_trusting(reader: Reader, trust: Trust, **options: Any) -> Report:
+    """`audit` against what a home's keys vouch for (`rotations.directory_trust`, or keys an
+    auditor pinned): its keyring and signing windows; what is wrong with the keys themselves is
+    a finding of its own (`key_unvouched`, `key_history_missing`, `key_history_mismatch`), and
+    the report says first what it trusted. `options` are `audit`'s."""
+    report = audit(reader, trust.keyring, windows=trust.windows, **options)
+    report.trusted = trust.basis
+    report.findings[:0] = [
+        Finding(FindingCode(problem.code), problem.message) for problem in trust.problems
+    ]
     return report
 
 

@@ -13,6 +13,9 @@ class FindingCode(StrEnum):
     SIGNATURE_INVALID = "signature_invalid"
     UNKNOWN_KEY = "unknown_key"
     KEY_UNVOUCHED = "key_unvouched"  # a key in the key directory its history does not vouch for
+    KEY_HISTORY_MISSING = "key_history_missing"  # keys no history tells from a planted one
+    KEY_HISTORY_MISMATCH = "key_history_mismatch"  # not the history the store anchored
+    KEY_OUT_OF_WINDOW = "key_out_of_window"  # signed by a key outside its signing window
     ENVELOPE_MALFORMED = "envelope_malformed"
     PAYLOAD_TYPE_MISMATCH = "payload_type_mismatch"
     PAYLOAD_MALFORMED = "payload_malformed"

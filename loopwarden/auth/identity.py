@@ -62,6 +62,13 @@ class OAuthSettings(BaseModel):
     algorithms: list[str] = Field(default_factory=lambda: list(DEFAULT_ALGORITHMS), min_length=1)
     leeway_seconds: int = Field(default=30, ge=0, le=300)
     jwks_cache_seconds: float = Field(default=300.0, gt=0, le=86_400)
+    jwks_stale_seconds: float = Field(
+        default=900.0,
+        ge=0,
+        le=86_400,
+        description="How long past the cache's life the last good keys answer while the "
+        "issuer's key set cannot be fetched; then JWTs are refused.",
+    )
     dashboard_client_id: str | None = Field(default=None, min_length=1, max_length=200)
 
     @field_validator("issuer", "resource", "jwks_uri")

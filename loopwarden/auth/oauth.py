@@ -4,6 +4,12 @@
   and signing keys (JWKS), fetched over HTTP and cached: the keys are fetched again after
   `jwks_cache_seconds`, or at once (at most every `REFETCH_SECONDS`) when a token names a key id
   the cache lacks, so a key rotated in works at once and one rotated out stops at the next fetch.
+  An issuer that does not answer stalls no one: one fetch at a time serves every request that
+  waits for it (single flight); a failed fetch is remembered for `FAILURE_BACKOFF_SECONDS`
+  (requests meanwhile are answered at once, never queued behind another try); and once keys
+  were fetched, a server that runs the refresh in the background (`running`) answers from the
+  last good key set while it refreshes, for at most `jwks_stale_seconds` past the cache's life.
+  Past that bound, or with no keys ever fetched, a JWT is refused (fail closed).
 - `JwtVerifier`: a JWT access token is accepted only with a valid signature by one of those keys
   (asymmetric algorithms only), `iss` = the issuer, `aud` naming this resource, not expired, not
   before its `nbf`, and an identity claim naming a valid (and, with `agents`, a known) principal;
@@ -26,10 +32,13 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import anyio.abc
 import httpx2
 from joserfc import jwt
 from joserfc.errors import JoseError
@@ -53,6 +62,7 @@ from loopwarden.principals import PRINCIPAL_ID_PATTERN
 log = logging.getLogger("loopwarden.server")
 
 REFETCH_SECONDS = 10.0  # the least time between two JWKS fetches for unknown key ids
+FAILURE_BACKOFF_SECONDS = 10.0  # after a failed fetch, no other before this
 FETCH_SECONDS = 10.0
 MAX_DOCUMENT = 256 * 1024  # bytes of a metadata or JWKS document
 MAX_TOKEN = 16 * 1024
@@ -91,8 +101,12 @@ class IssuerKeys:
         self._keys: KeySet | None = None
         self._fetched_at = float("-inf")
         self._missed_at = float("-inf")  # the last fetch made for a key id the cache lacked
-        self._lock = anyio.Lock()
+        self._failed_at = float("-inf")  # the last fetch that failed
+        self._failure = "the issuer's keys were never fetched"
+        self._flight: anyio.Event | None = None  # set when the fetch in flight ends
+        self._group: anyio.abc.TaskGroup | None = None  # where `running` refreshes
         self.fetches = 0  # JWKS fetches so far (the cache's cost, for tests and operators)
+        self.attempts = 0  # fetches tried, failed ones included
 
     def _now(self) -> float:
         return self._clock().timestamp()
@@ -130,20 +144,83 @@ class IssuerKeys:
             return document
         raise IssuerUnavailable("no metadata: " + "; ".join(problems))
 
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[IssuerKeys]:
+        """Refresh in the background while the block runs: a request that finds the cached
+        keys stale (but within `jwks_stale_seconds`) is answered from them at once while the
+        fetch runs in this task group, instead of waiting for it."""
+        async with anyio.create_task_group() as group:
+            self._group = group
+            try:
+                yield self
+            finally:
+                self._group = None
+                group.cancel_scope.cancel()
+
     async def key_set(self, kid: str | None) -> KeySet:
-        """The cached keys, fetched again when stale, or when they lack `kid` (at most once
-        every `REFETCH_SECONDS` for such misses, so unknown key ids cannot flood the issuer)."""
-        async with self._lock:
-            now = self._now()
-            stale = now - self._fetched_at >= self.settings.jwks_cache_seconds
-            missing = self._keys is not None and kid is not None and not _has(self._keys, kid)
-            if missing and now - self._missed_at >= REFETCH_SECONDS:
+        """The keys to check a token naming `kid` with (module docstring): fetched again when
+        stale or lacking `kid`; `IssuerUnavailable` (never a wait behind another request's
+        failure) when there are none fit to use."""
+        now = self._now()
+        keys = self._keys
+        age = now - self._fetched_at
+        missing = keys is not None and kid is not None and not _has(keys, kid)
+        stale = age >= self.settings.jwks_cache_seconds
+        due = keys is None or stale or (missing and now - self._missed_at >= REFETCH_SECONDS)
+        if due and now - self._failed_at >= FAILURE_BACKOFF_SECONDS:
+            if missing:
                 self._missed_at = now
+            serve_stale = keys is not None and not missing and self._group is not None
+            flight = self._flight
+            if flight is None:
+                flight = self._flight = anyio.Event()
+                if serve_stale:
+                    assert self._group is not None
+                    self._group.start_soon(self._refresh, flight)
+                else:
+                    await self._refresh(flight)
+            elif not serve_stale:
+                await flight.wait()  # one fetch serves every waiter
+        return self._usable()
+
+    def _usable(self) -> KeySet:
+        """The cached keys if they may still be used: fetched, and not older than the cache's
+        life plus `jwks_stale_seconds` (fail closed past it)."""
+        keys = self._keys
+        if keys is None:
+            raise IssuerUnavailable(self._failure)
+        age = self._now() - self._fetched_at
+        bound = self.settings.jwks_cache_seconds + self.settings.jwks_stale_seconds
+        if age >= bound:
+            raise IssuerUnavailable(
+                f"the last good key set is {age:.0f} s old, past the {bound:g} s allowed, and "
+                f"the issuer does not answer ({self._failure})"
+            )
+        return keys
+
+    async def _refresh(self, flight: anyio.Event) -> None:
+        """One fetch for everyone waiting on `flight`; a failure is remembered (and logged
+        when it changes), never raised: the waiters judge what is left (`_usable`)."""
+        try:
+            self.attempts += 1
+            with anyio.fail_after(FETCH_SECONDS * 3):  # metadata, then keys: each times out too
                 await self._fetch()
-            elif self._keys is None or stale:
-                await self._fetch()
-            assert self._keys is not None
-            return self._keys
+            if self._failed_at != float("-inf"):
+                log.warning("the issuer's keys are fetched again: JWTs are checked against them")
+            self._failed_at = float("-inf")
+        except (IssuerUnavailable, TimeoutError) as exc:
+            failure = str(exc) or "timed out"
+            if failure != self._failure or self._failed_at == float("-inf"):
+                log.error(
+                    "cannot fetch the issuer's keys (%s); retrying in %g s%s",
+                    failure,
+                    FAILURE_BACKOFF_SECONDS,
+                    ", answering from the last good key set meanwhile" if self._keys else "",
+                )
+            self._failed_at, self._failure = self._now(), failure
+        finally:
+            self._flight = None
+            flight.set()
 
     async def _fetch(self) -> None:
         uri = self.settings.jwks_uri or (await self.metadata()).get("jwks_uri")

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 import typer
 
 from loopwarden.audit.bundles import export_bundle, load_bundle, verify_bundle
-from loopwarden.audit.database import audit as run_audit
-from loopwarden.audit.findings import FindingCode, Report
+from loopwarden.audit.database import audit_trusting
+from loopwarden.audit.findings import Report
 from loopwarden.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
@@ -39,10 +39,11 @@ TrustedKeys = Annotated[
 ]
 
 
-def home_trust(home: Path | None, json_out: bool) -> Trust:
-    """What `home`'s key directory vouches for; a broken key file is a clean failure."""
+def home_trust(home: Path | None, json_out: bool, anchor: str | None = None) -> Trust:
+    """What `home`'s key directory vouches for, for a store anchoring `anchor`; a broken key
+    file is a clean failure."""
     try:
-        return admin.trust_of(home)
+        return admin.trust_of(home, anchor)
     except LoopwardenError as exc:
         fail(exc.message, as_json=json_out, error=exc.code)
 
@@ -54,9 +55,11 @@ def load_trusted(path: Path) -> Keyring:
         fail(f"--trusted-keys: {exc.message}", EXIT_USAGE)
 
 
-def _trust(trusted_keys: Path | None, home: Path | None, json_out: bool) -> Trust:
+def _trust(
+    trusted_keys: Path | None, home: Path | None, json_out: bool, anchor: str | None
+) -> Trust:
     if trusted_keys is None:
-        return home_trust(home, json_out)
+        return home_trust(home, json_out, anchor)
     keyring = load_trusted(trusted_keys)
     return Trust(
         keyring,
@@ -66,20 +69,20 @@ def _trust(trusted_keys: Path | None, home: Path | None, json_out: bool) -> Trus
 
 def _audit(
     reader: Reader,
-    keyring: Keyring,
+    trust: Trust,
     loop: str | None,
     interactive: bool,
     integrity: Integrity | None,
 ) -> Report:
     if not interactive:
-        return run_audit(reader, keyring, loop_id=loop, integrity=integrity)
+        return audit_trusting(reader, trust, loop_id=loop, integrity=integrity)
     from rich.progress import Progress
 
     with Progress(console=render.err, transient=True) as progress:
         task = progress.add_task("auditing", total=reader.journal_count())
-        return run_audit(
+        return audit_trusting(
             reader,
-            keyring,
+            trust,
             loop_id=loop,
             integrity=integrity,
             progress=lambda done, total: progress.update(task, completed=done, total=total),
@@ -103,18 +106,17 @@ def verify(
     every projection rebuilt from its receipts, and the row proofs and MACs the server relies on.
     """
     home, json_out = options.home, options.json_out
-    trust = _trust(trusted_keys, home, json_out)
+    if trusted_keys is not None:
+        load_trusted(trusted_keys)  # a bad file is a usage error before the store is opened
     try:
         with admin.open_reader(home, store=options.store) as reader:
+            trust = _trust(trusted_keys, home, json_out, reader.key_anchor())
             if loop is not None and reader.loop_row(loop) is None:
                 raise NotFound(missing_loop(reader, admin.operator(), loop))
             interactive = not json_out and sys.stderr.isatty()
-            report = _audit(reader, trust.keyring, loop, interactive, admin.integrity_of(home))
+            report = _audit(reader, trust, loop, interactive, admin.integrity_of(home))
     except LoopwardenError as exc:
         fail(exc.message, as_json=json_out, error=exc.code)
-    report.trusted = trust.basis
-    for problem in trust.problems:
-        report.add(FindingCode.KEY_UNVOUCHED, problem)
     if json_out:
         render.emit_json(report.as_dict())
     else:

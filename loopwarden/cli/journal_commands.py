@@ -207,6 +207,7 @@ def receipt(receipt_id: str, *, options: Options, wait: Wait = False) -> None:
 
 
 EVENTS_PAGE = 500  # receipts read per snapshot by `events`
+MAX_INDEX = 2**53  # a log index, like a seq, is an exact JSON integer (and fits the database's)
 
 
 @shared_options("home", "store", "json")
@@ -255,8 +256,12 @@ def _feed(
     """The CloudEvents feed of `events` and `receipts --format cloudevents`: the receipts
     after log index `after` that `only` wants, then (with `follow`) every new one."""
     try:
-        if after < -1:
-            raise InvalidInput(f"--after {after}: a log index is -1 (from the start) or more")
+        if not -1 <= after <= MAX_INDEX:
+            shown = str(after) if len(str(after)) <= 24 else f"{str(after)[:20]}…"
+            raise InvalidInput(
+                f"--after {shown}: a log index is -1 (from the start) to 2^53 (the last event's "
+                "loopwardenindex)"
+            )
         while True:
             after = _print_events(home, store, after, only)
             if not follow:

@@ -8,11 +8,18 @@ from typing import Annotated
 
 import typer
 
-from loopwarden.cli.common import EXIT_USAGE, Options, fail, shared_options
+from loopwarden.cli.common import EXIT_USAGE, Options, fail, parse_duration, shared_options
 from loopwarden.clients import admin, render
 from loopwarden.clients.keyfiles import key_line
+from loopwarden.clock import format_time
 from loopwarden.errors import LoopwardenError, NotFound
-from loopwarden.kernel.log.keys import Keyring, KeyStore, Signer, public_key_b64
+from loopwarden.kernel.log.keys import (
+    DEFAULT_GRACE_SECONDS,
+    Keyring,
+    KeyStore,
+    Signer,
+    public_key_b64,
+)
 from loopwarden.kernel.store.homes import home_source, private_dir, resolve_home
 
 app = typer.Typer(no_args_is_help=True, help="Signing keys.")
@@ -43,21 +50,52 @@ def keys_show(*, options: Options) -> None:
 
 @app.command("rotate")
 @shared_options("home", "json")
-def keys_rotate(*, options: Options) -> None:
-    """Make a new active signing key.
+def keys_rotate(
+    grace: Annotated[
+        str,
+        typer.Option(
+            "--grace",
+            help="How long the retired key may still sign (e.g. 60s, 30m, 1h): the time every "
+            "server needs to get the new key. Servers sharing this home switch within a second.",
+        ),
+    ] = f"{DEFAULT_GRACE_SECONDS}s",
+    *,
+    options: Options,
+) -> None:
+    """Make a new active signing key; retire the old one.
+
+    The key history records the handover, signed by both keys, and the time after which the
+    old key signs nothing (now plus --grace).
+
+    Servers sharing this home sign with the new key within a second; a server that cannot get
+    it refuses to sign after that time, and `loopwarden verify` reports any receipt the old
+    key signed later.
 
     The old private key is deleted and its public key kept, so old receipts still verify.
-    Restart running servers to sign with the new key.
     """
-    old, new = KeyStore(resolve_home(options.home)).rotate()
+    try:
+        seconds = parse_duration(grace)
+    except LoopwardenError as exc:
+        fail(f"--grace: {exc.message}", EXIT_USAGE, as_json=options.json_out)
+    try:
+        rotated = KeyStore(resolve_home(options.home)).rotate(seconds)
+    except LoopwardenError as exc:
+        fail(exc.message, as_json=options.json_out, error=exc.code)
+    old, new = rotated.retired, rotated.signer
+    until = None if rotated.until is None else format_time(rotated.until)
     if options.json_out:
         render.emit_json(
-            {"retired": old, "active": new.key_id, "public_key": public_key_b64(new.public_key)}
+            {
+                "retired": old,
+                "active": new.key_id,
+                "public_key": public_key_b64(new.public_key),
+                "retired_signs_until": until,
+            }
         )
     else:
         render.console.print(
             f"active key is now {new.key_id}"
-            + (f"; {old} retired (public key kept)" if old else "")
+            + (f"; {old} retired (public key kept), signs nothing after {until}" if old else "")
         )
 
 

@@ -126,9 +126,10 @@ def keyring_of(home: str | Path | None) -> Keyring:
     return trust_of(home).keyring
 
 
-def trust_of(home: str | Path | None) -> Trust:
-    """What `home`'s key directory vouches for: its key history's chain (`rotations`)."""
-    return directory_trust(KeyStore(home_source(home)[0]))
+def trust_of(home: str | Path | None, anchor: str | None = None) -> Trust:
+    """What `home`'s key directory vouches for, for a store anchoring the genesis statement
+    `anchor` (`Reader.key_anchor`): its key history's chain (`rotations`)."""
+    return directory_trust(KeyStore(home_source(home)[0]), anchor)
 
 
 def integrity_of(home: str | Path | None) -> Integrity | None:

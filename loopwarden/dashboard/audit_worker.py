@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from loopwarden.audit.database import audit
+from loopwarden.audit.database import audit_trusting
 from loopwarden.errors import LoopwardenError
 from loopwarden.kernel.log.keys import KeyStore
 from loopwarden.kernel.log.rotations import directory_trust
@@ -35,11 +35,11 @@ def main(argv: list[str]) -> int:
         return 2
     home = Path(argv[0])
     try:
-        keyring = directory_trust(KeyStore(home)).keyring
         with snapshot(parse_location(os.environ[STORE_ENV])) as reader:
+            trust = directory_trust(KeyStore(home), reader.key_anchor())
             _say({"progress": [0, reader.journal_count()]})
-            report = audit(
-                reader, keyring, progress=lambda done, total: _say({"progress": [done, total]})
+            report = audit_trusting(
+                reader, trust, progress=lambda done, total: _say({"progress": [done, total]})
             )
     except LoopwardenError as exc:
         _say({"error": exc.message})

@@ -3,8 +3,11 @@
 
 `GET /login/oidc` sends the browser to the issuer's authorization endpoint (authorization code
 flow with PKCE `S256`, a fresh `state` and `nonce`, `resource` = this server's `/mcp`, scope
-`openid` and the operator scope); the `state` is bound to the browser by a cookie.
-`GET /login/oidc/callback` checks the `state` against that cookie and the `iss` of the answer
+`openid` and the operator scope). The sign-in in progress (state, PKCE verifier, nonce, where to
+go back, when it began) is kept in the browser's own cookie, sealed (AES-256-GCM, a JWE with a
+key derived from the home's integrity secret, so any replica opens it) rather than in a table
+on the server: no one else's requests can evict it, and there is nothing to fill.
+`GET /login/oidc/callback` opens that cookie, checks the `state` against it and the `iss` of the answer
 against the issuer (RFC 9207), redeems the code at the token endpoint with the PKCE verifier,
 and signs in only if the access token passes the same checks `/mcp` makes (`JwtVerifier`:
 signature, issuer, this audience, expiry, identity claim) and names the operator role, and the
@@ -16,21 +19,25 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
+import json
 import logging
 import secrets
-from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
 import httpx2
+from joserfc import jwe
+from joserfc.errors import JoseError
+from joserfc.jwk import OctKey
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from loopwarden.auth.oauth import IssuerUnavailable, JwtVerifier, granted_scopes
-from loopwarden.clock import Clock, system_clock
+from loopwarden.clock import Clock, format_time, parse_time, system_clock
 from loopwarden.dashboard.operator_sessions import COOKIE, next_page
 from loopwarden.principals import Principal
 
@@ -38,7 +45,9 @@ log = logging.getLogger("loopwarden.dashboard")
 
 STATE_COOKIE = "lw_oidc"
 PENDING_SECONDS = 600  # a login must come back within this
-MAX_PENDING = 1_000
+SEAL_LABEL = b"loopwarden/oidc-login-state/v1"  # the sealing key: HMAC(integrity secret, this)
+SEALING = {"alg": "dir", "enc": "A256GCM"}
+MAX_COOKIE = 2048  # characters of a state cookie worth opening
 TOKEN_SECONDS = 10.0
 CONTINUE = (  # `url` is `next_page`'s: `/` or an approval's page
     '<!doctype html><meta http-equiv="refresh" content="0;url={url}">'
@@ -52,12 +61,36 @@ def challenge_of(verifier: str) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
+def sealing_key(secret: bytes) -> bytes:
+    """The key sign-in cookies are sealed with: derived from the home's integrity secret (every
+    replica of a store shares it), revealing nothing of it."""
+    return hmac.new(secret, SEAL_LABEL, hashlib.sha256).digest()
+
+
 @dataclass(frozen=True)
 class Pending:
+    """A sign-in in progress, as its sealed cookie carries it."""
+
+    state: str
     verifier: str
     nonce: str
     back: str
     started: datetime
+
+    def sealed(self, key: OctKey) -> str:
+        fields = {**asdict(self), "started": format_time(self.started)}
+        return jwe.encrypt_compact(SEALING, json.dumps(fields).encode(), key)
+
+    @staticmethod
+    def opened(cookie: str | None, key: OctKey) -> Pending | None:
+        """The sign-in a cookie carries, or None for one that is not ours, unchanged."""
+        if not cookie or len(cookie) > MAX_COOKIE:
+            return None
+        try:
+            fields = json.loads(jwe.decrypt_compact(cookie, key).plaintext or b"")
+            return Pending(**{**fields, "started": parse_time(fields["started"])})
+        except (JoseError, ValueError, TypeError, KeyError):
+            return None
 
 
 class LoginRefused(Exception):
@@ -74,6 +107,7 @@ class OidcLogin:
         client_id: str,
         client_secret: str | None,
         redirect_uri: str,
+        seal_key: bytes,
         clock: Clock = system_clock,
     ) -> None:
         self.jwts = jwts
@@ -82,10 +116,11 @@ class OidcLogin:
         self.client_secret = client_secret
         self.redirect_uri = redirect_uri
         self._clock = clock
-        self._pending: OrderedDict[str, Pending] = OrderedDict()
+        self._key = OctKey.import_key(seal_key)
 
     async def start(self, back: str) -> tuple[str, str]:
-        """The authorization URL to send the browser to, and the state for its cookie."""
+        """The authorization URL to send the browser to, and the sealed sign-in for its
+        cookie (`Pending`): nothing is kept on the server."""
         endpoint = (await self.jwts.keys.metadata()).get("authorization_endpoint")
         if not isinstance(endpoint, str):
             raise IssuerUnavailable("the issuer's metadata has no authorization_endpoint")
@@ -94,10 +129,7 @@ class OidcLogin:
             secrets.token_urlsafe(24),
             secrets.token_urlsafe(48),
         )
-        now = self._clock()
-        while len(self._pending) >= MAX_PENDING:
-            self._pending.popitem(last=False)
-        self._pending[state] = Pending(verifier, nonce, back, now)
+        pending = Pending(state, verifier, nonce, back, self._clock())
         query = {
             "response_type": "code",
             "client_id": self.client_id,
@@ -109,13 +141,22 @@ class OidcLogin:
             "code_challenge_method": "S256",
             "resource": self.settings.resource,
         }
-        return f"{endpoint}?{urlencode(query)}", state
+        return f"{endpoint}?{urlencode(query)}", pending.sealed(self._key)
 
     async def finish(self, params: dict[str, str], cookie: str | None) -> tuple[Principal, str]:
-        """The operator a callback signs in and where to send them; `LoginRefused` otherwise."""
+        """The operator a callback signs in and where to send them; `LoginRefused` otherwise.
+        The sign-in is the one sealed in this browser's cookie, and the answer's `state` must
+        be its own."""
         state = params.get("state", "")
-        pending = self._pending.pop(state, None) if state and cookie == state else None
-        if pending is None or self._clock() - pending.started > timedelta(seconds=PENDING_SECONDS):
+        pending = Pending.opened(cookie, self._key)
+        if (
+            pending is None
+            or not state
+            or not hmac.compare_digest(state.encode(), pending.state.encode())
+            or not timedelta(0)
+            <= self._clock() - pending.started
+            <= timedelta(seconds=PENDING_SECONDS)
+        ):
             raise LoginRefused("That sign-in expired or was not started here; try again.")
         if "iss" in params and params["iss"] != self.settings.issuer:
             raise LoginRefused("That answer came from another identity provider.")
@@ -176,9 +217,9 @@ def _secure(login: OidcLogin) -> bool:
 
 
 async def start_page(d: Any, login: OidcLogin, request: Request) -> Response:
-    """`GET /login/oidc`: to the identity provider, the state in a cookie."""
+    """`GET /login/oidc`: to the identity provider, the sealed sign-in in a cookie."""
     try:
-        url, state = await login.start(next_page(request.query_params.get("next", "")))
+        url, sealed = await login.start(next_page(request.query_params.get("next", "")))
     except IssuerUnavailable as exc:
         log.error("OIDC sign-in unavailable: %s", exc)
         page: Response = d.error_page(
@@ -188,7 +229,7 @@ async def start_page(d: Any, login: OidcLogin, request: Request) -> Response:
     response = RedirectResponse(url, status_code=303)
     # Lax, not strict: the callback is a top-level navigation from the identity provider.
     response.set_cookie(
-        STATE_COOKIE, state, httponly=True, samesite="lax", path="/login",
+        STATE_COOKIE, sealed, httponly=True, samesite="lax", path="/login",
         secure=_secure(login), max_age=PENDING_SECONDS,
     )  # fmt: skip
     return response

@@ -7,6 +7,11 @@ carries the receipt's place (loop, seq, log index), its digest and the signed DS
 itself, so a consumer can verify every event with the store's public keys and nothing else.
 The extension attributes `loopwardenloop`, `loopwardenseq` and `loopwardenindex` repeat the
 place for routers that read attributes only. Nothing is added that the journal does not hold.
+
+A receipt too large for a batch the receiver takes is sent by reference (`reference`): the same
+event without the envelope, its data naming the receipt's id, digest and envelope size
+(`envelope_size`), and the extension attribute `loopwardenreference` true. The receipt itself
+is one `loopwarden receipt ID` away, and its digest checks what is fetched.
 """
 
 from __future__ import annotations
@@ -44,3 +49,13 @@ def cloudevent(row: JournalRow, origin: str) -> dict[str, Any]:
             "envelope": json.loads(row.envelope),
         },
     }
+
+
+def reference(row: JournalRow, origin: str) -> dict[str, Any]:
+    """The CloudEvent of one journal row sent by reference: no envelope, its size instead."""
+    event = cloudevent(row, origin)
+    data = event["data"]
+    del data["envelope"]
+    data["envelope_size"] = len(row.envelope)
+    event["loopwardenreference"] = True
+    return event

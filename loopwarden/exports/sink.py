@@ -8,6 +8,13 @@ with capped exponential backoff, and a server killed between the POST and the cu
 sends that batch again when it is back. Delivery is at least once; the receipt id (each event's
 `id`) is the dedupe key.
 
+A batch is bounded in receipts and in bytes (`Pacing.batch`, `Pacing.batch_bytes`: 512 KiB,
+half the request body nginx takes by default). A receiver that answers 413 (too large) gets
+the same receipts in smaller batches, halved each time down to one; a receipt that is refused
+alone, or is larger than a batch may be, is sent by reference (`cloudevents.reference`: its id,
+digest and size; counted in `loopwarden_export_by_reference_total` and logged), so no receipt,
+however large an agent made it, holds back the ones after it.
+
 Among replicas (or stdio servers) sharing a store, only the holder of the sink's lease sends:
 the lease is taken when free or expired (a takeover, counted), renewed with every cursor write
 and at half its life, and given up on shutdown. The sink is its own task: it reads through the
@@ -33,7 +40,7 @@ import httpx2
 
 from loopwarden import __version__
 from loopwarden.clock import Clock
-from loopwarden.exports.cloudevents import cloudevent
+from loopwarden.exports.cloudevents import cloudevent, reference
 from loopwarden.exports.targets import (
     CONTENT_TYPE,
     SIGNATURE_HEADER,
@@ -57,6 +64,7 @@ class Pacing:
     of it, so a holder that keeps retrying keeps its lease."""
 
     batch: int = 100
+    batch_bytes: int = 512 * 1024
     poll: float = 0.5
     lease: float = 120.0
     first_retry: float = 0.5
@@ -89,6 +97,23 @@ class Look:
     @property
     def after(self) -> int:
         return self.cursor.exported if self.cursor is not None else -1
+
+
+TOO_LARGE = 413
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One POST's receipts, its body, and those of its receipts sent by reference (each with
+    the size its whole event would have had)."""
+
+    rows: list[JournalRow]
+    body: str
+    referenced: tuple[tuple[JournalRow, int], ...]
+
+
+def _json(event: dict[str, object]) -> str:
+    return json.dumps(event, separators=(",", ":"))
 
 
 def holder_id() -> str:
@@ -128,6 +153,8 @@ class WebhookSink:
         self._lease_until: datetime | None = None
         self._retry = 0.0  # the current backoff wait (0: the last delivery succeeded)
         self._error: str | None = None  # the last failure logged (to log changes only)
+        self._limit = self.pacing.batch  # receipts per batch now (halved by each 413)
+        self._by_reference: set[str] = set()  # receipts the receiver refused alone (413)
 
     def _look(self, reader: Reader) -> Look:
         cursor = reader.export_cursor(self.target.name)
@@ -174,19 +201,82 @@ class WebhookSink:
                 log.warning("export sink %s: took over a lease its holder let expire", name)
             if lease.cursor.exported != look.after:  # moved since the look: look again
                 return 0.0
-        status, error = await self._post(http, look.rows, look.origin)
+        batch = self._batch(look.rows, look.origin)
+        status, error = await self._post(http, batch.body)
         if status is not None and 200 <= status < 300:
-            await self._delivered(look.rows)
-            # A full batch: more are waiting, send on. Else let the next batch gather for a
-            # poll interval: one POST and one cursor write per interval, not per receipt.
-            return 0.0 if len(look.rows) == self.pacing.batch else self.pacing.poll
+            await self._delivered(batch.rows)
+            self._sent_by_reference(batch)
+            self._limit = min(self._limit * 2, self.pacing.batch)
+            # More waiting: send on. Else let the next batch gather for a poll interval: one
+            # POST and one cursor write per interval, not per receipt.
+            more = len(batch.rows) < len(look.rows) or len(look.rows) == self.pacing.batch
+            return 0.0 if more else self.pacing.poll
+        if status == TOO_LARGE:
+            return await self._too_large(batch)
         return await self._failed(failure(error, status))
 
+    def _batch(self, rows: list[JournalRow], origin: str) -> Batch:
+        """The next batch: the first receipts after the cursor, at most `_limit` of them and
+        `batch_bytes` in all (always one); a receipt larger than that alone, or one the
+        receiver refused alone, by reference."""
+        parts: list[str] = []
+        size = 2  # the brackets
+        taken: list[JournalRow] = []
+        referenced: list[tuple[JournalRow, int]] = []
+        for row in rows[: self._limit]:
+            part = _json(cloudevent(row, origin))
+            whole = len(part.encode())
+            alone = whole + 2 > self.pacing.batch_bytes or row.receipt_id in self._by_reference
+            if alone:
+                part = _json(reference(row, origin))
+            grown = size + len(part.encode()) + (1 if parts else 0)
+            if parts and grown > self.pacing.batch_bytes:
+                break
+            parts.append(part)
+            taken.append(row)
+            if alone:
+                referenced.append((row, whole))
+            size = grown
+        return Batch(taken, "[" + ",".join(parts) + "]", tuple(referenced))
+
+    def _sent_by_reference(self, batch: Batch) -> None:
+        for row, whole in batch.referenced:
+            self._by_reference.discard(row.receipt_id)
+            self.observer.exported(self.target.name, by_reference=1)
+            log.warning(
+                "export sink %s: receipt %s (%d bytes) was sent by reference (id, digest, size): "
+                "too large for a batch the receiver takes; `loopwarden receipt %s` shows it",
+                self.target.name,
+                row.receipt_id,
+                whole,
+                row.receipt_id,
+            )
+
+    async def _too_large(self, batch: Batch) -> float:
+        """A 413: send the same receipts in batches half the size; a receipt refused alone is
+        sent by reference next; a reference refused is a failure like any other."""
+        name = self.target.name
+        if len(batch.rows) > 1:
+            self._limit = max(1, len(batch.rows) // 2)
+            log.warning(
+                "export sink %s: the receiver refused a batch of %d receipts (%d bytes) as too "
+                "large (HTTP 413); sending them %d at a time",
+                name,
+                len(batch.rows),
+                len(batch.body.encode()),
+                self._limit,
+            )
+            return 0.0
+        row = batch.rows[0]
+        if batch.referenced or row.receipt_id in self._by_reference:
+            return await self._failed(failure(None, TOO_LARGE))
+        self._by_reference.add(row.receipt_id)
+        return 0.0
+
     async def _post(
-        self, http: httpx2.AsyncClient, rows: list[JournalRow], origin: str
+        self, http: httpx2.AsyncClient, body: str
     ) -> tuple[int | None, BaseException | None]:
         """POST one signed batch; its status, or the transport error that stopped it."""
-        body = json.dumps([cloudevent(row, origin) for row in rows], separators=(",", ":"))
         timestamp = str(int(self.clock().timestamp()))
         headers = {
             "Content-Type": CONTENT_TYPE,

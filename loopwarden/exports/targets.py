@@ -1,8 +1,8 @@
 """Where `serve` pushes the receipt stream, and how each push is signed.
 
 `serve --export-webhook URL` (or `LOOPWARDEN_EXPORT_WEBHOOK`) names the receiver; the shared
-secret comes from `--export-secret-file FILE` or `LOOPWARDEN_EXPORT_SECRET`, and a webhook
-without one is refused. Each POST body (a JSON array of CloudEvents) is signed with
+secret comes from `--export-secret-file FILE` (refused if group or others may read it, as the
+signing key is) or `LOOPWARDEN_EXPORT_SECRET`, and a webhook without one is refused. Each POST body (a JSON array of CloudEvents) is signed with
 HMAC-SHA256 over the timestamp header, a dot and the body, as Stripe and Svix sign theirs:
 
     X-Loopwarden-Timestamp: 1767225600
@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,13 @@ def export_target(
 def _secret(secret_file: Path | None, environ: Mapping[str, str]) -> bytes:
     if secret_file is not None:
         try:
+            mode = stat.S_IMODE(secret_file.stat().st_mode)
+            if mode & 0o077:  # as a private signing key is: whoever reads it forges the feed
+                raise InvalidInput(
+                    f"--export-secret-file {secret_file} is readable by others (mode {mode:o}): "
+                    f"anyone who can read it can sign events the SIEM will trust. Run: chmod 600 "
+                    f"{secret_file}"
+                )
             secret = secret_file.read_bytes().strip()
         except OSError as exc:
             raise InvalidInput(

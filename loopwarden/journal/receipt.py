@@ -97,8 +97,10 @@ def covering_checkpoint(
         return latest, True
     size, frontier = reader.log_state()
     root = merkle.root_from_frontier(frontier)
-    note = sign_checkpoint(store.origin, size, root, store.signer)
-    return CheckpointRow(size, root, note, store.signer.key_id, store.clock()), False
+    now = store.clock()
+    signer = store.signer_at(now)
+    note = sign_checkpoint(store.origin, size, root, signer)
+    return CheckpointRow(size, root, note, signer.key_id, now), False
 
 
 @operation(access="read", scope=by_receipt)

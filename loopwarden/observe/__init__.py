@@ -5,15 +5,17 @@ OpenTelemetry's or Prometheus's until a server turns it on (`watching`), so a ho
 process start pays nothing for it.
 """
 
-from loopwarden.observe.observer import NOBODY, Observer, Watch, tracing_wanted
+from loopwarden.observe.observer import NOBODY, Observer, Watch, metrics_pushed, tracing_wanted
 
-__all__ = ["NOBODY", "Observer", "Watch", "tracing_wanted", "watching"]
+__all__ = ["NOBODY", "Observer", "Watch", "metrics_pushed", "tracing_wanted", "watching"]
 
 
-def watching(*, tracing: bool, metrics: bool, version: str) -> Observer:
-    """The observer for a server: `NOBODY` when both are off, else telemetry (loaded now)."""
-    if not tracing and not metrics:
+def watching(*, tracing: bool, metrics: bool, version: str, pushed: bool = False) -> Observer:
+    """The observer for a server: `NOBODY` when all are off, else telemetry (loaded now):
+    spans (`tracing`), the Prometheus registry `/metrics` serves (`metrics`), metrics pushed
+    over OTLP (`pushed`)."""
+    if not tracing and not metrics and not pushed:
         return NOBODY
     from loopwarden.observe.telemetry import Telemetry
 
-    return Telemetry(tracing=tracing, metrics=metrics, version=version)
+    return Telemetry(tracing=tracing, metrics=metrics, version=version, pushed=pushed)

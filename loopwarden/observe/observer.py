@@ -69,9 +69,11 @@ class Observer:
         failed: int = 0,
         takeovers: int = 0,
         lag: int | None = None,
+        by_reference: int = 0,
     ) -> None:
         """An export sink's progress: receipts a receiver acknowledged, deliveries that failed,
-        leases taken over from a holder that let them expire, and the receipts still to send."""
+        leases taken over from a holder that let them expire, the receipts still to send, and
+        receipts acknowledged by reference (too large for a batch)."""
 
     def integrated(self, delays: Sequence[float]) -> None:
         """A batch of receipts given their Merkle leaves: each one's seconds from its time to
@@ -80,6 +82,11 @@ class Observer:
     def gauge(self, name: str, description: str, read: Callable[[], float]) -> None:
         """A gauge `loopwarden_<name>` whose value is `read()` at each scrape (cheap, never
         blocking: a queue's length)."""
+
+    def bound_names(self, known: Callable[[str, str], bool]) -> None:
+        """Keep span names a bounded set: a request span the MCP SDK names after what the
+        client asked for (`tools/call <name>`, `prompts/get <name>`) keeps the name only if
+        `known(method, name)`; any other is `(unknown)`."""
 
     def spent(
         self, provider: str, outcome: str, tokens: Mapping[str, int], cost_usd: float
@@ -96,6 +103,15 @@ class Observer:
 
 
 NOBODY = Observer()
+
+
+def metrics_pushed(environ: Mapping[str, str]) -> bool:
+    """Metrics are pushed over OTLP when `OTEL_METRICS_EXPORTER` names `otlp` (as the
+    OpenTelemetry SDK reads it: a comma-separated list), unless `OTEL_SDK_DISABLED=true`."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    names = environ.get("OTEL_METRICS_EXPORTER", "").lower().split(",")
+    return "otlp" in {name.strip() for name in names}
 
 
 def tracing_wanted(flag: bool, environ: Mapping[str, str]) -> bool:

@@ -5,7 +5,10 @@ Configured the standard way: the SDK reads the `OTEL_*` variables itself (endpoi
 through a `BatchSpanProcessor`: a bounded queue drained by its own thread, so export never
 blocks or fails a decision (a full queue drops spans). The registry is this server's own,
 never the process-global one, and its labels are bounded sets: operation names, effects and
-reason codes (enums), never a loop, agent or turn id.
+reason codes (enums), never a loop, agent or turn id. Span names are a bounded set too
+(`BoundedNames`): the MCP SDK names a request's span after the tool or prompt a client asked
+for, which is anything a client sends; a name the server does not serve becomes `(unknown)`.
+With `OTEL_METRICS_EXPORTER=otlp` the same metrics are also pushed over OTLP (`pushed.py`).
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
@@ -33,24 +38,64 @@ from prometheus_client.exposition import generate_latest
 
 from loopwarden.observe.observer import Attribute, Observer, Watch
 
+if TYPE_CHECKING:
+    from loopwarden.observe.pushed import PushedMetrics
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 INTEGRATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """The commit-to-leaf delay's buckets: 0.25 s among them, the bound `docs/reliability.md` states."""
 
 
-class Telemetry(Observer):
-    """Spans (if `tracing`) and metrics (if `metrics`) of every watched call."""
+NAMED_BY_CLIENT = {"tools/call": "gen_ai.tool.name", "prompts/get": "gen_ai.prompt.name"}
+"""The MCP SDK's request spans named `<method> <what the client asked for>`, and the attribute
+that repeats the name."""
+UNKNOWN = "(unknown)"
 
-    def __init__(self, *, tracing: bool, metrics: bool, version: str) -> None:
+
+class BoundedNames(SpanProcessor):
+    """Span names from a bounded set: a request span the MCP SDK named after a tool or prompt
+    the server does not serve is renamed `<method> (unknown)`, and so is its name attribute, as
+    it starts (the decision is `known(method, name)`, given by the server that knows its tools
+    and prompts). Otherwise a client could make one span name per request."""
+
+    def __init__(self) -> None:
+        self.known: Callable[[str, str], bool] = lambda method, name: False
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        method, sep, name = span.name.partition(" ")
+        attribute = NAMED_BY_CLIENT.get(method)
+        if attribute is None or not sep or self.known(method, name):
+            return
+        span.update_name(f"{method} {UNKNOWN}")
+        span.set_attribute(attribute, UNKNOWN)
+
+
+class Telemetry(Observer):
+    """Spans (if `tracing`) and metrics of every watched call: into a Prometheus registry (if
+    `metrics`) and pushed over OTLP (if `pushed`)."""
+
+    def __init__(self, *, tracing: bool, metrics: bool, version: str, pushed: bool = False) -> None:
         self.tracing = tracing
         self._provider: TracerProvider | None = None
         self._tracer: trace.Tracer | None = None
+        self._names = BoundedNames()
         self.registry: CollectorRegistry | None = CollectorRegistry() if metrics else None
         self._gauges: dict[str, Gauge] = {}
         if self.registry is not None:
             self._instruments(self.registry)
+        self.pushed: PushedMetrics | None = None
+        if pushed:
+            from loopwarden.observe.pushed import PushedMetrics
+
+            self.pushed = PushedMetrics(
+                version,
+                _resource(),
+                latency_buckets=LATENCY_BUCKETS,
+                integration_buckets=INTEGRATION_BUCKETS,
+            )
         if tracing:
             self._provider = _provider(self._dropped)
+            self._provider.add_span_processor(self._names)
             # The process's provider too: the MCP SDK's own span of each request
             # (`tools/call claim`, continuing the trace of a `traceparent` in `_meta`) is then
             # exported, and the parent of ours. One server per process: `serve`.
@@ -120,6 +165,13 @@ class Telemetry(Observer):
             ["sink"],
             registry=registry,
         )
+        self.by_reference = Counter(
+            "loopwarden_export_by_reference",
+            "Receipts an export sink sent by reference (id, digest and size, no envelope): too "
+            "large for a batch its receiver takes.",
+            ["sink"],
+            registry=registry,
+        )
         self.model_calls = Counter(
             "loopwarden_model_calls",
             "Model calls through the model gateway, charged as observed, by provider and outcome.",
@@ -147,9 +199,14 @@ class Telemetry(Observer):
             registry=registry,
         )
 
+    def bound_names(self, known: Callable[[str, str], bool]) -> None:
+        self._names.known = known
+
     def _dropped(self, reason: str, count: int) -> None:
         if self.registry is not None:
             self.drops.labels(reason).inc(count)
+        if self.pushed is not None:
+            self.pushed.drops.add(count, {"reason": reason})
 
     def exported(
         self,
@@ -159,9 +216,24 @@ class Telemetry(Observer):
         failed: int = 0,
         takeovers: int = 0,
         lag: int | None = None,
+        by_reference: int = 0,
     ) -> None:
+        pushed, labels = self.pushed, {"sink": sink}
+        if pushed is not None:
+            for counter, count in (
+                (pushed.sent, sent),
+                (pushed.failed, failed),
+                (pushed.takeovers, takeovers),
+                (pushed.by_reference, by_reference),
+            ):
+                if count:
+                    counter.add(count, labels)
+            if lag is not None:
+                pushed.lag.set(lag, labels)
         if self.registry is None:
             return
+        if by_reference:
+            self.by_reference.labels(sink).inc(by_reference)
         if sent:
             self.sent.labels(sink).inc(sent)
         if failed:
@@ -172,14 +244,23 @@ class Telemetry(Observer):
             self.lag.labels(sink).set(lag)
 
     def integrated(self, delays: Sequence[float]) -> None:
-        if self.registry is None:
-            return
         for seconds in delays:
-            self.integration.observe(seconds)
+            if self.pushed is not None:
+                self.pushed.integration.record(seconds)
+            if self.registry is not None:
+                self.integration.observe(seconds)
 
     def spent(
         self, provider: str, outcome: str, tokens: Mapping[str, int], cost_usd: float
     ) -> None:
+        pushed = self.pushed
+        if pushed is not None:
+            pushed.model_calls.add(1, {"provider": provider, "outcome": outcome})
+            for sort, count in tokens.items():
+                if count:
+                    pushed.model_tokens.add(count, {"provider": provider, "sort": sort})
+            if cost_usd:
+                pushed.model_cost.add(cost_usd, {"provider": provider})
         if self.registry is None:
             return
         self.model_calls.labels(provider, outcome).inc()
@@ -190,6 +271,8 @@ class Telemetry(Observer):
             self.model_cost.labels(provider).inc(cost_usd)
 
     def gauge(self, name: str, description: str, read: Callable[[], float]) -> None:
+        if self.pushed is not None:
+            self.pushed.gauge(name, description, read)
         if self.registry is None:
             return
         if name not in self._gauges:  # a store opened again reads through its new `read`
@@ -236,10 +319,22 @@ class Telemetry(Observer):
             with self.span("store.write", {"db.system": database}):
                 yield
         finally:
+            seconds = time.perf_counter() - started
             if self.registry is not None:
-                self.write_latency.labels(operation).observe(time.perf_counter() - started)
+                self.write_latency.labels(operation).observe(seconds)
+            if self.pushed is not None:
+                self.pushed.write_latency.record(seconds, {"operation": operation})
 
     def _count(self, watch: Watch, seconds: float) -> None:
+        pushed = self.pushed
+        if pushed is not None:
+            for reason in watch.reasons or ("",):
+                pushed.decisions.add(
+                    1, {"operation": watch.name, "effect": watch.effect, "reason": reason}
+                )
+            if watch.expired_leases:
+                pushed.expiries.add(watch.expired_leases)
+            pushed.latency.record(seconds, {"operation": watch.name})
         if self.registry is None:
             return
         for reason in watch.reasons or ("",):
@@ -268,16 +363,22 @@ class Telemetry(Observer):
     def shutdown(self) -> None:
         if self._provider is not None:
             self._provider.shutdown()
+        if self.pushed is not None:
+            self.pushed.shutdown()
 
 
-def _provider(dropped: Callable[[str, int], None]) -> TracerProvider:
-    """A tracer provider from the `OTEL_*` environment (service name `loopwarden` unless
-    `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` names one)."""
+def _resource() -> Resource:
+    """The resource spans and pushed metrics name: from the `OTEL_*` environment, the service
+    `loopwarden` unless `OTEL_SERVICE_NAME` or `OTEL_RESOURCE_ATTRIBUTES` names one."""
     named = "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get(
         "OTEL_RESOURCE_ATTRIBUTES", ""
     )
-    resource = Resource.create({} if named else {"service.name": "loopwarden"})
-    provider = TracerProvider(resource=resource)  # the sampler: OTEL_TRACES_SAMPLER
+    return Resource.create({} if named else {"service.name": "loopwarden"})
+
+
+def _provider(dropped: Callable[[str, int], None]) -> TracerProvider:
+    """A tracer provider from the `OTEL_*` environment (`_resource`)."""
+    provider = TracerProvider(resource=_resource())  # the sampler: OTEL_TRACES_SAMPLER
     provider.add_span_processor(CountingProcessor(_exporter(), dropped))
     return provider
 

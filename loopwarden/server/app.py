@@ -16,7 +16,7 @@ from loopwarden.auth.oauth import BearerVerifier, JwtVerifier
 from loopwarden.clock import Clock, system_clock
 from loopwarden.exports.sink import WebhookSink, sending
 from loopwarden.mcp_gateway.proxy import Gateway
-from loopwarden.observe import tracing_wanted, watching
+from loopwarden.observe import metrics_pushed, tracing_wanted, watching
 from loopwarden.server.elicitation import ApprovalLinks, with_approval_links
 from loopwarden.server.notifications import ChangeFeed, CountingBus, subscribe_handlers
 from loopwarden.server.request_state import request_state_security
@@ -49,11 +49,16 @@ def build_server(settings: Settings, *, clock: Clock = system_clock) -> MCPServe
 def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer, Runtime]:
     """The MCP server and the runtime that holds its store (what an HTTP dashboard reads)."""
     tracing = tracing_wanted(settings.otel, os.environ)
-    observer = watching(tracing=tracing, metrics=settings.http is not None, version=__version__)
+    observer = watching(
+        tracing=tracing,
+        metrics=settings.http is not None,
+        version=__version__,
+        pushed=metrics_pushed(os.environ),
+    )
     runtime = Runtime(settings=settings, clock=clock, observer=observer)
 
     bus = CountingBus()
-    feed = ChangeFeed(runtime, bus)
+    feed = ChangeFeed(runtime, bus, clock=clock)
     links = ApprovalLinks(runtime, settings.dashboard_url, settings.approval_webhook)
     gateway = None
     if settings.gateway is not None:
@@ -71,6 +76,8 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
         async with runtime.open(), feed.running(), links.running(), AsyncExitStack() as stack:
             if gateway is not None:
                 await stack.enter_async_context(gateway.running())
+            if runtime.jwts is not None:  # the issuer's keys refreshed in the background
+                await stack.enter_async_context(runtime.jwts.keys.running())
             export, store = settings.export, runtime.store
             sink = (
                 None
@@ -109,4 +116,17 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
     )
     register_resources(server, runtime)
     subscribe_handlers(server, feed)
+    observer.bound_names(lambda method, name: served_name(server, method, name))
     return server, runtime
+
+
+def served_name(server: MCPServer, method: str, name: str) -> bool:
+    """Whether `server` serves the tool (`tools/call`) or prompt (`prompts/get`) `name`: what a
+    span may be named after (`telemetry.BoundedNames`). The MCP gateway's downstream tools are
+    not among them (their calls are spans of their own, `loopwarden.gateway_call`)."""
+    # MCPServer has no public lookup by name; its managers do (pinned by tests/test_small_findings.py).
+    if method == "tools/call":
+        return server._tool_manager.get_tool(name) is not None
+    if method == "prompts/get":
+        return server._prompt_manager.get_prompt(name) is not None
+    return False

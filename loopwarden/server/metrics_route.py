@@ -1,8 +1,11 @@
 """`GET /metrics`: the server's Prometheus metrics (`observe/telemetry.py`), for operators.
 
-Never open by accident: the request must carry an operator's bearer token (checked like every
-token, so a revoked one stops at once); under `--no-auth` (loopback only) the launch principal
-must be an operator. Anything else is a 401 that says why, and counts nothing.
+Never open by accident: the request must carry an operator's bearer token, checked like every
+token on `/mcp`: a static operator token (a revoked one stops at once) or, on a server that is
+an OAuth resource server, a JWT from its issuer for this resource whose scopes name the
+operator role alone (a Prometheus `oauth2` client-credentials scrape); under `--no-auth`
+(loopback only) the launch principal must be an operator. Anything else is a 401 that says
+why, and counts nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from loopwarden.auth.tokens import TOKEN_PREFIX
 from loopwarden.server.runtime import Runtime
 
 OPERATOR_SCOPE = "role:operator"
@@ -26,7 +30,11 @@ async def _refusal(request: Request, runtime: Runtime) -> str | None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         return "the metrics request carries no bearer token"
-    access = await runtime.tokens.verify_token(token.strip())
+    token = token.strip()
+    if token.startswith(TOKEN_PREFIX) or runtime.jwts is None:
+        access = await runtime.tokens.verify_token(token)
+    else:
+        access = await runtime.jwts.verify_token(token)
     if access is None:
         return "the token is not valid (unknown, revoked or expired)"
     if OPERATOR_SCOPE not in access.scopes:

@@ -8,8 +8,9 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.routing import Mount
 
 from loopwarden.dashboard.board import Dashboard
-from loopwarden.dashboard.oidc import OidcLogin
+from loopwarden.dashboard.oidc import OidcLogin, sealing_key
 from loopwarden.dashboard.site import build_dashboard
+from loopwarden.kernel.log.keys import KeyStore
 from loopwarden.server.runtime import Runtime
 
 
@@ -23,6 +24,7 @@ def oidc_login(runtime: Runtime) -> OidcLogin | None:
         client_id=oauth.dashboard_client_id,
         client_secret=oauth.client_secret,
         redirect_uri=f"{runtime.settings.dashboard_url}/login/oidc/callback",
+        seal_key=sealing_key(KeyStore(runtime.settings.home).load_secret()),
         clock=runtime.clock,
     )
 

@@ -16,29 +16,47 @@ status), never the content:
 A caller subscribes only to what it may read (`readable`): a `subscriptions/listen` naming any
 other URI is refused before it is acknowledged (`ListenGate`), and so is such a
 `resources/subscribe`, with one message whether the loop is hidden from the caller or does not
-exist. Latency is a poll interval plus a read; replicas need nothing but the shared store.
+exist. A change is announced only to subscribers who may see the loop that changed: the loop
+list (`loopwarden://loops`) moves for a caller only when a loop it can see appears or changes
+status, so a hidden loop answers exactly like one that does not exist (`Audience`).
+
+A listen stream belongs to the token it was opened with (`ListenStreams`): every
+`SWEEP_SECONDS` each server ends the streams of tokens revoked or expired since (the store is
+shared, so every replica ends its own), and of JWTs past their `exp`. The stream ends as the
+spec's graceful close does: its final `SubscriptionsListenResult`. Latency is a poll interval
+plus a read; replicas need nothing but the shared store.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 import weakref
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.lowlevel
+from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
-from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated, ServerEvent
+from mcp.server.subscriptions import (
+    SUBSCRIPTION_ID_META_KEY,
+    ListenHandler,
+    ResourceUpdated,
+    ServerEvent,
+)
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INVALID_PARAMS,
     EmptyResult,
     SubscribeRequestParams,
     SubscriptionsListenRequestParams,
+    SubscriptionsListenResult,
     UnsubscribeRequestParams,
 )
 from pydantic import ValidationError
@@ -53,6 +71,8 @@ from loopwarden.server.chores import every
 from loopwarden.server.runtime import Runtime
 
 log = logging.getLogger("loopwarden.server")
+
+SWEEP_SECONDS = 1.0  # how often the streams of revoked or expired tokens are looked for
 
 POLL_SECONDS = 0.25
 KEEP_SECONDS = 30.0  # the feed keeps its baseline this long after the last subscriber left
@@ -86,35 +106,193 @@ def read_heads(reader: Reader) -> Heads:
     return {row.loop_id: (row.head_seq, str(row.status)) for row in reader.loops()}
 
 
+@dataclass(frozen=True)
+class Change:
+    """What moved between two readings of the heads: the loops whose head moved, and those
+    that appeared or changed status (which is what the loop list shows)."""
+
+    moved: tuple[str, ...]
+    listed: tuple[str, ...]
+
+
+def changes(before: Heads, after: Heads) -> Change:
+    moved = tuple(loop_id for loop_id, head in after.items() if before.get(loop_id) != head)
+    listed = tuple(
+        loop_id
+        for loop_id, (_, status) in after.items()
+        if loop_id not in before or before[loop_id][1] != status
+    )
+    return Change(moved, listed)
+
+
 def changed_uris(before: Heads, after: Heads) -> list[str]:
-    """The URIs to announce between two readings of the heads."""
-    uris = [
-        projection_uri(loop_id) for loop_id, head in after.items() if before.get(loop_id) != head
-    ]
-    listing = {k: v[1] for k, v in before.items()} != {k: v[1] for k, v in after.items()}
-    return ([LOOPS_URI] if listing else []) + uris
+    """The URIs to announce between two readings of the heads (to someone who sees it all)."""
+    change = changes(before, after)
+    return ([LOOPS_URI] if change.listed else []) + [projection_uri(i) for i in change.moved]
 
 
-class CountingBus(InMemorySubscriptionBus):
-    """The SDK's in-process bus, counting its listeners (the feed polls only while any)."""
+Audience = dict[Principal, set[str]]
+"""Of the principals listening, the URIs each may hear of (see `audience`)."""
+
+
+def audience(reader: Reader, change: Change, listeners: Iterable[Principal]) -> Audience:
+    """For each listening principal, the changed URIs it may see: a loop's projection if it
+    can see the loop, the loop list if it can see a loop that appeared or changed status. A
+    loop hidden from it (or gone) is, for it, a change that did not happen."""
+    rows = {loop_id: reader.loop_row(loop_id) for loop_id in {*change.moved, *change.listed}}
+    heard: Audience = {}
+    for who in set(listeners):
+        seen = {i for i, row in rows.items() if row is not None and visible(reader, who, row)}
+        uris = {projection_uri(i) for i in change.moved if i in seen}
+        if seen.intersection(change.listed):
+            uris.add(LOOPS_URI)
+        heard[who] = uris
+    return heard
+
+
+_LISTENER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "loopwarden_listener", default=None
+)
+"""The principal of the listen stream being opened (`ListenStreams`), read by the bus."""
+
+
+class CountingBus:
+    """The server's subscription bus (the SDK's `SubscriptionBus`): in-process fan-out that
+    knows the principal each listener serves, and counts its listeners (the feed polls only
+    while any). `publish` reaches every listener; `publish_to` only those whose principal may
+    hear of the event's URI (a listener with no known principal hears nothing of it)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.listeners = 0
+        self._listeners: dict[object, tuple[Callable[[ServerEvent], None], Principal | None]] = {}
 
-    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
-        unsubscribe = super().subscribe(listener)
-        self.listeners += 1
-        done = False
+    @property
+    def listeners(self) -> int:
+        return len(self._listeners)
+
+    def principals(self) -> set[Principal]:
+        return {who for _, who in self._listeners.values() if who is not None}
+
+    def subscribe(
+        self, listener: Callable[[ServerEvent], None], who: Principal | None = None
+    ) -> Callable[[], None]:
+        """Register `listener` for `who` (default: the principal of the listen stream being
+        opened); returns its idempotent unsubscribe."""
+        token = object()
+        self._listeners[token] = (listener, who or _LISTENER.get())
 
         def leave() -> None:
-            nonlocal done
-            if not done:
-                done = True
-                self.listeners -= 1
-            unsubscribe()
+            self._listeners.pop(token, None)
 
         return leave
+
+    async def publish(self, event: ServerEvent) -> None:
+        await self._deliver(event, lambda who: True)
+
+    async def publish_to(self, uri: str, heard: Audience) -> None:
+        event = ResourceUpdated(uri=uri)
+        await self._deliver(event, lambda who: who is not None and uri in heard.get(who, ()))
+
+    async def _deliver(
+        self, event: ServerEvent, admits: Callable[[Principal | None], bool]
+    ) -> None:
+        for listener, who in list(self._listeners.values()):
+            if not admits(who):
+                continue
+            try:
+                listener(event)
+            except Exception:  # one bad listener must not starve the others
+                log.exception("subscription listener raised; continuing")
+        await anyio.lowlevel.checkpoint()
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a listen stream: the principal, the static token's id (None for a JWT or the
+    launch principal) and when the token expires (Unix seconds; None: never)."""
+
+    who: Principal
+    token_id: str | None
+    expires_at: float | None
+
+
+class ListenStreams(ListenHandler):
+    """The SDK's `subscriptions/listen` handler, knowing who holds each stream: the bus learns
+    the stream's principal (so events reach only what it may see), and `sweep` ends the
+    streams of tokens revoked or expired since they were opened (on every replica: each
+    sweeps its own streams against the shared store)."""
+
+    def __init__(self, bus: CountingBus, runtime: Runtime, *, clock: Clock = system_clock) -> None:
+        super().__init__(bus)
+        self._runtime = runtime
+        self._clock = clock
+        self._held: dict[anyio.CancelScope, Holder] = {}
+
+    @property
+    def open(self) -> int:
+        return len(self._held)
+
+    def _holder(self) -> Holder:
+        who = self._runtime.principal()
+        access = get_access_token()
+        if access is None:  # stdio, or HTTP without auth: the launch principal's, for ever
+            return Holder(who, None, None)
+        token_id = access.token if access.token.startswith("tok-") else None
+        expires = None if access.expires_at is None else float(access.expires_at)
+        return Holder(who, token_id, expires)
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], params: SubscriptionsListenRequestParams
+    ) -> SubscriptionsListenResult:
+        try:
+            holder = self._holder()
+        except LoopwardenError:
+            raise MCPError(INVALID_PARAMS, REFUSED) from None
+        with self.holding(holder):
+            mark = _LISTENER.set(holder.who)
+            try:
+                return await super().__call__(ctx, params)
+            finally:
+                _LISTENER.reset(mark)
+        # Ended by the sweep: close the stream as the spec's graceful close does.
+        return SubscriptionsListenResult(_meta={SUBSCRIPTION_ID_META_KEY: ctx.request_id})
+
+    @contextmanager
+    def holding(self, holder: Holder) -> Iterator[anyio.CancelScope]:
+        """A stream held by `holder` for the block's length: `sweep` cancels the scope (the
+        block ends quietly) once the holder's token is revoked or expired."""
+        with anyio.CancelScope() as scope:
+            self._held[scope] = holder
+            try:
+                yield scope
+            finally:
+                self._held.pop(scope, None)
+
+    async def sweep(self) -> int:
+        """End the streams whose token is revoked or expired (a JWT's `exp` passed, a static
+        token's row revoked or expired in the store); returns how many were ended."""
+        now = self._clock()
+        ending = [
+            scope
+            for scope, holder in self._held.items()
+            if holder.expires_at is not None and holder.expires_at <= now.timestamp()
+        ]
+        ids = {h.token_id for h in self._held.values() if h.token_id is not None}
+        store = self._runtime.store
+        if ids and store is not None:
+            live = await store.read(
+                lambda r: {t.token_id for t in r.tokens() if t.token_id in ids and t.live_at(now)}
+            )
+            ending += [
+                scope
+                for scope, holder in self._held.items()
+                if holder.token_id is not None and holder.token_id not in live
+            ]
+        for scope in set(ending):
+            self._held.pop(scope, None)
+            scope.cancel()
+        if ending:
+            log.warning("ended %d listen stream(s) of revoked or expired tokens", len(set(ending)))
+        return len(set(ending))
 
 
 class ChangeFeed:
@@ -129,6 +307,10 @@ class ChangeFeed:
         # 2025-11-25 subscribers by connection, held weakly: a connection the SDK has dropped
         # leaves this table with it.
         self._legacy: weakref.WeakKeyDictionary[Connection, set[str]] = weakref.WeakKeyDictionary()
+        self._legacy_who: weakref.WeakKeyDictionary[Connection, Principal] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.streams = ListenStreams(bus, runtime, clock=clock)
         self.polls = 0  # store reads made so far (the feed's whole cost)
 
     def _now(self) -> float:
@@ -158,18 +340,31 @@ class ChangeFeed:
             return []
         if store is None:
             return []
-        heads = await store.read(read_heads)
+        listeners = self.bus.principals() | set(self._legacy_who.values())
+
+        def read(reader: Reader) -> tuple[Heads, Change | None, Audience]:
+            heads = read_heads(reader)
+            if self._heads is None:
+                return heads, None, {}
+            change = changes(self._heads, heads)
+            return heads, change, audience(reader, change, listeners)
+
+        heads, change, heard = await store.read(read)  # one read, whoever listens
         self.polls += 1
-        before, self._heads = self._heads, heads
-        uris = [] if before is None else changed_uris(before, heads)
+        self._heads = heads
+        if change is None:
+            return []
+        uris = ([LOOPS_URI] if change.listed else []) + [projection_uri(i) for i in change.moved]
         for uri in uris:
-            await self.bus.publish(ResourceUpdated(uri=uri))
-            await self._notify_sessions(uri)
+            await self.bus.publish_to(uri, heard)
+            await self._notify_sessions(uri, heard)
         return uris
 
-    async def _notify_sessions(self, uri: str) -> None:
+    async def _notify_sessions(self, uri: str, heard: Audience) -> None:
         for connection, uris in list(self._legacy.items()):
-            if uri in uris:  # on the connection's standalone stream; never raises
+            who = self._legacy_who.get(connection)
+            if uri in uris and who is not None and uri in heard.get(who, ()):
+                # on the connection's standalone stream; never raises
                 await connection.notify("notifications/resources/updated", {"uri": uri})
 
     async def run(self) -> None:
@@ -180,6 +375,7 @@ class ChangeFeed:
     async def running(self) -> AsyncIterator[ChangeFeed]:
         async with anyio.create_task_group() as group:
             group.start_soon(self.run)
+            group.start_soon(every, SWEEP_SECONDS, self.streams.sweep, "listen stream sweep")
             try:
                 yield self
             finally:
@@ -202,7 +398,9 @@ class ChangeFeed:
         self, ctx: ServerRequestContext[Any, Any], params: SubscribeRequestParams
     ) -> EmptyResult:
         await self.check([params.uri])
-        self._legacy.setdefault(_connection(ctx), set()).add(params.uri)
+        connection = _connection(ctx)
+        self._legacy.setdefault(connection, set()).add(params.uri)
+        self._legacy_who[connection] = self.runtime.principal()
         return EmptyResult()
 
     async def unsubscribe(
@@ -236,11 +434,15 @@ def _connection(ctx: ServerRequestContext[Any, Any]) -> Connection:
 
 def subscribe_handlers(server: MCPServer, feed: ChangeFeed) -> None:
     """Serve MCP 2025-11-25's `resources/subscribe` and `resources/unsubscribe` through `feed`
-    (which also makes the handshake advertise `resources.subscribe`)."""
+    (which also makes the handshake advertise `resources.subscribe`), and 2026-07-28's
+    `subscriptions/listen` through `feed.streams` in place of the SDK's own handler."""
     # MCPServer has no public seam for these two methods; its low-level server does (this and
     # `_connection` are the couplings to SDK internals, pinned by tests/test_notifications.py).
     lowlevel = server._lowlevel_server
     lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, feed.subscribe)
     lowlevel.add_request_handler(
         "resources/unsubscribe", UnsubscribeRequestParams, feed.unsubscribe
+    )
+    lowlevel.add_request_handler(
+        "subscriptions/listen", SubscriptionsListenRequestParams, feed.streams
     )

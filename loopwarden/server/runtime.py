@@ -8,20 +8,28 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.to_thread
+
 from loopwarden.auth.bearer import StoreTokenVerifier, principal_from_token
-from loopwarden.clock import Clock, system_clock
+from loopwarden.clock import Clock, format_time, system_clock
 from loopwarden.errors import StoreMissing, StoreUnavailable
 from loopwarden.kernel.log.keys import KeyStore
+from loopwarden.kernel.log.rotations import follow
 from loopwarden.kernel.store.store import Store
 from loopwarden.kinds import KINDS
 from loopwarden.observe import NOBODY, Observer
 from loopwarden.principals import Principal
+from loopwarden.server.chores import every
 from loopwarden.server.settings import Settings, makes_no_store
 
 if TYPE_CHECKING:
     from loopwarden.auth.oauth import JwtVerifier
 
 log = logging.getLogger("loopwarden.server")
+
+KEY_POLL_SECONDS = 1.0
+"""How often a server reads its home's key history (a rotation's grace must be longer)."""
 
 
 @dataclass
@@ -34,6 +42,7 @@ class Runtime:
     tokens: StoreTokenVerifier = field(init=False)  # every route's static-token verifier
     missing: str | None = field(default=None, init=False)  # why there is no store, if none
     gateway: Any = None  # the MCP gateway (`mcp_gateway/proxy.Gateway`) when `--gateway` is on
+    _keys_seen: tuple[int, ...] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.tokens = StoreTokenVerifier(lambda: self.store)
@@ -103,8 +112,47 @@ class Runtime:
         )
         self.store = store
         try:
-            yield self
+            async with anyio.create_task_group() as group:
+                group.start_soon(
+                    every, KEY_POLL_SECONDS, lambda: self.follow_keys(keys), "key watch"
+                )
+                try:
+                    yield self
+                finally:
+                    group.cancel_scope.cancel()
         finally:
             self.store = None
             await store.close()
             self.observer.shutdown()  # what is still queued for export, within its timeout
+
+    async def follow_keys(self, keys: KeyStore) -> None:
+        """One look at the key history (`rotations.follow`): sign with the home's new key once
+        a rotation hands over to it, and never past the time the history retires the old one."""
+        store = self.store
+        if store is None:
+            return
+        seen = _stamp(keys)
+        if seen == self._keys_seen and keys.active_id() == store.signer.key_id:
+            return  # nothing in the key directory moved: the last look still holds
+        tenure = await anyio.to_thread.run_sync(follow, keys, store.signer)
+        self._keys_seen = seen
+        if (tenure.signer.key_id, tenure.until) != (store.signer.key_id, store.signs_until):
+            if tenure.signer.key_id != store.signer.key_id:
+                log.warning("signing with the rotated-in key %s", tenure.signer.key_id)
+            elif tenure.until is not None:
+                log.warning(
+                    "signing key %s is retired: it signs nothing after %s",
+                    tenure.signer.key_id,
+                    format_time(tenure.until),
+                )
+            store.sign_with(tenure)
+
+
+def _stamp(keys: KeyStore) -> tuple[int, ...] | None:
+    """When the key directory and its history last changed, and the history's size: a look at
+    the key history is needed only when this moves (or a switch is still pending)."""
+    try:
+        directory, history = keys.dir.stat(), keys.history.stat()
+    except FileNotFoundError:
+        return None
+    return (directory.st_mtime_ns, history.st_mtime_ns, history.st_size, history.st_ino)

@@ -7,7 +7,9 @@ Layout under `<home>/keys/` (directory 0700):
 - `integrity.key` — the secret the rows no signature covers are MAC'd with (0600);
 - `history` — the key history: the genesis statement of the first key and one rotation
   statement per later key, each a signed note (`rotations.py` reads and checks them), one JSON
-  string per line, appended and never rewritten.
+  string per line, appended and never rewritten. A rotation states until when the key it
+  retires may still sign (the rotation's time plus the fleet's grace): servers stop signing with
+  it then, and the audit reports a receipt it signed later (`rotations.Window`).
 
 The audit trusts the keys the history vouches for (`rotations.directory_trust`): a key written
 into this directory by anything but `keys rotate` is reported, not trusted; a receipt signed by
@@ -22,7 +24,7 @@ import json
 import os
 import stat
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nacl.exceptions
@@ -129,12 +131,24 @@ def signed_note(body: str, signers: list[Signer]) -> str:
     return body + "\n" + "".join(lines)
 
 
-def statement_body(origin: str, previous: str | None, new: Signer, at: str) -> str:
-    """The body of a key statement: a genesis (no previous key) or a rotation."""
+UNTIL = "signs until"  # a rotation's last line: `<retired key id> signs until <time>`
+DEFAULT_GRACE_SECONDS = 60
+"""How long a retired key may still sign after `keys rotate` unless `--grace` says otherwise:
+servers sharing the home switch to the new key within a second (`rotations.follow`); a fleet
+whose replicas get the new key by a copy states the time that copy takes."""
+
+
+def statement_body(
+    origin: str, previous: str | None, new: Signer, at: str, until: str | None = None
+) -> str:
+    """The body of a key statement: a genesis (no previous key) or a rotation, which states
+    until when the previous key may still sign."""
     lines = [GENESIS if previous is None else ROTATION, origin]
     if previous is not None:
         lines.append(previous)
     lines += [f"{new.key_id} {base64.b64encode(new.public_key).decode('ascii')}", at]
+    if previous is not None:
+        lines.append(f"{previous} {UNTIL} {until or at}")
     return "\n".join(lines) + "\n"
 
 
@@ -143,13 +157,14 @@ def genesis(origin: str, signer: Signer, at: str) -> str:
     return signed_note(statement_body(origin, None, signer, at), [signer])
 
 
-def rotation(origin: str, old: Signer, new: Signer, at: str) -> str:
-    """The statement by which `old` hands over to `new` (signed by both)."""
-    return signed_note(statement_body(origin, old.key_id, new, at), [old, new])
+def rotation(origin: str, old: Signer, new: Signer, at: str, until: str | None = None) -> str:
+    """The statement by which `old` hands over to `new` (signed by both): `old` signs nothing
+    dated after `until` (default `at`: no grace)."""
+    return signed_note(statement_body(origin, old.key_id, new, at, until), [old, new])
 
 
-def _now() -> str:
-    return format_time(datetime.now(UTC))
+def _now() -> datetime:
+    return datetime.now(UTC)
 
 
 def _b64(data: bytes) -> str:
@@ -173,6 +188,16 @@ def _write_new(path: Path, text: str, mode: int) -> None:
         handle.write(text + "\n")
         handle.flush()
         os.fsync(handle.fileno())
+
+
+@dataclass(frozen=True)
+class Rotated:
+    """What `KeyStore.rotate` did: the key it retired (None on a home without one), the new
+    active signer, and the last instant the retired key may sign (None without a retired key)."""
+
+    retired: str | None
+    signer: Signer
+    until: datetime | None
 
 
 class KeyStore:
@@ -254,7 +279,8 @@ class KeyStore:
         if {path.stem for path in self.dir.glob("*.pub")} - {signer.key_id}:
             return
         staged = self.dir / f"history.{os.urandom(8).hex()}.tmp"
-        _write_new(staged, json.dumps(genesis(HISTORY_ORIGIN, signer, _now())), 0o644)
+        note = genesis(HISTORY_ORIGIN, signer, format_time(_now()))
+        _write_new(staged, json.dumps(note), 0o644)
         try:
             os.link(staged, self.history)
         except FileExistsError:
@@ -297,30 +323,40 @@ class KeyStore:
         except KeyFileError:
             return None
 
-    def rotate(self) -> tuple[str | None, Signer]:
+    def rotate(self, grace_seconds: int = DEFAULT_GRACE_SECONDS) -> Rotated:
         """Make a new active key; the old private key is deleted, its public key kept.
 
         The key history records the handover, signed by the old key and the new one, before the
-        old private key goes (a home with no key yet gets the new key's genesis instead).
-        Returns (retired key id or None, new signer). Running servers keep signing with the key
-        they loaded until restarted; their receipts still verify because the public key stays.
+        old private key goes (a home with no key yet gets the new key's genesis instead); it
+        states that the old key signs nothing dated more than `grace_seconds` from now (`Rotated`
+        says what was retired, the new signer, and that time). Servers
+        sharing this home sign with the new key within a second (`rotations.follow`); one that
+        cannot reach it refuses to sign past that time. The retired public key stays, so its
+        receipts still verify.
         """
+        if grace_seconds < 0:
+            raise KeyFileError("a rotation's grace is zero seconds or more")
         self._ensure_dir()
         old = self.active_id()
         previous = self._previous() if old is not None else None
         new = Signer.generate()
         self._write_pair(new)
+        now = _now()
+        until = now + timedelta(seconds=grace_seconds) if previous is not None else None
         if previous is None:
             self._start_history(new)
         elif self.history.exists():
-            self._append_statement(rotation(HISTORY_ORIGIN, previous, new, _now()))
+            stated = format_time(until) if until is not None else None
+            self._append_statement(
+                rotation(HISTORY_ORIGIN, previous, new, format_time(now), stated)
+            )
         tmp = self.dir / "active.tmp"
         tmp.unlink(missing_ok=True)
         _write_new(tmp, new.key_id, 0o644)
         os.replace(tmp, self.dir / "active")
         if old is not None:
             (self.dir / f"{old}.key").unlink(missing_ok=True)
-        return old, new
+        return Rotated(old, new, until)
 
     def load_secret(self, *, create: bool = True) -> bytes:
         """The home's integrity secret (`integrity.key`, 0600), created on first use unless

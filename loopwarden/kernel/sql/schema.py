@@ -173,6 +173,9 @@ def _mac(since: int = 4) -> Column:
 # --- the log ------------------------------------------------------------------------------------
 
 META: Table[Any] = Table("meta", None, (_text("key"), Column("value", DOCUMENT)), key=("key",))
+KEY_ANCHOR = "key_genesis"
+"""The `meta` row holding the genesis statement of the key history a store was first opened
+with (`migrations.anchor_key_history`)."""
 JOURNAL = Table(
     "journal",
     JournalRow,

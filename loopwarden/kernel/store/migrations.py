@@ -7,7 +7,7 @@ from __future__ import annotations
 from loopwarden.errors import StoreError
 from loopwarden.kernel.log.integrity import Integrity
 from loopwarden.kernel.sql.backends import Backend
-from loopwarden.kernel.sql.schema import REBUILT_AT, SCHEMA_VERSION
+from loopwarden.kernel.sql.schema import KEY_ANCHOR, META, REBUILT_AT, SCHEMA_VERSION
 from loopwarden.kernel.sql.upgrades import initialize, upgrade
 from loopwarden.kernel.state.registry import Kinds
 from loopwarden.kernel.store.rebuild import rebuild_projection
@@ -43,3 +43,15 @@ def migrate(backend: Backend, integrity: Integrity, kinds: Kinds) -> None:
             if version < REBUILT_AT:  # the rows' proofs cover columns this upgrade added
                 rebuild_projection(conn, integrity, kinds)
         backend.set_schema_version(SCHEMA_VERSION)
+
+
+def anchor_key_history(backend: Backend, genesis: str) -> None:
+    """Record `genesis` (a key history's genesis statement) as the store's anchor unless it
+    has one: the first home to open a store names its genesis key for every later audit
+    (`rotations.directory_trust`). Written once, in a short transaction of its own; a store
+    that already anchors a history is left as it is (nothing is written, nothing locked)."""
+    conn = backend.writer
+    if conn.execute("SELECT 1 FROM meta WHERE key = ?", (KEY_ANCHOR,)).fetchone() is not None:
+        return
+    with backend.migrating():
+        conn.execute(backend.dialect.insert_new(META), (KEY_ANCHOR, genesis))

@@ -32,6 +32,7 @@ from loopwarden.kernel.sql.schema import (
     EXPORT_CURSORS,
     IDEMPOTENCY,
     JOURNAL,
+    KEY_ANCHOR,
     LEGACY_FIELDS,
     LEGACY_SCHEMA,
     LOOPS,
@@ -567,6 +568,11 @@ class Reader:
     def meta(self, key: str) -> str | None:
         r = self._one("SELECT value FROM meta WHERE key = ?", (key,))
         return str(r[0]) if r else None
+
+    def key_anchor(self) -> str | None:
+        """The genesis statement of the key history the store was first opened with, or None
+        for a store no home with a history has opened (`migrations.anchor_key_history`)."""
+        return self.meta(KEY_ANCHOR)
 
     # --- idempotency, tokens, keys ------------------------------------------------------------
 

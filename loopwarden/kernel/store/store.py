@@ -36,10 +36,11 @@ from typing import Any, Required, TypedDict, TypeVar, Unpack
 import anyio
 import anyio.to_thread
 
-from loopwarden.clock import Clock, system_clock
+from loopwarden.clock import Clock, format_time, system_clock
 from loopwarden.errors import (
     IntegrityError,
     InvalidInput,
+    KeyRetired,
     NotFound,
     StoreBusy,
     StoreError,
@@ -48,6 +49,7 @@ from loopwarden.errors import (
 from loopwarden.kernel.log import merkle
 from loopwarden.kernel.log.integrity import Integrity
 from loopwarden.kernel.log.keys import Keyring, KeyStore, Signer
+from loopwarden.kernel.log.rotations import Tenure, Window, history_chain
 from loopwarden.kernel.log.seals import parse_envelope
 from loopwarden.kernel.sql.backends import Backend, StoreClosed, Synchronous, first_line
 from loopwarden.kernel.sql.dialect import Connection
@@ -64,7 +66,7 @@ from loopwarden.kernel.store.integrator import (
     integrate_batch,
     pending_count,
 )
-from loopwarden.kernel.store.migrations import migrate
+from loopwarden.kernel.store.migrations import anchor_key_history, migrate
 from loopwarden.kernel.store.reader import PolicyCache, Reader
 from loopwarden.kernel.store.txn import Appended, Txn
 from loopwarden.observe import NOBODY, Observer
@@ -131,6 +133,8 @@ class Store:
     integrator: Integrator | None = field(default=None, init=False)
     # Receipts awaiting leaves past which writes are refused.
     max_pending: int = field(default=MAX_PENDING, init=False)
+    # The last time the key history lets `signer` sign (None: no rotation retired it yet).
+    signs_until: datetime | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.origin = Reader(self.backend.writer).meta("origin") or "loopwarden.local/unknown"
@@ -238,6 +242,12 @@ class Store:
             store = cls(
                 backend, where, signer, trusted, integrity, clock, checkpoint_every, kinds, backlog
             )
+            if key_dir is not None:
+                keys = KeyStore(key_dir)
+                chain = history_chain(keys)
+                if chain.first is not None:
+                    anchor_key_history(backend, keys.statements()[0])
+                store.signs_until = chain.windows.get(signer.key_id, Window()).until
             if check:  # on one snapshot: a writer committing meanwhile cannot skew its counts
                 with type(backend).snapshot(where.target) as conn:
                     startup_check(Reader(conn))
@@ -247,6 +257,28 @@ class Store:
             if isinstance(exc, backend.errors):
                 raise StoreError(f"cannot open the database: {exc}") from None
             raise
+
+    def signer_at(self, at: datetime) -> Signer:
+        """The signer for something dated `at`; `KeyRetired` past the time the key history
+        retired it (`rotations.follow` moves a server on to the new key before then)."""
+        signer, until = self.signer, self.signs_until
+        if until is not None and at > until:
+            raise KeyRetired(
+                f"this server's signing key {signer.key_id} was retired by `keys rotate`: it "
+                f"signs nothing after {format_time(until)}, and the home's new key cannot be "
+                "used here. Nothing was sealed; give this server the rotated key directory "
+                "(or restart it)"
+            )
+        return signer
+
+    def sign_with(self, tenure: Tenure) -> None:
+        """Sign from now on with `tenure`'s signer, until its stated end (`rotations.follow`);
+        the new key's public half joins the keys receipts are verified against."""
+        if tenure.signer.key_id not in self.keyring:
+            self.keyring.add(tenure.signer.public_key)
+        self.signs_until = None  # never a moment with the new key and the old one's end
+        self.signer = tenure.signer
+        self.signs_until = tenure.until
 
     def body_of(self, row: SealedRow) -> ReceiptBody | None:
         """The typed body of a stored receipt, or None where its payload is not one of this

@@ -75,10 +75,11 @@ class Refs(TypedDict, total=False):
 class Sealer(Protocol):
     """What a transaction needs of its store besides the connection (the `Store` is one)."""
 
-    signer: Signer
     origin: str
     checkpoint_every: int
     kinds: Kinds
+
+    def signer_at(self, at: datetime) -> Signer: ...
 
 
 _SEALED = PENDING.names[1:]
@@ -239,7 +240,7 @@ class Txn:
             prev=prev,
             **refs,
         )
-        sealed = seal(body.as_json(), self._store.signer)
+        sealed = seal(body.as_json(), self._store.signer_at(at))
         # The pools' rows before the ticket: of two writes to a pool, the later's tickets then
         # come after the earlier's, so the tree replays pools in the order they were decided
         # (integrator.py). Writes to other pools do not wait.
@@ -374,8 +375,9 @@ class Txn:
 
     def _write_checkpoint(self, size: int, root: bytes) -> str:
         store = self._store
-        note = sign_checkpoint(store.origin, size, root, store.signer)
-        checkpoint = CheckpointRow(size, root, note, store.signer.key_id, self.now)
+        signer = store.signer_at(self.now)
+        note = sign_checkpoint(store.origin, size, root, signer)
+        checkpoint = CheckpointRow(size, root, note, signer.key_id, self.now)
         self.conn.execute(self.dialect.insert_new(CHECKPOINTS), CHECKPOINTS.encode(checkpoint))
         return note
 
