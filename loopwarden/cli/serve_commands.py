@@ -130,6 +130,13 @@ def serve(
         Path | None,
         _given("FILE", "Also serve these downstream MCP servers, governed (an mcpServers file)."),
     ] = None,
+    witness: Annotated[
+        Path | None,
+        _given(
+            "FILE",
+            "Submit every checkpoint to the witnesses of this tlog-policy file (with URLs).",
+        ),
+    ] = None,
     loop: Annotated[
         str | None, _given("ID", "With --gateway: the loop its calls count against.")
     ] = None,
@@ -194,6 +201,9 @@ def _run(settings: Settings) -> None:
         if settings.export is not None:
             export = settings.export
             render.err.print(f"receipts exported to {export.origin} (sink {export.name})")
+        if settings.witnesses is not None:
+            named = ", ".join(settings.witnesses.witnesses)
+            render.err.print(f"checkpoints submitted to the witnesses {named}")
         routes = [hook_route(runtime, security), metrics_route(runtime)]
         mounts = [*routes, dashboard_mount(runtime, security)]
         anyio.run(serve_http, server, settings, sock, mounts, runtime.observer)
@@ -239,6 +249,11 @@ def _settings(flags: dict[str, Any]) -> Settings:
             os.environ,
             flags["export_lease"],
         )
+        witnesses = None
+        if flags["witness"] is not None:
+            from loopwarden.witnesses.witness_policy import load_policy
+
+            witnesses = load_policy(flags["witness"], urls=True)
         servers = None
         if flags["gateway"] is not None:
             from loopwarden.mcp_gateway.servers_file import load_servers
@@ -249,7 +264,12 @@ def _settings(flags: dict[str, Any]) -> Settings:
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE)
     return dataclasses.replace(
-        settings, otel=flags["otel"], export=export, gateway=servers, gateway_loop=flags["loop"]
+        settings,
+        otel=flags["otel"],
+        export=export,
+        gateway=servers,
+        gateway_loop=flags["loop"],
+        witnesses=witnesses,
     )
 
 

@@ -24,6 +24,7 @@ from loopwarden.server.resources import register_resources
 from loopwarden.server.runtime import Runtime
 from loopwarden.server.settings import Settings, url_host
 from loopwarden.server.tools import build_tools
+from loopwarden.witnesses.submitter import Submitter, submitting
 
 INSTRUCTIONS = """\
 loopwarden governs this agent loop. Protocol: quota(loop_id) to check you may run a turn →
@@ -74,7 +75,11 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
             export = settings.export
             store = runtime.require_store()
             sink = None if export is None else WebhookSink(store, export, observer=observer)
-            async with sending(sink):
+            witnesses = settings.witnesses
+            submitter = (
+                None if witnesses is None else Submitter(store, witnesses, observer=observer)
+            )
+            async with sending(sink), submitting(submitter):
                 yield runtime
 
     verifier: TokenVerifier | None = None

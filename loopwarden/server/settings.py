@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from loopwarden.auth.identity import OAuthSettings, checked_url
 from loopwarden.errors import InvalidInput
 from loopwarden.exports.targets import ExportTarget
+from loopwarden.witnesses.witness_policy import WitnessPolicy
 from loopwarden.kernel.sql.backends import Synchronous
 from loopwarden.kernel.sql.location import Location, parse_location
 from loopwarden.kernel.store.homes import DB_NAME, resolve_home, store_source, synchronous_mode
@@ -113,6 +114,7 @@ class Settings:
     approval_webhook: str | None = None  # new approvals are posted here, with their link
     otel: bool = False  # `serve --otel`: export traces even without an OTEL_* endpoint variable
     export: ExportTarget | None = None  # `--export-webhook`: the receipt stream's receiver
+    witnesses: WitnessPolicy | None = None  # `--witness`: the witnesses checkpoints go to
     gateway: ServersFile | None = None  # `--gateway FILE`: downstream MCP servers served too
     gateway_loop: str | None = None  # `--loop`: the loop the gateway serves (over the file's)
 

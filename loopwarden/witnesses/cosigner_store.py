@@ -25,6 +25,7 @@ SCHEMA = (
     "CREATE TABLE IF NOT EXISTS refused (at INTEGER NOT NULL, origin TEXT NOT NULL, "
     "status INTEGER NOT NULL, reason TEXT NOT NULL, request TEXT NOT NULL)",
 )
+STORE_NAME = "witness.db"
 KEEP_REFUSED = 1000  # refused submissions kept (the oldest go first)
 
 

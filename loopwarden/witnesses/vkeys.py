@@ -49,7 +49,7 @@ class VerifierKey:
 def parse_vkey(text: str, *, kind: int | None = None) -> VerifierKey:
     """Parse a vkey; `ValueError` with the reason if it is not one, if its hash does not match
     its name and key, if its type is not an Ed25519 one, or is not `kind` when given."""
-    parts = text.strip().split("+")
+    parts = text.strip().split("+", 2)  # the base64 key may hold a `+` itself
     if len(parts) != 3:
         raise ValueError("a verifier key is NAME+HASH+KEY")
     name, hash_hex, material_b64 = parts

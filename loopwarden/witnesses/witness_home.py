@@ -28,7 +28,7 @@ from loopwarden.witnesses import add_checkpoint
 from loopwarden.witnesses.cosigner import Answer, WitnessService
 from loopwarden.witnesses.cosignatures import Cosigner
 
-KEY_FILE, NAME_FILE, STORE_FILE = "witness.key", "name", "witness.db"
+KEY_FILE, NAME_FILE = "witness.key", "name"
 
 
 def init_witness(directory: Path, name: str) -> Cosigner:

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from loopwarden.errors import InvalidInput
 
 from loopwarden.witnesses.vkeys import COSIGNATURE_V1, ED25519, VerifierKey, parse_vkey
 
@@ -182,3 +185,23 @@ def _threshold(word: str, n: int) -> int:
     if not 1 <= k <= n:
         raise ValueError(f"a threshold of {k} among {n} members (1 <= k <= n)")
     return k
+
+
+def load_policy(path: Path, *, urls: bool = False) -> WitnessPolicy:
+    """The policy in file `path`; `InvalidInput` naming the file and the line at fault. With
+    `urls`, every witness needs its URL and the quorum must count some (`serve --witness`)."""
+    try:
+        policy = parse_policy(path.read_bytes())
+    except OSError as exc:
+        raise InvalidInput(f"cannot read the witness policy {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise InvalidInput(f"the witness policy {path}: {exc}") from None
+    if urls:
+        bare = [w.name for w in policy.witnesses.values() if not w.url]
+        if bare or not policy.witnesses:
+            raise InvalidInput(
+                f"the witness policy {path}: "
+                + (f"witness {bare[0]} has no URL" if bare else "it lists no witness")
+                + " (witness <name> <vkey> <url>: the submission prefix)"
+            )
+    return policy

@@ -38,6 +38,12 @@ def sign_checkpoint(origin: str, size: int, root: bytes, signer: Signer) -> str:
     return f"{body}\n{SIG_PREFIX}{origin} {base64.b64encode(blob).decode('ascii')}\n"
 
 
+def cosigned_note(note: str, lines: list[str]) -> str:
+    """A checkpoint's note with witnesses' cosignature lines (each ending in a newline) after
+    its signatures; a line the note holds already is not added twice."""
+    return note + "".join(line for line in dict.fromkeys(lines) if line not in note)
+
+
 @dataclass(frozen=True)
 class NoteParts:
     """A signed note split as the signed-note spec splits it: the text (ending in a newline)
