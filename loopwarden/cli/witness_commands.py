@@ -101,7 +101,8 @@ def witness_serve(
     """
     import uvicorn
 
-    from loopwarden.server.transports import configure_logging, listen as bind
+    from loopwarden.server.transports import configure_logging
+    from loopwarden.server.transports import listen as bind
     from loopwarden.witnesses.cosigner import WitnessService
     from loopwarden.witnesses.cosigner_store import STORE_NAME, CosignerStore
     from loopwarden.witnesses.vkeys import ED25519, parse_vkey

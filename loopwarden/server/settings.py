@@ -16,12 +16,12 @@ from urllib.parse import urlsplit
 from loopwarden.auth.identity import OAuthSettings, checked_url
 from loopwarden.errors import InvalidInput
 from loopwarden.exports.targets import ExportTarget
-from loopwarden.witnesses.witness_policy import WitnessPolicy
 from loopwarden.kernel.sql.backends import Synchronous
 from loopwarden.kernel.sql.location import Location, parse_location
 from loopwarden.kernel.store.homes import DB_NAME, resolve_home, store_source, synchronous_mode
 from loopwarden.mcp_gateway.servers_file import ServersFile
 from loopwarden.principals import Principal, principal
+from loopwarden.witnesses.witness_policy import WitnessPolicy
 
 SERVE_ROLES = ("agent", "operator")  # an observer speaks through hooks, not tools
 DEFAULT_CHECKPOINT_EVERY = 256

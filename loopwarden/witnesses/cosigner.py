@@ -116,13 +116,13 @@ class WitnessService:
             # The refusal is logged in a transaction of its own (the one that decided rolled
             # back): a checkpoint signed by the log and inconsistent with what was cosigned is
             # the evidence of a fork.
+            answer = refused.answer
+            reason = answer.body.decode()
             self.store.atomically(
-                lambda held: held.refused(
-                    now, origin, refused.answer.status, refused.answer.body.decode(), body.decode()
-                )
+                lambda held: held.refused(now, origin, answer.status, reason, body.decode())
             )
-            log.warning("witness: refused a checkpoint of %s (%s)", origin, refused.answer.body)
-            return refused.answer
+            log.warning("witness: refused a checkpoint of %s (%s)", origin, reason.strip())
+            return answer
         return answer
 
     def checkpoint(self, hashed_origin: str) -> Answer:

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import binascii
 import logging
-import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import anyio
 import httpx2
@@ -37,10 +36,10 @@ import httpx2
 from loopwarden import __version__
 from loopwarden.clock import Clock
 from loopwarden.kernel.log import merkle
-from loopwarden.kernel.log.checkpoints import split_note
+from loopwarden.kernel.log.checkpoints import cosigned_note, split_note
 from loopwarden.kernel.sql.records import CheckpointRow, WitnessRow
 from loopwarden.kernel.store.reader import Reader
-from loopwarden.kernel.store.store import Store
+from loopwarden.kernel.store.store import Store, Txn
 from loopwarden.observe import NOBODY, Observer
 from loopwarden.witnesses import add_checkpoint
 from loopwarden.witnesses.cosignatures import check, matches
@@ -107,8 +106,6 @@ class Submitter:
         self.clock = clock or store.clock
         self.pacing = pacing or Pacing()
         self.witnesses = [w for w in policy.witnesses.values() if w.url]
-        self._retry: dict[str, float] = {}  # by witness name: the current backoff wait
-        self._next: dict[str, datetime] = {}  # by witness name: no attempt before
         self._error: dict[str, str] = {}  # the last failure logged, to log changes only
 
     def _look(self, reader: Reader) -> Look:
@@ -116,13 +113,35 @@ class Submitter:
         rows = {row.vkey: row for row in reader.witness_rows()}
         cosigned: set[str] = set()
         if checkpoint is not None:
-            stored = reader.cosignatures(checkpoint.size)
+            # A stored line counts only if it verifies: a row is no proof (a forged one would
+            # otherwise stop the client from asking the witness for the real cosignature).
+            note = cosigned_note(
+                checkpoint.note, [c.line for c in reader.cosignatures(checkpoint.size)]
+            )
+            parts = split_note(note)
             for witness in self.witnesses:
                 if any(
-                    matches(witness.vkey, c.witness, bytes.fromhex(c.key_hash)) for c in stored
+                    matches(witness.vkey, name, blob)
+                    and check(witness.vkey, parts.text, blob).verified
+                    for name, blob in parts.signatures
                 ):
                     cosigned.add(str(witness.vkey))
         return Look(checkpoint, reader.log_state().size, rows, cosigned)
+
+    def _due(self, witness: Witness, look: Look) -> bool:
+        """Whether `witness` is asked this round: it has not cosigned the latest checkpoint,
+        and the backoff after its last failures (kept in the store, so a restart or another
+        replica keeps to it) has passed: first_retry, doubled per failure, at most
+        longest_retry; after a conflict, longest_retry."""
+        if str(witness.vkey) in look.cosigned:
+            return False
+        row = look.rows.get(str(witness.vkey))
+        if row is None or not row.failures or row.failed_at is None:
+            return True
+        pacing = self.pacing
+        wait = pacing.first_retry * 2 ** min(row.failures - 1, 32)
+        wait = pacing.longest_retry if row.conflict else min(wait, pacing.longest_retry)
+        return self.clock() >= row.failed_at + timedelta(seconds=wait)
 
     async def step(self, http: httpx2.AsyncClient) -> float:
         """One round: sign a checkpoint if one is due, then submit the latest to every witness
@@ -135,20 +154,12 @@ class Submitter:
         checkpoint = look.checkpoint
         if checkpoint is None:
             return self.pacing.poll
-        due = [
-            w
-            for w in self.witnesses
-            if str(w.vkey) not in look.cosigned and self.clock() >= self._next.get(w.name, _EPOCH)
-        ]
+        due = [w for w in self.witnesses if self._due(w, look)]
         async with anyio.create_task_group() as group:
             for witness in due:
                 group.start_soon(self._witness, http, witness, checkpoint, look)
         self._gauge(look)
-        waits = [self._next[w.name] for w in self.witnesses if w.name in self._next]
-        if not waits:
-            return self.pacing.poll
-        soonest = (min(waits) - self.clock()).total_seconds()
-        return min(max(soonest, 0.0), self.pacing.poll)
+        return self.pacing.poll
 
     def _checkpoint_due(self, look: Look) -> bool:
         after = self.pacing.checkpoint_after
@@ -200,9 +211,19 @@ class Submitter:
                 held = add_checkpoint.parse_size(response.content)
             except ValueError:
                 return Outcome("failed", "HTTP 409 without a size")
-            await self.store.write(lambda tx: tx.witnesses.holds(str(witness.vkey), _url(witness), held))
+            await self.store.write(
+                lambda tx: tx.witnesses.holds(str(witness.vkey), _url(witness), held)
+            )
             if held > size:
                 return await self._ahead(witness, held)
+            if held == old == size:  # how a tlog-witness v1.0.0 witness says "another root"
+                return Outcome(
+                    "conflict",
+                    f"holds another tree of size {size} for this log (it answered 409 naming "
+                    "the size submitted)",
+                )
+            if held == old:
+                return Outcome("failed", f"HTTP 409 naming the size submitted ({old})")
             return Outcome("again", str(held))
         if status == 422:
             return Outcome(
@@ -251,11 +272,14 @@ class Submitter:
             self.observer.witnessed(name, cosigned=1)
             if name in self._error:
                 log.warning("witness %s: cosigning again after %s", name, self._error.pop(name))
-            self._retry.pop(name, None)
-            self._next.pop(name, None)
             return
         if outcome.kind == "conflict":
-            new = await self.store.write(lambda tx: tx.witnesses.conflict(vkey, url, outcome.detail))
+
+            def record(tx: Txn) -> bool:
+                tx.witnesses.failed(vkey, url, "conflict")
+                return tx.witnesses.conflict(vkey, url, outcome.detail)
+
+            new = await self.store.write(record)
             self.observer.witnessed(name, conflicts=1)
             if new:
                 log.error(
@@ -265,7 +289,6 @@ class Submitter:
                     checkpoint.size,
                     outcome.detail,
                 )
-            self._backoff(name, longest=True)
             return
         error = outcome.detail or "no answer"
         await self.store.write(lambda tx: tx.witnesses.failed(vkey, url, error))
@@ -273,15 +296,6 @@ class Submitter:
         if self._error.get(name) != error:
             log.warning("witness %s: submission failed (%s); retrying with backoff", name, error)
             self._error[name] = error
-        self._backoff(name)
-
-    def _backoff(self, name: str, *, longest: bool = False) -> None:
-        pacing = self.pacing
-        wait = pacing.longest_retry if longest else self._retry.get(name, 0.0) * 2
-        wait = min(max(wait, pacing.first_retry), pacing.longest_retry)
-        self._retry[name] = wait
-        jittered = random.uniform(wait / 2, wait)  # replicas do not align
-        self._next[name] = self.clock() + timedelta(seconds=jittered)
 
     def _gauge(self, look: Look) -> None:
         """Each witness's lag behind the latest checkpoint, as this round began."""
@@ -315,9 +329,6 @@ async def push_once(store: Store, policy: WitnessPolicy, pacing: Pacing | None =
     timeout = httpx2.Timeout(submitter.pacing.timeout)
     async with httpx2.AsyncClient(timeout=timeout, follow_redirects=False) as http:
         await submitter.step(http)
-
-
-_EPOCH = datetime.fromtimestamp(0).astimezone()
 
 
 def _url(witness: Witness) -> str:

@@ -106,12 +106,12 @@ def check_store(reader: Reader, policy: WitnessPolicy | None, report: Report) ->
     checkpoint, seen = latest
     report.witnesses = _summary(policy, checkpoint.size, seen)
     if not seen.quorum:
-        report.add(FindingCode.WITNESS_QUORUM_MISSING, _missing(policy, checkpoint.size, seen, last_met))
+        report.add(
+            FindingCode.WITNESS_QUORUM_MISSING, _missing(policy, checkpoint.size, seen, last_met)
+        )
 
 
-def _missing(
-    policy: WitnessPolicy, size: int, seen: Vouch, last_met: CheckpointRow | None
-) -> str:
+def _missing(policy: WitnessPolicy, size: int, seen: Vouch, last_met: CheckpointRow | None) -> str:
     have = ", ".join(sorted(seen.cosigned)) or "none"
     since = (
         f"the last checkpoint with the quorum is {last_met.size}: the leaves from "

@@ -25,8 +25,8 @@ from starlette.routing import Route
 
 from loopwarden.errors import KeyFileError
 from loopwarden.witnesses import add_checkpoint
-from loopwarden.witnesses.cosigner import Answer, WitnessService
 from loopwarden.witnesses.cosignatures import Cosigner
+from loopwarden.witnesses.cosigner import Answer, WitnessService
 
 KEY_FILE, NAME_FILE = "witness.key", "name"
 
@@ -55,7 +55,9 @@ def load_cosigner(directory: Path) -> Cosigner:
         seed = base64.b64decode(key_path.read_text().strip(), validate=True)
         name = (directory / NAME_FILE).read_text().strip()
     except (OSError, ValueError) as exc:
-        raise KeyFileError(f"no witness in {directory} ({exc}); run loopwarden witness init") from None
+        raise KeyFileError(
+            f"no witness in {directory} ({exc}); run loopwarden witness init"
+        ) from None
     if mode & 0o077:
         raise KeyFileError(f"the witness key {key_path} is readable by others; chmod 600 it")
     if len(seed) != 32:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loopwarden.errors import InvalidInput
-
 from loopwarden.witnesses.vkeys import COSIGNATURE_V1, ED25519, VerifierKey, parse_vkey
 
 NONE = "none"
@@ -86,10 +85,10 @@ class WitnessPolicy:
         if group is None:
             return name
         n = len(group.members)
-        amount = "all" if group.threshold == n else "any" if group.threshold == 1 else group.threshold
-        inner = ", ".join(
-            f"({self._words(m)})" if m in self.groups else m for m in group.members
+        amount = (
+            "all" if group.threshold == n else "any" if group.threshold == 1 else group.threshold
         )
+        inner = ", ".join(f"({self._words(m)})" if m in self.groups else m for m in group.members)
         return f"{name}: {amount} of {inner}"
 
     def logs_for(self, origin: str) -> list[VerifierKey]:
@@ -98,7 +97,7 @@ class WitnessPolicy:
 
 
 def _check_bytes(data: bytes) -> str:
-    bad = [b for b in data if b < 0x20 and b not in (0x09, 0x0A) or b == 0x7F]
+    bad = [b for b in data if (b < 0x20 and b not in (0x09, 0x0A)) or b == 0x7F]
     if bad:
         raise ValueError(f"the policy holds a control character (0x{bad[0]:02x})")
     # Octets with the high bit set are opaque: kept as they are (surrogates), never interpreted.

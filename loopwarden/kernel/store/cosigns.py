@@ -41,12 +41,14 @@ class WitnessRecords:
 
     def cosigned(self, vkey: str, url: str, size: int, lines: list[tuple[str, str, str]]) -> None:
         """Record that the witness `vkey` cosigned the checkpoint of `size`: its signature
-        lines as `(witness name, key hash hex, line)`; it now holds `size`."""
+        lines as `(witness name, key hash hex, line)`, checked by the caller against the
+        witness's key (a stored line under the same name and key hash is replaced: it did not
+        verify, or the client would not have asked); it now holds `size`."""
         self._row(vkey, url)
         now = self._now()
         for name, key_hash, line in lines:
             row = CosignatureRow(size, name, key_hash, line, now)
-            self.conn.execute(self.dialect.insert_new(COSIGNATURES), COSIGNATURES.encode(row))
+            self.conn.execute(self.dialect.upsert(COSIGNATURES), COSIGNATURES.encode(row))
         self.conn.execute(
             "UPDATE witnesses SET cosigned = ?, url = ?, succeeded_at = ?, error = NULL, "
             "failures = 0 WHERE vkey = ?",
