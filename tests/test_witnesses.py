@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import socket
 import sqlite3
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,18 @@ import anyio
 import httpx2
 import pytest
 from conftest import BUILDER, OPERATOR
-from support import Served, cli, cli_env, free_port, loopwarden, make_policy, wait_listening
+from support import (
+    Served,
+    cli,
+    cli_env,
+    dashboard_url,
+    free_port,
+    loopwarden,
+    make_policy,
+    mint_tokens,
+    running,
+    wait_listening,
+)
 
 from loopwarden.audit.bundles import export_bundle, verify_bundle
 from loopwarden.audit.database import audit
@@ -55,7 +68,7 @@ from loopwarden.witnesses.witness_policy import WitnessPolicy, parse_policy
 pytestmark = pytest.mark.anyio
 
 DB = "loopwarden.db"
-NAMES = ("attack", "rollback", "split", "down", "forged", "honest")
+NAMES = ("attack", "rollback", "split", "down", "forged", "honest", "served")
 POLICY = make_policy(stop={"on_violation": "refuse_turn"})  # a refusal that keeps the loop going
 PACING = Pacing(checkpoint_after=None, timeout=5.0, first_retry=1.0, longest_retry=8.0)
 
@@ -601,3 +614,69 @@ async def test_verify_without_a_policy_says_nothing_outside_vouches_and_the_payl
     checked = bundle_report(bundle, None)
     assert checked.clean and any("nothing outside loopwarden" in n for n in checked.notes)
     await log.store.close()
+
+
+# --- served: the client in `serve --witness`, the alarm on the dashboard and in /metrics -------
+
+
+def wait_until(what: str, done: Any, seconds: float = 120.0) -> Any:
+    """Poll a real server's answer until `done()` is truthy (bounded): the client's round runs
+    in another process, on its own clock."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = done()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+async def test_serve_submits_checkpoints_and_a_conflict_is_an_alarm_on_the_dashboard_and_in_metrics(
+    tmp_path: Path, keys_home: Path, pair: list[RunningWitness]
+) -> None:
+    w2 = pair[1]
+    root = tmp_path / "served"
+    log = await open_log(root / "home", keys_home, "served", ManualClock())
+    await History(log.store).open()
+    await log.store.close()
+    # Before it serves, someone shows W2 another history of this log (its keys, its origin).
+    fork = await open_log(tmp_path / "fork", keys_home, "served", ManualClock())
+    await history(fork.store)
+    await fork.store.checkpoint()
+    await step(fork, policy_text(fork.origin, fork.signer, [w2]))
+    await fork.store.close()
+
+    policy_file = root / "witnesses.policy"
+    policy_file.write_text(policy_text(log.origin, log.signer, pair))
+    with running(root, "--witness", str(policy_file)) as served:
+        [token] = mint_tokens(served.home, [("alice", "operator")]).values()
+        exported = cli("export", "L", "-o", str(root / "b.json"), "--home", str(served.home))
+        assert exported.returncode == 0, exported.stderr  # it signs a checkpoint: size 1
+        base = dashboard_url(served)
+        headers = {"Authorization": f"Bearer {token.token}"}
+
+        def metrics() -> str:
+            return httpx2.get(base + "/metrics", headers=headers, timeout=30).text
+
+        wait_until(
+            "W1's cosignature and W2's conflict in /metrics",
+            lambda: (
+                'loopwarden_witness_cosignatures_total{witness="W1"} 1.0' in metrics()
+                and 'loopwarden_witness_conflicts_total{witness="W2"}' in metrics()
+            ),
+        )
+        with httpx2.Client(base_url=base, follow_redirects=False, timeout=30) as http:
+            form = http.get("/login")
+            nonce = re.search(r'name="csrf" value="([^"]+)"', form.text)
+            assert nonce, form.text
+            http.post("/login", data={"token": token.token, "csrf": nonce.group(1)})
+            page = http.get("/audit").text
+        assert "CONFLICT" in page and "w2.test/witness" in page
+        assert "w1.test/witness" in page and "verifies" in page
+        status = cli("witness", "status", "--home", str(served.home), "--json")
+        assert status.returncode == 3, status.stdout + status.stderr
+        standing = json.loads(status.stdout)
+        assert standing["cosigned_by"] == ["w1.test/witness"]
+    judged = audited(root / "home", auditor_policy(log.origin, log.signer, pair))
+    assert codes(judged) == {"witness_quorum_missing", "witness_conflict"}

@@ -241,13 +241,7 @@ def _read_item(
         )
         return None
     where = {"position": position, "leaf_index": leaf_index}
-    if "tlog_proof" in item and not _same_proof(item["tlog_proof"], leaf_index, proof, parts):
-        report.add(
-            FindingCode.BUNDLE_MALFORMED,
-            f"receipt #{position}'s tlog-proof is not its inclusion proof in the bundle's "
-            "checkpoint",
-            **where,
-        )
+    differs = "tlog_proof" in item and not _same_proof(item["tlog_proof"], leaf_index, proof, parts)
     opened = open_envelope(envelope, parts.keyring)
     if opened.problems:  # one finding, naming every problem of this envelope
         first, *more = (ENVELOPE_PROBLEMS[p] for p in opened.problems)
@@ -261,6 +255,13 @@ def _read_item(
         report.add(
             FindingCode.INCLUSION_INVALID,
             f"receipt #{position} is not in the checkpointed log",
+            **where,
+        )
+    elif differs and not opened.problems and signed.problem is None:  # the tlog-proof edited
+        report.add(
+            FindingCode.BUNDLE_MALFORMED,
+            f"receipt #{position}'s tlog-proof is not its inclusion proof in the bundle's "
+            "checkpoint",
             **where,
         )
     return _Item(envelope, opened, where, altered=bool(opened.problems) or not logged)

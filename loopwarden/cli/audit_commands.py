@@ -124,6 +124,7 @@ def verify(
     Every signature, the receipt schema, each loop's seq/prev chain, the Merkle root against
     every checkpoint and their consistency, every decision judged against the loop's policy,
     every projection rebuilt from its receipts, and the row proofs and MACs the server relies on.
+
     With --witness-policy, which witnesses cosigned the latest checkpoint and whether the quorum
     holds; without, the report says nothing outside loopwarden vouches for the log. A conflict
     a witness answered with fails the audit either way.
@@ -173,7 +174,9 @@ def export(
 
     The loop's envelopes, the public keys, a signed checkpoint with its witnesses'
     cosignatures, and an inclusion proof per receipt (also as a C2SP tlog-proof); anyone can
-    check it with `loopwarden verify-bundle`. With --witness FILE the fresh checkpoint is
+    check it with `loopwarden verify-bundle`.
+
+    With --witness FILE the fresh checkpoint is
     submitted to the witnesses first and carries what they cosign; without, the bundle takes
     the largest checkpoint covering the loop that witnesses have cosigned (a server with
     --witness submits every one), else the fresh one.
@@ -255,8 +258,9 @@ def verify_bundle_cmd(
 
     Needs no database and no server (--home is accepted and ignored). With --key or
     --trusted-keys, a bundle signed by any other key fails; both take what `loopwarden keys
-    export` writes (a key line, its --json document, or a file of either). With
-    --witness-policy, the bundle's checkpoint must carry the policy's quorum of witness
+    export` writes (a key line, its --json document, or a file of either).
+
+    With --witness-policy, the bundle's checkpoint must carry the policy's quorum of witness
     cosignatures (and, if the policy lists logs, be signed by one of them).
     """
     from loopwarden.witnesses.witness_audit import check_bundle

@@ -32,7 +32,7 @@ PolicyFile = Annotated[
 
 
 @app.command("init")
-@shared_options("json")
+@shared_options("home", "json")
 def witness_init(
     directory: WitnessDir,
     name: Annotated[
@@ -41,8 +41,11 @@ def witness_init(
     *,
     options: Options,
 ) -> None:
-    """Make a witness: a new Ed25519 key (0600) under NAME in DIR. Prints its verifier key
-    (the `witness` line of an auditor's policy takes it)."""
+    """Make a witness: a new key under NAME in DIR.
+
+    The key is Ed25519, its file mode 0600. Prints the witness's verifier key, which the
+    `witness` line of an auditor's policy takes. --home is accepted and ignored.
+    """
     from loopwarden.witnesses.witness_home import init_witness
 
     try:
@@ -53,9 +56,12 @@ def witness_init(
 
 
 @app.command("show")
-@shared_options("json")
+@shared_options("home", "json")
 def witness_show(directory: WitnessDir, *, options: Options) -> None:
-    """Print the witness's verifier key (a tlog-cosignature vkey, type 0x04)."""
+    """Print a witness's verifier key.
+
+    A tlog-cosignature vkey (signature type 0x04). --home is accepted and ignored.
+    """
     from loopwarden.witnesses.witness_home import load_cosigner
 
     try:
@@ -80,6 +86,7 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 @app.command("serve")
+@shared_options("home", "json")
 def witness_serve(
     directory: WitnessDir,
     log: Annotated[
@@ -93,11 +100,15 @@ def witness_serve(
     listen: Annotated[
         str, typer.Option(metavar="HOST:PORT", help="Where to serve (port 0: any free one).")
     ] = "127.0.0.1:7380",
+    *,
+    options: Options,
 ) -> None:
-    """Serve a tlog-witness: POST /add-checkpoint, GET /<origin hash>/checkpoint.
+    """Serve a witness (C2SP tlog-witness) from DIR.
 
-    It cosigns a checkpoint of a log it trusts only if the checkpoint is consistent with the
-    latest one it cosigned for that log, and never rolls back. Prints where it listens.
+    POST /add-checkpoint and GET /<sha256 of the origin, hex>/checkpoint. It cosigns a
+    checkpoint of a log it trusts only if the checkpoint is consistent with the latest one it
+    cosigned for that log, and never rolls back. Prints where it listens on stderr (with --json,
+    as a JSON object on stdout). --home is accepted and ignored.
     """
     import uvicorn
 
@@ -122,8 +133,11 @@ def witness_serve(
     service = WitnessService(cosigner, logs, store)
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{bound}"
+    if options.json_out:
+        render.emit_json({"witness": cosigner.name, "url": url, "vkey": str(cosigner.vkey)})
     render.err.print(
-        f"witness {cosigner.name} serving on http://{shown}:{bound} "
+        f"witness {cosigner.name} serving on {url} "
         f"({render.counted(len(logs), 'log')}; vkey {cosigner.vkey})"
     )
     config = uvicorn.Config(witness_app(service), log_level="warning", lifespan="off")
@@ -138,9 +152,9 @@ def witness_serve(
 @app.command("log-key")
 @shared_options("home", "store", "json")
 def witness_log_key(*, options: Options) -> None:
-    """Print this log's verifier key: its origin and active signing key, as a vkey (type 0x01).
+    """Print this log's verifier key, for witnesses and policies.
 
-    A witness trusts the log with it (`witness serve --log VKEY`), and an auditor's policy
+    Its origin and active signing key, as a signed-note vkey (type 0x01). A witness trusts the log with it (`witness serve --log VKEY`), and an auditor's policy
     names the log with it (`log VKEY`).
     """
     from loopwarden.witnesses.vkeys import ED25519, VerifierKey
@@ -188,8 +202,11 @@ def _status(reader: Any) -> dict[str, Any]:
 @app.command("status")
 @shared_options("home", "store", "json")
 def witness_status(*, options: Options) -> None:
-    """Where each witness stands for this log: the size it holds, the last success and error,
-    and any conflict (exit 3 if one is recorded)."""
+    """Show where each witness stands for this log.
+
+    The size it holds, its last success and error, and any conflict (exit 3 if one is
+    recorded: a witness holds a view of this log that the log does not extend).
+    """
     try:
         with admin.open_reader(options.home, store=options.store) as reader:
             status = _status(reader)
@@ -225,8 +242,11 @@ def witness_status(*, options: Options) -> None:
 @app.command("push")
 @shared_options("home", "store", "json")
 def witness_push(policy_file: PolicyFile, *, options: Options) -> None:
-    """Sign a checkpoint of the whole log and submit it to the policy's witnesses now; then
-    print where each stands (exit 3 if a witness answered with a conflict)."""
+    """Submit a fresh checkpoint to the witnesses now.
+
+    Signs a checkpoint of the whole log, submits it to the policy's witnesses (their URLs),
+    and prints where each stands (exit 3 if a witness answered with a conflict).
+    """
     from loopwarden.witnesses.submitter import Pacing, push_once
     from loopwarden.witnesses.witness_policy import load_policy
 
@@ -264,8 +284,11 @@ def witness_clear(
     *,
     options: Options,
 ) -> None:
-    """Clear a witness's recorded conflict, once an operator has found its cause (it is logged
-    and counted still; `verify` stops failing on it)."""
+    """Clear a witness's recorded conflict.
+
+    Once an operator has found its cause: the alarm stays in the logs and the metrics, and
+    `verify` stops failing on it.
+    """
 
     async def action() -> bool:
         async with admin.open_store(options.home, store=options.store, create=False) as opened:

@@ -165,7 +165,10 @@ UPGRADES: dict[int, tuple[Step, ...]] = {
     # batches. On SQLite the integrator runs in the write transaction itself, so a committed
     # store never holds a pending receipt.
     10: (CreateTable(PENDING, 10),),
-    # version 13 (12 is the model gateway's): witnesses (loopwarden/witnesses/). The
+    # version 12 is the model gateway's (its branch): empty here, so that a store upgrades
+    # through it; the gateway's steps take its place when both are merged.
+    12: (),
+    # version 13: witnesses (loopwarden/witnesses/). The
     # cosignatures witnesses returned for the checkpoints, each line as it came, and where each
     # witness stands for this log as the witness client last heard. Nothing to re-derive.
     13: (CreateTable(COSIGNATURES, 13), CreateTable(WITNESSES, 13)),
