@@ -40,7 +40,6 @@ from support import (
     free_port,
     loopwarden,
     make_policy,
-    mint_tokens,
     running,
     wait_listening,
 )
@@ -650,11 +649,16 @@ async def test_serve_submits_checkpoints_and_a_conflict_is_an_alarm_on_the_dashb
     policy_file = root / "witnesses.policy"
     policy_file.write_text(policy_text(log.origin, log.signer, pair))
     with running(root, "--witness", str(policy_file)) as served:
-        [token] = mint_tokens(served.home, [("alice", "operator")]).values()
+        minted = cli(
+            "token", "create", "--agent", "alice", "--role", "operator", "--json",
+            "--home", str(served.home),
+        )  # fmt: skip
+        assert minted.returncode == 0, minted.stderr
+        token = json.loads(minted.stdout)["token"]
         exported = cli("export", "L", "-o", str(root / "b.json"), "--home", str(served.home))
         assert exported.returncode == 0, exported.stderr  # it signs a checkpoint: size 1
         base = dashboard_url(served)
-        headers = {"Authorization": f"Bearer {token.token}"}
+        headers = {"Authorization": f"Bearer {token}"}
 
         def metrics() -> str:
             return httpx2.get(base + "/metrics", headers=headers, timeout=30).text
@@ -670,7 +674,7 @@ async def test_serve_submits_checkpoints_and_a_conflict_is_an_alarm_on_the_dashb
             form = http.get("/login")
             nonce = re.search(r'name="csrf" value="([^"]+)"', form.text)
             assert nonce, form.text
-            http.post("/login", data={"token": token.token, "csrf": nonce.group(1)})
+            http.post("/login", data={"token": token, "csrf": nonce.group(1)})
             page = http.get("/audit").text
         assert "CONFLICT" in page and "w2.test/witness" in page
         assert "w1.test/witness" in page and "verifies" in page
