@@ -383,3 +383,26 @@ def test_a_policy_that_breaks_a_rule_of_the_spec_is_refused(text, why):
     a, b = _vkeys(2)
     with pytest.raises(ValueError, match=why):
         parse_policy(text.format(a, b))
+
+
+# --- a bundle's checkpoint against a policy ----------------------------------------------------
+
+
+def test_a_checkpoint_no_listed_log_signed_is_log_not_in_policy_even_with_the_quorum():
+    from loopwarden.audit.findings import Report
+    from loopwarden.witnesses.witness_audit import check_bundle
+
+    log, other = Signer.generate(), Signer.generate()
+    root = hashlib.sha256(b"r").digest()
+    witness = Cosigner("w.example/1", nacl.signing.SigningKey.generate())
+    note = sign_checkpoint("example.com/log", 4, root, log)
+    note += witness.cosign(checkpoint_body("example.com/log", 4, root), 1_700_000_000)
+    listed = VerifierKey("example.com/log", ED25519, other.public_key)
+    for log_key, expected in ((listed, {"log_not_in_policy"}), (None, set())):
+        policy = parse_policy(
+            (f"log {log_key}\n" if log_key else "") + f"witness W {witness.vkey}\nquorum W\n"
+        )
+        report = Report("bundle", tree_size=4)
+        check_bundle(note, policy, "example.com/log", report)
+        assert {str(f.code) for f in report.findings} == expected
+        assert report.witnesses is not None and report.witnesses["quorum_met"]

@@ -30,6 +30,7 @@ from typing import Any
 
 import anyio
 import httpx2
+import nacl.signing
 import pytest
 from conftest import BUILDER, OPERATOR
 from support import (
@@ -684,3 +685,43 @@ async def test_serve_submits_checkpoints_and_a_conflict_is_an_alarm_on_the_dashb
         assert standing["cosigned_by"] == ["w1.test/witness"]
     judged = audited(root / "home", auditor_policy(log.origin, log.signer, pair))
     assert codes(judged) == {"witness_quorum_missing", "witness_conflict"}
+
+
+# --- the client's reading of answers, against a stand-in witness (no network) -----------------
+
+
+async def test_the_client_stores_no_answer_it_cannot_verify_and_reads_a_v1_0_409_as_a_conflict(
+    tmp_path: Path, keys_home: Path
+) -> None:
+    log = await open_log(tmp_path / "home", keys_home, "honest", ManualClock())
+    await History(log.store).open()
+    await log.store.checkpoint()
+    real = Cosigner("w.test/stand-in", nacl.signing.SigningKey.generate())
+    policy = parse_policy(f"witness S {real.vkey} http://127.0.0.1:9\nquorum S\n")
+    answers: list[httpx2.Response] = []
+
+    def witness(request: httpx2.Request) -> httpx2.Response:
+        return answers.pop(0)
+
+    impostor = Cosigner(real.name, nacl.signing.SigningKey.generate())
+    note = await log.store.read(lambda r: r.latest_checkpoint().note)
+    text = note.split("\n\n")[0] + "\n"
+    answers.append(httpx2.Response(200, content=impostor.cosign(text, 1_767_225_600).encode()))
+    submitter = Submitter(log.store, policy, clock=log.clock, pacing=PACING)
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(witness)) as http:
+        await submitter.step(http)
+        [row] = witness_rows(log).values()
+        assert "no valid cosignature" in (row.error or "") and row.conflict is None
+        with snapshot(log.db) as reader:
+            assert reader.cosignatures() == []
+        # A tlog-witness v1.0.0 witness says "another root at this size" with a 409 naming
+        # the size that was sent.
+        log.clock.advance(PACING.longest_retry)
+        size = (await log.store.read(lambda r: r.latest_checkpoint())).size
+        sized = {"Content-Type": "text/x.tlog.size"}
+        answers.append(httpx2.Response(409, content=f"{size}\n".encode(), headers=sized))
+        answers.append(httpx2.Response(409, content=f"{size}\n".encode(), headers=sized))
+        await submitter.step(http)
+        [row] = witness_rows(log).values()
+        assert row.conflict and "another tree of size" in row.conflict
+    await log.store.close()
