@@ -26,6 +26,7 @@ from bench import (
     kernel,
     mcp_gateway,
     memory,
+    model_gateway,
     pools,
     scale,
     startup,
@@ -50,6 +51,7 @@ FAMILIES = {
     "pools": (pools, 5, 25),
     "fleet": (fleet, 6, 40),
     "mcp_gateway": (mcp_gateway, 30, 60),
+    "model_gateway": (model_gateway, 6, 40),
 }
 BUDGET = {True: 50.0, False: 550.0}  # seconds: quick, full
 MAX_STRETCH = 1.5  # a family never gets more than this times its nominal share

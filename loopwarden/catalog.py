@@ -13,13 +13,20 @@ from loopwarden.hosts.hook import hook
 from loopwarden.journal.listing import journal
 from loopwarden.journal.receipt import receipt
 from loopwarden.kernel.runner.operation import Operation
-from loopwarden.loops.lifecycle import cancel_loop, open_loop, pause_loop, resume_loop
+from loopwarden.loops.lifecycle import (
+    cancel_loop,
+    open_loop,
+    pause_loop,
+    resume_loop,
+    set_policy,
+)
 from loopwarden.mcp_gateway.gateway_ops import (
     gateway_attach,
     gateway_call,
     gateway_outcome,
     gateway_tool_changed,
 )
+from loopwarden.model_gateway.model_ops import model_admit, model_check, model_settle
 from loopwarden.pools.pool_ops import pool_define, pool_pause, pool_resume, pools
 from loopwarden.projection.loop_list import list_loops
 from loopwarden.projection.projection import loop_policy, projection
@@ -47,6 +54,7 @@ OPERATIONS: tuple[Operation[Any, Any], ...] = (
     pause_loop,
     resume_loop,
     cancel_loop,
+    set_policy,
     todo_cancel,
     pool_define,
     pool_pause,
@@ -57,5 +65,8 @@ OPERATIONS: tuple[Operation[Any, Any], ...] = (
     gateway_outcome,
     gateway_attach,
     gateway_tool_changed,
+    model_check,
+    model_admit,
+    model_settle,
 )
 TOOLS: tuple[Operation[Any, Any], ...] = tuple(op for op in OPERATIONS if op.tool)

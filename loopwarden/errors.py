@@ -7,6 +7,8 @@ server turns these into MCP tool errors. A policy refusal is never an exception:
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -27,12 +29,31 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+_PREFIXED_ID = re.compile(r"^\^([a-z]+)-\[0-9a-f\]\{(\d+)\}\$$")
+
+
+def _pattern_help(error: Mapping[str, Any]) -> str | None:
+    """A person's words for a value that does not have the form an id must have (never the
+    regular expression itself)."""
+    pattern = str((error.get("ctx") or {}).get("pattern", ""))
+    prefixed = _PREFIXED_ID.match(pattern)
+    if prefixed:
+        prefix, digits = prefixed.groups()
+        return f"not an id of this kind: one is '{prefix}-' followed by {digits} hex digits"
+    if pattern.startswith("^[A-Za-z0-9][A-Za-z0-9_.-]"):
+        return "use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+    if pattern.startswith("^sha256:"):
+        return "a digest is 'sha256:' followed by 64 hex digits"
+    return None
+
+
 def describe_validation(exc: ValidationError) -> str:
     """`field: reason` per problem on one line, without pydantic's URLs or input echoes."""
     parts = []
     for error in exc.errors(include_url=False)[:10]:
         where = clip(".".join(str(p) for p in error["loc"]) or "arguments")
-        parts.append(f"{where}: {clip(error['msg'].removeprefix('Value error, '), 200)}")
+        said = _pattern_help(error) if error["type"] == "string_pattern_mismatch" else None
+        parts.append(f"{where}: {said or clip(error['msg'].removeprefix('Value error, '), 200)}")
     return one_line("; ".join(parts))
 
 
@@ -85,6 +106,11 @@ class IntegrityError(StoreError, code="integrity_error"):
 class StoreUnavailable(StoreError, code="store_unavailable"):
     """The store cannot take the request now (starting, stopping, closed, or its connection
     lost before the write committed): nothing was written; retry."""
+
+
+class StoreMissing(StoreError, code="store_missing"):
+    """There is no store where the server was told to find one (a mistyped home): said to the
+    caller as it is (it names only the server's own configuration), never made empty."""
 
 
 class StoreBusy(StoreError, code="store_busy"):

@@ -13,6 +13,7 @@ from loopwarden.kernel.runner import request_kinds
 from loopwarden.kernel.state.registry import Kinds
 from loopwarden.loops import loop_kinds
 from loopwarden.mcp_gateway import gateway_kinds
+from loopwarden.model_gateway import model_kinds
 from loopwarden.pools import pool_kinds
 from loopwarden.todos import todo_kinds
 from loopwarden.turns import turn_kinds
@@ -25,6 +26,7 @@ KINDS = Kinds(
     request_kinds.SPECS,
     host_kinds.SPECS,
     pool_kinds.SPECS,
+    model_kinds.SPECS,
     gateway_kinds.SPECS,
 )
 """Every receipt kind's spec: what stores build and fold receipts by, and audits judge by."""

@@ -298,7 +298,8 @@ def mint_tokens(
     runner = CliRunner()
     minted = {}
     for agent, role in specs:
-        result = runner.invoke(
+        result = off_loop(
+            runner.invoke,
             app,
             [
                 *("token", "create", "--agent", agent, "--role", role, "--json"),
@@ -319,7 +320,17 @@ def run_cli_app(*args: str) -> Any:
 
     from loopwarden.cli.root import app
 
-    return CliRunner().invoke(app, list(args))
+    return off_loop(CliRunner().invoke, app, list(args))
+
+
+def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` on a thread of its own: the CLI runs its own event loop (`anyio.run`), which
+    refuses to start on a thread where one is running (a test's, or an async module fixture's
+    that the anyio plugin keeps going; with `sniffio` installed anyio sees it there too)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
 
 
 # --- MCP clients -----------------------------------------------------------------------------

@@ -878,7 +878,9 @@ def test_token_create_prints_the_token_once_and_list_never_shows_it(home):
     listed = ok_json(f"token list --home {home}")
     assert set(listed) == {"tokens"}
     for item in listed["tokens"]:
-        assert set(item) == {"token_id", "agent", "role", "created_at", "revoked_at", "expires_at"}
+        assert set(item) == {
+            "token_id", "agent", "role", "created_at", "revoked_at", "expires_at", "loop_id"
+        }  # fmt: skip
         assert item["revoked_at"] is None and item["expires_at"] is None
     assert {t["agent"] for t in listed["tokens"]} == {"builder", "ops"}
     human = cli(f"token list --home {home}")
@@ -1815,3 +1817,36 @@ def test_times_print_in_the_one_utc_form_in_json_and_in_text(home, loop, two_pen
     assert re.fullmatch(stamp, made["expires_at"])
     (token,) = ok_json(f"token list --home {home}")["tokens"]
     assert all(re.fullmatch(stamp, token[k]) for k in ("created_at", "expires_at"))
+
+
+# --- messages a person can act on ------------------------------------------------------------
+
+
+def test_a_malformed_id_is_described_not_shown_as_a_regular_expression(home, loop):
+    result = cli(f"approve appr-nope --home {home}")
+    said = one_line(result.stderr)
+    assert result.exit_code == 2 and "'appr-' followed by 20 hex digits" in said
+    assert "^appr" not in said and "{20}" not in said
+
+
+def test_a_mistyped_pool_name_gets_the_pools_it_may_mean(home):
+    assert cli(f"pool create team --max-turns 5 --home {home}").exit_code == 0
+    result = cli(f"pool show tema --home {home}")
+    assert result.exit_code == 1 and "did you mean 'team'?" in one_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('agents = ["a"]\n[budgets]\nmax_turn = 3\n', "budgets.max_turn: unknown key (did you mean 'max_turns'?)"),
+        ('agents = ["a"]\n[budgets]\nmax_turns = 3\n[tool]\nallow = []\n', "tool: unknown key (did you mean 'tools'?)"),
+        ('agents = ["a"]\n[budgets]\nmax_turns = 3\n\n[tools]\nallow = ["fs.read"\ndeny = []\n\n[stop]\n',
+         "the one opened at line 6 is not closed"),
+    ],
+    ids=["a-budget-key", "a-section", "an-unclosed-array"],
+)  # fmt: skip
+def test_a_policy_mistake_is_reported_where_it_is_with_what_was_meant(tmp_path, text, said):
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    result = cli(f"policy check {path}")
+    assert result.exit_code == 2 and said in one_line(result.stderr)

@@ -658,7 +658,7 @@ async def test_a_paused_loop_asks_the_operator_to_resume_it_before_any_approval(
     await pause_loop(store, OPERATOR, {"loop_id": "held", "reason": "freeze"})
     state = await projection(store, OPERATOR, {"loop_id": "held"})
     assert (state.attention.who, state.attention.why) == ("human", "the loop is paused")
-    assert state.next_action == "operator: resume the loop (1 approval(s) also await a decision)"
+    assert state.next_action == "operator: resume the loop (and 1 approval awaits a decision)"
     history = await Histories().get(store, OPERATOR, "held", state.head.seq)
     assert history.control is not None
     assert (history.control.kind, history.control.reason) == ("loop.paused", "freeze")
@@ -690,3 +690,30 @@ async def test_a_loop_page_lists_the_pools_its_policy_names_and_those_its_agents
         "bound",
         "other",
     ]
+
+
+async def test_a_loop_page_shows_approved_approvals_its_live_turns_may_still_use(server, tokens):
+    """An approval the operator granted stays on the loop's page until its turn uses it."""
+    from loopwarden.approvals.approval_ops import ApprovalRequest
+    from loopwarden.clients.agent import AgentClient
+    from loopwarden.turns.claim import ClaimRequest
+
+    open_by_cli(server, "granted")
+    async with AgentClient.stdio("builder", server.home) as agent:
+        turn = await agent.call(claim, ClaimRequest(loop_id="granted"))
+        assert turn.granted, turn.reasons
+        asked = await agent.call(
+            request_approval,
+            ApprovalRequest(
+                turn_id=turn.turn_id,
+                fence=turn.fence,
+                tool="deploy.stage",
+                summary="ship to staging",
+            ),
+        )
+    approved = cli("approve", asked.approval_id, "--home", str(server.home))
+    assert approved.returncode == 0, approved.stderr
+    with client(server) as http:
+        sign_in(http, tokens["alice"].token)
+        page = http.get("/loops/granted").text
+    assert "Approved, not yet used (1)" in page and asked.approval_id in page

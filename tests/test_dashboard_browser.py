@@ -589,7 +589,10 @@ async def test_a_loop_page_says_how_it_ended_who_paused_it_and_draws_only_used_b
         paused = await page.locator("#paused-by").inner_text()
         assert "alice" in paused and "waiting for the freeze to end" in paused, paused
         attention = await page.locator("#attention").inner_text()
-        assert "paused" in attention and "approval(s) await" not in attention, attention
+        # The pause comes first (the operator must resume); the waiting approval is named after.
+        assert attention.index("paused") < attention.index("1 approval awaits a decision"), (
+            attention
+        )
         await shoot(page, "loop-paused")
 
 

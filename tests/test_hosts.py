@@ -109,8 +109,11 @@ async def test_only_loopwardens_own_tools_under_its_installed_server_name_pass(s
         assert denied((await say(store, mcp(own)))[1]) is None
     assert await kinds(store) == ["loop.opened", "host.attached"], "own tools: unrecorded"
     for other in ("mcp__loopwarden__exec_shell", "mcp__loopwarden__Bash",
-                  "mcp__loopwarden__x__claim", "mcp__loopwardenx__claim"):  # fmt: skip
+                  "mcp__loopwarden__x__claim"):  # fmt: skip
         assert "claim a turn first" in denied((await say(store, mcp(other)))[1]), other
+    # An own tool's name under another server name is refused with the way to install for it.
+    elsewhere = denied((await say(store, mcp("mcp__loopwardenx__claim")))[1])
+    assert "server name 'loopwardenx'" in elsewhere and "--server-name loopwardenx" in elsewhere
     assert await kinds(store) == ["loop.opened", "host.attached"] + ["tool.refused"] * 4
 
     async def under(servers: list[str], tool: str) -> str | None:

@@ -42,11 +42,14 @@ def test_the_kind_sets_are_the_registrys_flags():
         ReceiptKind.REQUEST_REFUSED,
         ReceiptKind.TURN_REFUSED,
         ReceiptKind.TOOL_REFUSED,
+        ReceiptKind.MODEL_REFUSED,
     } == KINDS.refusals
     assert {k for k in ReceiptKind if k.startswith(("host.", "tool."))} == KINDS.host_kinds
-    assert KINDS.refusals | {ReceiptKind.TOOL_OBSERVED, ReceiptKind.MCP_TOOL_CHANGED} == (
-        KINDS.after_close
-    )
+    assert KINDS.refusals | {
+        ReceiptKind.TOOL_OBSERVED,
+        ReceiptKind.MCP_TOOL_CHANGED,
+        ReceiptKind.MODEL_CALLED,
+    } == (KINDS.after_close)
 
 
 def test_a_body_of_each_kind_carries_that_kinds_data_model_only():

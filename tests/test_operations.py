@@ -643,6 +643,33 @@ async def test_approved_approval_admits_the_tool_once_and_is_consumed(store):
     assert not reused.accepted and "approval_invalid" in codes(reused)
 
 
+async def test_an_approval_of_this_turn_counts_without_being_cited(store):
+    """The operator approved deploy.prod for this very turn; the report forgets to cite it: it
+    is found, consumed and recorded as found (the loop does not stop), and the audit agrees."""
+    await open_test_loop(store, make_policy())  # on_violation = stop_loop, the default
+    first = granted(await claim_as(store, BUILDER))
+    approval = await _approve(store, first)
+    result = await report(store, BUILDER, first, tools={"deploy.prod": 1})
+    assert result.accepted and result.status == "active", result.reasons
+    assert (await view(store)).approvals[approval].status == "consumed"
+    sealed = await store.read(lambda r: r.receipt_by_id(result.receipt_id))
+    assert store.body_of(sealed).data.approvals_found == (approval,)
+    report_ = await store.read(lambda r: audit(r, store.keyring, workers=0))
+    assert report_.findings == [], [f.as_dict() for f in report_.findings]
+
+
+async def test_an_uncited_approval_is_used_only_for_the_tool_it_approves(store):
+    await open_test_loop(store, GATED)
+    first = granted(await claim_as(store, BUILDER))
+    approval = await _approve(store, first, tool="deploy.staging")
+    result = await report(store, BUILDER, first, tools={"deploy.prod": 1})
+    assert not result.accepted and codes(result) == {"approval_required"}
+    assert (await view(store)).approvals[approval].status == "approved"  # not consumed
+    unrelated = await report(store, BUILDER, granted(await claim_as(store, BUILDER)), "progress")
+    sealed = await store.read(lambda r: r.receipt_by_id(unrelated.receipt_id))
+    assert store.body_of(sealed).data.approvals_found is None
+
+
 async def test_approval_is_bound_to_the_turn_that_requested_it(store):
     await open_test_loop(store, GATED, ["a"])
     first = granted(await claim_as(store, BUILDER))

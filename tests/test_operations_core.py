@@ -44,8 +44,9 @@ RELEASE_0_1_0 = Path(__file__).parent / "fixtures" / "release-0.1.0"
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
 
-def _server(home: Path, who: str = "builder", role: str = "agent") -> Any:
-    return build_server(Settings.create(home=home, agent=who, role=role), clock=ManualClock())
+def _server(home: Path, who: str = "builder", role: str = "agent", store: str | None = None) -> Any:
+    settings = Settings.create(home=home, agent=who, role=role, store=store)
+    return build_server(settings, clock=ManualClock())
 
 
 async def test_every_tool_schema_is_its_operations_request_and_result_model(home):
@@ -111,7 +112,7 @@ async def test_errors_carry_their_code_to_the_typed_client(home, store):
     await open_loop(
         store, OPERATOR, OpenLoopRequest(objective="o", policy=BASIC_POLICY, loop_id="L1")
     )
-    async with AgentClient.connect(_server(home)) as agent:
+    async with AgentClient.connect(_server(home, store=store.location.url)) as agent:
         with pytest.raises(ToolCallError) as missing:
             await agent.quota("L9")
         assert (missing.value.code, missing.value.message) == ("not_found", "no loop with id 'L9'")

@@ -1105,6 +1105,7 @@ SCALAR_CHANGES = [
     ("tools", "arguments", [{"tool": "mcp.fs.*", "argument": "path", "under": ["/srv"]}]),
     (None, "observe", {"mode": "record"}),
     (None, "pools", ["team-a"]),
+    (None, "model", {"allow": ["claude-*"]}),
     (None, "gateway", {"pin": "first_sight"}),
 ]
 

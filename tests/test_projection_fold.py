@@ -36,6 +36,7 @@ from loopwarden.kernel.log.keys import KeyStore
 from loopwarden.kernel.log.seals import open_envelope
 from loopwarden.kernel.state.events import (
     Evidence,
+    ModelSpend,
     ReceiptBody,
     ToolUse,
     TurnRefused,
@@ -48,9 +49,13 @@ from loopwarden.kinds import KINDS
 from loopwarden.loops.lifecycle import (
     LoopControlRequest,
     OpenLoopRequest,
+    SetPolicyRequest,
     TodoInput,
     open_loop,
+    set_policy,
 )
+from loopwarden.mcp_gateway.gateway_ops import GatewayChange, gateway_tool_changed
+from loopwarden.model_gateway.model_ops import model_admit, model_settle
 from loopwarden.pools.pool_ops import (
     PoolControlRequest,
     PoolDefineRequest,
@@ -72,6 +77,32 @@ MICRO = 1_000_000
 
 
 # --- the fold check --------------------------------------------------------------------------
+
+
+def _settled(loop_id: str) -> Any:
+    from loopwarden.model_gateway.model_kinds import ModelPrice
+    from loopwarden.model_gateway.model_ops import SettleRequest
+
+    price = ModelPrice(
+        key="claude-sonnet-4-5", input=3.0, output=15.0, cache_write=3.75, cache_read=0.3
+    )
+    usage = ModelSpend(model_calls=1, input_tokens=1000, output_tokens=100, cache_read_tokens=500)
+    usage = usage.model_copy(update={"cost_usd": price.cost_micros(usage) / 1e6})
+    return SettleRequest(
+        loop_id=loop_id, provider="anthropic", api="messages", model="claude-sonnet-4-5",
+        stream=True, request_digest="sha256:" + "3" * 64, status=200, outcome="ok", usage=usage,
+        source="provider", price=price, duration_ms=5.0,
+    )  # fmt: skip
+
+
+def _admission(loop_id: str, cost: float) -> Any:
+    from loopwarden.model_gateway.model_ops import AdmitRequest
+
+    return AdmitRequest(
+        loop_id=loop_id, provider="anthropic", api="messages", model="claude-sonnet-4-5",
+        stream=False, request_digest="sha256:" + "4" * 64, priced=True,
+        reserve=ModelSpend(model_calls=1, output_tokens=100, cost_usd=cost),
+    )  # fmt: skip
 
 
 async def fold_check(store: Store, loop_id: str) -> tuple[list[ReceiptBody], LoopView]:
@@ -126,14 +157,21 @@ def assert_counters_are_sums(bodies: list[ReceiptBody], stored: LoopView) -> Non
         charged = isinstance(body.data, TurnReported) or (
             isinstance(body.data, TurnRefused) and body.data.charged
         )
+        if body.kind == "model.called":  # what the gateway observed, charged as it ended
+            spent = data["usage"]
+            for name in ("model_calls", "input_tokens", "output_tokens", "cache_write_tokens",
+                         "cache_read_tokens"):  # fmt: skip
+                expected[name] += spent.get(name, 0)
+            expected["cost_micros"] += round(spent.get("cost_usd", 0) * MICRO)
         if charged:
             assert isinstance(body.data, TurnReport)
             usage = body.data.usage
-            expected["model_calls"] += usage.model_calls
-            expected["input_tokens"] += usage.input_tokens
-            expected["output_tokens"] += usage.output_tokens
+            if body.data.model_observed is None:  # else charged call by call by the gateway
+                expected["model_calls"] += usage.model_calls
+                expected["input_tokens"] += usage.input_tokens
+                expected["output_tokens"] += usage.output_tokens
+                expected["cost_micros"] += round(usage.cost_usd * MICRO)
             expected["tool_calls"] += calls.report(data)
-            expected["cost_micros"] += round(usage.cost_usd * MICRO)
             expected["wall_micros"] += round(usage.wall_seconds * MICRO)
     totals = stored.loop.totals.as_dict()
     assert totals == {name: expected[name] for name in totals}
@@ -371,6 +409,12 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(store, clo
         update(store, BUILDER, _report(v1, "progress", "w1", tools_used=[ToolUse(name="fs.read")])),
     )
     assert reported.accepted and [r.code for r in reported.reasons] == ["tool_unreported"]
+    # The MCP gateway, for the same loop: a downstream tool no longer its pinned description.
+    changed_tool = GatewayChange(
+        loop_id="L4", session_id="g", server="files", tool="read_file",
+        pinned_digest="sha256:" + "3" * 64, seen_digest="sha256:" + "4" * 64,
+    )  # fmt: skip
+    await step("L4", gateway_tool_changed(store, observer, changed_tool))
     cancel = TodoCancelRequest(loop_id="L4", todo_id="b", reason="not needed")
     assert (await step("L4", todo_cancel(store, OPERATOR, cancel))).todo_status == "cancelled"
 
@@ -390,6 +434,30 @@ async def test_fold_equals_stored_after_every_operation_of_a_scenario(store, clo
     )
     x1 = await step("L5", claim(store, BUILDER, req("L5")))
     await step("L5", update(store, BUILDER, _report(x1, "completed", "p1")))
+
+    # L6: the model gateway: calls charged in and outside a turn, one refused, the report.
+    modelled = make_policy(
+        agents=["builder"], budgets={"max_turns": 20, "max_cost_usd": 1.0},
+        model={"allow": ["claude-*"]}, observe={"mode": "record"},
+    )  # fmt: skip
+    await step(
+        "L6",
+        open_loop(
+            store, OPERATOR, OpenLoopRequest(objective="o", policy=modelled, todos=todos, loop_id="L6")
+        ),
+    )  # fmt: skip
+    gateway = Principal(id="builder", role="observer")
+    await step("L6", model_settle(store, gateway, _settled("L6")))  # outside a turn
+    y1 = await step("L6", claim(store, BUILDER, req("L6")))
+    await step("L6", model_settle(store, gateway, _settled("L6")))  # in the turn
+    refused = await step("L6", model_admit(store, gateway, _admission("L6", cost=2.0)))
+    assert not refused.admitted and refused.receipt_id is not None
+    await step("L6", update(store, BUILDER, _report(y1, "progress", "m1")))
+    wider = {**pooled, "budgets": {**pooled["budgets"], "max_turns": 30}}
+    changed = SetPolicyRequest(loop_id="L5", policy=wider, reason="more turns")
+    assert (await step("L5", set_policy(store, OPERATOR, changed))).changed
+    x2 = await step("L5", claim(store, BUILDER, req("L5")))
+    await step("L5", update(store, BUILDER, _report(x2, "progress", "p2")))
     seen.update(
         await store.read(lambda r: [j.kind for j in r.iter_journal() if j.loop_id == "pool:team"])
     )

@@ -31,6 +31,7 @@ from support import (
     Token,
     cli,
     cli_env,
+    cli_open_loop,
     connect_http,
     db_bytes,
     initialize_request,
@@ -703,7 +704,9 @@ async def test_foreign_origins_get_403(debug_server, origin):
 def raw_stdio_session(home: Path, lines: list[bytes], expect: set[int]) -> dict[int, Any]:
     """Send raw lines to `loopwarden serve` over stdio (after a proper handshake) and collect the
     answers until every id in `expect` is answered (bounded). Every byte on stdout must be
-    JSON-RPC."""
+    JSON-RPC. The home gets a store (with another loop): an agent's server answers only
+    `store_missing` in a home without one."""
+    cli_open_loop(home, "other-loop", BASIC_POLICY)
     handshake = [
         json.dumps(initialize_request("raw", request_id=0)).encode(),
         b'{"jsonrpc":"2.0","method":"notifications/initialized"}',

@@ -201,7 +201,7 @@ async def test_serve_writes_only_json_rpc_to_stdout(home):
     assert by_id[1]["result"]["serverInfo"]["name"] == "loopwarden"
     assert len(by_id[2]["result"]["tools"]) == 10
     assert by_id[3]["result"]["isError"] is True
-    assert "not_found" in by_id[3]["result"]["content"][0]["text"]
+    assert "store_missing" in by_id[3]["result"]["content"][0]["text"]  # no store in that home
 
 
 def test_serve_without_an_agent_exits_2_with_a_message_on_stderr_only(home):
@@ -211,3 +211,18 @@ def test_serve_without_an_agent_exits_2_with_a_message_on_stderr_only(home):
     message = " ".join(done.stderr.split())
     assert "--agent" in message and "LOOPWARDEN_AGENT" in message
     assert "Traceback" not in done.stderr
+
+
+async def test_serve_on_a_home_without_a_store_makes_none_and_says_so_to_the_agent(tmp_path):
+    """A mistyped home: no empty store is made (nor keys), and every call names the problem
+    instead of answering each loop `not_found`."""
+    from loopwarden.clients.agent import AgentClient, ToolCallError
+
+    home = tmp_path / "mistyped"
+    async with AgentClient.stdio("builder", home) as agent:
+        with pytest.raises(ToolCallError) as refused:
+            await agent.quota("L1")
+    assert refused.value.code == "store_missing"
+    assert "there is no loopwarden store" in refused.value.message
+    assert "loopwarden loop open --home" in refused.value.message
+    assert not (home / "loopwarden.db").exists() and not (home / "keys").exists()

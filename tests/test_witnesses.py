@@ -35,12 +35,12 @@ import pytest
 from conftest import BUILDER, OPERATOR
 from support import (
     Served,
-    cli,
     cli_env,
     dashboard_url,
     free_port,
     loopwarden,
     make_policy,
+    run_cli_app,
     running,
     wait_listening,
 )
@@ -101,13 +101,19 @@ def _log_vkeys(keys_home: Path) -> list[str]:
     return [str(VerifierKey(origin_of(n), ED25519, signer.public_key)) for n in NAMES]
 
 
-def start_witness(directory: Path, keys_home: Path, port: int | None = None) -> RunningWitness:
-    """`loopwarden witness serve DIR` on loopback, trusting the tests' log keys."""
+def init_witness(directory: Path, name: str) -> None:
+    """`loopwarden witness init DIR --name NAME`, in-process."""
+    done = run_cli_app("witness", "init", str(directory), "--name", name)
+    assert done.exit_code == 0, done.output
+
+
+def spawn_witness(directory: Path, keys_home: Path, port: int | None = None) -> RunningWitness:
+    """`loopwarden witness serve DIR` on loopback, trusting the tests' log keys (not yet
+    listening: `wait_listening`)."""
     port = port or free_port()
     name = directory.name
     if not (directory / "witness.key").exists():
-        done = cli("witness", "init", str(directory), "--name", f"{name}.test/witness")
-        assert done.returncode == 0, done.stderr
+        init_witness(directory, f"{name}.test/witness")
     log = directory.parent / f"{name}-{port}.log"
     logs = [arg for vkey in _log_vkeys(keys_home) for arg in ("--log", vkey)]
     with log.open("wb") as sink:
@@ -119,8 +125,14 @@ def start_witness(directory: Path, keys_home: Path, port: int | None = None) -> 
             env=cli_env(),
         )
     served = Served(process, f"http://127.0.0.1:{port}", directory, log)
-    wait_listening(served, port)
     return RunningWitness(directory, port, served, name)
+
+
+def start_witness(directory: Path, keys_home: Path, port: int | None = None) -> RunningWitness:
+    """`loopwarden witness serve DIR` on loopback, listening."""
+    witness = spawn_witness(directory, keys_home, port)
+    wait_listening(witness.served, witness.port)
+    return witness
 
 
 def stop_witness(witness: RunningWitness) -> None:
@@ -148,8 +160,10 @@ def pair(
     root = tmp_path_factory.mktemp("witnesses")
     started: list[RunningWitness] = []
     try:
-        for name in ("w1", "w2"):
-            started.append(start_witness(root / name, keys_home))
+        for name in ("w1", "w2"):  # both start at once: the wait is one process start
+            started.append(spawn_witness(root / name, keys_home))
+        for witness in started:
+            wait_listening(witness.served, witness.port)
         yield started
     finally:
         for witness in started:
@@ -351,8 +365,8 @@ async def test_a_rewritten_history_is_clean_to_verify_alone_and_refused_by_a_quo
     alone = audited(honest.home, None)
     assert alone.clean, alone.findings
     assert any("nothing outside loopwarden vouches" in note for note in alone.notes)
-    done = cli("verify", "--home", str(honest.home))
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = run_cli_app("verify", "--home", str(honest.home))
+    assert done.exit_code == 0, done.output
 
     # With the auditor's policy: no checkpoint of this history has the quorum.
     judged = audited(honest.home, policy)
@@ -360,8 +374,8 @@ async def test_a_rewritten_history_is_clean_to_verify_alone_and_refused_by_a_quo
     assert "missing W1, W2" in messages(judged, FindingCode.WITNESS_QUORUM_MISSING)
     policy_file = tmp_path / "auditor.policy"
     policy_file.write_text(policy_text(honest.origin, honest.signer, pair, urls=False))
-    done = cli("verify", "--home", str(honest.home), "--witness-policy", str(policy_file))
-    assert done.returncode == 3, done.stdout + done.stderr
+    done = run_cli_app("verify", "--home", str(honest.home), "--witness-policy", str(policy_file))
+    assert done.exit_code == 3, done.output
     assert "witness_quorum_missing" in done.stdout and "missing W1, W2" in done.stdout
 
     # Served on, the rewritten log asks the witnesses to cosign: both refuse, and it grows
@@ -392,10 +406,9 @@ async def test_a_rewritten_history_is_clean_to_verify_alone_and_refused_by_a_quo
     for name, bundle in files.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(bundle))
     for name, expected in (("honest", 0), ("forged", 3)):
-        done = cli(
-            "verify-bundle", str(tmp_path / f"{name}.json"), "--witness-policy", str(policy_file)
-        )
-        assert done.returncode == expected, (name, done.stdout + done.stderr)
+        bundle_file = str(tmp_path / f"{name}.json")
+        done = run_cli_app("verify-bundle", bundle_file, "--witness-policy", str(policy_file))
+        assert done.exit_code == expected, (name, done.output)
     await forged.store.close()
 
 
@@ -484,8 +497,7 @@ async def test_a_witness_down_blocks_no_write_and_the_gap_is_reported_until_it_i
     hanging = Hanging()  # accepts connections and never answers
     down = RunningWitness(tmp_path / "w3", hanging.port, pair[1].served, "w3")
     # The third witness's key exists before it ever runs: the policy names it.
-    done = cli("witness", "init", str(down.directory), "--name", "w3.test/witness")
-    assert done.returncode == 0, done.stderr
+    init_witness(down.directory, "w3.test/witness")
     witnesses = [w1, down]
     operator = policy_text(log.origin, log.signer, witnesses)
     policy = auditor_policy(log.origin, log.signer, witnesses)
@@ -650,14 +662,16 @@ async def test_serve_submits_checkpoints_and_a_conflict_is_an_alarm_on_the_dashb
     policy_file = root / "witnesses.policy"
     policy_file.write_text(policy_text(log.origin, log.signer, pair))
     with running(root, "--witness", str(policy_file)) as served:
-        minted = cli(
+        minted = run_cli_app(
             "token", "create", "--agent", "alice", "--role", "operator", "--json",
             "--home", str(served.home),
         )  # fmt: skip
-        assert minted.returncode == 0, minted.stderr
+        assert minted.exit_code == 0, minted.output
         token = json.loads(minted.stdout)["token"]
-        exported = cli("export", "L", "-o", str(root / "b.json"), "--home", str(served.home))
-        assert exported.returncode == 0, exported.stderr  # it signs a checkpoint: size 1
+        exported = run_cli_app(
+            "export", "L", "-o", str(root / "b.json"), "--home", str(served.home)
+        )
+        assert exported.exit_code == 0, exported.output  # it signs a checkpoint: size 1
         base = dashboard_url(served)
         headers = {"Authorization": f"Bearer {token}"}
 
@@ -679,8 +693,8 @@ async def test_serve_submits_checkpoints_and_a_conflict_is_an_alarm_on_the_dashb
             page = http.get("/audit").text
         assert "CONFLICT" in page and "w2.test/witness" in page
         assert "w1.test/witness" in page and "verifies" in page
-        status = cli("witness", "status", "--home", str(served.home), "--json")
-        assert status.returncode == 3, status.stdout + status.stderr
+        status = run_cli_app("witness", "status", "--home", str(served.home), "--json")
+        assert status.exit_code == 3, status.output
         standing = json.loads(status.stdout)
         assert standing["cosigned_by"] == ["w1.test/witness"]
     judged = audited(root / "home", auditor_policy(log.origin, log.signer, pair))

@@ -87,7 +87,7 @@ def tool_call(call: Call, conversation: Conversation) -> Named:
     raise ScriptError(f"Claude Code has no {call.kind} call")
 
 
-def _events(action: Named | Say) -> tuple[list[tuple[str | None, Any]], str]:
+def _events(action: Named | Say, output: int = 5) -> tuple[list[tuple[str | None, Any]], str]:
     start = {
         "type": "message_start",
         "message": {
@@ -124,7 +124,7 @@ def _events(action: Named | Say) -> tuple[list[tuple[str | None, Any]], str]:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": stop, "stop_sequence": None},
-                "usage": {"output_tokens": 5},
+                "usage": {"output_tokens": output},
             },
         ),
         ("message_stop", {"type": "message_stop"}),
@@ -132,7 +132,7 @@ def _events(action: Named | Say) -> tuple[list[tuple[str | None, Any]], str]:
     return events, summary
 
 
-def _message(action: Named | Say) -> dict[str, Any]:
+def _message(action: Named | Say, output: int = 5) -> dict[str, Any]:
     """The same answer unstreamed (for a request without `stream`)."""
     if isinstance(action, Named):
         block = {"type": "tool_use", "id": f"toolu_{next(_ids):06d}", "name": action.tool}
@@ -143,7 +143,7 @@ def _message(action: Named | Say) -> dict[str, Any]:
     return {
         "id": f"msg_{next(_ids)}", "type": "message", "role": "assistant", "model": MODEL,
         "content": content, "stop_reason": stop, "stop_sequence": None,
-        "usage": {"input_tokens": 10, "output_tokens": 5},
+        "usage": {"input_tokens": 10, "output_tokens": output},
     }  # fmt: skip
 
 
@@ -169,7 +169,7 @@ class ClaudeCode:
         argv = ["claude", "-p", prompt, "--allowedTools", ",".join(allowed)]
         env = {
             "ANTHROPIC_BASE_URL": api_url,
-            "ANTHROPIC_API_KEY": FAKE_KEY,
+            "ANTHROPIC_API_KEY": options.key or FAKE_KEY,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
             "ENABLE_TOOL_SEARCH": "true" if options.tool_search else "false",
@@ -183,9 +183,10 @@ class ClaudeCode:
             if path.startswith("/v1/messages/count_tokens"):
                 return json_reply({"input_tokens": 10}, "count_tokens")
             action = script.next(conversation(body), tool_call)
+            output = script.output_tokens(body.get("max_tokens"))
             if body.get("stream"):
-                events, summary = _events(action)
+                events, summary = _events(action, output)
                 return sse_reply(events, summary)
-            return json_reply(_message(action), "unstreamed message")
+            return json_reply(_message(action, output), "unstreamed message")
 
         return answer

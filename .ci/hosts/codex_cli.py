@@ -144,11 +144,11 @@ def _item(action: Named | Say) -> tuple[dict[str, Any], str]:
     return message, f"message {action.text!r}"
 
 
-def _stream(item: dict[str, Any], summary: str) -> Reply:
+def _stream(item: dict[str, Any], summary: str, output: int = 5) -> Reply:
     response = f"resp_{next(_ids)}"
     usage = {
-        "input_tokens": 10, "input_tokens_details": None, "output_tokens": 5,
-        "output_tokens_details": None, "total_tokens": 15,
+        "input_tokens": 10, "input_tokens_details": None, "output_tokens": output,
+        "output_tokens_details": None, "total_tokens": 10 + output,
     }  # fmt: skip
     return sse_reply(
         [
@@ -192,13 +192,13 @@ class CodexCli:
             "codex", "exec", "--dangerously-bypass-approvals-and-sandbox",
             "--dangerously-bypass-hook-trust", prompt,
         ]  # fmt: skip
-        return argv, {KEY_VARIABLE: FAKE_KEY}
+        return argv, {KEY_VARIABLE: options.key or FAKE_KEY}
 
     def dialect(self, script: Script) -> Dialect:
         def answer(path: str, body: dict[str, Any]) -> Reply:
             if not path.startswith("/v1/responses"):
                 return NOT_FOUND
             item, summary = _item(script.next(conversation(body), tool_call))
-            return _stream(item, summary)
+            return _stream(item, summary, script.output_tokens(body.get("max_output_tokens")))
 
         return answer

@@ -96,12 +96,13 @@ def tool_call(call: Call, conversation: Conversation) -> Named:
     raise ScriptError(f"Gemini CLI has no {call.kind} call in these scenarios")
 
 
-def _candidate(parts: list[dict[str, Any]]) -> dict[str, Any]:
+def _candidate(parts: list[dict[str, Any]], output: int = 5) -> dict[str, Any]:
+    usage = {"promptTokenCount": 10, "candidatesTokenCount": output, "totalTokenCount": 10 + output}
     return {
         "candidates": [
             {"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}
         ],
-        "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15},
+        "usageMetadata": usage,
     }
 
 
@@ -153,24 +154,27 @@ class GeminiCli:
         self, world: World, api_url: str, prompt: str, options: Options
     ) -> tuple[list[str], dict[str, str]]:
         argv = ["gemini", "-p", prompt, "--approval-mode", "yolo"]
-        return argv, {"GOOGLE_GEMINI_BASE_URL": api_url, "GEMINI_API_KEY": FAKE_KEY}
+        return argv, {"GOOGLE_GEMINI_BASE_URL": api_url, "GEMINI_API_KEY": options.key or FAKE_KEY}
 
     def dialect(self, script: Script) -> Dialect:
         def answer(path: str, body: dict[str, Any]) -> Reply:
             if ":countTokens" in path:
                 return json_reply({"totalTokens": 10}, "countTokens")
-            schema = (body.get("generationConfig") or {}).get("responseJsonSchema")
+            config = body.get("generationConfig") or {}
+            schema = config.get("responseJsonSchema")
             if ":generateContent" in path and schema is not None:
                 value = filled(schema)
+                output = script.output_tokens(config.get("maxOutputTokens"))
                 return json_reply(
-                    _candidate([{"text": json.dumps(value)}]),
+                    _candidate([{"text": json.dumps(value)}], output),
                     f"structured {json.dumps(value)[:200]}",
                 )
             if ":streamGenerateContent" not in path and ":generateContent" not in path:
                 return NOT_FOUND
             parts, summary = _parts(script.next(conversation(body), tool_call))
+            output = script.output_tokens(config.get("maxOutputTokens"))
             if ":streamGenerateContent" in path:
-                return sse_reply([(None, _candidate(parts))], summary)
-            return json_reply(_candidate(parts), summary)
+                return sse_reply([(None, _candidate(parts, output))], summary)
+            return json_reply(_candidate(parts, output), summary)
 
         return answer

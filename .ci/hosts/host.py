@@ -13,11 +13,13 @@ from .world import World
 
 @dataclass(frozen=True)
 class Options:
-    """How a scenario wants the host: with its deferred-tool search on (Claude Code), or with
-    subagents' tools allowed."""
+    """How a scenario wants the host: with its deferred-tool search on (Claude Code), with
+    subagents' tools allowed, or through loopwarden's model gateway (with its token as key)."""
 
     tool_search: bool = False
     subagents: bool = False
+    gateway: bool = False  # the host's model calls go through loopwarden's model gateway
+    key: str | None = None  # what the host presents as its API key (the fake's, by default)
 
 
 class Host(Protocol):

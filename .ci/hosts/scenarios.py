@@ -41,6 +41,7 @@ class Outcome:
     memory: Memory
     remote_before: str
     receipts: list[dict[str, Any]]
+    reported: tuple[int, ...] = ()  # the output tokens each of the fake's answers reported
 
 
 Check = Callable[[Outcome], str]
@@ -57,9 +58,11 @@ class Scenario:
     options: Options = field(default_factory=Options)
     needs: str | None = None  # a host feature ("tool_search", "subagent") it cannot run without
     allow: tuple[str, ...] = ("shell.run",)
+    cost: float | None = None  # a max_cost_usd, with model calls allowed through the gateway
+    stops: bool = False  # the host is stopped mid-run (its session may exit non-zero)
 
     def policy(self) -> str:
-        return policy_text(allow=self.allow)
+        return policy_text(allow=self.allow, cost=self.cost)
 
 
 def _reasons(body: dict[str, Any]) -> list[str]:
@@ -264,3 +267,93 @@ SCENARIOS = (
         allow=("shell.run", "agent.spawn", WAIT),
     ),
 )
+
+
+# --- the model gateway (docs/model-gateway.md) ----------------------------------------------------
+
+
+def _model_calls(out: Outcome) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The calls sealed as made, and those the fake upstream answered."""
+    from .gateway import model_requests
+
+    called = [r for r in out.receipts if r["kind"] == "model.called"]
+    return called, model_requests(out.world.logs / "requests.jsonl")
+
+
+def charged_as_upstream(out: Outcome) -> str:
+    """Every call that reached the upstream is sealed, charged the usage the upstream answered:
+    its 10 input tokens, the output tokens it reported, their cost at the table's price."""
+    called, answered = _model_calls(out)
+    if not called:
+        raise Failed("no model call was sealed: the host did not go through the gateway")
+    if len(called) != len(answered):
+        raise Failed(f"the upstream answered {len(answered)} calls, {len(called)} were sealed")
+    outputs = sorted(int(r["data"]["usage"].get("output_tokens", 0)) for r in called)
+    if outputs != sorted(out.reported[: len(called)]) and outputs != sorted(out.reported):
+        raise Failed(
+            f"sealed output tokens {outputs}, the upstream reported {sorted(out.reported)}"
+        )
+    for r in called:
+        usage = r["data"]["usage"]
+        if usage.get("input_tokens") != 10 or r["data"].get("source") != "provider":
+            raise Failed(f"call #{r['seq']} was charged {usage} ({r['data'].get('source')})")
+        if abs(float(usage.get("cost_usd", 0)) - usage["output_tokens"] / 1e6) > 1e-9:
+            raise Failed(f"call #{r['seq']} cost {usage.get('cost_usd')}, not its tokens' price")
+    return f"{len(called)} model calls sealed, each charged the upstream's usage and its price"
+
+
+def stopped_by_budget(out: Outcome) -> str:
+    """The budget stopped the host mid-run: calls went up, then one was refused for the cost
+    budget, the host showed loopwarden's message, and the upstream saw nothing after it."""
+    called, answered = _model_calls(out)
+    refused = [r for r in out.receipts if r["kind"] == "model.refused"]
+    if not called:
+        raise Failed("no call went upstream before the refusal: not stopped mid-run")
+    if not refused or "budget_exhausted:cost_usd" not in _reasons(refused[0]):
+        raise Failed(f"no call was refused for the cost budget ({[_reasons(r) for r in refused]})")
+    if len(answered) != len(called):
+        raise Failed(f"the upstream answered {len(answered)} calls, {len(called)} were admitted")
+    shown = "\n".join(p.read_text() for p in sorted(out.world.logs.glob("session-*.log")))
+    if "loopwarden" not in shown or "cost_usd" not in shown:
+        raise Failed("the host did not show loopwarden's refusal")
+    spent = sum(float(r["data"]["usage"]["cost_usd"]) for r in called)
+    return (
+        f"{len(called)} calls charged ${spent:.4f}, then refused (budget_exhausted:cost_usd), "
+        "the host stopped with loopwarden's message, the upstream saw no call after"
+    )
+
+
+GATEWAY_SCENARIOS = (
+    Scenario(
+        "gateway-charged",
+        ("main",),
+        lambda features: {
+            "main": (
+                claim(LOOP),
+                shell("git status --short"),
+                update({"shell.run": 1}, model_calls=None),
+            )
+        },
+        (script_ran, charged_as_upstream, reported(True), verified),
+        options=Options(gateway=True),
+        cost=1.0,
+    ),
+    Scenario(
+        "gateway-capped",
+        ("main",),
+        lambda features: {
+            "main": (
+                claim(LOOP),
+                shell("git status --short"),
+                shell("git log --oneline -1"),
+                shell("git status --short"),
+                update({"shell.run": 3}, model_calls=None),
+            )
+        },
+        (stopped_by_budget, verified),
+        options=Options(gateway=True),
+        cost=0.0025,
+        stops=True,
+    ),
+)
+SCENARIOS = SCENARIOS + GATEWAY_SCENARIOS

@@ -111,6 +111,18 @@ class Script:
 
     steps: Mapping[str, tuple[Step, ...]]
     memory: Memory = field(default_factory=Memory)
+    # The output tokens every answer reports: 5, or with a cap, the request's own limit up to
+    # the cap (so that a gateway's reservation is exactly what the answer then costs).
+    output_cap: int | None = None
+    reported: list[int] = field(default_factory=list)  # the output tokens each answer reported
+
+    def output_tokens(self, requested: Any) -> int:
+        output = 5
+        if self.output_cap is not None:
+            limit = requested if isinstance(requested, int) and requested > 0 else self.output_cap
+            output = min(limit, self.output_cap)
+        self.reported.append(output)  # list.append is atomic: the fake's threads may race
+        return output
 
     def next(self, conversation: Conversation, resolve: Resolver) -> Named | Say:
         """The model's answer to `conversation`: a call named by `resolve`, or a text (the
@@ -204,9 +216,11 @@ def granted_turn(conversation: Conversation, memory: Memory) -> dict[str, Any]:
     return dict(memory.notes["turn"])
 
 
-def update(used: Mapping[str, int], *, outcome: str = "progress") -> Step:
+def update(
+    used: Mapping[str, int], *, outcome: str = "progress", model_calls: int | None = 1
+) -> Step:
     """Report the turn as having used `used` (policy name → calls): honest or not, the
-    scenario says."""
+    scenario says; `model_calls` None leaves the model usage out (a gateway observed it)."""
 
     def step(conversation: Conversation, memory: Memory) -> Action:
         turn = granted_turn(conversation, memory)
@@ -215,7 +229,8 @@ def update(used: Mapping[str, int], *, outcome: str = "progress") -> Step:
             **turn,
             "outcome": outcome,
             "tools_used": [{"name": name, "count": count} for name, count in used.items()],
-            "usage": {"model_calls": 1, "tool_calls": calls},
+            "usage": {"tool_calls": calls}
+            | ({"model_calls": model_calls} if model_calls is not None else {}),
             "evidence": [{"kind": "log", "summary": "scripted turn"}],
             "summary": f"scripted turn with {calls} tool call(s)",
             "idempotency_key": f"update-{turn['turn_id']}",

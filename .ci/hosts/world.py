@@ -30,9 +30,11 @@ class Failed(Exception):
     """One line saying what failed."""
 
 
-def policy_text(*, allow: tuple[str, ...] = ("shell.run",)) -> str:
-    """The scenarios' policy: host evidence enforced, shell allowed, `git push` denied."""
+def policy_text(*, allow: tuple[str, ...] = ("shell.run",), cost: float | None = None) -> str:
+    """The scenarios' policy: host evidence enforced, shell allowed, `git push` denied; with a
+    `cost` budget, model calls through the gateway allowed and capped at that many dollars."""
     allowed = ", ".join(json.dumps(name) for name in allow)
+    model = "" if cost is None else f'max_cost_usd = {cost}\n\n[model]\nallow = ["*"]\n'
     return f"""agents = ["{AGENT}"]
 
 [tools]
@@ -43,7 +45,7 @@ deny = ["git push*"]
 
 [budgets]
 max_turns = 10
-
+{model}
 [observe]
 mode = "enforce"
 

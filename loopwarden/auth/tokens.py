@@ -18,6 +18,8 @@ from loopwarden.kernel.store.store import Txn
 from loopwarden.principals import Principal
 
 TOKEN_PREFIX = "lw_"
+GATEWAY_TOKEN_PREFIX = "lwm_"
+"""A model gateway token's prefix: no edge but the gateway takes it (they take `lw_` only)."""
 
 
 def token_hash(token: str) -> str:
@@ -50,18 +52,32 @@ class IssuedToken:
     agent: str
     role: str
     expires_at: datetime | None = None
+    loop_id: str | None = None
 
 
-def issue_token(tx: Txn, principal: Principal, lifetime: timedelta | None = None) -> IssuedToken:
+def issue_token(
+    tx: Txn, principal: Principal, lifetime: timedelta | None = None, loop_id: str | None = None
+) -> IssuedToken:
     """Mint a token for `principal` and store its hash. Returns the clear token exactly once.
 
     With a `lifetime` the token expires that long after now: from then on it is refused like a
-    revoked one (and the server closes its sessions)."""
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    revoked one (and the server closes its sessions). With a `loop_id` it is a model gateway
+    token (`model_gateway/credentials.py`): an `observer` for one agent in that one loop, with
+    its own prefix, which every other edge refuses."""
+    prefix = TOKEN_PREFIX
+    if loop_id is not None:
+        if principal.role != "observer":
+            raise ValueError("a token bound to a loop is a model gateway token: role observer")
+        prefix = GATEWAY_TOKEN_PREFIX
+    token = prefix + secrets.token_urlsafe(32)
     hashed = token_hash(token)
     expires_at = tx.now + lifetime if lifetime is not None else None
-    tx.add_token(hashed, token_id_for(hashed), principal.id, principal.role, expires_at)
-    return IssuedToken(token, token_id_for(hashed), principal.id, principal.role, expires_at)
+    tx.add_token(
+        hashed, token_id_for(hashed), principal.id, principal.role, expires_at, loop_id=loop_id
+    )
+    return IssuedToken(
+        token, token_id_for(hashed), principal.id, principal.role, expires_at, loop_id
+    )
 
 
 def revoke_token(tx: Txn, token_id: str) -> None:

@@ -31,6 +31,7 @@ from loopwarden.cli.hook_commands import close_to, loop_problems, place_of, read
 from loopwarden.clients import render
 from loopwarden.hosts.host import Hook, Host, Place, hook_entry_is_ours
 from loopwarden.hosts.install import TOKEN_VARIABLE, settings_path
+from loopwarden.hosts.servers import loopwarden_servers
 
 PROBE_SECONDS = 10.0
 
@@ -204,6 +205,28 @@ class Where:
     settings: Path
 
 
+def _names_check(host: Host, where: Where, found: Installed, home: Path | None) -> Check:
+    """loopwarden's own tools pass under every server name the host runs it by: a name the
+    hooks do not know would have each of its tools (claim included) refused."""
+    lets = list(found.options.get("server_name") or ["loopwarden"])
+    hook_home = Path(found.options["home"]) if found.options.get("home") else home
+    runs = [f.name for f in loopwarden_servers(host.mcp_files, where.place, read_file, hook_home)]
+    missing = [name for name in runs if name not in lets]
+    if missing:
+        flags = " ".join(f"--server-name {name}" for name in dict.fromkeys([*lets, *missing]))
+        return Check(
+            "names",
+            False,
+            f"the host runs loopwarden's server as {', '.join(missing)}, but the hooks let its "
+            f"own tools through only as {', '.join(lets)}: claim and update would be refused",
+            f"loopwarden hook install {host.name} --loop LOOP --agent AGENT {flags}",
+        )
+    if not runs:
+        return Check("names", None, f"no MCP server of {host.title} runs `loopwarden serve` "
+                     f"for this home; the hooks expect the name(s) {', '.join(lets)}")  # fmt: skip
+    return Check("names", True, f"loopwarden's own tools pass as {', '.join(lets)}")
+
+
 def checks(host: Host, where: Where, home: Path | None) -> list[Check]:
     """Every check of an installed set-up, in order; the later ones only once it is found."""
     settings, found = _settings_check(host, where.settings)
@@ -211,6 +234,7 @@ def checks(host: Host, where: Where, home: Path | None) -> list[Check]:
     done = [settings, Check("trust", trust.trusted, trust.detail, trust.fix)]
     if settings.ok is False and not found.events:
         return done
+    done.append(_names_check(host, where, found, home))
     done.append(_command_check(found))
     done += _store_checks(found, home)
     token = _token_check(host, found)

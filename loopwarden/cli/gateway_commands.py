@@ -22,7 +22,6 @@ from loopwarden.cli.common import EXIT_REFUSED, EXIT_USAGE, Options, fail, run, 
 from loopwarden.clients import render
 from loopwarden.clock import system_clock
 from loopwarden.errors import LoopwardenError
-from loopwarden.mcp_gateway.downstream import Downstream, DownstreamError
 from loopwarden.mcp_gateway.pins import Pins, tool_digest
 from loopwarden.mcp_gateway.servers_file import (
     REFERENCE,
@@ -33,6 +32,10 @@ from loopwarden.mcp_gateway.servers_file import (
     load_servers,
     resolve,
 )
+
+TYPE_CHECKING = False  # the MCP client loads only when a command starts a server
+if TYPE_CHECKING:
+    from loopwarden.mcp_gateway.downstream import Downstream
 
 app = typer.Typer(no_args_is_help=True, help="The MCP gateway: servers file, health, tool pins.")
 
@@ -76,8 +79,10 @@ def _references(servers: ServersFile) -> dict[str, list[str]]:
 @app.command("check")
 @shared_options("json", "home")
 def gateway_check(file: ServersPath, *, options: Options) -> None:
-    """Read a servers file: the servers it serves, those it skips and why, the secret references
-    that do not resolve here, and where the pins are kept. Starts nothing.
+    """Check a servers file without starting any server.
+
+    The servers it serves, those it skips and why, the secret references that do not resolve
+    here, and where the pins are kept. Starts nothing.
     """
     servers = _load(file, options.json_out)
     unresolved = _references(servers)
@@ -122,6 +127,8 @@ def gateway_check(file: ServersPath, *, options: Options) -> None:
 
 @asynccontextmanager
 async def _started(servers: ServersFile) -> AsyncIterator[dict[str, Downstream]]:
+    from loopwarden.mcp_gateway.downstream import Downstream  # the MCP client: only here
+
     downstreams = {name: Downstream(server, list_ttl=0) for name, server in servers.servers.items()}
     async with anyio.create_task_group() as group:
         for downstream in downstreams.values():
@@ -136,6 +143,8 @@ async def _started(servers: ServersFile) -> AsyncIterator[dict[str, Downstream]]
 
 async def _survey(servers: ServersFile) -> list[dict[str, Any]]:
     """Each server started and listed: health, and each tool's digest and pin status."""
+    from loopwarden.mcp_gateway.downstream import DownstreamError  # the MCP client
+
     pins = Pins(servers.pins_path)
     report: list[dict[str, Any]] = []
     async with _started(servers) as downstreams:
@@ -173,8 +182,9 @@ async def _survey(servers: ServersFile) -> list[dict[str, Any]]:
 @app.command("status")
 @shared_options("json", "home")
 def gateway_status(file: ServersPath, *, options: Options) -> None:
-    """Start each server of a servers file and list its tools: health, and for each tool
-    whether it is pinned, unpinned (hidden until pinned) or changed (refused until pinned
+    """Start each server and list its tools and their pins.
+
+    Health, and for each tool whether it is pinned, unpinned (hidden until pinned) or changed (refused until pinned
     again). Exit 1 if a server failed or a tool changed.
     """
     servers = _load(file, options.json_out)
@@ -226,8 +236,9 @@ def _wanted(names: list[str] | None, servers: ServersFile) -> dict[str, set[str]
 @app.command("pin")
 @shared_options("json", "home")
 def gateway_pin(file: ServersPath, names: Names = None, *, options: Options) -> None:
-    """Admit tool descriptions as they are now: pin each named tool (every tool of a named
-    server; with no name, every tool of every server) to the digest of its name, description
+    """Pin tool descriptions as they are now.
+
+    Each named tool (every tool of a named server; with no name, every tool of every server) to the digest of its name, description
     and input schema. A tool whose description changes later is refused until pinned again.
     """
     servers = _load(file, options.json_out)
@@ -286,7 +297,7 @@ def gateway_unpin(
     *,
     options: Options,
 ) -> None:
-    """Forget the pins of a server (or one of its tools): hidden until pinned again."""
+    """Forget the pins of a server or one tool (then hidden)."""
     servers = _load(file, options.json_out)
     server, sep, tool = name.partition("__")
     try:
@@ -320,8 +331,9 @@ def gateway_import(
     *,
     options: Options,
 ) -> None:
-    """Make a servers file from a client's MCP config: its servers (not loopwarden itself), each
-    literal env and header value moved to a secret file (0600) and referenced as ${file:…}.
+    """Make a servers file from a client's MCP config.
+
+    Its servers (not loopwarden itself), each literal env and header value moved to a secret file (0600) and referenced as ${file:…}.
     Remove the servers from the client's config afterwards: the client reaches them through
     loopwarden only.
     """

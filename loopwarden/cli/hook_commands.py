@@ -18,8 +18,10 @@ from loopwarden.clients import admin, render
 from loopwarden.errors import LoopwardenError
 from loopwarden.hosts.host import Place, Trust
 from loopwarden.hosts.install import TOKEN_VARIABLE, Target, merged, settings_path
+from loopwarden.hosts.servers import loopwarden_servers
 from loopwarden.kernel.sql.location import STORE_ENV, parse_location
 from loopwarden.kernel.store.homes import home_source
+from loopwarden.policy.lint import unworkable
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -83,11 +85,21 @@ def loop_problems(
     if not policy.admits_agent(agent):
         near = close_to(agent, list(policy.agents))
         problems.append(f"loop {loop_id}'s policy does not admit agent {agent!r}{near}")
+    if loop.status.closed:
+        problems.append(
+            f"loop {loop_id} is {loop.status}: nothing more can be claimed or reported in it; "
+            "point the hooks at an active loop"
+        )
     if policy.observe_mode == "off":
         warnings.append(
             f"loop {loop_id}'s policy has no [observe] mode: its hooks will let every call "
-            'through unrecorded (set mode = "record" or "enforce")'
+            "through unrecorded. To turn them on: `loopwarden loop policy "
+            f'{loop_id} > policy.json`, add "observe": {{"mode": "enforce"}} (and allow the '
+            f'tools the host uses, e.g. "shell.run"; `loopwarden policy check policy.json` '
+            f"says what is missing), then `loopwarden loop set-policy {loop_id} --policy "
+            "policy.json`"
         )
+    warnings += [f"loop {loop_id}'s policy: {note}" for note in unworkable(policy)]
     return problems, warnings
 
 
@@ -131,17 +143,18 @@ def install(
         fail("; ".join(problems), EXIT_USAGE, as_json=json_out, error="not_found")
     if problems:  # the server's store decides; this machine's may be another, or none
         warnings = [f"not checked against the server's store: {problems[0]}"]
+    place = place_of(scope, project)
+    servers, said = server_names(host, place, home_source(home)[0], server_name)
     target = Target(
         host=host,
         loop_id=loop,
         agent=agent,
         program=program(),
         home=home_source(home)[0],
-        servers=tuple(server_name or ("loopwarden",)),
+        servers=servers,
         http=http,
         store=store,
     )
-    place = place_of(scope, project)
     where = settings_path(host, scope, place.project, place.user_home)
     text = json.dumps(_merged_settings(where, target, json_out), indent=2) + "\n"
     if print_only:
@@ -149,7 +162,32 @@ def install(
         return
     _write(where, text)
     trust = hosts.get(host).trust(place, read_file)
-    _report(target, where, trust, warnings + _notes(target), json_out)
+    _report(target, where, trust, [said, *warnings, *_notes(target)], json_out)
+
+
+def server_names(
+    host: str, place: Place, home: Path, given: list[str] | None
+) -> tuple[tuple[str, ...], str]:
+    """The MCP server names whose loopwarden tools the hooks let through, and a line saying
+    where they come from: those given (`--server-name`), else those the host's MCP
+    configuration runs loopwarden under for this home, else `loopwarden`."""
+    if given:
+        return tuple(
+            given
+        ), f"loopwarden's own tools pass under the server name(s) {', '.join(given)}"
+    found = loopwarden_servers(hosts.get(host).mcp_files, place, read_file, home)
+    if found:
+        names = tuple(f.name for f in found)
+        where = ", ".join(sorted({str(f.file) for f in found}))
+        return names, (
+            f"loopwarden's own tools pass under the server name(s) {', '.join(names)}, which "
+            f"run `loopwarden serve` in {where}"
+        )
+    return ("loopwarden",), (
+        f"no MCP server in {hosts.get(host).title}'s configuration runs `loopwarden serve` for "
+        "this home yet: loopwarden's own tools pass under the name 'loopwarden'. Add the server "
+        "under that name, or install again with --server-name NAME once it is added"
+    )
 
 
 def _report(target: Target, where: Path, trust: Trust, warnings: list[str], json_out: bool) -> None:

@@ -1,4 +1,5 @@
-"""`loopwarden loop open | list | show | pause | resume | cancel | cancel-todo`."""
+"""`loopwarden loop open | list | show | policy | set-policy | pause | resume | cancel |
+cancel-todo`."""
 
 from __future__ import annotations
 
@@ -18,10 +19,16 @@ from loopwarden.cli.common import (
 from loopwarden.clients import render
 from loopwarden.errors import InvalidInput, LoopwardenError
 from loopwarden.kernel.runner.operation import Operation
-from loopwarden.loops.lifecycle import cancel_loop, open_loop, pause_loop, resume_loop
+from loopwarden.loops.lifecycle import (
+    cancel_loop,
+    open_loop,
+    pause_loop,
+    resume_loop,
+    set_policy,
+)
 from loopwarden.policy.digest import policy_document
 from loopwarden.projection.loop_list import list_loops
-from loopwarden.projection.projection import projection
+from loopwarden.projection.projection import loop_policy, policy_json, projection
 from loopwarden.todos.todo_ops import todo_cancel
 
 app = typer.Typer(no_args_is_help=True, help="Open, inspect and control loops.")
@@ -143,6 +150,51 @@ def loop_show(loop_id: str, *, options: Options) -> None:
         render.emit_json(result.model_dump(mode="json"))
     else:
         render.projection(result)
+
+
+@app.command("policy")
+@shared_options("home", "store", "json", "as")
+def loop_policy_cmd(loop_id: str, *, options: Options) -> None:
+    """Print a loop's policy (JSON: a file set-policy takes back).
+
+    With --json, also its digest: {"loop_id", "policy_digest", "document"}.
+    """
+    result = options.operate(loop_policy, {"loop_id": loop_id})
+    if options.json_out:
+        render.emit_json(result.model_dump(mode="json"))
+    else:
+        print(policy_json(result))
+
+
+@app.command("set-policy")
+@shared_options("home", "store", "json", "as")
+def loop_set_policy(
+    loop_id: str,
+    policy: Annotated[Path, typer.Option("--policy", help="Policy file (.toml, .yaml, .json).")],
+    reason: Reason = "",
+    *,
+    options: Options,
+) -> None:
+    """Replace a loop's policy (sealed, with both digests).
+
+    Budgets already used carry over; every later call is decided, and every later receipt
+    judged, by the new policy. Check the file first: `loopwarden policy check FILE`.
+    """
+    try:
+        parsed = read_policy_file(policy)
+    except LoopwardenError as exc:
+        fail(exc.message, 2, as_json=options.json_out, error=exc.code)
+    request = {"loop_id": loop_id, "policy": policy_document(parsed), "reason": reason}
+    result = options.operate(set_policy, request)
+    if options.json_out:
+        render.emit_json(result.model_dump(mode="json"))
+    elif not result.changed:
+        render.console.print(f"loop {result.loop_id} already has this policy; nothing was sealed")
+    else:
+        render.console.print(
+            f"loop {result.loop_id} now has policy {result.policy_digest[:19]}… (was "
+            f"{result.previous_digest[:19]}…; receipt {result.receipt_id})"
+        )
 
 
 def _control(op: Operation[Any, Any], doc: str) -> Any:

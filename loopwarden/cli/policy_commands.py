@@ -22,7 +22,7 @@ from loopwarden.errors import LoopwardenError
 from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.evaluate import ToolVerdict, rule_set
 from loopwarden.policy.evaluate import explain as explain_tool
-from loopwarden.policy.lint import case_near_misses, command_rule_notes
+from loopwarden.policy.lint import policy_notes
 from loopwarden.policy.loader import parse_policy, policy_schema
 from loopwarden.policy.model import LoopPolicy
 
@@ -88,13 +88,7 @@ def policy_check(file: Path, *, options: Options) -> None:
     """
     policy = _load(file, options.json_out)
     digest = policy_digest(policy)
-    notes = []
-    if not policy.agents:
-        notes.append("no agents are allowed: nobody can claim a turn")
-    if not policy.tools.allow and not policy.tools.approval:
-        notes.append("no tool is allowed: every reported tool use will be refused")
-    notes += case_near_misses(policy)
-    notes += command_rule_notes(policy)
+    notes = policy_notes(policy)
     if options.json_out:
         render.emit_json(
             {"valid": True, "digest": digest, "notes": notes, "policy": policy_document(policy)}
@@ -139,7 +133,7 @@ def policy_explain(
     *,
     options: Options,
 ) -> None:
-    """Classify tools, judge a call's arguments, or judge shell command lines.
+    """Classify tools; judge a call's arguments or a shell line.
 
     A tool is allowed, denied or needs approval; the pattern that decided is named. With
     --arguments, every argument rule covering each --tool is judged on them ([[tools.arguments]]).

@@ -22,6 +22,7 @@ from loopwarden.cli import hook_commands as hooks
 from loopwarden.cli import journal_commands as journal
 from loopwarden.cli import key_commands as keys
 from loopwarden.cli import loop_commands as loops
+from loopwarden.cli import model_commands as models
 from loopwarden.cli import policy_commands as policies
 from loopwarden.cli import pool_commands as pools
 from loopwarden.cli import serve_commands as server
@@ -44,6 +45,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(policies.app, name="policy")
 app.add_typer(stores.app, name="store")
 app.add_typer(pools.app, name="pool")
+app.add_typer(models.app, name="model")
 app.add_typer(gateways.app, name="gateway")
 app.add_typer(witnesses.app, name="witness")
 hooks.app.command("doctor")(doctor.doctor)

@@ -85,6 +85,30 @@ ExportLease = Annotated[
 ]
 
 
+# The model gateway (model_gateway/, docs/model-gateway.md).
+ModelUpstream = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model-upstream",
+        metavar="PROVIDER=URL",
+        help="HTTP: where the model gateway sends a provider's calls (repeat; default: the "
+        "provider's public API).",
+    ),
+]
+ModelPrices = Annotated[
+    Path | None,
+    _given(
+        "FILE", "HTTP: model prices over the shipped table (else the home's model-prices.toml)."
+    ),
+]
+ModelTimeout = Annotated[
+    float | None,
+    _given(
+        "SECONDS", "HTTP: how long a model upstream may stay silent before the call ends (300)."
+    ),
+]
+
+
 def serve(
     agent: Annotated[
         str | None, typer.Option(help="The principal this server speaks for (stdio, --no-auth).")
@@ -140,6 +164,9 @@ def serve(
     loop: Annotated[
         str | None, _given("ID", "With --gateway: the loop its calls count against.")
     ] = None,
+    model_upstream: ModelUpstream = None,
+    model_prices: ModelPrices = None,
+    model_timeout: ModelTimeout = None,
 ) -> None:
     """Run the MCP server (stdio by default).
 
@@ -156,11 +183,13 @@ def serve(
 def _run(settings: Settings) -> None:
     """Bind (HTTP), check the store, then serve until stopped."""
     # The SDK loads only here: every other command starts without it.
+    from loopwarden.model_gateway.gateway import ModelGateway
     from loopwarden.server.app import build
     from loopwarden.server.hook_route import hook_route
     from loopwarden.server.metrics_route import metrics_route
+    from loopwarden.server.model_route import model_route
     from loopwarden.server.mounts import dashboard_mount
-    from loopwarden.server.settings import url_host
+    from loopwarden.server.settings import makes_no_store, url_host
     from loopwarden.server.transports import listen, serve_http, serve_stdio, transport_security
 
     sock = None
@@ -174,7 +203,8 @@ def _run(settings: Settings) -> None:
         async with admin.open_store(settings.home, store=settings.location.url):
             pass
 
-    run(preflight)
+    if not makes_no_store(settings):  # an agent's stdio server on no store says so instead
+        run(preflight)
     server, runtime = build(settings)
     if settings.http is None:
         anyio.run(serve_stdio, server)
@@ -204,7 +234,10 @@ def _run(settings: Settings) -> None:
         if settings.witnesses is not None:
             named = ", ".join(settings.witnesses.witnesses)
             render.err.print(f"checkpoints submitted to the witnesses {named}")
-        routes = [hook_route(runtime, security), metrics_route(runtime)]
+        assert settings.model is not None
+        gateway = ModelGateway(lambda: runtime.store, settings.model)
+        render.err.print(f"model gateway on {base}/model/PROVIDER/ (gateway tokens)")
+        routes = [hook_route(runtime, security), metrics_route(runtime), model_route(gateway)]
         mounts = [*routes, dashboard_mount(runtime, security)]
         anyio.run(serve_http, server, settings, sock, mounts, runtime.observer)
 
@@ -223,6 +256,7 @@ def _settings(flags: dict[str, Any]) -> Settings:
     """`serve`'s flags as validated settings; a bad one exits 2 naming it."""
     from loopwarden.auth.identity import oauth_settings
     from loopwarden.exports.targets import export_target
+    from loopwarden.model_gateway.gateway_config import gateway_settings
     from loopwarden.server.settings import HttpLimits, Settings
 
     try:
@@ -254,6 +288,9 @@ def _settings(flags: dict[str, Any]) -> Settings:
             from loopwarden.witnesses.witness_policy import load_policy
 
             witnesses = load_policy(flags["witness"], urls=True)
+        model = gateway_settings(
+            settings.home, flags["model_upstream"], flags["model_prices"], flags["model_timeout"]
+        )
         servers = None
         if flags["gateway"] is not None:
             from loopwarden.mcp_gateway.servers_file import load_servers
@@ -270,6 +307,7 @@ def _settings(flags: dict[str, Any]) -> Settings:
         gateway=servers,
         gateway_loop=flags["loop"],
         witnesses=witnesses,
+        model=model,
     )
 
 

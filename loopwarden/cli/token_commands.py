@@ -92,6 +92,7 @@ def token_list(*, options: Options) -> None:
             "created_at": t.created_at,
             "revoked_at": t.revoked_at,
             "expires_at": t.expires_at,
+            "loop_id": t.loop_id,  # a model gateway token's one loop (null for any other)
         }
         for t in run(action, as_json=options.json_out)
     ]
@@ -100,7 +101,7 @@ def token_list(*, options: Options) -> None:
     else:
         render.table(
             "tokens",
-            ["id", "agent", "role", "created", "revoked", "expires"],
+            ["id", "agent", "role", "created", "revoked", "expires", "loop"],
             [
                 [
                     i["token_id"],
@@ -109,6 +110,7 @@ def token_list(*, options: Options) -> None:
                     i["created_at"],
                     i["revoked_at"] or "-",
                     i["expires_at"] or "never",
+                    i["loop_id"] or "-",
                 ]
                 for i in items
             ],

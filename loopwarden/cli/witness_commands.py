@@ -154,8 +154,9 @@ def witness_serve(
 def witness_log_key(*, options: Options) -> None:
     """Print this log's verifier key, for witnesses and policies.
 
-    Its origin and active signing key, as a signed-note vkey (type 0x01). A witness trusts the log with it (`witness serve --log VKEY`), and an auditor's policy
-    names the log with it (`log VKEY`).
+    Its origin and active signing key, as a signed-note vkey (type 0x01). A witness trusts the
+    log with it (`witness serve --log VKEY`), and an auditor's policy names the log with it
+    (`log VKEY`).
     """
     from loopwarden.witnesses.vkeys import ED25519, VerifierKey
 

@@ -31,6 +31,7 @@ from loopwarden.clock import Clock, format_time, system_clock
 from loopwarden.dashboard.audit_runs import Auditor
 from loopwarden.dashboard.history import Histories
 from loopwarden.dashboard.operator_sessions import COOKIE, Session, Sessions, next_page, same_secret
+from loopwarden.dashboard.views import stop_reason_text
 from loopwarden.errors import Conflict, Forbidden, InvalidInput, LoopwardenError, NotFound
 from loopwarden.kernel.sql.location import Location
 from loopwarden.kernel.store.reader import Reader, TokenRow
@@ -113,6 +114,7 @@ class Dashboard:
             value, indent=2, ensure_ascii=False
         )
         self.templates.filters["stamp"] = stamp
+        self.templates.filters["stop_reason"] = stop_reason_text
 
     # --- rendering ----------------------------------------------------------------------------
 

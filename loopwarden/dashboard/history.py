@@ -126,6 +126,7 @@ class TurnTools:
     agent: str = ""
     reports: list[Report] = field(default_factory=list)
     host: dict[tuple[str, str], HostUse] = field(default_factory=dict)
+    hosts: set[str] = field(default_factory=set)  # the hosts (or the MCP gateway) that saw it
     other: Counter[str] = field(default_factory=Counter)  # receipts of unmodelled kinds, by kind
 
     @property
@@ -246,6 +247,7 @@ def _typed(kinds: Kinds, raw: dict[str, Any]) -> ReceiptBody | None:
 def _note_host(turn: TurnTools, r: ReceiptLine, data: ToolCall | ToolObserved) -> None:
     """Count one hook receipt for its tool."""
     use = turn.host.setdefault((data.tool, data.host_tool), HostUse(data.tool, data.host_tool))
+    turn.hosts.add(data.host)
     if isinstance(data, ToolAdmitted):
         use.admitted += 1
     elif isinstance(data, ToolRefused):

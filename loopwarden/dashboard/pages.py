@@ -225,6 +225,7 @@ class Pages:
             is_violation=is_violation,
             turns=recent_turns(history),
             pending=[a for a in state.approvals if a.status == ApprovalStatus.PENDING],
+            decided=[a for a in state.approvals if a.status == ApprovalStatus.APPROVED],
             expiries=list(EXPIRIES),
             pools=await self._drawn_pools(ctx, state),
         )

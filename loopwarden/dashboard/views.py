@@ -236,3 +236,23 @@ def loop_pools(pools: list[PoolOut], policy: LoopPolicy) -> list[PoolView]:
         if binding:
             bound.append(pool_view(pool, via=", ".join(binding)))
     return [pool_view(pool) for pool in pools if pool.name in named] + bound
+
+
+STOP_REASONS = {
+    "policy_violation": "a report named a tool the policy forbids",
+    "max_turns": "every turn of its budget was used",
+    "deadline": "its deadline passed",
+    "repeated_failure": "the same failure repeated too often",
+    "all_todos_done": "every todo is done",
+    "cancelled": "an operator cancelled it",
+}
+"""Why a loop closed, in words (`stop_reason` is the code the receipt carries)."""
+
+
+def stop_reason_text(code: str | None) -> str:
+    """A person's words for a loop's stop reason code (the code itself if it is a new one)."""
+    if not code:
+        return ""
+    if code.startswith("budget_exhausted:"):
+        return f"its {code.split(':', 1)[1].replace('_', ' ')} budget is used up"
+    return STOP_REASONS.get(code, code.replace("_", " "))

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from loopwarden.hosts.host import (
     Files,
     Host,
+    McpFile,
     On,
     Phase,
     Place,
@@ -80,6 +81,10 @@ class ClaudeCode(Host):
          "EnterPlanMode", "ExitPlanMode", "AskUserQuestion"}
     )  # fmt: skip
     settings_file = ".claude/settings.json"
+    mcp_files = (
+        McpFile("project", ".mcp.json"),
+        McpFile("user", ".claude.json", per_project=True),
+    )
     http_hooks = True
     ids = ("tool_use_id", "agent_id", "agent_type")  # a subagent's call names the subagent
 

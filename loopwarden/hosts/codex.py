@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from loopwarden.hosts.claude_code import ClaudeCode
-from loopwarden.hosts.host import Files, On, Place, Trust
+from loopwarden.hosts.host import Files, McpFile, On, Place, Trust
 from loopwarden.policy.patterns import SHELL
 
 
@@ -62,6 +62,10 @@ class Codex(ClaudeCode):
     dialects: ClassVar[Mapping[str, str]] = {}
     internal = frozenset({"update_plan", "request_user_input"})
     settings_file = ".codex/hooks.json"
+    mcp_files = (
+        McpFile("project", ".codex/config.toml", table="mcp_servers", toml=True),
+        McpFile("user", ".codex/config.toml", table="mcp_servers", toml=True),
+    )
     http_hooks = False
 
     def trust(self, place: Place, files: Files) -> Trust:

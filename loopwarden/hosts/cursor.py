@@ -19,6 +19,7 @@ from loopwarden.hosts.host import (
     Hook,
     Host,
     MalformedEvent,
+    McpFile,
     On,
     Phase,
     Reply,
@@ -65,6 +66,10 @@ class Cursor(Host):
         "Shell": "command"
     }  # and beforeShellExecution's own `command`
     settings_file = ".cursor/hooks.json"
+    mcp_files = (
+        McpFile("project", ".cursor/mcp.json"),
+        McpFile("user", ".cursor/mcp.json"),
+    )
 
     def read(self, event: dict[str, Any]) -> Event:
         name = field_of(event, "hook_event_name", str)

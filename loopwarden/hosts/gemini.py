@@ -26,6 +26,7 @@ from loopwarden.hosts.host import (
     Files,
     Hook,
     Host,
+    McpFile,
     On,
     Phase,
     Place,
@@ -86,6 +87,10 @@ class Gemini(Host):
          "tracker_list_tasks", "tracker_add_dependency", "tracker_visualize"}
     )  # fmt: skip
     settings_file = ".gemini/settings.json"
+    mcp_files = (
+        McpFile("project", ".gemini/settings.json"),
+        McpFile("user", ".gemini/settings.json"),
+    )
     ids = ()  # its events carry no tool call id
 
     def tool_name(self, event: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ from loopwarden.hosts.host_kinds import (
     ToolObserved,
     ToolRefused,
 )
-from loopwarden.hosts.tool_names import is_internal, is_own_tool, policy_tool
+from loopwarden.hosts.tool_names import is_internal, is_own_tool, mcp_parts, policy_tool
 from loopwarden.kernel.runner.operation import OBSERVER_CALLERS, Call
 from loopwarden.kernel.runner.refusals import refuse_request
 from loopwarden.kernel.runner.results import Model, ReasonOut, reasons_out
@@ -116,6 +116,16 @@ class HookAnswer(Model):
     tool: str | None = Field(description="The policy name of the host tool, if any.")
     turn_id: str | None
     receipt_id: str | None = Field(description="The receipt sealed for this event, if one was.")
+
+
+def _own_elsewhere(req: HookEvent) -> str | None:
+    """The server name a call of one of loopwarden's own tools came under, when the hooks were
+    not installed for that name (`mcp__lw__claim` with hooks for `loopwarden`): the refusal
+    then says so, instead of telling the model to call the tool it was just refused."""
+    parts = mcp_parts(req.host_tool) if req.host_tool else None
+    if parts is None or parts[1] not in OWN_TOOLS or parts[0] in req.servers:
+        return None
+    return parts[0]
 
 
 def _answer(
@@ -207,7 +217,9 @@ def _decided(
         loop, open_turns, approved.values(), who.id, (req.host_tool, tool, req.command), tx.now,
         internal=is_internal(req.host, req.host_tool),
     )  # fmt: skip
-    facts = dataclasses.replace(facts, dialect=req.shell, arguments=req.arguments)
+    facts = dataclasses.replace(
+        facts, dialect=req.shell, arguments=req.arguments, own_elsewhere=_own_elsewhere(req)
+    )
     decision = evaluate_tool_call(policy, facts, digest=loop.policy_digest)
     if facts.internal and decision.allowed:  # the host's own bookkeeping: not recorded
         return _answer(decision, block=False, binding=binding, tool=tool, turn=turn)

@@ -101,6 +101,19 @@ class On:
     installed: bool = True
 
 
+@dataclass(frozen=True)
+class McpFile:
+    """Where a host keeps MCP servers: a file of the project (`scope="project"`) or of the
+    user's home, JSON or TOML, the servers under the key `table`; `per_project`: under
+    `projects[<absolute project path>]` too (Claude Code's local scope in `~/.claude.json`)."""
+
+    scope: Literal["project", "user"]
+    path: str
+    table: str = "mcpServers"
+    toml: bool = False
+    per_project: bool = False
+
+
 Files = Callable[[Path], str | None]
 """Reads a file for `Host.trust`: its text, or None if there is none."""
 
@@ -195,6 +208,7 @@ class Host:
     dialects: ClassVar[Mapping[str, str]] = {}  # shell tools whose line is not bash → language
     internal: ClassVar[frozenset[str]] = frozenset()  # host tools acting on nothing outside it
     settings_file: ClassVar[str]  # relative to the project (project scope) or the user's home
+    mcp_files: ClassVar[tuple[McpFile, ...]] = ()  # where it keeps MCP servers (`servers.py`)
     http_hooks: ClassVar[bool] = False  # it can post events itself (else: a command forwards)
 
     @property

@@ -25,12 +25,12 @@ from loopwarden.kernel.state.events import (
 )
 from loopwarden.kernel.state.facts import check_todo_graph
 from loopwarden.kernel.store.store import Txn
-from loopwarden.loops.loop_kinds import LoopStatusChanged
+from loopwarden.loops.loop_kinds import LoopPolicyChanged, LoopStatusChanged
 from loopwarden.loops.stops import close_loop
 from loopwarden.policy.decision import Decision, Reason, ReasonCode
 from loopwarden.policy.digest import policy_digest, policy_document
 from loopwarden.policy.loader import policy_from_data
-from loopwarden.policy.model import MAX_TODOS_CEILING
+from loopwarden.policy.model import MAX_TODOS_CEILING, LoopPolicy
 from loopwarden.statuses import LoopStatus
 
 
@@ -93,12 +93,7 @@ def open_loop(call: Call[Txn], req: OpenLoopRequest) -> OpenLoopResult:
         raise PolicyError(
             f"{len(specs)} todos exceed the policy's todos.max_todos ({policy.todos.max_todos})"
         )
-    unknown = [name for name in policy.pools or () if name not in call.tx.rows.pools()]
-    if unknown:
-        raise PolicyError(
-            f"pools: no pool named {', '.join(map(repr, unknown))}; create it first "
-            "(`loopwarden pool create NAME …`)"
-        )
+    _check_pools(call.tx, policy)
     digest = policy_digest(policy)
     loop_id = req.loop_id or f"loop-{secrets.token_hex(4)}"
     if call.tx.rows.loop_row(loop_id) is not None:
@@ -111,6 +106,62 @@ def open_loop(call: Call[Txn], req: OpenLoopRequest) -> OpenLoopResult:
         todos=len(specs),
         receipt_id=sealed.receipt_id,
         status=LoopStatus.ACTIVE,
+    )
+
+
+def _check_pools(tx: Txn, policy: LoopPolicy) -> None:
+    """`PolicyError` unless every pool the policy names exists."""
+    unknown = [name for name in policy.pools or () if name not in tx.rows.pools()]
+    if unknown:
+        raise PolicyError(
+            f"pools: no pool named {', '.join(map(repr, unknown))}; create it first "
+            "(`loopwarden pool create NAME …`)"
+        )
+
+
+class SetPolicyRequest(Model):
+    loop_id: LoopId
+    policy: dict[str, Any] = Field(description="The new policy document (a policy file's keys).")
+    reason: str = Field(default="", max_length=MAX_OBJECTIVE, description="Why (recorded).")
+
+
+class SetPolicyResult(Model):
+    loop_id: str
+    policy_digest: str = Field(description="The loop's policy now.")
+    previous_digest: str = Field(description="The policy it replaced (the same if unchanged).")
+    changed: bool = Field(description="False if the loop already had exactly this policy.")
+    receipt_id: str | None = Field(description="The `loop.policy_changed` receipt, if sealed.")
+
+
+@operation(access="write", scope=by_loop, callers=OPERATOR_CALLERS, tool=False)
+def set_policy(call: Call[Txn], req: SetPolicyRequest) -> SetPolicyResult:
+    """Operator only: replace a loop's policy. Budgets already used carry over.
+
+    Validates the policy as `open_loop` does (pools it names must exist) and seals
+    `loop.policy_changed` with both digests; every later receipt is decided and judged by the
+    new policy. The loop must not be closed (`Conflict`). The same policy again changes
+    nothing and seals nothing."""
+    loop = call.loop
+    if loop.status.closed:
+        raise Conflict(f"loop {loop.loop_id!r} is {loop.status}: its policy no longer matters")
+    policy = policy_from_data(req.policy, "policy")
+    _check_pools(call.tx, policy)
+    digest = policy_digest(policy)
+    if digest == loop.policy_digest:
+        return SetPolicyResult(loop_id=loop.loop_id, policy_digest=digest,
+                               previous_digest=digest, changed=False, receipt_id=None)  # fmt: skip
+    facts = LoopPolicyChanged(
+        policy=policy_document(policy), previous_digest=loop.policy_digest, reason=req.reason
+    )
+    sealed = call.tx.append(
+        loop.loop_id, ReceiptKind.LOOP_POLICY_CHANGED, call.who, facts, policy_digest=digest
+    )
+    return SetPolicyResult(
+        loop_id=loop.loop_id,
+        policy_digest=digest,
+        previous_digest=loop.policy_digest,
+        changed=True,
+        receipt_id=sealed.receipt_id,
     )
 
 

@@ -1,4 +1,5 @@
-"""Whole loops: opened, paused and resumed, and closed (stopped, completed, cancelled)."""
+"""Whole loops: opened, paused and resumed, given a new policy, and closed (stopped, completed,
+cancelled)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from loopwarden.canonical import digest_of
 from loopwarden.kernel.state import facts as rules
 from loopwarden.kernel.state.events import (
     MAX_SUMMARY,
+    CarriesPolicy,
+    Digest,
     Fact,
     LoopOpened,
     LoopStopped,
@@ -30,6 +33,15 @@ from loopwarden.statuses import TODO_STATUSES, LoopStatus
 class LoopStatusChanged(Fact):
     """A pause or resume; `reason` is the operator's note."""
 
+    reason: str = Field(default="", max_length=MAX_SUMMARY)
+
+
+class LoopPolicyChanged(CarriesPolicy):
+    """An operator replaced the loop's policy: the body's `policy_digest` is the new one's,
+    `previous_digest` the one it replaced. Budgets already used carry over (the totals are the
+    loop's); every receipt after it is decided and judged by the new policy."""
+
+    previous_digest: Digest
     reason: str = Field(default="", max_length=MAX_SUMMARY)
 
 
@@ -76,6 +88,34 @@ def _judge_opened(body: ReceiptBody, data: LoopOpened) -> list[Verdict]:
     if len(data.todos) > policy.todos.max_todos:
         verdicts.append(
             Verdict(VerdictRule.TODO_LIMIT, f"{len(data.todos)} todos over todos.max_todos")
+        )
+    return verdicts
+
+
+# --- loop.policy_changed ------------------------------------------------------------------------
+
+
+def _policy_changed(view: LoopView, body: ReceiptBody, data: LoopPolicyChanged) -> None:
+    if data.previous_digest != view.loop.policy_digest:
+        raise FoldError(
+            f"loop.policy_changed replaces {data.previous_digest}, not the loop's policy "
+            f"{view.loop.policy_digest}"
+        )
+    view.policy = policy_from_data(data.policy, "loop.policy_changed policy")
+    view.loop = replace(view.loop, policy_digest=body.policy_digest)
+
+
+def _judge_policy_changed(
+    ctx: Judging, view: LoopView, body: ReceiptBody, data: LoopPolicyChanged
+) -> list[Verdict]:
+    """An operator's act (who may is checked): it allows, and the policy it carries hashes to
+    its digest."""
+    verdicts = []
+    if body.decision.effect != "allow":
+        verdicts.append(Verdict(VerdictRule.EFFECT, "a policy change records a deny"))
+    if digest_of(data.policy) != body.policy_digest:
+        verdicts.append(
+            Verdict(VerdictRule.POLICY_DIGEST, "the policy it carries does not hash to its digest")
         )
     return verdicts
 
@@ -193,6 +233,13 @@ SPECS = (
         callers=OPERATORS,
         fold=_status_changed,
         judge=_operator_only,
+    ),
+    KindSpec(
+        ReceiptKind.LOOP_POLICY_CHANGED,
+        LoopPolicyChanged,
+        callers=OPERATORS,
+        fold=_policy_changed,
+        judge=_judge_policy_changed,
     ),
     KindSpec(
         ReceiptKind.LOOP_CANCELLED,

@@ -125,7 +125,6 @@ class Gateway:
     session_id: str = field(default_factory=lambda: new_id("gw"))
     downstreams: dict[str, Downstream] = field(init=False)
     pins: Pins = field(init=False)
-    _policies: dict[str, tuple[LoopPolicy, str]] = field(init=False, default_factory=dict)
     _changes_sealed: set[tuple[str, str, str, str]] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
@@ -198,8 +197,8 @@ class Gateway:
         return Principal(id=agent.id, role="observer")
 
     async def _policy(self, loop_id: str) -> tuple[LoopPolicy, LoopStatus] | None:
-        """The loop's policy and status, if the caller may see the loop (a loop's policy never
-        changes: kept by loop id)."""
+        """The loop's policy and status as they stand now (an operator may replace the policy,
+        `loop set-policy`), if the caller may see the loop."""
         store = self.runtime.require_store()
         agent = self.runtime.principal()
 

@@ -95,6 +95,12 @@ class Observer:
         """A gauge `loopwarden_<name>` whose value is `read()` at each scrape (cheap, never
         blocking: a queue's length)."""
 
+    def spent(
+        self, provider: str, outcome: str, tokens: Mapping[str, int], cost_usd: float
+    ) -> None:
+        """A model call the gateway charged: its provider and how it ended, its tokens by sort
+        (input, output, cache_write, cache_read) and its cost, as observed."""
+
     def metrics(self) -> tuple[bytes, str] | None:
         """The Prometheus exposition (body, content type), None if metrics are off."""
         return None

@@ -121,6 +121,25 @@ class Telemetry(Observer):
             ["sink"],
             registry=registry,
         )
+        self.model_calls = Counter(
+            "loopwarden_model_calls",
+            "Model calls through the model gateway, charged as observed, by provider and outcome.",
+            ["provider", "outcome"],
+            registry=registry,
+        )
+        self.model_tokens = Counter(
+            "loopwarden_model_tokens",
+            "Model tokens the gateway charged, by provider and sort (input, output, "
+            "cache_write, cache_read).",
+            ["provider", "sort"],
+            registry=registry,
+        )
+        self.model_cost = Counter(
+            "loopwarden_model_cost_usd",
+            "US dollars the gateway charged for model calls, by provider.",
+            ["provider"],
+            registry=registry,
+        )
         self.lag = Gauge(
             "loopwarden_export_lag_receipts",
             "Receipts sealed but not yet acknowledged by the sink's receiver (as this server saw "
@@ -207,6 +226,18 @@ class Telemetry(Observer):
             return
         for seconds in delays:
             self.integration.observe(seconds)
+
+    def spent(
+        self, provider: str, outcome: str, tokens: Mapping[str, int], cost_usd: float
+    ) -> None:
+        if self.registry is None:
+            return
+        self.model_calls.labels(provider, outcome).inc()
+        for sort, count in tokens.items():
+            if count:
+                self.model_tokens.labels(provider, sort).inc(count)
+        if cost_usd:
+            self.model_cost.labels(provider).inc(cost_usd)
 
     def gauge(self, name: str, description: str, read: Callable[[], float]) -> None:
         if self.registry is None:

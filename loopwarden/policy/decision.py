@@ -54,6 +54,13 @@ class ReasonCode(StrEnum):
     )
     TOOL_UNREPORTED = "tool_unreported"  # the same, as a warning (record mode)
     TOOL_UNOBSERVED = "tool_unobserved"  # reported, never observed: a warning
+    # the model gateway (model_gateway/, policy/model_calls.py)
+    MODEL_NOT_ALLOWED = "model_not_allowed"  # no [model] allow pattern names it, or a deny does
+    MODEL_UNPRICED = "model_unpriced"  # the price table has no price for it (and no default)
+    UNREPORTED_MODEL_USE = (
+        "unreported_model_use"  # a report below what the gateway observed: a violation (enforce)
+    )
+    MODEL_USAGE_UNREPORTED = "model_usage_unreported"  # the same, as a warning (record mode)
     # a budget pool the claim draws from (policy/pool_policy.py) has no room
     POOL_PAUSED = "pool_paused"
     POOL_EXHAUSTED = "pool_exhausted"
@@ -86,6 +93,7 @@ VIOLATIONS = frozenset(
         ReasonCode.APPROVAL_REQUIRED,
         ReasonCode.APPROVAL_INVALID,
         ReasonCode.UNREPORTED_TOOL_USE,
+        ReasonCode.UNREPORTED_MODEL_USE,
     }
 )
 """Reasons that count as a policy violation (they trigger `stop.on_violation`)."""

@@ -107,7 +107,9 @@ def tool_reasons(
         elif verdict.rule == "approval" and tool not in approved:
             reasons.append(
                 Reason(
-                    ReasonCode.APPROVAL_REQUIRED, f"{verdict.explain()}; cite an approved approval"
+                    ReasonCode.APPROVAL_REQUIRED,
+                    f"{verdict.explain()}; it needs an approval asked for in this turn "
+                    "(request_approval) and approved by an operator before it is used",
                 )
             )
     return reasons
@@ -232,6 +234,10 @@ class ReportFacts(TurnFacts):
     approval_problems: tuple[Reason, ...] = ()
     reported: tuple[tuple[str, int], ...] = ()  # tools_used: (name, count)
     observed: tuple[tuple[str, int], ...] = ()  # what the host's hooks saw in the turn
+    # The model usage the report gives and what the model gateway observed in the turn, per
+    # budget dimension, in its integer unit (micro-dollars for cost_usd)
+    model_reported: tuple[tuple[str, int], ...] = ()
+    model_observed: tuple[tuple[str, int], ...] = ()
 
 
 def turn_reasons(facts: TurnFacts) -> list[Reason]:
@@ -284,6 +290,8 @@ def evaluate_report(policy: LoopPolicy, facts: ReportFacts, *, digest: str) -> D
             )
         )
     violations, warnings = observation_reasons(policy, facts.reported, facts.observed)
+    late, noted = model_usage_reasons(policy, facts.model_reported, facts.model_observed)
+    violations, warnings = violations + late, warnings + noted
     reasons.extend(violations)
     if reasons:
         return Decision("deny", tuple(reasons), digest)
@@ -327,6 +335,38 @@ def observation_reasons(
     return violations, warnings
 
 
+def model_usage_reasons(
+    policy: LoopPolicy,
+    reported: tuple[tuple[str, int], ...],
+    observed: tuple[tuple[str, int], ...],
+) -> tuple[list[Reason], list[Reason]]:
+    """A report's model usage against what the model gateway observed in the turn:
+    (violations, warnings). A dimension the report gives (non-zero) below what was observed is
+    `unreported_model_use` (a violation) in `enforce` mode and `model_usage_unreported` (a
+    warning) in `record` mode; a dimension left out (zero) claims nothing and is not compared:
+    a model cannot know its own token counts, and the gateway's figures are charged anyway.
+    Mode `off` compares nothing."""
+    mode = policy.observe_mode
+    if mode == "off" or not observed:
+        return [], []
+    said = dict(reported)
+    violations, warnings = [], []
+    for name, seen in observed:
+        given = said.get(name, 0)
+        if not given or given >= seen:
+            continue
+        shown = (given / 1_000_000, seen / 1_000_000) if name == "cost_usd" else (given, seen)
+        message = (
+            f"the report gives {name} {shown[0]} where loopwarden's model gateway observed "
+            f"{shown[1]} in this turn: leave it out, or report at least what was observed"
+        )
+        if mode == "enforce":
+            violations.append(Reason(ReasonCode.UNREPORTED_MODEL_USE, message))
+        else:
+            warnings.append(Reason(ReasonCode.MODEL_USAGE_UNREPORTED, message))
+    return violations, warnings
+
+
 # --- tool calls, before they run (host hooks) ------------------------------------------------
 
 
@@ -349,6 +389,9 @@ class ToolCallFacts:
     # The call's arguments, for argument rules (`[[tools.arguments]]`): decided on, never
     # stored. None: not seen (a rule covering the tool then doubts, and denies).
     arguments: Mapping[str, Any] | None = None
+    # The MCP server name a call of one of loopwarden's own tools came under, when the hooks
+    # do not let loopwarden's tools through under that name (decided on, never stored).
+    own_elsewhere: str | None = None
 
 
 def admits_internal(policy: LoopPolicy, tool: str) -> bool:
@@ -375,6 +418,18 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
             Reason(
                 ReasonCode.LOOP_NOT_ACTIVE,
                 f"loop {facts.loop_id} is {facts.loop_status}: no tool may run for it now",
+            )
+        ]
+    if facts.turn_id is None and facts.own_elsewhere is not None:
+        return [
+            Reason(
+                ReasonCode.NO_OPEN_TURN,
+                f"{facts.host_tool} is loopwarden's own tool under the MCP server name "
+                f"{facts.own_elsewhere!r}, which these hooks were not installed for, so they "
+                "decide it as any other tool: no call can start a turn. Stop and tell the user: "
+                f"the hooks must be installed again with --server-name {facts.own_elsewhere} "
+                "(`loopwarden hook install … --server-name "
+                f"{facts.own_elsewhere}`; `loopwarden hook doctor` shows it)",
             )
         ]
     if facts.turn_id is None:

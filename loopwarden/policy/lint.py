@@ -1,4 +1,10 @@
-"""Warnings about a valid policy that may not mean what its author meant.
+"""Warnings about a valid policy that may not mean what its author meant, or cannot work.
+
+`policy_notes` gathers them all (what `loopwarden policy check` prints): a policy nobody may
+act under; command rules for a shell tool the policy does not allow (every command refused
+before a rule is read); hooks enforced while the tools every host uses are denied by default
+(the agent's first file read is blocked, and its honest report stops the loop); and the
+case-sensitivity near misses below.
 
 Tool names are matched case-sensitively, so `deny = ["fs.secret"]` does not stop `fs.Secret`,
 and an `allow = ["fs.*"]` admits it. `case_near_misses` finds such names: for each deny pattern
@@ -15,7 +21,7 @@ from collections.abc import Iterator
 
 from loopwarden.policy.evaluate import explain
 from loopwarden.policy.model import LoopPolicy
-from loopwarden.policy.patterns import is_tool_name, matches
+from loopwarden.policy.patterns import SHELL, is_tool_name, matches
 
 MAX_SEGMENTS = 4
 
@@ -72,3 +78,43 @@ def command_rule_notes(policy: LoopPolicy) -> list[str]:
 
     texts = (*rules.deny, *rules.allow, *(rules.opaque or ()))
     return [f"tools.commands: {note}" for text in texts if (note := legacy_note(text))]
+
+
+HOST_EVERYDAY = ("fs.read", "fs.write", SHELL)
+"""What every host's everyday tools are called in a policy (Read; Write and Edit; the shell:
+`docs/hooks.md` has each host's table)."""
+
+
+def _admits(policy: LoopPolicy, tool: str) -> bool:
+    return explain(policy, tool).rule in ("allow", "approval")
+
+
+def unworkable(policy: LoopPolicy) -> list[str]:
+    """Settings that cannot work together as written."""
+    notes = []
+    if policy.tools.commands is not None and not _admits(policy, SHELL):
+        notes.append(
+            f"tools.commands decides {SHELL} calls by the commands they run, but [tools] does "
+            f"not allow {SHELL}: every shell command is refused before a command rule is read. "
+            f'Add "{SHELL}" to [tools] allow'
+        )
+    if policy.observe_mode == "enforce":
+        denied = [tool for tool in HOST_EVERYDAY if not _admits(policy, tool)]
+        if denied:
+            notes.append(
+                f'observe.mode = "enforce" blocks every host tool the policy does not allow, and '
+                f"{', '.join(denied)} (what the hosts call reading, writing files and the shell) "
+                "are not allowed: the agent's first such call is blocked and a report naming it "
+                f'is refused. Add them to [tools] allow, or use mode = "record" while tuning'
+            )
+    return notes
+
+
+def policy_notes(policy: LoopPolicy) -> list[str]:
+    """Everything `policy check` warns about a valid policy, in one list."""
+    notes = []
+    if not policy.agents:
+        notes.append("no agents are allowed: nobody can claim a turn")
+    if not policy.tools.allow and not policy.tools.approval:
+        notes.append("no tool is allowed: every reported tool use will be refused")
+    return notes + unworkable(policy) + case_near_misses(policy) + command_rule_notes(policy)

@@ -6,9 +6,10 @@ Every failure is one `PolicyError` whose message names the file, the field and t
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from loopwarden.errors import PolicyError, clip, one_line
 from loopwarden.policy.model import LoopPolicy
@@ -44,7 +45,7 @@ def _decode(text: str, fmt: str, source: str) -> Any:
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError(
-                f"{source}: malformed TOML: {clip(one_line(str(exc)), 200)}"
+                f"{source}: malformed TOML: {clip(one_line(str(exc)), 200)}{_opened_at(text, exc)}"
             ) from None
     try:
         if fmt == "json":
@@ -52,6 +53,30 @@ def _decode(text: str, fmt: str, source: str) -> Any:
     except json.JSONDecodeError as exc:
         raise PolicyError(f"{source}: malformed JSON: {clip(one_line(str(exc)), 200)}") from None
     raise PolicyError(f"{source}: unknown policy format {fmt!r}")
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"' + r"|'[^']*'")
+_UNCLOSED = re.compile(r"Unclosed (array|inline table)|unclosed|Expected ']'|Expected '}'", re.I)
+
+
+def _opened_at(text: str, exc: Exception) -> str:
+    """Where an unclosed array or inline table began: tomllib reports where it gave up, which
+    can be lines later (the next key, or the end of the file)."""
+    if _UNCLOSED.search(str(exc)) is None:
+        return ""
+    depth, opened = 0, None
+    for number, line in enumerate(text.splitlines(), start=1):
+        code = _STRINGS.sub("", line).split("#", 1)[0]
+        if depth == 0 and re.match(r"\s*\[", code) and "=" not in code:
+            continue  # a [table] header, not an array
+        for char in code:
+            if char in "[{":
+                if depth == 0:
+                    opened = number
+                depth += 1
+            elif char in "]}" and depth:
+                depth -= 1
+    return f" (the one opened at line {opened} is not closed)" if depth and opened else ""
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -68,9 +93,30 @@ def _describe(exc: ValidationError, source: str) -> str:
         where = clip(".".join(str(part) for part in error["loc"]) or "(policy)")
         message = clip(error["msg"].removeprefix("Value error, "), 200)
         if error["type"] == "extra_forbidden":
-            message = "unknown key"
+            message = "unknown key" + _nearest_key(model_keys(error["loc"]), str(error["loc"][-1]))
         problems.append(f"{where}: {message}")
     return f"{clip(source)}: invalid policy: " + one_line("; ".join(problems))
+
+
+def model_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys a policy allows where `loc` names an unknown one (its section's fields)."""
+    model: type[BaseModel] = LoopPolicy
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        found = next((a for a in getattr(annotation, "__args__", (annotation,))
+                      if isinstance(a, type) and issubclass(a, BaseModel)), None)  # fmt: skip
+        if found is None:
+            return []
+        model = found
+    return list(model.model_fields)
+
+
+def _nearest_key(known: list[str], given: str) -> str:
+    import difflib
+
+    near = difflib.get_close_matches(given, known, n=1, cutoff=0.6)
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 M = TypeVar("M", LoopPolicy, PoolPolicy)

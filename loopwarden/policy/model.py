@@ -222,6 +222,34 @@ class ObserveRules(_Section):
     )
 
 
+MODEL_PATTERN_RE = re.compile(r"^[A-Za-z0-9*?][A-Za-z0-9._:@/*?-]{0,127}$")
+
+
+def check_model_pattern(pattern: str) -> str:
+    """`pattern` if it is a model-name glob (`*` any run, `?` one character), else `ValueError`."""
+    if not MODEL_PATTERN_RE.fullmatch(pattern):
+        raise ValueError(
+            f"invalid model pattern {clip(repr(pattern))}: use 1-128 letters, digits and "
+            "'._:@/-', with '*' and '?' as wildcards (e.g. 'claude-*')"
+        )
+    return pattern
+
+
+ModelPatterns = Annotated[
+    tuple[str, ...], Field(max_length=MAX_PATTERNS), _name_set(check_model_pattern)
+]
+
+
+class ModelRules(_Section):
+    """Which models the model gateway (docs/model-gateway.md) lets the loop's agents call, by
+    glob over the model name the request names. Deny wins; a model no `allow` pattern names is
+    refused (an empty `allow` admits none: a loop without `[model]` has no model calls through
+    the gateway)."""
+
+    allow: ModelPatterns = Field(default=(), description="Models the gateway forwards calls to.")
+    deny: ModelPatterns = Field(default=(), description="Models never called; deny always wins.")
+
+
 class GatewayRules(_Section):
     """How the MCP gateway treats this loop's downstream tools (docs/mcp-gateway.md): `pin` says
     who admits a tool description the gateway has not seen before, an operator (`loopwarden
@@ -252,6 +280,8 @@ class LoopPolicy(_Section):
     pools: PoolNames | None = Field(
         default=None, description="The budget pools the loop draws from (policy/pool_policy.py)."
     )  # None (the default) draws from none, and keeps older digests
+    model: ModelRules | None = None  # the model gateway's rules; None (the default) admits no
+    # model call through the gateway, and keeps older digests
     gateway: GatewayRules | None = None  # None (the default): operators pin; keeps older digests
 
     @model_validator(mode="after")

@@ -5,6 +5,8 @@ names; a claim is admitted only if every one has room (`claim.py`, `kernel/state
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -15,6 +17,7 @@ from loopwarden.errors import Conflict, NotFound
 from loopwarden.kernel.runner.operation import OPERATOR_CALLERS, Call, Operation
 from loopwarden.kernel.runner.results import BudgetOut, Model, budgets_out_of
 from loopwarden.kernel.runner.runner import operation
+from loopwarden.kernel.runner.visibility import did_you_mean
 from loopwarden.kernel.state.charges import PoolReads, drawn
 from loopwarden.kernel.state.events import MAX_SUMMARY, ReceiptKind, Timestamp
 from loopwarden.kernel.state.rows import PoolRow
@@ -172,7 +175,7 @@ def _control(kind: ReceiptKind, action: str, source: PoolStatus) -> Operation[An
         call.tx.rows.own_pool_catalog()  # a paused pool refuses every claim decided after it
         row = call.tx.rows.pools().get(req.name)
         if row is None:
-            raise NotFound(f"no pool named {req.name!r}")
+            raise NotFound(no_pool(req.name, call.tx.rows.pools()))
         if row.status != source:
             raise Conflict(f"cannot {action} pool {req.name!r}: it is {row.status}")
         reason = Reason(code, req.reason or f"{action} by operator {call.who.id}")
@@ -200,6 +203,13 @@ POOL_CONTROLS: dict[str, Operation[Any, Any]] = {"pause": pool_pause, "resume": 
 """The operator's pool controls by action name."""
 
 
+def no_pool(name: str, known: Mapping[str, object]) -> str:
+    """The message for a pool name that names none (pools are an operator's to see)."""
+    return f"no pool named {name!r}" + did_you_mean(
+        difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    )
+
+
 class PoolsRequest(Model):
     name: str | None = Field(default=None, description="Only this pool.")
 
@@ -217,7 +227,7 @@ def pools(call: Call[Reader], req: PoolsRequest) -> PoolList:
     rows = call.tx.rows.pools()
     if req.name is not None:
         if req.name not in rows:
-            raise NotFound(f"no pool named {req.name!r}")
+            raise NotFound(no_pool(req.name, rows))
         rows = {req.name: rows[req.name]}
     now = call.now
     members = open_members(call.tx)

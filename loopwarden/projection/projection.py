@@ -136,14 +136,14 @@ def attention_for(
     if closed is not None:
         return closed
     if loop.status == LoopStatus.PAUSED:  # before approvals: nothing runs until it resumes
-        waiting = f" ({len(pending)} approval(s) also await a decision)" if pending else ""
+        waiting = f" (and {_awaiting(len(pending))})" if pending else ""
         return Attention(
             who="human", why="the loop is paused"
         ), f"operator: resume the loop{waiting}"
     if pending:
         ids = ", ".join(a.approval_id for a in pending[:3])
         return (
-            Attention(who="human", why=f"{len(pending)} approval(s) await a decision"),
+            Attention(who="human", why=_awaiting(len(pending))),
             f"operator: approve or reject {ids}",
         )
     if eligible is not None and pool_block is not None:
@@ -174,6 +174,10 @@ def attention_for(
             "operator: cancel the blocked todo(s) (`loopwarden loop cancel-todo`) or the loop",
         )
     return Attention(who="none", why="nothing is claimable right now"), "wait"
+
+
+def _awaiting(n: int) -> str:
+    return "1 approval awaits a decision" if n == 1 else f"{n} approvals await a decision"
 
 
 def _closed_attention(loop: LoopRow) -> tuple[Attention, str] | None:

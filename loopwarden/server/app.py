@@ -72,12 +72,17 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
         async with runtime.open(), feed.running(), links.running(), AsyncExitStack() as stack:
             if gateway is not None:
                 await stack.enter_async_context(gateway.running())
-            export = settings.export
-            store = runtime.require_store()
-            sink = None if export is None else WebhookSink(store, export, observer=observer)
-            witnesses = settings.witnesses
+            export, store, witnesses = settings.export, runtime.store, settings.witnesses
+            # no store (runtime.missing): nothing to send and no checkpoint to submit
+            sink = (
+                None
+                if export is None or store is None
+                else WebhookSink(store, export, observer=observer)
+            )
             submitter = (
-                None if witnesses is None else Submitter(store, witnesses, observer=observer)
+                None
+                if witnesses is None or store is None
+                else Submitter(store, witnesses, observer=observer)
             )
             async with sending(sink), submitting(submitter):
                 yield runtime

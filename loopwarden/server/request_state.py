@@ -21,7 +21,7 @@ from mcp.server.request_state import RequestStateSecurity
 
 from loopwarden.errors import InvalidInput
 from loopwarden.kernel.log.keys import KeyStore
-from loopwarden.server.settings import Settings
+from loopwarden.server.settings import Settings, makes_no_store
 
 ENV = "LOOPWARDEN_REQUEST_STATE_KEYS"
 LABEL = b"loopwarden/mcp-request-state/v1"
@@ -37,6 +37,8 @@ def request_state_keys(settings: Settings) -> list[bytes]:
         if not keys or any(len(k) < MIN_KEY for k in keys):
             raise InvalidInput(f"{ENV}: each key must be at least {MIN_KEY} characters")
         return keys
+    if makes_no_store(settings):  # it serves nothing, and makes nothing in a mistyped home
+        return [os.urandom(MIN_KEY)]
     secret = KeyStore(settings.home).load_secret()
     return [hmac.new(secret, LABEL, hashlib.sha256).digest()]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -9,16 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 from loopwarden.auth.bearer import StoreTokenVerifier, principal_from_token
 from loopwarden.clock import Clock, system_clock
-from loopwarden.errors import StoreUnavailable
+from loopwarden.errors import StoreMissing, StoreUnavailable
 from loopwarden.kernel.log.keys import KeyStore
 from loopwarden.kernel.store.store import Store
 from loopwarden.kinds import KINDS
 from loopwarden.observe import NOBODY, Observer
 from loopwarden.principals import Principal
-from loopwarden.server.settings import Settings
+from loopwarden.server.settings import Settings, makes_no_store
 
 if TYPE_CHECKING:
     from loopwarden.auth.oauth import JwtVerifier
+
+log = logging.getLogger("loopwarden.server")
 
 
 @dataclass
@@ -29,6 +32,7 @@ class Runtime:
     jwts: JwtVerifier | None = None  # OAuth: the access-token verifier (`oauth.py`)
     observer: Observer = NOBODY  # spans and metrics of every call (`observe/`)
     tokens: StoreTokenVerifier = field(init=False)  # every route's static-token verifier
+    missing: str | None = field(default=None, init=False)  # why there is no store, if none
     gateway: Any = None  # the MCP gateway (`mcp_gateway/proxy.Gateway`) when `--gateway` is on
 
     def __post_init__(self) -> None:
@@ -43,12 +47,37 @@ class Runtime:
 
     def require_store(self) -> Store:
         if self.store is None:
+            if self.missing is not None:
+                raise StoreMissing(self.missing)
             raise StoreUnavailable("the server is starting or stopping; retry")
         return self.store
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[Runtime]:
-        """Open the store and keys for the server's lifetime; close them on shutdown."""
+        """Open the store and keys for the server's lifetime; close them on shutdown.
+
+        A server speaking for an agent over stdio does not make a SQLite store that is not
+        there (`settings.makes_no_store`): a mistyped `--home` or `LOOPWARDEN_HOME` would give
+        the agent an empty store that answers every loop `not_found`. It runs without one, logs
+        why, and answers every call with that message (`require_store`); `loopwarden loop open`
+        makes a store. An operator's server, or one over HTTP, makes it (and logs that)."""
+        where = self.settings.location
+        absent = where.file is not None and not where.file.exists()
+        if makes_no_store(self.settings):
+            self.missing = (
+                f"there is no loopwarden store at {where.file} (is --home or LOOPWARDEN_HOME "
+                "mistyped?): open a loop there first (`loopwarden loop open --home "
+                f"{self.settings.home} …`), or start the server with the home that holds your "
+                "loops; then restart it"
+            )
+            log.error("%s", self.missing)
+            try:
+                yield self
+            finally:
+                self.observer.shutdown()
+            return
+        if absent:
+            log.warning("there was no store at %s: a new, empty one is made", where.file)
         keys = KeyStore(self.settings.home)
         store = await Store.open(
             self.settings.location,

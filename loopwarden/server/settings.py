@@ -20,6 +20,7 @@ from loopwarden.kernel.sql.backends import Synchronous
 from loopwarden.kernel.sql.location import Location, parse_location
 from loopwarden.kernel.store.homes import DB_NAME, resolve_home, store_source, synchronous_mode
 from loopwarden.mcp_gateway.servers_file import ServersFile
+from loopwarden.model_gateway.gateway_config import GatewaySettings
 from loopwarden.principals import Principal, principal
 from loopwarden.witnesses.witness_policy import WitnessPolicy
 
@@ -115,6 +116,7 @@ class Settings:
     otel: bool = False  # `serve --otel`: export traces even without an OTEL_* endpoint variable
     export: ExportTarget | None = None  # `--export-webhook`: the receipt stream's receiver
     witnesses: WitnessPolicy | None = None  # `--witness`: the witnesses checkpoints go to
+    model: GatewaySettings | None = None  # the model gateway's (`serve --http`)
     gateway: ServersFile | None = None  # `--gateway FILE`: downstream MCP servers served too
     gateway_loop: str | None = None  # `--loop`: the loop the gateway serves (over the file's)
 
@@ -220,3 +222,19 @@ def _check_identity(
                 checked_url(url, flag)
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from None
+
+
+def makes_no_store(settings: Settings) -> bool:
+    """Whether a server for `settings` must not make a store that is not there: one speaking
+    for an agent over stdio (launched by its client with a home it was given: a mistyped home
+    would give it an empty store that answers every loop `not_found`). An operator's server
+    makes one (it opens the first loop), and so does one over HTTP (started before its tokens
+    are minted)."""
+    file = settings.location.file
+    speaks_for = settings.principal.role if settings.principal is not None else None
+    return (
+        settings.http is None
+        and speaks_for in ("agent", "observer")
+        and file is not None
+        and not file.exists()
+    )

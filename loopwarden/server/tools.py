@@ -23,7 +23,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel
 
 from loopwarden.catalog import TOOLS
-from loopwarden.errors import IntegrityError, LoopwardenError, StoreError
+from loopwarden.errors import IntegrityError, LoopwardenError, StoreError, StoreMissing
 from loopwarden.kernel.runner.operation import Operation
 from loopwarden.server.runtime import Runtime
 from loopwarden.server.schemas import slim
@@ -87,6 +87,8 @@ class GovernedTool(Tool):
             # Clients sometimes send lists and objects as JSON text; the SDK's pre-parse decodes them.
             request = self.fn_metadata.pre_parse_json(arguments)
             result = await op(store, runtime.principal(), request)
+        except StoreMissing as exc:  # the server's own configuration, said as it is
+            return error_result(exc.code, exc.message)
         except IntegrityError as exc:
             log.error("integrity check failed in %s, request refused: %s", op.name, exc)
             return error_result(

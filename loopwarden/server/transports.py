@@ -23,6 +23,7 @@ from loopwarden.kernel.store.store import snapshot
 from loopwarden.observe import NOBODY, Observer
 from loopwarden.server.connections import ConnectionGuard, connection_ceiling, guarded_protocol
 from loopwarden.server.hook_route import HookFront, HookRoute
+from loopwarden.server.model_route import ModelFront, ModelRoute
 from loopwarden.server.sessions import SessionGate, SessionLimits
 from loopwarden.server.settings import Settings, is_loopback, url_host
 
@@ -158,6 +159,8 @@ def with_fronts(app: ASGIApp, mounts: Sequence[BaseRoute]) -> ASGIApp:
     for route in mounts:
         if isinstance(route, HookRoute):
             app = HookFront(app, route.hooks)
+        elif isinstance(route, ModelRoute):
+            app = ModelFront(app, route.gateway)
     return app
 
 

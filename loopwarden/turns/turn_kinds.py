@@ -36,10 +36,12 @@ from loopwarden.kernel.state.legality import (
     Owed,
     Verdict,
     VerdictRule,
+    approvals_as_found,
     calls_charged,
     charged,
     claim_facts,
     codes_of,
+    model_observed,
     pool_codes,
     refusal_rule,
     report_codes,
@@ -258,7 +260,7 @@ def _touches_report(body: ReceiptBody, data: TurnReport) -> Touched:
     return Touched(
         todos=frozenset([data.todo_id]),
         turns=frozenset([data.turn_id]),
-        approvals=frozenset(data.approval_ids),
+        approvals=frozenset((*data.approval_ids, *(data.approvals_found or ()))),
     )
 
 
@@ -291,7 +293,7 @@ def _reported(view: LoopView, body: ReceiptBody, f: TurnReported) -> None:
         view.loop = replace(loop, failure_signature=f.failure_signature, failure_streak=streak)
     else:
         view.loop = replace(loop, failure_signature=None, failure_streak=0)
-    for approval_id in f.approval_ids:
+    for approval_id in (*f.approval_ids, *(f.approvals_found or ())):
         _consume(view, approval_id, f.turn_id)
 
 
@@ -301,7 +303,12 @@ def _judge_reported(
     if body.decision.effect != "allow":
         return [Verdict(VerdictRule.EFFECT, "an accepted report records a deny")]
     found = report_codes(view, body, data, view.turns[data.turn_id])
-    return verdicts(found, "accepted") + charged(view, body, data)
+    return (
+        verdicts(found, "accepted")
+        + charged(view, body, data)
+        + approvals_as_found(view, body, data)
+        + model_observed(view, body, data)
+    )
 
 
 def _refused(view: LoopView, body: ReceiptBody, f: TurnRefused) -> None:
@@ -333,14 +340,19 @@ def _refusal_rules(
             )
         ]
     )
-    return same(body, report_codes(view, body, data, turn), "report") + uncharged
+    found = same(body, report_codes(view, body, data, turn), "report")
+    return found + uncharged + approvals_as_found(view, body, data)
 
 
 def _judge_refused(
     ctx: Judging, view: LoopView, body: ReceiptBody, data: TurnRefused
 ) -> list[Verdict]:
     """The refusal's own rules, and in every case whether its charge is right."""
-    return _refusal_rules(ctx, view, body, data) + charged(view, body, data)
+    return (
+        _refusal_rules(ctx, view, body, data)
+        + charged(view, body, data)
+        + model_observed(view, body, data)
+    )
 
 
 def _remember_report(ctx: Judging, view: LoopView, body: ReceiptBody, data: TurnReport) -> None:

@@ -16,6 +16,7 @@ from loopwarden.kernel.state.events import (
     Evidence,
     Fence,
     IdempotencyKey,
+    ModelSpend,
     Outcome,
     ReceiptKind,
     ToolUse,
@@ -25,10 +26,11 @@ from loopwarden.kernel.state.events import (
     Usage,
     check_evidence_size,
 )
-from loopwarden.kernel.state.facts import report_facts, tool_calls_due
+from loopwarden.kernel.state.facts import approvals_found, report_facts, tool_calls_due
 from loopwarden.kernel.state.rows import TurnRow
 from loopwarden.kernel.store.store import Appended, Txn
 from loopwarden.loops.stops import apply_stop_rules, close_loop
+from loopwarden.policy.budgets import Totals
 from loopwarden.policy.decision import VIOLATIONS, Decision, Reason, ReasonCode
 from loopwarden.policy.evaluate import evaluate_report
 from loopwarden.statuses import LoopStatus, TodoStatus, TurnStatus
@@ -126,6 +128,9 @@ def _report(req: UpdateRequest, turn: TurnRow, *, owner: bool, charged: bool) ->
         approval_ids=tuple(dict.fromkeys(req.approval_ids)),
         tool_calls_charged=due if owner else None,
         tool_calls_before=before,
+        model_observed=(
+            ModelSpend.of(turn.model) if owner and charged and turn.model != Totals() else None
+        ),
     )
 
 
@@ -137,10 +142,12 @@ def _seal(
     accepted: bool,
     charged: bool = True,
     closes: bool = False,
+    found: tuple[str, ...] = (),
 ) -> Appended:
     turn = call.tx.rows.turn(call.turn.turn_id) or call.turn  # as it is now (a sweep may close it)
     owner = call.who.id == turn.agent
     report = dict(_report(req, turn, owner=owner, charged=charged))  # validated, as they are
+    report["approvals_found"] = found or None
     data: TurnReported | TurnRefused
     if accepted:
         kind, data = ReceiptKind.TURN_REPORTED, TurnReported(**report)
@@ -189,14 +196,18 @@ def _refuse(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateRe
     return _result(call, False, decision, sealed)
 
 
-def _decide(call: Call[Txn], req: UpdateRequest) -> Decision:
+def _decide(call: Call[Txn], req: UpdateRequest) -> tuple[Decision, tuple[str, ...]]:
+    """The decision on the owner's report, and the approvals it did not cite that count for it
+    (an operator's approval of this turn's tool need not be cited: `approvals_found`)."""
     tx, turn = call.tx, call.turn
     loop = call.loop
     policy = tx.rows.policy(loop.policy_digest)
     todo = tx.rows.todo(loop.loop_id, turn.todo_id)
-    approvals = tx.rows.approvals(req.approval_ids)
-    facts = report_facts(call.who.id, loop, turn, todo, approvals, req, tx.now)
-    return evaluate_report(policy, facts, digest=loop.policy_digest)
+    approvals = {**tx.rows.approvals(req.approval_ids),
+                 **tx.rows.approved_for_turn(loop.loop_id, turn.turn_id)}  # fmt: skip
+    found = approvals_found(policy, req, turn, approvals.values(), tx.now)
+    facts = report_facts(call.who.id, loop, turn, todo, approvals, req, tx.now, found)
+    return evaluate_report(policy, facts, digest=loop.policy_digest), found
 
 
 @operation(access="write", scope=by_turn, hints=IDEMPOTENT_WRITE, refuse=_refuse)
@@ -207,7 +218,9 @@ def update(call: Call[Txn], req: UpdateRequest) -> UpdateResult:
     `usage` (tool calls: the largest of usage.tool_calls, the sum of tools_used counts and what
     your host's hooks observed, less what the turn was already charged); tools are checked against the loop's policy (a forbidden tool
     is refused and may stop the loop). If the loop observes your host, list every tool it ran
-    under the name the refusal or warning gives (e.g. shell.run for Bash). Completing a todo
+    under the name the refusal or warning gives (e.g. shell.run for Bash). If your model calls
+    go through loopwarden's model gateway, their usage is charged as the gateway observed it:
+    leave usage's model fields out (or report at least what was observed). Completing a todo
     may require evidence. Then follow `route`: continue (claim again), wait,
     user_action_required (stop and tell the user), or stop.
 
@@ -238,15 +251,19 @@ def update(call: Call[Txn], req: UpdateRequest) -> UpdateResult:
     if call.turn.agent != call.who.id:
         reason = Reason(ReasonCode.NOT_TURN_OWNER, "this turn belongs to another agent")
         return _foreign(call, req, Decision("deny", (reason,)))
-    decision = _decide(call, req)
+    decision, found = _decide(call, req)
     if decision.allowed:
-        return _result(call, True, decision, _seal(call, req, decision, accepted=True))
-    return _refused(call, req, decision)
+        sealed = _seal(call, req, decision, accepted=True, found=found)
+        return _result(call, True, decision, sealed)
+    return _refused(call, req, decision, found)
 
 
-def _refused(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateResult:
+def _refused(
+    call: Call[Txn], req: UpdateRequest, decision: Decision, approvals: tuple[str, ...] = ()
+) -> UpdateResult:
     """Every refusal of the owner's report is charged unless its turn is settled; a violation
-    also closes the turn (if still open) and applies `on_violation`."""
+    also closes the turn (if still open) and applies `on_violation`. `approvals`: those found
+    for it uncited (recorded, so the judge decides on what the server decided on)."""
     tx, turn = call.tx, call.turn
     found = set(decision.codes)
     if ReasonCode.LEASE_EXPIRED in found:
@@ -255,7 +272,10 @@ def _refused(call: Call[Txn], req: UpdateRequest, decision: Decision) -> UpdateR
     still_open = now.status == TurnStatus.OPEN
     violation = bool(found & VIOLATIONS)
     closes = violation and still_open
-    sealed = _seal(call, req, decision, accepted=False, charged=not now.settled, closes=closes)
+    sealed = _seal(
+        call, req, decision, accepted=False, charged=not now.settled, closes=closes,
+        found=approvals,
+    )  # fmt: skip
     policy = tx.rows.policy(call.loop.policy_digest)
     if violation and policy.stop.on_violation == "stop_loop" and not call.loop.status.closed:
         reason = Reason(ReasonCode.POLICY_VIOLATION, "; ".join(r.message for r in decision.reasons))

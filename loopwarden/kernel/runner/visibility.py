@@ -48,7 +48,13 @@ def missing_loop(reader: Reader, who: Principal, loop_id: str) -> str:
 
 
 def _loop_hint(reader: Reader, who: Principal, loop_id: str) -> str:
-    return did_you_mean(nearest_visible(reader, who, loop_id))
+    seen = [row.loop_id for row in reader.loops() if visible(reader, who, row)]
+    if not seen and who.is_operator:  # an operator sees every loop: this store has none
+        return (
+            "; this server's store holds no loop at all (is its --home or LOOPWARDEN_HOME the "
+            "one that holds your loops?)"
+        )
+    return did_you_mean(difflib.get_close_matches(loop_id, seen, n=3, cutoff=0.6))
 
 
 def _loop(reader: Rows, req: Any) -> Located | None:

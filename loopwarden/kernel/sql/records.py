@@ -79,6 +79,7 @@ class TokenRow:
     revoked_at: datetime | None
     expires_at: datetime | None = None
     mac: bytes | None = None
+    loop_id: str | None = None  # a model gateway token's one loop (none: any the role allows)
 
     def live_at(self, now: datetime) -> bool:
         """Neither revoked nor expired at `now`."""
@@ -94,6 +95,7 @@ class TokenRow:
             format_time(self.created_at),
             format_optional(self.revoked_at),
             format_optional(self.expires_at),
+            *([self.loop_id] if self.loop_id is not None else []),
         ]
 
 

@@ -108,6 +108,11 @@ HOSTS = Codec(
 """Each agent's last host session (`HostSeen`), a JSON object."""
 OBSERVED = Codec(_json_object, lambda s: {t: Observed(*seen) for t, seen in json.loads(s).items()})
 COUNTS = Codec(_json_object, json.loads)
+TURN_MODEL = Codec(
+    lambda totals: json.dumps({k: v for k, v in totals.as_dict().items() if v}, sort_keys=True),
+    lambda text: Totals(**json.loads(text)),
+)
+"""What the model gateway observed in a turn (`TurnRow.model`): its nonzero `Totals` fields."""
 BLOB = Codec(None, bytes)
 FLAG = Codec(int, bool)
 
@@ -330,6 +335,7 @@ TURNS = Table(
         _int("tool_calls_charged", default=0, since=7),
         _int("settled", default=0, since=7, codec=FLAG),
         Column("pools", DOCUMENT, default="[]", since=8, codec=STRINGS),
+        Column("model", DOCUMENT, default="{}", since=12, codec=TURN_MODEL, mac_when_set=True),
     ),
     key=("turn_id",),
     clustered=True,
@@ -443,6 +449,7 @@ TOKENS = Table(
         _null("revoked_at", codec=MAYBE_TIME),
         _mac(),
         _null("expires_at", codec=MAYBE_TIME, since=5),
+        _null("loop_id", since=12, mac_when_set=True),  # a model gateway token's one loop
     ),
     key=("token_hash",),
     unique=(("token_id",),),

@@ -33,6 +33,8 @@ from loopwarden.kernel.sql.schema import (
     POOL_USAGE,
     POOLS,
     SCHEMA_VERSION,
+    TOKENS,
+    TURNS,
     WITNESSES,
 )
 from loopwarden.kernel.sql.table import Column, SqlType, Table
@@ -165,12 +167,16 @@ UPGRADES: dict[int, tuple[Step, ...]] = {
     # batches. On SQLite the integrator runs in the write transaction itself, so a committed
     # store never holds a pending receipt.
     10: (CreateTable(PENDING, 10),),
-    # version 12 is the model gateway's (its branch): empty here, so that a store upgrades
-    # through it; the gateway's steps take its place when both are merged.
-    12: (),
-    # version 13: witnesses (loopwarden/witnesses/). The
-    # cosignatures witnesses returned for the checkpoints, each line as it came, and where each
-    # witness stands for this log as the witness client last heard. Nothing to re-derive.
+    # version 12: the model gateway (model_gateway/). A turn keeps what the gateway observed
+    # in it (`model`), a token may be bound to one loop (a gateway token). Both hold their
+    # default on every row already there and count in no proof until they are set.
+    12: (
+        AddColumn("turns", TURNS.column("model")),
+        AddColumn("tokens", TOKENS.column("loop_id")),
+    ),
+    # version 13: witnesses (loopwarden/witnesses/). The cosignatures witnesses returned for
+    # the checkpoints, each line as it came, and where each witness stands for this log as the
+    # witness client last heard. Nothing to re-derive.
     13: (CreateTable(COSIGNATURES, 13), CreateTable(WITNESSES, 13)),
 }
 # From version 11 on, a budget dimension (`policy/budgets.py`) arrives with its `since` version:

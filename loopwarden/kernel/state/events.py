@@ -161,6 +161,41 @@ class TodoSpec(Fact):
     depends_on: tuple[TodoId, ...] = Field(default=(), max_length=MAX_DEPENDENCIES)
 
 
+MODEL_DIMENSIONS: tuple[str, ...] = (
+    "model_calls", "input_tokens", "output_tokens", "cost_usd", "cache_write_tokens",
+    "cache_read_tokens",
+)  # fmt: skip
+"""The budget dimensions a call to a model spends: what the model gateway observes and
+charges (`model_gateway/`), and what a report no longer charges once the gateway saw the turn."""
+
+
+class ModelSpend(Fact):
+    """What calls to a model spent, as the model gateway read it from the provider's answers:
+    calls, tokens (uncached input, output, written to and read from the prompt cache) and their
+    cost in US dollars at the price the gateway charged."""
+
+    model_calls: Count = 0
+    input_tokens: Count = 0
+    output_tokens: Count = 0
+    cache_write_tokens: Count = 0
+    cache_read_tokens: Count = 0
+    cost_usd: Amount = 0.0
+
+    def charge(self) -> Totals:
+        """What this spend charges, in exact units."""
+        return charged({name: getattr(self, name) for name in MODEL_DIMENSIONS})
+
+    @classmethod
+    def of(cls, totals: Totals) -> ModelSpend:
+        """The model dimensions of `totals` (the rest left out)."""
+        return cls(**{name: totals.used(name) for name in MODEL_DIMENSIONS})
+
+
+def model_part(totals: Totals) -> Totals:
+    """The model dimensions of `totals` alone (the rest zero)."""
+    return ModelSpend.of(totals).charge()
+
+
 class ClosedTurn(Fact):
     turn_id: TurnId
     todo_id: TodoId
@@ -189,6 +224,7 @@ class ReceiptKind(StrEnum):
     LOOP_CANCELLED = "loop.cancelled"
     LOOP_STOPPED = "loop.stopped"
     LOOP_COMPLETED = "loop.completed"
+    LOOP_POLICY_CHANGED = "loop.policy_changed"
     HOST_ATTACHED = "host.attached"
     TOOL_ADMITTED = "tool.admitted"
     TOOL_REFUSED = "tool.refused"
@@ -196,6 +232,8 @@ class ReceiptKind(StrEnum):
     POOL_DEFINED = "pool.defined"
     POOL_PAUSED = "pool.paused"
     POOL_RESUMED = "pool.resumed"
+    MODEL_CALLED = "model.called"
+    MODEL_REFUSED = "model.refused"
     MCP_TOOL_CHANGED = "mcp.tool_changed"
 
 
@@ -205,9 +243,16 @@ POOL_KINDS = frozenset(
 """The kinds of a budget pool's chain (`pool:<name>`); every other kind is a loop's."""
 
 
-class LoopOpened(Fact):
-    objective: str = Field(min_length=1, max_length=MAX_OBJECTIVE)
+class CarriesPolicy(Fact):
+    """A fact that carries a loop's policy document whole (`loop.opened`, and an operator's
+    `loop.policy_changed`): the body's `policy_digest` is that document's, the store keeps the
+    document by it, and the loop is judged by it from that receipt on."""
+
     policy: dict[str, Any]
+
+
+class LoopOpened(CarriesPolicy):
+    objective: str = Field(min_length=1, max_length=MAX_OBJECTIVE)
     todos: tuple[TodoSpec, ...]
 
 
@@ -231,6 +276,10 @@ class TurnReport(Fact):
     summary: str = Field(max_length=MAX_SUMMARY)
     failure_signature: str | None = Field(default=None, max_length=200)
     approval_ids: tuple[ApprovalId, ...] = Field(default=(), max_length=MAX_TOOLS_USED)
+    # The approvals the report did not cite that count for it: for each approval-gated tool it
+    # names that no cited approval covers, the turn's earliest usable approval for that tool
+    # (`facts.approvals_found`). Absent when there are none (and before this field).
+    approvals_found: tuple[ApprovalId, ...] | None = Field(default=None, max_length=MAX_TOOLS_USED)
     # What the server charged against max_tool_calls (`rules.tool_calls_due`). Absent in
     # receipts of release 0.1.0, which charged usage.tool_calls alone (the fold does the same).
     tool_calls_charged: Count | None = None
@@ -238,6 +287,10 @@ class TurnReport(Fact):
     # expiry, its loop's close). Absent before 0.2.0, whose reports charged the largest of
     # usage.tool_calls, the tools_used sum and the observed calls, whatever came before.
     tool_calls_before: Count | None = None
+    # What the model gateway observed in the turn when it was reported (absent when it
+    # observed nothing): then the report's model usage is kept beside it and not charged,
+    # because each observed call was charged as it ended (`model.called`).
+    model_observed: ModelSpend | None = None
 
     @property
     def tool_calls(self) -> int:

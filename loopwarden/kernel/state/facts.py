@@ -13,8 +13,9 @@ from typing import Protocol
 
 from loopwarden.clock import format_time
 from loopwarden.errors import InvalidInput
-from loopwarden.kernel.state.events import Evidence, ToolUse
+from loopwarden.kernel.state.events import Evidence, ToolUse, Usage
 from loopwarden.kernel.state.rows import ApprovalRow, LoopRow, TodoRow, TurnRow
+from loopwarden.policy.budgets import Totals
 from loopwarden.policy.decision import Reason, ReasonCode
 from loopwarden.policy.evaluate import (
     ClaimFacts,
@@ -22,7 +23,9 @@ from loopwarden.policy.evaluate import (
     StopFacts,
     ToolCallFacts,
     TurnFacts,
+    explain,
 )
+from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import ApprovalStatus, TodoStatus, TurnStatus
 
 
@@ -39,6 +42,8 @@ class ReportLike(Protocol):
     def tools_used(self) -> Sequence[ToolUse]: ...
     @property
     def approval_ids(self) -> Sequence[str]: ...
+    @property
+    def usage(self) -> Usage: ...
 
 
 def claim_facts(
@@ -68,6 +73,17 @@ def host_attached(loop: LoopRow, agent: str, now: datetime, lease_seconds: int) 
     """Whether `agent`'s host hooks spoke for this loop within the last lease window."""
     seen = loop.hosts.get(agent)
     return seen is not None and seen.at >= now - timedelta(seconds=lease_seconds)
+
+
+def model_counts(totals: Totals) -> tuple[tuple[str, int], ...]:
+    """The model dimensions an agent reports (calls, tokens, cost), in their integer units,
+    where they are not zero."""
+    out = []
+    for name in ("model_calls", "input_tokens", "output_tokens", "cost_usd"):
+        units = totals.units(name)
+        if units:
+            out.append((name, units))
+    return tuple(out)
 
 
 def observed_counts(turn: TurnRow) -> tuple[tuple[str, int], ...]:
@@ -189,6 +205,40 @@ def turn_facts(
     )
 
 
+def approvals_found(
+    policy: LoopPolicy,
+    report: ReportLike,
+    turn: TurnRow,
+    approvals: Iterable[ApprovalRow],
+    now: datetime,
+) -> tuple[str, ...]:
+    """The approvals a report did not cite that count for it: for each approval-gated tool it
+    names that no cited approval covers, the earliest approval of `turn` for that tool that is
+    approved, unexpired, unconsumed and (if bound to an artifact) matched by the evidence. An
+    operator's approval for this very turn is not lost because the agent forgot to cite it."""
+    known = {a.approval_id: a for a in approvals}
+    cited = dict.fromkeys(report.approval_ids)
+    covered, _ = covered_tools(cited, report.evidence, turn, known, now)
+    digests = {e.digest for e in report.evidence if e.digest}
+    found = []
+    for tool in dict.fromkeys(t.name for t in report.tools_used):
+        if tool in covered or explain(policy, tool).rule != "approval":
+            continue
+        usable = [
+            a
+            for a in known.values()
+            if a.approval_id not in cited
+            and a.turn_id == turn.turn_id
+            and a.tool == tool
+            and a.status == ApprovalStatus.APPROVED
+            and (a.expires_at is None or now < a.expires_at)
+            and (not a.artifact_digest or a.artifact_digest in digests)
+        ]
+        if usable:
+            found.append(min(usable, key=lambda a: (a.requested_at, a.approval_id)).approval_id)
+    return tuple(found)
+
+
 def report_facts(
     agent: str,
     loop: LoopRow,
@@ -197,9 +247,12 @@ def report_facts(
     approvals: dict[str, ApprovalRow],
     report: ReportLike,
     now: datetime,
+    found: Sequence[str] = (),
 ) -> ReportFacts:
-    """What a report on `turn` is decided on."""
-    covered, problems = covered_tools(report.approval_ids, report.evidence, turn, approvals, now)
+    """What a report on `turn` is decided on: `found`, the approvals it did not cite that
+    count for it (`approvals_found`), cover tools as the cited ones do."""
+    cited = (*report.approval_ids, *found)
+    covered, problems = covered_tools(cited, report.evidence, turn, approvals, now)
     return ReportFacts(
         **vars(turn_facts(agent, loop, turn, todo, report.fence, now)),
         outcome=report.outcome,
@@ -209,6 +262,8 @@ def report_facts(
         approval_problems=problems,
         reported=tuple((t.name, t.count) for t in report.tools_used),
         observed=observed_counts(turn),
+        model_reported=model_counts(report.usage.charge()),
+        model_observed=model_counts(turn.model),
     )
 
 

@@ -21,7 +21,14 @@ from datetime import datetime
 from typing import Any, Literal
 
 from loopwarden.errors import LoopwardenError
-from loopwarden.kernel.state.events import ClosedTurn, ReceiptBody, TodoSpec, TurnReport, Usage
+from loopwarden.kernel.state.events import (
+    ClosedTurn,
+    ReceiptBody,
+    TodoSpec,
+    TurnReport,
+    Usage,
+    model_part,
+)
 from loopwarden.kernel.state.rows import LoopView, TodoRow, TurnRow, replace
 from loopwarden.policy.budgets import Totals
 from loopwarden.statuses import TODO_STATUSES, TodoStatus, TurnStatus
@@ -140,6 +147,8 @@ def close_turns(view: LoopView, closed: Iterable[ClosedTurn], at: datetime) -> N
 def charge(view: LoopView, report: TurnReport) -> None:
     """Charge a report's usage to its loop, and its tool calls to its turn's running charge."""
     charged = usage_totals(report.usage, report.tool_calls)
+    if report.model_observed is not None:  # charged call by call as the gateway saw them
+        charged = charged.minus(model_part(charged))
     view.loop = replace(view.loop, totals=view.loop.totals.plus(charged))
     _turn_charged(view, report.turn_id, report.tool_calls)
 

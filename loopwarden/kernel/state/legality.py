@@ -16,8 +16,9 @@ from typing import TypeVar
 
 from loopwarden.kernel.state import facts as rules
 from loopwarden.kernel.state.charges import PoolBook, claim_reasons
-from loopwarden.kernel.state.events import ReceiptBody, TurnRefused, TurnReport
+from loopwarden.kernel.state.events import ModelSpend, ReceiptBody, TurnRefused, TurnReport
 from loopwarden.kernel.state.rows import LoopView, TurnRow
+from loopwarden.policy.budgets import Totals
 from loopwarden.policy.decision import Reason, ReasonCode
 from loopwarden.policy.evaluate import (
     ClaimFacts,
@@ -47,9 +48,12 @@ class VerdictRule(StrEnum):
     CHARGE = "charge"
     CHARGED = "charged"
     EFFECT = "effect"
+    APPROVALS_FOUND = "approvals_found"
     ENFORCED = "enforced"
     GRANT_TERMS = "grant_terms"
     HOOK_TURN = "hook_turn"
+    MODEL_OBSERVED = "model_observed"
+    MODEL_PRICE = "model_price"
     IDEMPOTENCY = "idempotency"
     LEASE_LIVE = "lease_live"
     LEASE_NOT_SWEPT = "lease_not_swept"
@@ -85,6 +89,8 @@ class VerdictRule(StrEnum):
     HOOK_REASONS = "hook_reasons"
     DECIDE_APPROVAL_REFUSED = "decide_approval_refused"
     DECIDE_APPROVAL_REASONS = "decide_approval_reasons"
+    MODEL_REFUSED = "model_refused"
+    MODEL_REASONS = "model_reasons"
 
 
 @dataclass(frozen=True)
@@ -179,10 +185,30 @@ def report_codes(
     """The reasons the policy gives against a report on `turn` (none if it admits it)."""
     facts = rules.report_facts(
         body.principal.id, view.loop, turn, view.todos.get(turn.todo_id), view.approvals,
-        data, body.at,
+        data, body.at, data.approvals_found or (),
     )  # fmt: skip
     decision = evaluate_report(view.policy, facts, digest="")
     return () if decision.allowed else decision.codes  # an allow's reasons are warnings
+
+
+def approvals_as_found(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict]:
+    """A report's uncited approvals are exactly those the rules find for it (none more, none
+    fewer: an approval is not consumed by a report whose tools did not need it)."""
+    turn = view.turns.get(data.turn_id)
+    if turn is None or body.principal.id != turn.agent:
+        return []
+    if ReasonCode.IDEMPOTENCY_CONFLICT in codes_of(body):  # refused before the report was read
+        return []
+    expected = rules.approvals_found(view.policy, data, turn, view.approvals.values(), body.at)
+    if tuple(data.approvals_found or ()) == expected:
+        return []
+    return [
+        Verdict(
+            VerdictRule.APPROVALS_FOUND,
+            f"names {list(data.approvals_found or ())} as its uncited approvals where the rules "
+            f"find {list(expected)}",
+        )
+    ]
 
 
 def charged(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict]:
@@ -212,6 +238,25 @@ def charged(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict
         Verdict(
             VerdictRule.CHARGE,
             f"charged {data.tool_calls_charged} tool calls where the rules say {expected}",
+        )
+    ]
+
+
+def model_observed(view: LoopView, body: ReceiptBody, data: TurnReport) -> list[Verdict]:
+    """A charged report by the turn's owner records what the model gateway observed in the
+    turn (and so charges none of its own model usage); any other report records nothing."""
+    turn = view.turns.get(data.turn_id)
+    charging = not isinstance(data, TurnRefused) or data.charged
+    expected = None
+    if turn is not None and body.principal.id == turn.agent and charging:
+        expected = ModelSpend.of(turn.model) if turn.model != Totals() else None
+    if data.model_observed == expected:
+        return []
+    return [
+        Verdict(
+            VerdictRule.MODEL_OBSERVED,
+            f"records model usage observed as {data.model_observed} where the gateway's "
+            f"receipts say {expected}",
         )
     ]
 

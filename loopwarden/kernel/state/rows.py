@@ -116,6 +116,8 @@ class TurnRow:
     # first late one after an expiry or a close): later reports on it are not charged again.
     settled: bool = False
     pools: tuple[str, ...] = ()  # the budget pools its claim was admitted under (charged with it)
+    # What the model gateway observed (and charged) in this turn: the model dimensions' units.
+    model: Totals = field(default_factory=Totals)
 
     def observed_calls(self, tool: str) -> int:
         """Calls of `tool` the host saw: admitted or ran, whichever hook saw more."""

@@ -95,7 +95,8 @@ _PER_LOOP = {name: len(table.key) == 2 for name, table in ROW_TABLES.items()}
 
 def row_leaf(table: str, row: TodoRow | TurnRow | ApprovalRow) -> bytes:
     """The leaf of a loop's row in its state tree: its table and its stored values."""
-    return state.leaf(table, ROW_TABLES[table].encode(row))
+    described = ROW_TABLES[table]
+    return state.leaf(table, described.mac_values(described.encode(row)))
 
 
 class ProvedRows:

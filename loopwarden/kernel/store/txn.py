@@ -51,7 +51,7 @@ from loopwarden.kernel.sql.schema import (
 )
 from loopwarden.kernel.state import charges as pool_state
 from loopwarden.kernel.state.charges import chain_of, drawn, pool_of
-from loopwarden.kernel.state.events import Fact, LoopOpened, ReceiptBody, ReceiptKind
+from loopwarden.kernel.state.events import CarriesPolicy, Fact, ReceiptBody, ReceiptKind
 from loopwarden.kernel.state.registry import Kinds
 from loopwarden.kernel.state.rows import LoopView, PoolRow
 from loopwarden.kernel.state.rows import replace as with_fields
@@ -179,7 +179,9 @@ class Txn:
         """Seal one receipt and apply it: its place in its loop's chain (pending its Merkle
         leaf), projection rows.
 
-        `policy_digest` is required for `loop.opened` and otherwise taken from the loop; `refs`
+        `policy_digest` is required for a receipt that carries a policy (`loop.opened`, an
+        operator's `loop.policy_changed`: that policy's digest) and otherwise taken from the
+        loop; `refs`
         are what else the receipt names. A receipt's time never goes back within its loop
         (another process's clock may lag: then it takes the loop's last time). Raises
         `SealError` if the receipt cannot be sealed, `FoldError` if it does not fit the loop's
@@ -195,13 +197,15 @@ class Txn:
         else:
             if loop is None:
                 raise NotFound(f"loop {loop_id!r} does not exist")
-            seq, prev, policy_digest = loop.head_seq + 1, loop.head_digest, loop.policy_digest
+            seq, prev = loop.head_seq + 1, loop.head_digest
+            if not isinstance(data, CarriesPolicy):
+                policy_digest = loop.policy_digest
             at = max(at, loop.updated_at)
         body, sealed = self._seal(
             loop_id, kind, seq, prev, at, principal, data,
             decision=decision, policy_digest=policy_digest, **refs,
         )  # fmt: skip
-        if isinstance(body.data, LoopOpened):
+        if isinstance(body.data, CarriesPolicy):
             self.conn.execute(
                 self.dialect.insert_new(POLICIES),
                 (policy_digest, canonical_bytes(body.data.policy).decode()),
@@ -408,8 +412,11 @@ class Txn:
         agent: str,
         role: str,
         expires_at: datetime | None = None,
+        loop_id: str | None = None,
     ) -> None:
-        token = TokenRow(token_hash, token_id, agent, role, self.now, None, expires_at)
+        token = TokenRow(
+            token_hash, token_id, agent, role, self.now, None, expires_at, loop_id=loop_id
+        )
         token = with_fields(token, mac=self.integrity.mac(TOKEN_MAC, token.mac_values()))
         self.conn.execute(self.dialect.insert(TOKENS), TOKENS.encode(token))
 
