@@ -3,16 +3,24 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUNTIME := $(VENV)/.runtime
 
 .PHONY: demo test test-all check-clients check-wheel check-dist bench bench-quick lint clean
 
+# `make demo` installs the runtime only; `make test` (and the checks) add the test extra.
+$(RUNTIME): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUNTIME)
+
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUNTIME)
 
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(BIN)/loopwarden demo
 
 # Two pytest workers (pytest-xdist; at most four): much of the suite waits on processes,

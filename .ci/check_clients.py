@@ -159,6 +159,18 @@ def contains(step: str, needle: str, what: str) -> Callable[[Run], str]:
     return check
 
 
+def no_warnings(step: str, what: str) -> Callable[[Run], str]:
+    """The Inspector's `--strict` passes with no warning (each is a schema a client may reject)."""
+
+    def check(run: Run) -> str:
+        warned = [line for line in run.log(step).splitlines() if line.startswith("Warning:")]
+        if warned:
+            raise CheckFailed(f"{what}: {len(warned)} warnings, the first {warned[0]!r}")
+        return f"{what}: no warnings"
+
+    return check
+
+
 def codex_config(run: Run) -> str:
     """`codex mcp list` does not connect: read back the server Codex would launch."""
     shown = json.loads(run.command("codex", "mcp", "get", "loopwarden", "--json"))
@@ -228,6 +240,7 @@ CHECKS: dict[str, tuple[Callable[[Run], str], ...]] = {
     "codex": (codex_config,),
     "inspector-stdio": (
         contains("inspector-stdio", '"allowed": true', "MCP Inspector (stdio, --strict, quota)"),
+        no_warnings("inspector-stdio", "MCP Inspector (stdio, tools/list --strict)"),
         tool_error("quota", ("loop_id=nope",), "not_found: no loop with id 'nope'"),
         tool_error("open_loop", ("objective=x", "policy={}"), "forbidden: open_loop is an"),
     ),
@@ -238,6 +251,7 @@ CHECKS: dict[str, tuple[Callable[[Run], str], ...]] = {
             '"loop_id": "csv-export"',
             "MCP Inspector (HTTP, bearer header, --strict, projection)",
         ),
+        no_warnings("inspector-http", "MCP Inspector (HTTP, tools/list --strict)"),
     ),
     "hooks-claude": (hooks_accepted("hooks-claude", ".claude/settings.json", "Claude Code"),),
     "hooks-gemini": (hooks_accepted("hooks-gemini", ".gemini/settings.json", "Gemini CLI"),),

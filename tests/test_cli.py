@@ -537,6 +537,27 @@ def test_receipt_json_has_the_envelope_decoded_body_and_verification(home, loop)
     assert granted.receipt_id in human.stdout and "signature ok" in human.stdout
 
 
+def test_checkpoint_signs_and_stores_one_that_publishes_every_receipt_then_has_nothing_to_sign(
+    home, loop
+):
+    granted = agent_claim(home, loop)
+    assert ok_json(f"receipt {granted.receipt_id} --home {home}")["state"] == "integrated"
+    made = ok_json(f"checkpoint --home {home}")
+    assert made["signed_now"] is True and made["size"] == 2  # loop.opened, turn.claimed
+    assert made["key_id"].startswith("ed25519-") and made["root"]
+    assert ok_json(f"receipt {granted.receipt_id} --home {home}")["state"] == "published"
+    again = cli(f"checkpoint --home {home}")
+    assert again.exit_code == 0 and "already covers the journal" in again.stdout
+    assert ok_json(f"checkpoint --home {home}")["signed_now"] is False
+
+
+def test_checkpoint_of_a_home_without_a_store_exits_1_and_makes_nothing(tmp_path):
+    empty = tmp_path / "nothing-here"
+    code, out = cli_json(f"checkpoint --home {empty}")
+    assert code == 1 and out["error"] == "not_found", out
+    assert not empty.exists()
+
+
 def test_receipt_unknown_id_exits_1(home, loop):
     code, out = cli_json(f"receipt rcpt-{'0' * 24} --home {home}")
     assert code == 1

@@ -717,3 +717,21 @@ async def test_a_loop_page_shows_approved_approvals_its_live_turns_may_still_use
         sign_in(http, tokens["alice"].token)
         page = http.get("/loops/granted").text
     assert "Approved, not yet used (1)" in page and asked.approval_id in page
+
+
+def test_a_receipt_page_says_whether_its_checkpoint_is_stored_or_signed_for_the_page(
+    server, tokens
+):
+    """A receipt not yet under a stored checkpoint is never shown as if one had been signed."""
+    open_by_cli(server, "proved")
+    listed = cli("receipts", "proved", "--json", "--home", str(server.home))
+    receipt_id = json.loads(listed.stdout)["receipts"][0]["receipt_id"]
+    with client(server) as http:
+        sign_in(http, tokens["alice"].token)
+        before = http.get(f"/receipts/{receipt_id}").text
+        assert "Not yet under a stored checkpoint" in before and "loopwarden checkpoint" in before
+        assert "Stored checkpoint of size" not in before
+        stored = cli("checkpoint", "--home", str(server.home))
+        assert stored.returncode == 0, stored.stderr
+        after = http.get(f"/receipts/{receipt_id}").text
+        assert "Stored checkpoint of size" in after and "Not yet under" not in after

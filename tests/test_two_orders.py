@@ -122,10 +122,13 @@ async def test_a_receipt_is_sealed_then_integrated_then_published(home, pg_url):
         assert integrated.state == "integrated"
         assert integrated.inclusion_proof is not None and integrated.inclusion_proof.verified
         assert integrated.inclusion_proof.leaf_index == 1
+        assert integrated.checkpoint is not None and integrated.checkpoint.verified
+        assert not integrated.checkpoint.stored  # signed for that answer, not kept
 
         published = await receipt(store, OPERATOR, ReceiptRequest(loop_id="L1", seq=2, wait=True))
         assert published.state == "published" and published.checkpoint is not None
         assert published.checkpoint.size == 2 and published.checkpoint.verified
+        assert published.checkpoint.stored
         report = _audit(home, pg_url)
         assert report.clean and (report.pending, report.tree_size) == (0, 2)
     finally:

@@ -1,8 +1,9 @@
-"""`loopwarden receipts LOOP [--follow]`, `loopwarden receipt RID` and `loopwarden events`:
-the journal."""
+"""`loopwarden receipts LOOP [--follow]`, `loopwarden receipt RID`, `loopwarden events` and
+`loopwarden checkpoint`: the journal."""
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import time
@@ -22,7 +23,7 @@ from loopwarden.errors import InvalidInput, LoopwardenError
 from loopwarden.exports.cloudevents import cloudevent
 from loopwarden.journal.listing import MAX_LINES, JournalResult, ReceiptLine, journal
 from loopwarden.journal.receipt import receipt as receipt_op
-from loopwarden.kernel.sql.records import JournalRow
+from loopwarden.kernel.sql.records import CheckpointRow, JournalRow
 from loopwarden.kernel.state.events import ReceiptKind
 
 FOLLOW_SECONDS = 1.0  # how often --follow looks for new receipts
@@ -278,3 +279,49 @@ def _print_events(home: Path | None, store: str | None, after: int, only: Only) 
         if len(rows) < EVENTS_PAGE:
             return rows[-1].leaf if rows else after
         after = rows[-1].leaf
+
+
+@shared_options("home", "store", "json")
+def checkpoint(*, options: Options) -> None:
+    """Sign and store a checkpoint of the whole journal now.
+
+    A server stores a signed checkpoint every 256 receipts it integrates, and when a receipt
+    is asked for with --wait; between those, a receipt's proof is against a checkpoint signed
+    for that answer only and not kept.
+
+    A stored checkpoint publishes every receipt up to its size, and `verify` checks the tree
+    against it. Nothing is signed when the latest one already covers the journal.
+    """
+
+    async def action() -> tuple[CheckpointRow | None, CheckpointRow | None]:
+        async with admin.open_store(options.home, store=options.store, create=False) as opened:
+            before = await opened.read(lambda reader: reader.latest_checkpoint())
+            await opened.checkpoint()
+            return before, await opened.read(lambda reader: reader.latest_checkpoint())
+
+    try:
+        before, after = anyio.run(action)
+    except LoopwardenError as exc:
+        fail(exc.message, exit_code(exc), as_json=options.json_out, error=exc.code)
+    made = after is not None and (before is None or after.size > before.size)
+    out = {
+        "size": after.size if after else 0,
+        "root": base64.b64encode(after.root).decode() if after else None,
+        "key_id": after.key_id if after else None,
+        "signed_at": format_time(after.signed_at) if after else None,
+        "signed_now": made,
+    }
+    if options.json_out:
+        render.emit_json(out)
+    elif after is None:
+        render.console.print("the journal is empty: there is nothing to sign")
+    elif made:
+        render.console.print(
+            f"signed and stored a checkpoint of size {after.size} (key {after.key_id}): "
+            f"{render.counted(after.size, 'receipt')} published"
+        )
+    else:
+        render.console.print(
+            f"the stored checkpoint of size {after.size} (signed {out['signed_at']}) already "
+            "covers the journal: nothing to sign"
+        )

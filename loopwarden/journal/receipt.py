@@ -58,6 +58,11 @@ class CheckpointOut(Model):
     key_id: str
     signed_at: Timestamp
     verified: bool
+    stored: bool = Field(
+        description="Kept by the store (the receipt is published). False: signed for this "
+        "answer only and not kept; the store keeps one every 256 receipts, or on `loopwarden "
+        "checkpoint`."
+    )
 
 
 ReceiptState = Literal["sealed", "integrated", "published"]
@@ -82,16 +87,18 @@ class ReceiptResult(Model):
     checkpoint: CheckpointOut | None = Field(description="None while the receipt is sealed.")
 
 
-def covering_checkpoint(reader: Reader, store: Store, leaf_index: int) -> CheckpointRow:
-    """The latest stored checkpoint if it covers `leaf_index`; else a checkpoint of the tree as
-    it stands, signed now and not stored (reading stays read-only)."""
+def covering_checkpoint(
+    reader: Reader, store: Store, leaf_index: int
+) -> tuple[CheckpointRow, bool]:
+    """The latest stored checkpoint if it covers `leaf_index` (and True); else a checkpoint of
+    the tree as it stands, signed now and not stored (and False: reading stays read-only)."""
     latest = reader.latest_checkpoint()
     if latest is not None and latest.size > leaf_index:
-        return latest
+        return latest, True
     size, frontier = reader.log_state()
     root = merkle.root_from_frontier(frontier)
     note = sign_checkpoint(store.origin, size, root, store.signer)
-    return CheckpointRow(size, root, note, store.signer.key_id, store.clock())
+    return CheckpointRow(size, root, note, store.signer.key_id, store.clock()), False
 
 
 @operation(access="read", scope=by_receipt)
@@ -128,7 +135,7 @@ def receipt(call: Call[Reader], req: ReceiptRequest) -> ReceiptResult:
 
 def _proved(reader: Reader, store: Store, leaf_index: int, envelope: bytes) -> dict[str, Any]:
     """An integrated receipt's inclusion proof against a checkpoint that covers it."""
-    checkpoint = covering_checkpoint(reader, store, leaf_index)
+    checkpoint, stored = covering_checkpoint(reader, store, leaf_index)
     proof = merkle.inclusion_proof(leaf_index, checkpoint.size, reader.node)
     signed = open_checkpoint(checkpoint.note, store.keyring)
     proof_ok = merkle.verify_inclusion(
@@ -148,5 +155,6 @@ def _proved(reader: Reader, store: Store, leaf_index: int, envelope: bytes) -> d
             key_id=checkpoint.key_id,
             signed_at=checkpoint.signed_at,
             verified=signed.verified and signed.size == checkpoint.size,
+            stored=stored,
         ),
     }

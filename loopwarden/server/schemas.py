@@ -5,10 +5,12 @@ call. Pydantic writes unions as `anyOf` (`int | float | None` is three branches,
 each failure a new error object) and shared models as `$ref`s into `$defs` (resolved per
 instance). `slim` rewrites a schema into one that accepts exactly the same instances with
 neither: references inlined, `integer | number` as `number` (JSON Schema's `number` includes
-integers), and a union with `null` as a type list (`"type": ["string", "null"]`; an `enum` gains
-`null`). Keywords that only constrain one type (`properties`, `items`, `maxLength`, ...) ignore
-other types, which is what makes the merge exact. Anything else stays as it was. Titles, which
-only repeat field names, are dropped; descriptions stay.
+integers). A union that still has two types stays an `anyOf` of single-type branches (`X | None`
+is `{"anyOf": [X, {"type": "null"}]}`), never a type list (`"type": ["string", "null"]`): a
+client that maps tool schemas onto a single-`type` dialect (the OpenAPI subset of Gemini's
+function declarations) may reject a list or drop its constraints, and the MCP Inspector's
+`--strict` warns about each. Anything else stays as it was. Titles, which only repeat field
+names, are dropped; descriptions stay.
 """
 
 from __future__ import annotations
@@ -16,34 +18,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-# Keywords a branch may carry and still be merged into a union with null: each constrains only
-# instances of the branch's own type (so `null` passes them), or is an annotation.
-_TYPE_SPECIFIC = frozenset(
-    {
-        "properties",
-        "additionalProperties",
-        "required",
-        "patternProperties",
-        "propertyNames",
-        "minProperties",
-        "maxProperties",
-        "items",
-        "prefixItems",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "contains",
-        "minLength",
-        "maxLength",
-        "pattern",
-        "format",
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "multipleOf",
-    }
-)
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "deprecated"})
 _VALUES = frozenset({"enum", "const", "default", "examples", "required"})  # data, not schemas
 
@@ -109,30 +83,18 @@ def _inline(
 
 
 def _merge_union(node: dict[str, Any]) -> dict[str, Any]:
-    """An `anyOf` of plain types, or of one schema and `null`, as one schema; else unchanged."""
+    """An `anyOf` of plain types as one type where they are one (`integer | number`), as an
+    `anyOf` of the remaining plain types otherwise; any other union unchanged."""
     branches = node["anyOf"]
     rest = {k: v for k, v in node.items() if k != "anyOf"}
     if any(k not in _ANNOTATIONS for k in rest):
         return node
-    if not all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in branches):
+    plain = [b for b in branches if isinstance(b, dict) and set(b) - _ANNOTATIONS == {"type"}]
+    if len(plain) != len(branches) or not all(isinstance(b["type"], str) for b in plain):
         return node
-    types = [b["type"] for b in branches]
-    plain = [b for b in branches if set(b) - _ANNOTATIONS == {"type"}]
-    if len(plain) == len(branches):  # e.g. integer | number | null
-        merged = list(dict.fromkeys(types))
-        if "number" in merged and "integer" in merged:
-            merged.remove("integer")
-        return {**rest, "type": merged[0] if len(merged) == 1 else merged}
-    nulls = [b for b in branches if b["type"] == "null" and set(b) - _ANNOTATIONS == {"type"}]
-    others = [b for b in branches if b not in nulls]
-    if len(nulls) != 1 or len(others) != 1:
-        return node
-    (other,) = others
-    keywords = set(other) - _ANNOTATIONS - {"type"}
-    if not keywords <= _TYPE_SPECIFIC | {"enum"}:
-        return node
-    merged_node = {k: v for k, v in other.items() if k != "title"}
-    merged_node["type"] = [other["type"], "null"]
-    if "enum" in other:
-        merged_node["enum"] = [*other["enum"], None]
-    return {**merged_node, **rest}
+    merged = list(dict.fromkeys(b["type"] for b in plain))
+    if "number" in merged and "integer" in merged:
+        merged.remove("integer")
+    if len(merged) == 1:
+        return {**rest, "type": merged[0]}
+    return {**rest, "anyOf": [{"type": t} for t in merged]}
