@@ -59,6 +59,7 @@ from loopwarden.turns.claim import ClaimRequest, ClaimResult, claim
 from loopwarden.turns.quota import QuotaRequest
 from loopwarden.turns.quota import quota as quota_op
 from loopwarden.turns.update import UpdateRequest, UpdateResult, update
+from loopwarden.witnesses.witness_audit import UNVOUCHED
 
 T = TypeVar("T")
 
@@ -582,7 +583,8 @@ def test_verify_clean_database_exits_0_with_the_documented_json(home, loop):
         "findings",
         "notes",
     }
-    assert (out["verdict"], out["findings"], out["notes"]) == ("clean", [], [])
+    # Without a witness policy it says that nothing outside loopwarden vouches for the log.
+    assert (out["verdict"], out["findings"], out["notes"]) == ("clean", [], [UNVOUCHED])
     assert out["trusted"].startswith("the key history: 1 key from genesis key ed25519-")
     assert (out["receipts"], out["pending"], out["loops"], out["tree_size"]) == (3, 0, 1, 3)
     assert isinstance(out["checkpoints"], int) and isinstance(out["seconds"], int | float)
@@ -686,7 +688,9 @@ def test_verify_bundle_clean_exits_0_with_the_documented_json(bundle):
         "status",
         "stop_reason",
         "findings",
+        "notes",
     }
+    assert out["notes"] == [UNVOUCHED]
     assert (out["verdict"], out["receipts"], out["keys_pinned"], out["status"]) == (
         "clean",
         3,

@@ -568,10 +568,11 @@ def test_sign_checkpoint_has_the_c2sp_shape(signer):
     body, signature_line = note.split("\n\n")
     assert body + "\n" == checkpoint_body("loopwarden.test/log", 12, ROOT)
     assert body.split("\n") == ["loopwarden.test/log", "12", _b64(ROOT)]
-    assert signature_line.startswith(SIG_PREFIX + signer.key_id + " ")
+    # The key name is the origin (tlog-checkpoint SHOULD, tlog-policy MUST).
+    assert signature_line.startswith(SIG_PREFIX + "loopwarden.test/log ")
     assert signature_line.endswith("\n")
     blob = base64.b64decode(signature_line.rstrip("\n").split(" ")[-1])
-    assert blob[:4] == note_key_hash(signer.key_id, signer.public_key)
+    assert blob[:4] == note_key_hash("loopwarden.test/log", signer.public_key)
     assert Keyring({signer.key_id: signer.public_key}).verify(
         signer.key_id, (body + "\n").encode(), blob[4:]
     )
@@ -612,18 +613,36 @@ def _tampered_note(case: str, signer: Signer, other: Signer) -> str:
         return _resign_blob(note, _flip(_note_blob(note), 0))
     if case == "signed_by_other_key_under_our_name":
         forged = other.sign(checkpoint_body("loopwarden.test/log", 12, ROOT).encode())
-        return _resign_blob(note, note_key_hash(signer.key_id, signer.public_key) + forged)
+        return _resign_blob(note, note_key_hash("loopwarden.test/log", signer.public_key) + forged)
     raise AssertionError(case)  # pragma: no cover
 
 
 @pytest.mark.parametrize(
     "case",
-    ["size", "root", "origin", "signature", "key_hash", "signed_by_other_key_under_our_name"],
+    ["size", "root", "signature", "signed_by_other_key_under_our_name"],
 )
 def test_tampered_checkpoint_does_not_verify(case, signer, other_signer, keyring):
     checkpoint = open_checkpoint(_tampered_note(case, signer, other_signer), keyring)
     assert not checkpoint.verified
     assert checkpoint.problem == "signature_invalid"
+
+
+@pytest.mark.parametrize("case", ["origin", "key_hash"])
+def test_checkpoint_whose_line_names_no_trusted_key_is_unknown_key(
+    case, signer, other_signer, keyring
+):
+    # The key name (the origin) or the key hash changed: the line names no trusted key, so the
+    # signed-note spec has it ignored, and no signature from a known key is left.
+    checkpoint = open_checkpoint(_tampered_note(case, signer, other_signer), keyring)
+    assert (checkpoint.verified, checkpoint.problem) == (False, "unknown_key")
+
+
+def test_checkpoint_signed_under_the_key_id_before_the_origin_still_opens(signer, keyring):
+    body = checkpoint_body("loopwarden.test/log", 12, ROOT)
+    blob = note_key_hash(signer.key_id, signer.public_key) + signer.sign(body.encode())
+    old = f"{body}\n{SIG_PREFIX}{signer.key_id} {_b64(blob)}\n"
+    checkpoint = open_checkpoint(old, keyring)
+    assert (checkpoint.verified, checkpoint.key_id) == (True, signer.key_id)
 
 
 def test_checkpoint_from_an_untrusted_key_is_unknown_key(signer, other_signer):

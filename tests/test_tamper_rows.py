@@ -56,6 +56,7 @@ from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.principals import Principal
 from loopwarden.turns.claim import ClaimRequest, ClaimResult, claim
 from loopwarden.turns.update import UpdateRequest, update
+from loopwarden.witnesses.witness_audit import UNVOUCHED
 
 ATTACKED = Path(__file__).parent / "fixtures" / "attacked-0.1.0"
 POLICY = make_policy(budgets={"max_turns": 3})
@@ -412,7 +413,11 @@ def test_a_row_attack_is_seen_by_verify_and_refused_by_the_server(tmp_path, live
 
     restore()
     restored = verify(home)
-    assert (restored["verdict"], restored["findings"], restored["notes"]) == ("clean", [], [])
+    assert (restored["verdict"], restored["findings"], restored["notes"]) == (
+        "clean",
+        [],
+        [UNVOUCHED],  # no witness policy was given: nothing else is unchecked
+    )
     answer = _try(served, tokens, attack.act, scene)
     assert not isinstance(answer, ToolCallError), answer
     assert journal_size(home) > before, "the server acts again once the rows are the journal's"
@@ -529,7 +534,8 @@ def test_the_attacked_0_1_0_journal_names_each_attacked_loop_and_nothing_else(at
     assert illegal == {"policy", "approval", "double", "counter", "revived", "swap"}
     assert any(f["code"] == "node_mismatch" for f in report["findings"])
     assert report["notes"] == [
-        "schema 3 stores no row proofs: open it with this release to add them"
+        "schema 3 stores no row proofs: open it with this release to add them",
+        UNVOUCHED,
     ]
 
 

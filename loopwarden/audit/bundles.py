@@ -1,9 +1,13 @@
 """Offline proof bundles: one loop's receipts, provable with no database and no server.
 
 A bundle holds the loop's envelopes (the exact canonical JSON text), the public keys that
-signed them, a fresh signed checkpoint of the whole log, and an RFC 6962 inclusion proof of
-every envelope against that checkpoint. `verify_bundle` checks all of it and replays the
-receipts through the fold.
+signed them, a signed checkpoint of the whole log with the witnesses' cosignatures it gathered,
+and an RFC 6962 inclusion proof of every envelope against that checkpoint — beside it, and as
+a C2SP tlog-proof (`kernel/log/tlog_proofs.py`) any tlog-proof verifier can check with the
+envelope as the entry. The tlog-proofs do not replace the bundle's other parts: a loop's
+receipts need their envelopes, keys, chain and the signed manifest naming the head too, so that
+a bundle with receipts cut off cannot pass for a complete one. `verify_bundle` checks all of it
+and replays the receipts through the fold; the witnesses' part is `witnesses/witness_audit.py`.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.clock import format_time
 from loopwarden.errors import IntegrityError, LoopwardenError
 from loopwarden.kernel.log import merkle
-from loopwarden.kernel.log.checkpoints import Checkpoint, open_checkpoint
+from loopwarden.kernel.log.checkpoints import Checkpoint, cosigned_note, open_checkpoint
 from loopwarden.kernel.log.keys import Keyring, Signer, decode_public_key, public_key_b64
 from loopwarden.kernel.log.seals import Opened, open_envelope, pae
+from loopwarden.kernel.log.tlog_proofs import format_proof, parse_proof
 from loopwarden.kernel.state.events import ReceiptBody
 from loopwarden.kernel.state.fold import FoldError, chain_problem
 from loopwarden.kernel.state.judge import Judge, Verdict
@@ -44,9 +49,16 @@ def _manifest_message(manifest: dict[str, Any]) -> bytes:
 
 
 def export_bundle(
-    reader: Reader, loop_id: str, keyring: Keyring, exported_at: datetime, signer: Signer
+    reader: Reader,
+    loop_id: str,
+    keyring: Keyring,
+    exported_at: datetime,
+    signer: Signer,
+    *,
+    size: int | None = None,
 ) -> dict[str, Any]:
-    """Build the bundle for `loop_id` against the latest checkpoint (which must cover the loop).
+    """Build the bundle for `loop_id` against the checkpoint of `size` (default: the latest),
+    which must cover the loop, with the cosignatures stored for it.
 
     The caller signs a fresh checkpoint first (`Store.checkpoint`). The bundle carries a manifest
     signed by `signer` naming the loop's head (seq and digest) at export time, so a bundle with
@@ -54,7 +66,7 @@ def export_bundle(
     has no receipts or the checkpoint does not cover them.
     """
     rows = reader.loop_journal(loop_id)
-    checkpoint = reader.latest_checkpoint()
+    checkpoint = reader.latest_checkpoint() if size is None else reader.checkpoint_of(size)
     if not rows:
         raise LookupError(f"loop {loop_id!r} has no receipts")
     if rows[-1].leaf_index is None:
@@ -74,6 +86,8 @@ def export_bundle(
         "exported_at": format_time(exported_at),
     }
     signature = signer.sign(_manifest_message(manifest))
+    note = cosigned_note(checkpoint.note, [c.line for c in reader.cosignatures(checkpoint.size)])
+    proofs = {r.leaf: _proof(reader, r, checkpoint) for r in rows}
     return {
         "format": BUNDLE_FORMAT,
         "origin": reader.meta("origin"),
@@ -81,7 +95,7 @@ def export_bundle(
         "exported_at": format_time(exported_at),
         "public_keys": {k: public_key_b64(public[k]) for k in key_ids if k in public},
         "checkpoint": {
-            "note": checkpoint.note,
+            "note": note,
             "size": checkpoint.size,
             "root": base64.b64encode(checkpoint.root).decode(),
         },
@@ -95,13 +109,22 @@ def export_bundle(
                 "leaf_index": r.leaf_index,
                 "receipt_id": r.receipt_id,
                 "envelope": r.envelope.decode(),
-                "inclusion_proof": [
-                    base64.b64encode(h).decode() for h in _proof(reader, r, checkpoint)
-                ],
+                "inclusion_proof": [base64.b64encode(h).decode() for h in proofs[r.leaf]],
+                "tlog_proof": format_proof(r.leaf, proofs[r.leaf], note),
             }
             for r in rows
         ],
     }
+
+
+def witnessed_size(reader: Reader, loop_id: str) -> int | None:
+    """The largest checkpoint covering `loop_id`'s last receipt that a witness has cosigned
+    (None if none has: the latest checkpoint is used then)."""
+    rows = reader.loop_journal(loop_id)
+    if not rows or rows[-1].leaf_index is None:
+        return None
+    cosigned = {c.size for c in reader.cosignatures() if c.size > rows[-1].leaf}
+    return max(cosigned) if cosigned else None
 
 
 def _proof(reader: Reader, row: JournalRow, checkpoint: CheckpointRow) -> list[bytes]:
@@ -218,6 +241,7 @@ def _read_item(
         )
         return None
     where = {"position": position, "leaf_index": leaf_index}
+    differs = "tlog_proof" in item and not _same_proof(item["tlog_proof"], leaf_index, proof, parts)
     opened = open_envelope(envelope, parts.keyring)
     if opened.problems:  # one finding, naming every problem of this envelope
         first, *more = (ENVELOPE_PROBLEMS[p] for p in opened.problems)
@@ -233,7 +257,24 @@ def _read_item(
             f"receipt #{position} is not in the checkpointed log",
             **where,
         )
+    elif differs and not opened.problems and signed.problem is None:  # the tlog-proof edited
+        report.add(
+            FindingCode.BUNDLE_MALFORMED,
+            f"receipt #{position}'s tlog-proof is not its inclusion proof in the bundle's "
+            "checkpoint",
+            **where,
+        )
     return _Item(envelope, opened, where, altered=bool(opened.problems) or not logged)
+
+
+def _same_proof(text: Any, index: int, proof: list[bytes], parts: _Parts) -> bool:
+    """Whether a receipt's tlog-proof says what the bundle beside it says: one proof, two
+    shapes (a generic verifier reads the one, this one reads the other)."""
+    try:
+        read = parse_proof(str(text))
+    except ValueError:
+        return False
+    return (read.index, list(read.proof), read.checkpoint) == (index, proof, parts.note)
 
 
 @dataclass

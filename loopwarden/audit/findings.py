@@ -43,6 +43,13 @@ class FindingCode(StrEnum):
     INCLUSION_INVALID = "inclusion_invalid"
     MANIFEST_UNKNOWN_KEY = "manifest_unknown_key"
     MANIFEST_SIGNATURE_INVALID = "manifest_signature_invalid"
+    # Witnesses (loopwarden/witnesses/): a policy's quorum not met by the latest checkpoint, a
+    # line claiming to be a policy witness's cosignature that does not verify, a witness that
+    # holds a view of the log the log does not extend, a checkpoint no log of the policy signed.
+    WITNESS_QUORUM_MISSING = "witness_quorum_missing"
+    COSIGNATURE_INVALID = "cosignature_invalid"
+    WITNESS_CONFLICT = "witness_conflict"
+    LOG_NOT_IN_POLICY = "log_not_in_policy"
 
 
 ENVELOPE_PROBLEMS = {
@@ -98,6 +105,9 @@ class Report:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
     trusted: str = ""  # what the signatures were checked against (a database's audit)
+    # Who outside loopwarden vouches for the log (`loopwarden/witnesses/witness_audit.py`):
+    # None when no witness check ran.
+    witnesses: dict[str, Any] | None = None
 
     @property
     def clean(self) -> bool:
@@ -111,6 +121,7 @@ class Report:
         """The JSON `verify` and `verify-bundle` print (their documented fields)."""
         verdict = "clean" if self.clean else "tampered"
         findings = [f.as_dict() for f in self.findings]
+        witnessed = {} if self.witnesses is None else {"witnesses": self.witnesses}
         if self.subject == "database":
             return {
                 "verdict": verdict,
@@ -124,6 +135,7 @@ class Report:
                 "seconds": round(self.seconds, 3),
                 "findings": findings,
                 "notes": self.notes,
+                **witnessed,
             }
         return {
             "verdict": verdict,
@@ -135,4 +147,6 @@ class Report:
             "status": self.status,
             "stop_reason": self.stop_reason,
             "findings": findings,
+            "notes": self.notes,
+            **witnessed,
         }

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from loopwarden.audit.bundles import export_bundle, load_bundle, verify_bundle
+from loopwarden.audit.bundles import export_bundle, load_bundle, verify_bundle, witnessed_size
 from loopwarden.audit.database import audit_trusting
 from loopwarden.audit.findings import Report
 from loopwarden.cli.common import (
@@ -29,6 +29,28 @@ from loopwarden.kernel.log.keys import Keyring
 from loopwarden.kernel.log.rotations import Trust
 from loopwarden.kernel.runner.visibility import missing_loop
 from loopwarden.kernel.store.reader import Reader
+
+WitnessPolicyFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--witness-policy",
+        metavar="FILE",
+        help="A tlog-policy file: which witnesses must have cosigned the latest checkpoint.",
+    ),
+]
+
+
+def _witness_policy(path: Path | None, json_out: bool) -> Any:
+    """The pinned witness policy (None without one); a bad file exits 2."""
+    if path is None:
+        return None
+    from loopwarden.witnesses.witness_policy import load_policy
+
+    try:
+        return load_policy(path)
+    except LoopwardenError as exc:
+        fail(exc.message, EXIT_USAGE, as_json=json_out)
+
 
 TrustedKeys = Annotated[
     Path | None,
@@ -98,14 +120,22 @@ def verify(
     *,
     options: Options,
     trusted_keys: TrustedKeys = None,
+    witness_policy: WitnessPolicyFile = None,
 ) -> None:
     """Audit the whole store; exit 3 on any finding.
 
     Every signature, the receipt schema, each loop's seq/prev chain, the Merkle root against
     every checkpoint and their consistency, every decision judged against the loop's policy,
     every projection rebuilt from its receipts, and the row proofs and MACs the server relies on.
+
+    With --witness-policy, which witnesses cosigned the latest checkpoint and whether the quorum
+    holds; without, the report says nothing outside loopwarden vouches for the log. A conflict
+    a witness answered with fails the audit either way.
     """
+    from loopwarden.witnesses.witness_audit import check_store
+
     home, json_out = options.home, options.json_out
+    policy = _witness_policy(witness_policy, json_out)
     if trusted_keys is not None:
         load_trusted(trusted_keys)  # a bad file is a usage error before the store is opened
     try:
@@ -115,6 +145,7 @@ def verify(
                 raise NotFound(missing_loop(reader, admin.operator(), loop))
             interactive = not json_out and sys.stderr.isatty()
             report = _audit(reader, trust, loop, interactive, admin.integrity_of(home))
+            check_store(reader, policy, report)
     except LoopwardenError as exc:
         fail(exc.message, as_json=json_out, error=exc.code)
     if json_out:
@@ -132,15 +163,37 @@ def export(
     ],
     *,
     options: Options,
+    witness: Annotated[
+        Path | None,
+        typer.Option(
+            "--witness",
+            metavar="FILE",
+            help="Submit the fresh checkpoint to this tlog-policy's witnesses (URLs) first.",
+        ),
+    ] = None,
 ) -> None:
     """Export an offline proof bundle of one loop.
 
-    The loop's envelopes, the public keys, a fresh signed checkpoint and an inclusion proof
-    per receipt; anyone can check it with `loopwarden verify-bundle`.
+    The loop's envelopes, the public keys, a signed checkpoint with its witnesses'
+    cosignatures, and an inclusion proof per receipt (also as a C2SP tlog-proof); anyone can
+    check it with `loopwarden verify-bundle`.
+
+    With --witness FILE the fresh checkpoint is
+    submitted to the witnesses first and carries what they cosign; without, the bundle takes
+    the largest checkpoint covering the loop that witnesses have cosigned (a server with
+    --witness submits every one), else the fresh one.
     """
     json_out = options.json_out
     if not output.parent.is_dir():
         fail(f"cannot write {output}: no such directory", EXIT_USAGE, as_json=json_out)
+    policy = None
+    if witness is not None:
+        from loopwarden.witnesses.witness_policy import load_policy
+
+        try:
+            policy = load_policy(witness, urls=True)
+        except LoopwardenError as exc:
+            fail(exc.message, EXIT_USAGE, as_json=json_out)
 
     async def action() -> dict[str, Any]:
         async with admin.open_store(options.home, store=options.store, create=False) as opened:
@@ -149,9 +202,20 @@ def export(
                     await opened.read(lambda r: missing_loop(r, admin.operator(), loop_id))
                 )
             await opened.checkpoint()
+            if policy is not None:
+                from loopwarden.witnesses.submitter import Pacing, push_once
+
+                await push_once(opened, policy, Pacing(checkpoint_after=None))
             now = opened.clock()
             return await opened.read(
-                lambda reader: export_bundle(reader, loop_id, opened.keyring, now, opened.signer)
+                lambda reader: export_bundle(
+                    reader,
+                    loop_id,
+                    opened.keyring,
+                    now,
+                    opened.signer,
+                    size=None if policy is not None else witnessed_size(reader, loop_id),
+                )
             )
 
     bundle = run(action, as_json=json_out)
@@ -188,6 +252,7 @@ def verify_bundle_cmd(
         Path | None,
         typer.Option("--trusted-keys", help="A file of trusted public keys (`keys export`)."),
     ] = None,
+    witness_policy: WitnessPolicyFile = None,
     *,
     options: Options,
 ) -> None:
@@ -196,8 +261,14 @@ def verify_bundle_cmd(
     Needs no database and no server (--home is accepted and ignored). With --key or
     --trusted-keys, a bundle signed by any other key fails; both take what `loopwarden keys
     export` writes (a key line, its --json document, or a file of either).
+
+    With --witness-policy, the bundle's checkpoint must carry the policy's quorum of witness
+    cosignatures (and, if the policy lists logs, be signed by one of them).
     """
+    from loopwarden.witnesses.witness_audit import check_bundle
+
     json_out = options.json_out
+    policy = _witness_policy(witness_policy, json_out)
     if key is not None and trusted_keys is not None:
         fail("give --key or --trusted-keys, not both", EXIT_USAGE, as_json=json_out)
     trusted = None
@@ -212,7 +283,12 @@ def verify_bundle_cmd(
         text = bundle_file.read_text()
     except OSError as exc:
         fail(f"cannot read {bundle_file}: {exc.strerror}", EXIT_USAGE, as_json=json_out)
-    report = verify_bundle(load_bundle(text), trusted)
+    bundle = load_bundle(text)
+    report = verify_bundle(bundle, trusted)
+    if isinstance(bundle, dict) and isinstance(bundle.get("checkpoint"), dict):
+        note, origin = bundle["checkpoint"].get("note"), bundle.get("origin")
+        if isinstance(note, str):
+            check_bundle(note, policy, str(origin), report)
     if json_out:
         render.emit_json(report.as_dict())
     else:

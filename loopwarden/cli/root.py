@@ -28,6 +28,7 @@ from loopwarden.cli import pool_commands as pools
 from loopwarden.cli import serve_commands as server
 from loopwarden.cli import store_commands as stores
 from loopwarden.cli import token_commands as tokens
+from loopwarden.cli import witness_commands as witnesses
 from loopwarden.cli.common import Options, shared_options
 
 app = typer.Typer(
@@ -46,6 +47,7 @@ app.add_typer(stores.app, name="store")
 app.add_typer(pools.app, name="pool")
 app.add_typer(models.app, name="model")
 app.add_typer(gateways.app, name="gateway")
+app.add_typer(witnesses.app, name="witness")
 hooks.app.command("doctor")(doctor.doctor)
 app.add_typer(hooks.app, name="hook")
 app.command()(server.serve)

@@ -154,6 +154,13 @@ def serve(
         Path | None,
         _given("FILE", "Also serve these downstream MCP servers, governed (an mcpServers file)."),
     ] = None,
+    witness: Annotated[
+        Path | None,
+        _given(
+            "FILE",
+            "Submit every checkpoint to the witnesses of this tlog-policy file (with URLs).",
+        ),
+    ] = None,
     loop: Annotated[
         str | None, _given("ID", "With --gateway: the loop its calls count against.")
     ] = None,
@@ -224,6 +231,9 @@ def _run(settings: Settings) -> None:
         if settings.export is not None:
             export = settings.export
             render.err.print(f"receipts exported to {export.origin} (sink {export.name})")
+        if settings.witnesses is not None:
+            named = ", ".join(settings.witnesses.witnesses)
+            render.err.print(f"checkpoints submitted to the witnesses {named}")
         assert settings.model is not None
         gateway = ModelGateway(lambda: runtime.store, settings.model)
         render.err.print(f"model gateway on {base}/model/PROVIDER/ (gateway tokens)")
@@ -273,6 +283,11 @@ def _settings(flags: dict[str, Any]) -> Settings:
             os.environ,
             flags["export_lease"],
         )
+        witnesses = None
+        if flags["witness"] is not None:
+            from loopwarden.witnesses.witness_policy import load_policy
+
+            witnesses = load_policy(flags["witness"], urls=True)
         model = gateway_settings(
             settings.home, flags["model_upstream"], flags["model_prices"], flags["model_timeout"]
         )
@@ -291,6 +306,7 @@ def _settings(flags: dict[str, Any]) -> Settings:
         export=export,
         gateway=servers,
         gateway_loop=flags["loop"],
+        witnesses=witnesses,
         model=model,
     )
 

@@ -230,10 +230,25 @@ def audit(report: Report) -> None:
         f"tree size {report.tree_size} ({report.seconds:.2f}s)"
     )
     console.print(f"[dim]root {report.root}[/dim]")
+    witnesses(report)
     for f in report.findings:
         console.print(f"  [red]{f.code}[/red] {safe(f.where())}: {safe(f.message)}")
     for note in report.notes:
         console.print(f"  [yellow]note[/yellow]: {safe(note)}")
+
+
+def witnesses(report: Report) -> None:
+    """The witnesses' line of a report checked against a witness policy."""
+    seen = report.witnesses
+    if seen is None:
+        return
+    met = "[green]quorum met[/green]" if seen["quorum_met"] else "[red]quorum NOT met[/red]"
+    cosigned = ", ".join(seen["cosigned_by"]) or "no witness"
+    missing = f"; missing {', '.join(seen['missing'])}" if seen["missing"] else ""
+    console.print(
+        f"witnesses: checkpoint {seen['checkpoint_size']} cosigned by {safe(cosigned)}"
+        f"{safe(missing)} — {met} ({safe(seen['quorum'])})"
+    )
 
 
 def bundle(report: Report) -> None:
@@ -252,5 +267,8 @@ def bundle(report: Report) -> None:
             f"replayed status: {status(report.status)}"
             + (f" ({safe(report.stop_reason)})" if report.stop_reason else "")
         )
+    witnesses(report)
     for f in report.findings:
         console.print(f"  [red]{safe(f.code)}[/red]: {safe(f.message)}")
+    for note in report.notes:
+        console.print(f"  [yellow]note[/yellow]: {safe(note)}")

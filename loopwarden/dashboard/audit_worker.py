@@ -22,6 +22,7 @@ from loopwarden.kernel.log.keys import KeyStore
 from loopwarden.kernel.log.rotations import directory_trust
 from loopwarden.kernel.sql.location import STORE_ENV, parse_location
 from loopwarden.kernel.store.store import snapshot
+from loopwarden.witnesses.witness_audit import check_store
 
 
 def _say(message: dict[str, object]) -> None:
@@ -41,6 +42,7 @@ def main(argv: list[str]) -> int:
             report = audit_trusting(
                 reader, trust, progress=lambda done, total: _say({"progress": [done, total]})
             )
+            check_store(reader, None, report)  # a witness's conflict fails it here too
     except LoopwardenError as exc:
         _say({"error": exc.message})
         return 1

@@ -73,6 +73,7 @@ from loopwarden.projection.loop_list import list_loops
 from loopwarden.projection.projection import ProjectionResult, projection
 from loopwarden.statuses import ApprovalStatus, LoopStatus
 from loopwarden.todos.todo_ops import todo_cancel
+from loopwarden.witnesses.standing import witness_view
 
 EXPIRIES = {"15m": 900, "1h": 3600, "4h": 4 * 3600, "1d": 86400, "7d": 7 * 86400}
 LOGIN_MESSAGES = {
@@ -373,16 +374,26 @@ class Pages:
         def version(reader: Reader) -> str:
             run = self.d.auditor.current
             state = "" if run is None else f"{run.started_at}:{run.done}:{run.finished_at}"
-            return f"{reader.log_state()[0]}:{state}"
+            witnesses = [(r.cosigned, r.error, r.conflict) for r in reader.witness_rows()]
+            return f"{reader.log_state()[0]}:{state}:{witnesses}"
 
         return version
 
     async def audit(self, ctx: Ctx) -> Response:
-        checkpoint, size = await ctx.store.read(
-            lambda reader: (reader.latest_checkpoint(), reader.log_state()[0])
+        checkpoint, size, witnessed = await ctx.store.read(
+            lambda reader: (
+                reader.latest_checkpoint(),
+                reader.log_state()[0],
+                witness_view(reader),
+            )
         )
         return self.d.render_page(
-            ctx, "audit.html", checkpoint=checkpoint, tree_size=size, run=self.d.auditor.current
+            ctx,
+            "audit.html",
+            checkpoint=checkpoint,
+            tree_size=size,
+            run=self.d.auditor.current,
+            witnessed=witnessed,
         )
 
     async def start_audit(self, ctx: Ctx) -> Response:

@@ -75,6 +75,20 @@ class Observer:
         leases taken over from a holder that let them expire, the receipts still to send, and
         receipts acknowledged by reference (too large for a batch)."""
 
+    def witnessed(
+        self,
+        witness: str,
+        *,
+        cosigned: int = 0,
+        failed: int = 0,
+        conflicts: int = 0,
+        behind: int | None = None,
+    ) -> None:
+        """A witness's answers (`loopwarden/witnesses/submitter.py`): checkpoints it cosigned,
+        submissions that failed (retried), conflicts (it holds a view of this log that this
+        log does not extend: an alarm), and the leaves the latest checkpoint it cosigned is
+        behind this log's latest checkpoint."""
+
     def integrated(self, delays: Sequence[float]) -> None:
         """A batch of receipts given their Merkle leaves: each one's seconds from its time to
         its leaf (the integrator's view of the delay from commit to integration)."""

@@ -91,6 +91,21 @@ class PushedMetrics:
             "loopwarden_model_cost_usd",
             description="US dollars the gateway charged for model calls, by provider.",
         )
+        self.cosigned = meter.create_counter(
+            "loopwarden_witness_cosignatures", description="Checkpoints a witness cosigned."
+        )
+        self.witness_failed = meter.create_counter(
+            "loopwarden_witness_failures",
+            description="Checkpoint submissions to a witness that failed; retried with backoff.",
+        )
+        self.conflicts = meter.create_counter(
+            "loopwarden_witness_conflicts",
+            description="A witness holds a view of this log that this log does not extend.",
+        )
+        self.witness_behind = meter.create_gauge(
+            "loopwarden_witness_behind_leaves",
+            description="Leaves between the latest checkpoint and a witness's latest cosigned.",
+        )
         self.lag = meter.create_gauge(
             "loopwarden_export_lag_receipts",
             description="Receipts sealed but not yet acknowledged by the sink's receiver.",

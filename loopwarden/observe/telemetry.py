@@ -143,6 +143,7 @@ class Telemetry(Observer):
             registry=registry,
         )
         self._sink_instruments(registry)
+        self._witness_instruments(registry)
 
     def _sink_instruments(self, registry: CollectorRegistry) -> None:
         """The export sinks' metrics, by the configured sink's name."""
@@ -201,6 +202,66 @@ class Telemetry(Observer):
 
     def bound_names(self, known: Callable[[str, str], bool]) -> None:
         self._names.known = known
+
+    def _witness_instruments(self, registry: CollectorRegistry) -> None:
+        """The witnesses' metrics, by the witness's name in the policy."""
+        self.cosigned = Counter(
+            "loopwarden_witness_cosignatures",
+            "Checkpoints a witness cosigned.",
+            ["witness"],
+            registry=registry,
+        )
+        self.witness_failed = Counter(
+            "loopwarden_witness_failures",
+            "Checkpoint submissions to a witness that failed (no answer, or a refusal that is "
+            "not a conflict); retried with backoff.",
+            ["witness"],
+            registry=registry,
+        )
+        self.conflicts = Counter(
+            "loopwarden_witness_conflicts",
+            "Conflicts: a witness holds a view of this log that this log does not extend (a "
+            "fork or a rollback). An alarm.",
+            ["witness"],
+            registry=registry,
+        )
+        self.witness_behind = Gauge(
+            "loopwarden_witness_behind_leaves",
+            "Leaves between the latest checkpoint and the latest one a witness cosigned.",
+            ["witness"],
+            registry=registry,
+        )
+
+    def witnessed(
+        self,
+        witness: str,
+        *,
+        cosigned: int = 0,
+        failed: int = 0,
+        conflicts: int = 0,
+        behind: int | None = None,
+    ) -> None:
+        pushed, labels = self.pushed, {"witness": witness}
+        if pushed is not None:
+            for counter, count in (
+                (pushed.cosigned, cosigned),
+                (pushed.witness_failed, failed),
+                (pushed.conflicts, conflicts),
+            ):
+                if count:
+                    counter.add(count, labels)
+            if behind is not None:
+                pushed.witness_behind.set(behind, labels)
+        if self.registry is None:
+            return
+        if cosigned:
+            self.cosigned.labels(witness).inc(cosigned)
+        if failed:
+            self.witness_failed.labels(witness).inc(failed)
+        if conflicts:
+            self.conflicts.labels(witness).inc(conflicts)
+        if behind is not None:
+            self.witness_behind.labels(witness).set(behind)
 
     def _dropped(self, reason: str, count: int) -> None:
         if self.registry is not None:

@@ -24,6 +24,7 @@ from loopwarden.server.resources import register_resources
 from loopwarden.server.runtime import Runtime
 from loopwarden.server.settings import Settings, url_host
 from loopwarden.server.tools import build_tools
+from loopwarden.witnesses.submitter import Submitter, submitting
 
 INSTRUCTIONS = """\
 loopwarden governs this agent loop. Protocol: quota(loop_id) to check you may run a turn →
@@ -78,13 +79,19 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
                 await stack.enter_async_context(gateway.running())
             if runtime.jwts is not None:  # the issuer's keys refreshed in the background
                 await stack.enter_async_context(runtime.jwts.keys.running())
-            export, store = settings.export, runtime.store
+            export, store, witnesses = settings.export, runtime.store, settings.witnesses
+            # no store (runtime.missing): nothing to send and no checkpoint to submit
             sink = (
                 None
-                if export is None or store is None  # no store: nothing to send (runtime.missing)
+                if export is None or store is None
                 else WebhookSink(store, export, observer=observer)
             )
-            async with sending(sink):
+            submitter = (
+                None
+                if witnesses is None or store is None
+                else Submitter(store, witnesses, observer=observer)
+            )
+            async with sending(sink), submitting(submitter):
                 yield runtime
 
     verifier: TokenVerifier | None = None

@@ -22,6 +22,7 @@ from loopwarden.kernel.store.homes import DB_NAME, resolve_home, store_source, s
 from loopwarden.mcp_gateway.servers_file import ServersFile
 from loopwarden.model_gateway.gateway_config import GatewaySettings
 from loopwarden.principals import Principal, principal
+from loopwarden.witnesses.witness_policy import WitnessPolicy
 
 SERVE_ROLES = ("agent", "operator")  # an observer speaks through hooks, not tools
 DEFAULT_CHECKPOINT_EVERY = 256
@@ -114,6 +115,7 @@ class Settings:
     approval_webhook: str | None = None  # new approvals are posted here, with their link
     otel: bool = False  # `serve --otel`: export traces even without an OTEL_* endpoint variable
     export: ExportTarget | None = None  # `--export-webhook`: the receipt stream's receiver
+    witnesses: WitnessPolicy | None = None  # `--witness`: the witnesses checkpoints go to
     model: GatewaySettings | None = None  # the model gateway's (`serve --http`)
     gateway: ServersFile | None = None  # `--gateway FILE`: downstream MCP servers served too
     gateway_loop: str | None = None  # `--loop`: the loop the gateway serves (over the file's)

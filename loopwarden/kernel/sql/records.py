@@ -161,3 +161,37 @@ class ExportCursor:
     failed_at: datetime | None
     error: str | None
     sent: int  # receipts acknowledged by the receiver, duplicates after a takeover included
+
+
+@dataclass(frozen=True)
+class CosignatureRow:
+    """A witness's cosignature of the checkpoint of `size` (`loopwarden/witnesses/`): the
+    signed-note signature line exactly as the witness returned it (`line`, ending in a
+    newline), the witness's key name and the line's key hash (hex), and when it came. The line
+    vouches for itself (an auditor checks it against the witness's key); the row is not proof."""
+
+    size: int
+    witness: str
+    key_hash: str
+    line: str
+    received_at: datetime
+
+
+@dataclass(frozen=True)
+class WitnessRow:
+    """Where one witness stands for this log, as the witness client last heard (operational
+    state, `loopwarden/witnesses/submitter.py`). `vkey` names the witness (its verifier key,
+    the row's key); `cosigned` is the tree size the witness last said it holds for this log
+    (0: none); `conflict` a description of a view the witness holds that this log's does not
+    extend (an alarm: `verify` reports it), kept until an operator clears it; `error` the last
+    failure, cleared by the next success."""
+
+    vkey: str
+    url: str
+    cosigned: int
+    succeeded_at: datetime | None
+    failed_at: datetime | None
+    error: str | None
+    conflict: str | None
+    conflict_at: datetime | None
+    failures: int

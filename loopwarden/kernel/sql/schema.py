@@ -22,12 +22,14 @@ from loopwarden.errors import IntegrityError
 from loopwarden.kernel.sql.envelopes import packed, unpacked
 from loopwarden.kernel.sql.records import (
     CheckpointRow,
+    CosignatureRow,
     ExportCursor,
     IdempotencyRecord,
     JournalRow,
     OutsiderRefusal,
     PendingRow,
     TokenRow,
+    WitnessRow,
 )
 from loopwarden.kernel.sql.table import Codec, Column, Group, Index, SqlType, Table
 from loopwarden.kernel.state.rows import (
@@ -44,7 +46,7 @@ from loopwarden.policy.budgets import DIMENSIONS, STORED, Dimension, Totals
 from loopwarden.policy.pool_policy import PoolPolicy
 from loopwarden.statuses import ApprovalStatus, LoopStatus, PoolStatus, TodoStatus, TurnStatus
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 LEGACY_SCHEMA = 3
 """The last schema without the proof fields (loopwarden 0.1.0): still readable by an audit."""
 REBUILT_AT = 8
@@ -490,6 +492,39 @@ EXPORT_CURSORS = Table(
 """Each export sink's cursor and lease (`serve --export-webhook`, `exports/sink.py`): operational
 state beside the journal, never part of a proof (the audit and the start-up check ignore it)."""
 
+COSIGNATURES = Table(
+    "cosignatures",
+    CosignatureRow,
+    (
+        _int("size", since=13),
+        _text("witness", since=13),
+        _text("key_hash", since=13),
+        Column("line", DOCUMENT, since=13),
+        _text("received_at", codec=TIME, since=13),
+    ),
+    key=("size", "witness", "key_hash"),
+)
+"""Witnesses' cosignatures of the checkpoints (`loopwarden/witnesses/`), each the signature line
+as the witness returned it: it vouches for itself, so the audit checks it, not the row."""
+WITNESSES = Table(
+    "witnesses",
+    WitnessRow,
+    (
+        _text("vkey", since=13),
+        _text("url", since=13),
+        _int("cosigned", since=13),
+        _null("succeeded_at", codec=MAYBE_TIME, since=13),
+        _null("failed_at", codec=MAYBE_TIME, since=13),
+        _null("error", since=13),
+        _null("conflict", since=13),
+        _null("conflict_at", codec=MAYBE_TIME, since=13),
+        _int("failures", since=13),
+    ),
+    key=("vkey",),
+)
+"""Where each witness stands for this log, as the witness client last heard: operational state
+beside the journal (a conflict in it is an alarm the audit reports)."""
+
 TABLES: tuple[Table[Any], ...] = (
     META,
     JOURNAL,
@@ -509,5 +544,7 @@ TABLES: tuple[Table[Any], ...] = (
     POOLS,
     POOL_USAGE,
     EXPORT_CURSORS,
+    COSIGNATURES,
+    WITNESSES,
 )
 """Every table of every backend (a backend may keep tables of its own besides)."""

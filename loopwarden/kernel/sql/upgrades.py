@@ -22,6 +22,7 @@ from loopwarden.kernel.sql.backends import Backend
 from loopwarden.kernel.sql.dialect import Connection, Dialect
 from loopwarden.kernel.sql.envelopes import packed, unpacked
 from loopwarden.kernel.sql.schema import (
+    COSIGNATURES,
     EXPORT_CURSORS,
     LATE_DIMENSIONS,
     LOG_STATE,
@@ -34,6 +35,7 @@ from loopwarden.kernel.sql.schema import (
     SCHEMA_VERSION,
     TOKENS,
     TURNS,
+    WITNESSES,
 )
 from loopwarden.kernel.sql.table import Column, SqlType, Table
 
@@ -172,6 +174,10 @@ UPGRADES: dict[int, tuple[Step, ...]] = {
         AddColumn("turns", TURNS.column("model")),
         AddColumn("tokens", TOKENS.column("loop_id")),
     ),
+    # version 13: witnesses (loopwarden/witnesses/). The cosignatures witnesses returned for
+    # the checkpoints, each line as it came, and where each witness stands for this log as the
+    # witness client last heard. Nothing to re-derive.
+    13: (CreateTable(COSIGNATURES, 13), CreateTable(WITNESSES, 13)),
 }
 # From version 11 on, a budget dimension (`policy/budgets.py`) arrives with its `since` version:
 # its columns, added to the loops and to the pools' windows, are that version's steps. Zero

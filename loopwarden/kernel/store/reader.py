@@ -17,6 +17,7 @@ from loopwarden.errors import IntegrityError
 from loopwarden.kernel.sql.dialect import Connection
 from loopwarden.kernel.sql.records import (
     CheckpointRow,
+    CosignatureRow,
     ExportCursor,
     IdempotencyRecord,
     JournalRow,
@@ -25,10 +26,12 @@ from loopwarden.kernel.sql.records import (
     OutsiderRefusal,
     PendingRow,
     TokenRow,
+    WitnessRow,
 )
 from loopwarden.kernel.sql.schema import (
     APPROVALS,
     CHECKPOINTS,
+    COSIGNATURES,
     EXPORT_CURSORS,
     IDEMPOTENCY,
     JOURNAL,
@@ -43,6 +46,7 @@ from loopwarden.kernel.sql.schema import (
     TODOS,
     TOKENS,
     TURNS,
+    WITNESSES,
     unpack_response,
 )
 from loopwarden.kernel.state.rows import (
@@ -564,6 +568,31 @@ class Reader:
     def latest_checkpoint(self) -> CheckpointRow | None:
         r = self._one(f"SELECT {CHECKPOINTS.row_names} FROM checkpoints ORDER BY size DESC LIMIT 1")
         return CHECKPOINTS.decode(r) if r else None
+
+    def checkpoint_of(self, size: int) -> CheckpointRow | None:
+        """The checkpoint of tree size `size`, if one was signed."""
+        r = self._one(f"SELECT {CHECKPOINTS.row_names} FROM checkpoints WHERE size = ?", (size,))
+        return CHECKPOINTS.decode(r) if r else None
+
+    def cosignatures(self, size: int | None = None) -> list[CosignatureRow]:
+        """The witnesses' cosignatures stored for the checkpoint of `size` (all, by size, if
+        None), in the order they came."""
+        if self.legacy:  # a store older than the witnesses has none
+            return []
+        where, args = ("WHERE size = ? ", (size,)) if size is not None else ("", ())
+        rows = self.conn.execute(
+            f"SELECT {COSIGNATURES.row_names} FROM cosignatures {where}"
+            "ORDER BY size, received_at, witness",
+            args,
+        )
+        return [COSIGNATURES.decode(r) for r in rows]
+
+    def witness_rows(self) -> list[WitnessRow]:
+        """Where each witness stands for this log, as the witness client last heard."""
+        if self.legacy:
+            return []
+        rows = self.conn.execute(f"SELECT {WITNESSES.row_names} FROM witnesses ORDER BY vkey")
+        return [WITNESSES.decode(r) for r in rows]
 
     def meta(self, key: str) -> str | None:
         r = self._one("SELECT value FROM meta WHERE key = ?", (key,))

@@ -55,6 +55,7 @@ from loopwarden.kernel.state.events import CarriesPolicy, Fact, ReceiptBody, Rec
 from loopwarden.kernel.state.registry import Kinds
 from loopwarden.kernel.state.rows import LoopView, PoolRow
 from loopwarden.kernel.state.rows import replace as with_fields
+from loopwarden.kernel.store.cosigns import WitnessRecords
 from loopwarden.kernel.store.cursors import ExportCursors
 from loopwarden.kernel.store.guard import ProvedRows
 from loopwarden.kernel.store.reader import PolicyCache, Reader
@@ -124,7 +125,8 @@ class Txn:
     """An open write transaction, made of parts it holds rather than inherits: the rows it acts
     on (`rows`, every one proved, `guard.py`), the reader nothing vouches for (`unproved`, named
     so that a write that decides on an unproved row shows in the code), the export sinks'
-    cursors (`cursors`, `cursors.py`), and its writes: receipts sealed and folded, the Merkle
+    cursors (`cursors`, `cursors.py`), the witnesses' cosignatures and state (`witnesses`,
+    `cosigns.py`), and its writes: receipts sealed and folded, the Merkle
     log, checkpoints and operational records. Reads see everything appended so far."""
 
     def __init__(
@@ -143,6 +145,7 @@ class Txn:
         self.rows = ProvedRows(conn, policies, integrity, wait=wait)
         self.unproved = Reader(conn, policies)
         self.cursors = ExportCursors(conn, self.rows.lock_clause, lambda: self.now)
+        self.witnesses = WitnessRecords(conn, lambda: self.now)
         self._store = store
         self._clock = clock
         self._now: datetime | None = None
