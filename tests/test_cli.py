@@ -1325,7 +1325,7 @@ def test_a_mistyped_home_creates_nothing_in_a_real_process(tmp_path):
 REPO = Path(__file__).resolve().parent.parent
 # The starter policy's digest: the same as examples/policy.yaml's. A change to the starter's
 # values must change this on purpose (the README shows it).
-STARTER_DIGEST = "sha256:82b0bde273212817ca29ab142909164cffa953f854ef6b7595a6059f3ec19b9e"
+STARTER_DIGEST = "sha256:031ee1c60f462ec0793ef296a7aff4677d9013f39d4cf2489e5ba49b253d4381"
 
 
 def test_policy_init_prints_a_commented_starter_policy_valid_as_written(tmp_path):
