@@ -1,10 +1,13 @@
-"""The client check: the README's client set-ups, run as written, against real client CLIs.
+"""The client check: the client set-ups of the README and docs/clients.md, run as written,
+against real client CLIs.
 
-The README marks every client set-up with `<!-- client-check: NAME -->` just above its
-```sh block (`NAME background` for a command a user runs in a terminal of its own); this
-script runs those blocks verbatim and **in the README's order, in one bash session, one
-project folder and one scratch HOME**, as one reader following it top to bottom would (so a
-block that only works in a fresh folder, or a step the README leaves out, fails here). It
+The README's quickstart and docs/clients.md (`DOCUMENTS`, in that order) mark every client
+set-up with `<!-- client-check: NAME -->` just above its ```sh block (`NAME background` for a
+command a user runs in a terminal of its own); this script runs those blocks verbatim and **in
+the order of the README and then of docs/clients.md, in one bash session, one project folder
+and one scratch HOME**, as one reader following the quickstart and then the clients page top
+to bottom would (so a block that only works in a fresh folder, or a step the pages leave out,
+fails here). It
 installs the clients from npm into a scratch directory (with Node 22 from
 `node-<os>-<arch>@22`: the MCP Inspector's CLI needs Node >= 22), with this checkout's
 `loopwarden` on the PATH, and then checks what each block showed:
@@ -13,7 +16,7 @@ installs the clients from npm into a scratch directory (with Node 22 from
   `mcp add` (its `mcp list` only lists, it does not connect, so the check reads back the
   server Codex would launch); the MCP Inspector's `tools/list --strict` passes and its
   `quota` call finds the loop the README opened (the agents share the CLI's home);
-- HTTP: the README's `serve --http` on loopback, a bearer token, Claude Code Connected (in
+- HTTP: docs/clients.md's `serve --http` on loopback, a bearer token, Claude Code Connected (in
   the folder where the stdio set-up was made), and the Inspector's `--strict` and
   `projection` calls through the bearer header;
 - hooks: each host still starts, with loopwarden's hooks in its settings;
@@ -48,6 +51,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# The pages whose marked blocks run, read in this order as one text: the README's quickstart
+# first (its first block opens the loop every later block uses), then every other client set-up.
+DOCUMENTS = ("README.md", "docs/clients.md")
 PACKAGES = {  # pinned: a client upgrade is a deliberate change to this list
     "@anthropic-ai/claude-code": "2.1.332",
     "@google/gemini-cli": "0.61.0",
@@ -64,7 +70,7 @@ INSPECTOR = (
 QUIET = ("--loglevel=error", "--prefer-offline")
 INSTALL_SECONDS = 900
 REGISTRY_SECONDS = 60
-SCENARIO_SECONDS = 900  # the whole README, every client
+SCENARIO_SECONDS = 900  # every marked block, every client
 STARTUP_SECONDS = 30
 LOCK_SECONDS = 900
 MARKER = re.compile(
@@ -94,14 +100,24 @@ class Block:
 
 
 def readme_blocks(text: str) -> dict[str, Block]:
-    """The README's marked client set-up blocks by name (each name once)."""
+    """The marked client set-up blocks of `text` by name, in its order (each name once)."""
     blocks: dict[str, Block] = {}
     for match in MARKER.finditer(text):
         name = match.group(1)
         if name in blocks:
-            raise CheckFailed(f"README: client-check block {name!r} appears twice")
+            raise CheckFailed(f"client-check block {name!r} appears twice in {', '.join(DOCUMENTS)}")
         blocks[name] = Block(name, match.group(3), background=bool(match.group(2)))
     return blocks
+
+
+def documents_text(root: Path = REPO) -> str:
+    """The `DOCUMENTS` under `root`, one after the other, as one reader reads them."""
+    return "\n".join((root / name).read_text() for name in DOCUMENTS)
+
+
+def document_blocks(root: Path = REPO) -> dict[str, Block]:
+    """Every marked client set-up block of the `DOCUMENTS`, in their order."""
+    return readme_blocks(documents_text(root))
 
 
 @dataclass(frozen=True)
@@ -342,13 +358,13 @@ def bash_script(blocks: dict[str, Block], steps: tuple[str, ...], logs: Path) ->
     lines = ["set -euo pipefail", WAIT_PORT]
     for name in steps:
         if name not in blocks:
-            raise CheckFailed(f"README has no client-check block {name!r}")
+            raise CheckFailed(f"no client-check block {name!r} in {', '.join(DOCUMENTS)}")
         block, log = blocks[name], shlex.quote(str(logs / f"{name}.log"))
         lines.append(f"echo '== {name}' >&2")
         if block.background:
             bind = BIND.search(block.text)
             if bind is None:
-                raise CheckFailed(f"README block {name!r}: a background server binds loopback")
+                raise CheckFailed(f"block {name!r}: a background server binds loopback")
             lines += [
                 f"{{\n{block.text}\n}} > {log} 2>&1 &",
                 f"wait_port {bind[1]} {bind[2]} {STARTUP_SECONDS}",
@@ -359,7 +375,7 @@ def bash_script(blocks: dict[str, Block], steps: tuple[str, ...], logs: Path) ->
 
 
 def run_readme(blocks: dict[str, Block], clients: Path, root: Path) -> Run:
-    """Run every README block in the README's order in one bash session, one project folder
+    """Run every marked block in the pages' order in one bash session, one project folder
     and one scratch HOME, as one reader would; the finished run (its servers stopped)."""
     home, project, logs = root / "home", root / "project", root / "logs"
     for path in (home / "tmp", project, logs):
@@ -384,15 +400,15 @@ def run_readme(blocks: dict[str, Block], clients: Path, root: Path) -> Run:
             stop_group(process)
     step = last((logs / "steps.log").read_text()).removeprefix("== ")
     if code is None:
-        raise CheckFailed(f"README: still running after {SCENARIO_SECONDS} s, at {step}")
+        raise CheckFailed(f"client set-ups: still running after {SCENARIO_SECONDS} s, at {step}")
     if code != 0:
         detail = last((logs / f"{step}.log").read_text()) if (logs / f"{step}.log").exists() else ""
-        raise CheckFailed(f"README block {step!r} failed (exit {code}): {detail}")
+        raise CheckFailed(f"block {step!r} failed (exit {code}): {detail}")
     return run
 
 
 def check_readme(run: Run) -> list[str]:
-    """Every block's checks, in the README's order (after the whole README has run)."""
+    """Every block's checks, in the pages' order (after every block has run)."""
     return [check(run) for checks in CHECKS.values() for check in checks]
 
 
@@ -447,12 +463,12 @@ def main() -> int:
         "--clients-dir", type=Path, default=Path(tempfile.gettempdir()) / "loopwarden-clients"
     )
     parser.add_argument("--keep", action="store_true", help="Keep the scratch HOME and logs.")
-    parser.add_argument("--readme", type=Path, default=REPO / "README.md", help=argparse.SUPPRESS)
+    parser.add_argument("--root", type=Path, default=REPO, help=argparse.SUPPRESS)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="loopwarden-client-check-"))
     ok = False
     try:
-        blocks = readme_blocks(args.readme.read_text())
+        blocks = document_blocks(args.root)
         fd = locked(Path(tempfile.gettempdir()) / "loopwarden-client-check.lock")
         try:
             install(args.clients_dir)

@@ -314,8 +314,8 @@ def test_serve_with_oauth_but_without_http_exits_2(tmp_path):
     assert "only applies to --http" in done.stderr
 
 
-def test_the_readmes_oauth_config_example_loads(tmp_path):
-    text = (Path(__file__).parent.parent / "README.md").read_text()
+def test_the_oauth_config_example_of_docs_clients_loads(tmp_path):
+    text = (Path(__file__).parent.parent / "docs" / "clients.md").read_text()
     example = text.split("```toml\n[oauth]\n", 1)[1].split("```", 1)[0]
     (tmp_path / "oauth.toml").write_text("[oauth]\n" + example)
     loaded = oauth_settings(config=tmp_path / "oauth.toml")

@@ -1,6 +1,8 @@
-"""The README checked offline: the client set-ups `make check-clients` runs exist and agree on one
-data home, the operator's block runs as written, and the demo excerpt is what a real `loopwarden
-demo` prints. (The clients themselves run in `make check-clients`, which needs npm.)"""
+"""The README and the docs pages checked offline: the client set-ups `make check-clients` runs
+(the README's quickstart, then docs/clients.md) exist and agree on one data home, the quickstart
+runs as written — its loop, and its hooks on a policy `policy check` has no note for — the demo
+excerpt is what a real `loopwarden demo` prints, and every link between the pages lands.
+(The clients themselves run in `make check-clients`, which needs npm.)"""
 
 from __future__ import annotations
 
@@ -30,15 +32,23 @@ def check_module() -> ModuleType:
 
 
 CHECK = check_module()
-BLOCKS = CHECK.readme_blocks(README)
+PAGES = CHECK.documents_text(REPO)  # the README, then docs/clients.md: what check-clients runs
+BLOCKS = CHECK.document_blocks(REPO)
 
 
-def test_the_client_check_runs_every_readme_block_in_order_and_checks_only_blocks_it_runs():
-    """One reader, top to bottom: the script is every block in the README's order (no list of
-    steps of its own to drift), the home first, and each check names a block."""
+def test_the_client_check_runs_every_block_of_its_pages_in_order_and_checks_only_blocks_it_runs():
+    """One reader, top to bottom: the script is every block of the README and then of
+    docs/clients.md in their order (no list of steps of its own to drift), the home first, and
+    each check names a block."""
+    assert CHECK.DOCUMENTS == ("README.md", "docs/clients.md")
     script = CHECK.bash_script(BLOCKS, tuple(BLOCKS), Path("/logs"))
     ran = re.findall(r"^echo '== ([a-z0-9-]+)'", script, re.MULTILINE)
-    assert ran == re.findall(r"<!-- client-check: ([a-z0-9-]+)", README) and ran[0] == "home"
+    marked = [
+        name for page in CHECK.DOCUMENTS
+        for name in re.findall(r"<!-- client-check: ([a-z0-9-]+)", (REPO / page).read_text())
+    ]  # fmt: skip
+    assert ran == marked and ran[0] == "home"
+    assert re.findall(r"<!-- client-check: ([a-z0-9-]+)", README) == ["home", "claude-stdio"]
     assert set(CHECK.CHECKS) <= set(BLOCKS)
     assert [name for name, block in BLOCKS.items() if block.background] == ["http-serve"]
     assert CHECK.BIND.search(BLOCKS["http-serve"].text)  # a background server binds loopback
@@ -49,7 +59,7 @@ def test_every_inspector_command_names_the_pinned_version():
     """Unpinned, `npx @modelcontextprotocol/inspector` on Node 20 resolves 0.15.0, which fails
     `--strict` with no useful message."""
     pinned = CHECK.PACKAGES["@modelcontextprotocol/inspector"]
-    calls = re.findall(r"npx (@modelcontextprotocol/inspector\S*)", README)
+    calls = re.findall(r"npx (@modelcontextprotocol/inspector\S*)", PAGES)
     assert calls and set(calls) == {f"@modelcontextprotocol/inspector@{pinned}"}, calls
     assert CHECK.INSPECTOR[1] == calls[0]
 
@@ -88,12 +98,12 @@ def test_every_client_set_up_uses_the_one_home_the_readme_exports():
     assert exported is not None
     for name in ("claude-stdio", "gemini", "codex", "inspector-stdio"):
         assert 'LOOPWARDEN_HOME="$LOOPWARDEN_HOME"' in BLOCKS[name].text, name
-    desktop = re.search(r"```json\n(\{\n  \"mcpServers\".*?)\n```", README, re.DOTALL)
+    desktop = re.search(r"```json\n(\{\n  \"mcpServers\".*?)\n```", PAGES, re.DOTALL)
     assert desktop is not None
     env = json.loads(desktop.group(1))["mcpServers"]["loopwarden"]["env"]
     assert env == {"LOOPWARDEN_HOME": exported.group(1)}
     # Claude Code's --env takes several values: the server's name must come before it.
-    assert re.search(r"claude mcp add(?: --transport \w+)? --env", README) is None
+    assert re.search(r"claude mcp add(?: --transport \w+)? --env", PAGES) is None
 
 
 def test_the_operators_block_runs_as_written(tmp_path):
@@ -115,6 +125,95 @@ def test_the_operators_block_runs_as_written(tmp_path):
     assert "opened loop csv-export with 2 todos" in done.stdout
     assert done.stdout.strip().splitlines()[-1] == str(home / ".loopwarden")
     assert (home / ".loopwarden" / "loopwarden.db").is_file()
+
+
+def readme_check(name: str) -> str:
+    """The README's block marked `<!-- readme-check: NAME -->`: run here, offline."""
+    found = re.search(rf"<!-- readme-check: {name} -->\n```sh\n(.*?)\n```", README, re.DOTALL)
+    assert found is not None, f"the README has no readme-check block {name!r}"
+    return found.group(1)
+
+
+def test_the_quickstarts_hooks_run_as_written_on_a_complete_policy(tmp_path):
+    """The quickstart's third step after its first, in one bash session: the starter policy
+    with the hooks lines is valid with no note (the starter allows `shell.run`, so the command
+    rules are read and enforced hooks let the shell through), `ls -la` is allowed and `git push`
+    denied, the loop takes the policy, and Claude Code's hooks are written for it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    bin_dir = Path(sys.executable).parent
+    env = cli_env(HOME=str(home), PATH=f"{bin_dir}:/usr/bin:/bin")
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", BLOCKS["home"].text + "\n" + readme_check("hooks")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=8 * CLI_TIMEOUT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = done.stdout.splitlines()
+    assert any(re.match(r"allow +ls -la$", line) for line in printed), done.stdout
+    assert any(re.match(r"deny +git push origin main$", line) for line in printed), done.stdout
+    assert "loop csv-export now has policy" in done.stdout
+    checked = subprocess.run(
+        loopwarden("policy", "check", "policy.toml", "--json"),
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    verdict = json.loads(checked.stdout)
+    assert verdict["notes"] == [] and verdict["policy"]["observe"]["mode"] == "enforce"
+    assert "shell.run" in verdict["policy"]["tools"]["allow"]
+    settings = json.loads((tmp_path / ".claude" / "settings.json").read_text())
+    assert "--loop csv-export --agent builder" in json.dumps(settings["hooks"])
+
+
+def test_only_the_pages_the_client_check_reads_mark_client_check_blocks():
+    """A block marked on another page would never run."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    marking = [
+        str(page.relative_to(REPO)) for page in pages if "<!-- client-check:" in page.read_text()
+    ]
+    assert marking == list(CHECK.DOCUMENTS)
+
+
+def test_the_readme_is_a_short_quickstart_with_a_table_of_contents():
+    """A newcomer's five minutes: the README stays short (the reference is under docs/), and
+    its contents line links every section."""
+    assert len(README.splitlines()) <= 175
+    headings = re.findall(r"^#{2,3} (.+)$", README, re.MULTILINE)
+    contents = README[README.index("**Contents:**") : README.index("## The two commands")]
+    assert headings and all(f"(#{slug(h)})" in contents for h in headings), headings
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub gives a heading."""
+    kept = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return kept.replace(" ", "-")
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_every_link_between_the_pages_lands_on_a_file_and_a_heading():
+    """The README's reference moved under docs/: every relative link of the README, the docs
+    pages and the CHANGELOG names a file that exists and, with `#anchor`, one of its headings."""
+    pages = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+        for target in LINK.findall(text):
+            if re.match(r"[a-z]+:", target):
+                continue  # http(s), mailto: not ours to check offline
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.name}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.MULTILINE)
+                if anchor not in {slug(h) for h in headings}:
+                    broken.append(f"{page.name}: {target} (no such heading)")
+    assert broken == []
 
 
 # What differs from run to run (ids, the time, the root over them, how the CLI was started);

@@ -11,7 +11,7 @@ A real `serve --http` with `--export-webhook`, an agent's real token calling it 
 real receiver on loopback that refuses bodies over its limit with 413, as nginx does.
 
 The export secret signs what the SIEM trusts: a secret file others may read is refused at start,
-as the signing key is, and the README's recipe makes one only its owner reads.
+as the signing key is, and the recipe in docs/operations.md makes one only its owner reads.
 """
 
 from __future__ import annotations
@@ -190,14 +190,14 @@ def test_large_reports_sealed_while_the_siem_is_down_never_stall_the_feed(
         receiver.stop()
 
 
-def _readme_recipe() -> str:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+def _documented_recipe() -> str:
+    readme = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
     [line] = [x for x in readme.splitlines() if x.endswith("readable by you alone")]
     return line
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
-def test_a_secret_file_others_may_read_is_refused_and_the_readmes_recipe_makes_a_private_one(
+def test_a_secret_file_others_may_read_is_refused_and_the_documented_recipe_makes_a_private_one(
     tmp_path, mode
 ):
     home = tmp_path / "home"
@@ -212,10 +212,10 @@ def test_a_secret_file_others_may_read_is_refused_and_the_readmes_recipe_makes_a
     assert SECRET.decode() not in done.stderr and "siem.example" not in done.stderr
     assert not LEAKS.search(done.stderr.replace(str(secret), "SECRET_FILE")), done.stderr
 
-    # The README's recipe, run by a shell with the usual umask: a file for its owner alone.
+    # The recipe of docs/operations.md, run by a shell with the usual umask: a file for its owner alone.
     made = tmp_path / "made"
     made.mkdir()
     subprocess.run(
-        ["sh", "-c", f"umask 022 && {_readme_recipe()}"], cwd=made, check=True, timeout=30
+        ["sh", "-c", f"umask 022 && {_documented_recipe()}"], cwd=made, check=True, timeout=30
     )
     assert (os.stat(made / "export.secret").st_mode & 0o777) == 0o600
