@@ -31,7 +31,7 @@ test: $(STAMP)
 test-all: $(STAMP)  # the long reliability variants too (see docs/reliability.md)
 	$(BIN)/python -m pytest -q
 
-check-clients: $(STAMP)  # the README's client set-ups, run against real client CLIs from npm
+check-clients: $(STAMP)  # the client set-ups of the README and docs/clients.md, against real client CLIs from npm
 	$(BIN)/python .ci/check_clients.py
 	$(BIN)/python .ci/check_oauth_client.py  # Claude Code against an OAuth-protected server
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 
 class FindingCode(StrEnum):
-    """Every code a finding can carry (the README documents them)."""
+    """Every code a finding can carry (docs/admin.md documents them)."""
 
     SIGNATURE_INVALID = "signature_invalid"
     UNKNOWN_KEY = "unknown_key"

@@ -42,7 +42,7 @@ RECEIPT_ID_PATTERN = r"^rcpt-[0-9a-f]{24}$"
 IDEMPOTENCY_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 MAX_FENCE = 2**53
 
-# Input limits (documented in the README): bounded so one call can never bloat the journal.
+# Input limits (documented in docs/tools.md): bounded so one call can never bloat the journal.
 MAX_SUMMARY = 4_000
 MAX_OBJECTIVE = 4_000
 MAX_TITLE = 500
