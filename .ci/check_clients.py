@@ -105,7 +105,9 @@ def readme_blocks(text: str) -> dict[str, Block]:
     for match in MARKER.finditer(text):
         name = match.group(1)
         if name in blocks:
-            raise CheckFailed(f"client-check block {name!r} appears twice in {', '.join(DOCUMENTS)}")
+            raise CheckFailed(
+                f"client-check block {name!r} appears twice in {', '.join(DOCUMENTS)}"
+            )
         blocks[name] = Block(name, match.group(3), background=bool(match.group(2)))
     return blocks
 

@@ -3,8 +3,9 @@
 
 Runs when a Chromium binary is found (`LOOPWARDEN_CHROMIUM`, else `chromium` on the PATH);
 otherwise the module is skipped with one line saying how to get one. Screenshots of every page
-go to `test-artifacts/dashboard/` (gitignored); with `LOOPWARDEN_UPDATE_SCREENSHOT=1` the loop
-page's is also written to `docs/dashboard.png`, the README's picture.
+go to `test-artifacts/dashboard/` (gitignored); with `LOOPWARDEN_UPDATE_SCREENSHOT=1` the live
+loop page's (a pool, an approval waiting, pause and cancel) is also written to
+`docs/dashboard.png`, the README's picture.
 """
 
 from __future__ import annotations
@@ -430,9 +431,7 @@ async def test_every_page_renders_a_real_loop_and_the_audit_runs_clean(server, t
         url = dashboard_url(server)
         await page.goto(f"{url}/loops/release")
         await page.locator("tr.violation").first.wait_for()
-        loop_shot = await shoot(page, "loop")
-        if os.environ.get("LOOPWARDEN_UPDATE_SCREENSHOT") == "1":
-            shutil.copy(loop_shot, REPO / "docs" / "dashboard.png")
+        await shoot(page, "loop")
         await page.goto(f"{url}/loops/release/journal?effect=deny")
         effects = await page.locator("table.journal tbody tr td:nth-child(4)").all_inner_texts()
         assert effects and set(effects) == {"deny"}
@@ -451,6 +450,56 @@ async def test_every_page_renders_a_real_loop_and_the_audit_runs_clean(server, t
         assert audited.returncode == 0, audited.stderr
         assert await page.locator("#audit-root").inner_text() == json.loads(audited.stdout)["root"]
         await shoot(page, "audit")
+
+
+@bounded(180)
+async def test_the_readmes_picture_is_a_live_loop_with_its_pool_an_approval_and_its_controls(
+    server, tokens, root
+):
+    """The quickstart's loop at work, as `docs/dashboard.png` shows it: a turn done, a report
+    refused for want of evidence (its turn still open), a deploy waiting on an approval, the
+    pool the loop draws from, and pause and cancel on offer."""
+    made = cli("pool", "create", "team-csv", "--max-cost-usd", "20", "--window", "1d",
+               "--max-concurrent-turns", "4", "--home", str(server.home))  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    todos = ["implement export_csv", "write the tests", "deploy to staging"]
+    open_loop_by_cli(server, root, "csv-export", todos, "Add CSV export", pools=["team-csv"])
+    usage = {"model_calls": 3, "input_tokens": 5400, "output_tokens": 1260, "cost_usd": 0.42}
+    async with (
+        signed_in(server, tokens["alice"]) as page,
+        connect_http(server.url, tokens["builder"].token) as agent,
+    ):
+        first = await claim(agent, "csv-export")
+        done = await agent.update(
+            first.turn_id, first.fence, "completed", "wrote export_csv()", "csv-1",
+            tools_used=[{"name": "fs.write", "count": 2}, {"name": "tests.run"}],
+            usage=usage, evidence=EVIDENCE,
+        )  # fmt: skip
+        assert done.accepted, done.reasons
+        second = await claim(agent, "csv-export")
+        refused = await agent.update(
+            second.turn_id, second.fence, "completed", "tests written", "csv-2", usage=usage
+        )
+        assert not refused.accepted and refused.status == "active"
+        third = await claim(agent, "csv-export")
+        asked = await agent.request_approval(
+            third.turn_id, third.fence, "deploy.staging", "deploy build 7 to staging"
+        )
+        assert asked.requested and asked.approval_id
+        await page.goto(f"{dashboard_url(server)}/loops/csv-export")
+        await page.locator(f"article[data-approval='{asked.approval_id}']").wait_for()
+        assert await page.locator("#loop-pools .loop-pool[data-pool='team-csv']").count() == 1
+        assert await page.locator("button[value=cancel]").count() == 1
+        assert await page.locator("button[value=pause]").count() == 1
+        await shoot(page, "loop-live")
+        if os.environ.get("LOOPWARDEN_UPDATE_SCREENSHOT") == "1":
+            # The page's top, down to the todo board: readable at the README's width, small.
+            board = page.locator("section.panel", has=page.locator("div.board"))
+            top = await board.bounding_box()
+            assert top is not None
+            clip = {"x": 0, "y": 0, "width": 1280, "height": top["y"] + top["height"] + 16}
+            png = str(REPO / "docs" / "dashboard.png")
+            await page.screenshot(path=png, clip=clip, full_page=True)
 
 
 async def play_release(agent: AgentClient) -> None:
