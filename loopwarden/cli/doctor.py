@@ -4,7 +4,8 @@ Reads the host's settings file where `hook install` wrote it and checks, in orde
 hooks are there for every event it installs; the host trusts them there (Codex: project and
 hook trust; Gemini CLI: trusted folders; `loopwarden/hosts`); the hook command resolves (an
 executable, or on PATH); the store it names opens; the loop exists and its policy admits the
-agent (and observes hosts); for `--http` set-ups, the server answers and takes the observer
+agent (and observes hosts); for the default command set-up, the home's local hook server
+starts (if it is not running) and answers; for `--http` set-ups, the server answers and takes the observer
 token in `$LOOPWARDEN_OBSERVER_TOKEN`, with no receipt sealed.
 
 Exit codes: 0 every check passed (notes may remain), 1 a check failed (the hooks will not
@@ -73,6 +74,10 @@ def _options(host: str, words: list[str]) -> dict[str, Any]:
     options: dict[str, Any] = {"server_name": []}
     while rest:
         flag, value = rest.pop(0), rest.pop(0) if rest else ""
+        if flag == "--in-process":
+            options["in_process"] = True
+            rest.insert(0, value)  # a flag without a value
+            continue
         if flag == "--server-name":
             options["server_name"].append(value)
         elif flag in ("--loop", "--agent", "--home", "--store", "--server"):
@@ -197,6 +202,40 @@ def _token_check(host: Host, found: Installed) -> Check | None:
     return Check("token", False, f"{server} refuses the token: {body[:200]}", fix)
 
 
+def _local_check(host: Host, found: Installed) -> Check | None:
+    """For the default command set-up, whether its home's local hook server starts (if it is
+    not running) and answers (None for other set-ups, and when the store check failed)."""
+    options = found.options
+    if found.command is None or options.get("server") or options.get("in_process"):
+        return None
+    from loopwarden.clients import hook_local
+
+    words = shlex.split(found.command)
+    program = words[: words.index("hook")] if "hook" in words else []
+    place = hook_local.place_of(options)
+    command = [*program, "hook", "server", "--home", place.home]
+    command += ["--store", place.store] if place.store else []
+    see = (
+        f"see {place.log_in_home} in the home ({place.home}); loopwarden hook stop, then run "
+        f"the doctor again"
+    )
+    why = hook_local.start(place, command) if os.path.isdir(place.home) else "no home"
+    try:
+        answer = hook_local.ask(place, "ping") if why is None else None
+    except (OSError, ValueError) as exc:
+        why = f"it does not answer ({exc})"
+        answer = None
+    if answer is None:
+        detail = f"the local hook server cannot be started ({why}): every hook would be blocked"
+        return Check("server", False, detail, see)
+    pid, _, version = answer.partition(" ")
+    return Check(
+        "server",
+        True,
+        f"the local hook server answers (pid {pid}, loopwarden {version}) on {place.socket}",
+    )
+
+
 @dataclass(frozen=True)
 class Where:
     """Where to look: the settings file's place."""
@@ -236,9 +275,11 @@ def checks(host: Host, where: Where, home: Path | None) -> list[Check]:
         return done
     done.append(_names_check(host, where, found, home))
     done.append(_command_check(found))
-    done += _store_checks(found, home)
+    stores = _store_checks(found, home)
+    done += stores
+    local = _local_check(host, found) if all(c.ok is not False for c in stores) else None
     token = _token_check(host, found)
-    return done + ([token] if token is not None else [])
+    return done + [c for c in (local, token) if c is not None]
 
 
 def doctor(
