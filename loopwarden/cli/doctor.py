@@ -202,38 +202,41 @@ def _token_check(host: Host, found: Installed) -> Check | None:
     return Check("token", False, f"{server} refuses the token: {body[:200]}", fix)
 
 
-def _local_check(host: Host, found: Installed) -> Check | None:
-    """For the default command set-up, whether its home's local hook server starts (if it is
-    not running) and answers (None for other set-ups, and when the store check failed)."""
+def _local_check(found: Installed) -> Check | None:
+    """For the default command set-up, whether its home's local hook server answers, or, if
+    none runs, starts and answers (then it is stopped again: the first hook starts it). None
+    for other set-ups."""
     options = found.options
     if found.command is None or options.get("server") or options.get("in_process"):
         return None
     from loopwarden.clients import hook_local
 
     words = shlex.split(found.command)
-    program = words[: words.index("hook")] if "hook" in words else []
     place = hook_local.place_of(options)
-    command = [*program, "hook", "server", "--home", place.home]
+    command = [*words[: words.index("hook")], "hook", "server", "--home", place.home]
     command += ["--store", place.store] if place.store else []
     see = (
-        f"see {place.log_in_home} in the home ({place.home}); loopwarden hook stop, then run "
-        f"the doctor again"
+        f"see {place.log_in_home} in the home ({place.home}); `loopwarden hook stop --home "
+        f"{place.home}`, then run the doctor again"
     )
-    why = hook_local.start(place, command) if os.path.isdir(place.home) else "no home"
     try:
-        answer = hook_local.ask(place, "ping") if why is None else None
+        answer = hook_local.ask(place, "ping")
+        started = False
+        if answer is None:
+            why = hook_local.start(place, command)
+            if why is not None:
+                detail = f"the local hook server cannot be started ({why}): every hook is blocked"
+                return Check("server", False, detail, see)
+            answer, started = hook_local.ask(place, "ping"), True
+        if answer is None:
+            raise OSError("it stopped as it started")
+        if started:
+            hook_local.ask(place, "stop")
     except (OSError, ValueError) as exc:
-        why = f"it does not answer ({exc})"
-        answer = None
-    if answer is None:
-        detail = f"the local hook server cannot be started ({why}): every hook would be blocked"
-        return Check("server", False, detail, see)
+        return Check("server", False, f"the local hook server does not answer ({exc})", see)
     pid, _, version = answer.partition(" ")
-    return Check(
-        "server",
-        True,
-        f"the local hook server answers (pid {pid}, loopwarden {version}) on {place.socket}",
-    )
+    how = "started, answered and was stopped again" if started else f"runs (pid {pid}) and answers"
+    return Check("server", True, f"the local hook server (loopwarden {version}) {how}")
 
 
 @dataclass(frozen=True)
@@ -274,10 +277,12 @@ def checks(host: Host, where: Where, home: Path | None) -> list[Check]:
     if settings.ok is False and not found.events:
         return done
     done.append(_names_check(host, where, found, home))
-    done.append(_command_check(found))
+    command = _command_check(found)
+    done.append(command)
     stores = _store_checks(found, home)
     done += stores
-    local = _local_check(host, found) if all(c.ok is not False for c in stores) else None
+    runs = command.ok is not False and all(c.ok is not False for c in stores)
+    local = _local_check(found) if runs else None
     token = _token_check(host, found)
     return done + [c for c in (local, token) if c is not None]
 
@@ -297,7 +302,8 @@ def doctor(
     """Check an installed hook set-up end to end.
 
     Settings present for every event, the host's trust, the hook command on PATH, the store
-    opening, the loop and agent in it, and for --http set-ups the server taking
+    opening, the loop and agent in it, the home's local hook server starting and answering
+    (a server the doctor starts, it stops again), and for --http set-ups the server taking
     $LOOPWARDEN_OBSERVER_TOKEN (no receipt is sealed). Exit 0 when every check passed, 1 when
     one failed (each says what to do), 2 on a usage error.
     """

@@ -146,35 +146,54 @@ class HookServer:
         try:
             self.why = self.serve(listener)
         finally:
-            listener.close()
             if self._ours():
                 os.unlink(self.place.socket)
+            self.stopping = True
+            self.drain(listener)
+            listener.close()
             self._close()
             log.info("hook server %d stopped: %s", os.getpid(), self.why)
         return 0
 
     def serve(self, listener: socket.socket) -> str:
-        """Answer connections one at a time until this server should stop; why it stopped."""
+        """Answer connections one at a time until this server should stop; why it stopped.
+        Whether its home or store is gone is looked at only while nothing waits: a hook that
+        connected is answered first (by then with the in-process hook's refusal)."""
         last = self.clock()
         while not self.stopping:
             left = self.idle - (self.clock() - last)
             if left <= 0:
                 return f"idle for {self.idle:g} s"
-            why = self.gone()
-            if why:
-                return why
             listener.settimeout(max(0.001, min(left, self.poll)))
             try:
                 connection, _ = listener.accept()
             except (TimeoutError, InterruptedError):
+                why = self.gone()
+                if why:
+                    return why
                 continue
-            with connection:
-                try:
-                    self.connection(connection)
-                except Exception as exc:  # one connection's fault is not the server's end
-                    log.error("a hook connection failed", exc_info=exc)
-            last = self.clock()
+            last = self.clock()  # idle from the last event's arrival: read while its hook waits
+            self.answer(connection)
         return "asked to stop"
+
+    def drain(self, listener: socket.socket) -> None:
+        """Answer the hooks that connected before the socket was removed: none is cut off by
+        the server's exit (one that comes after finds no socket, and starts a new server)."""
+        listener.setblocking(False)
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            connection.setblocking(True)
+            self.answer(connection)
+
+    def answer(self, connection: socket.socket) -> None:
+        with connection:
+            try:
+                self.connection(connection)
+            except Exception as exc:  # one connection's fault is not the server's end
+                log.error("a hook connection failed", exc_info=exc)
 
     def connection(self, connection: socket.socket) -> None:
         connection.settimeout(READ_SECONDS)
