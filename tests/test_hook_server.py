@@ -67,7 +67,10 @@ async def _prepare(home: Path) -> None:
     """A loop observed in enforce mode, the host attached, the builder's turn open."""
     async with open_store(home) as store:
         request = OpenLoopRequest(
-            objective="fast hooks", policy=POLICY, loop_id=LOOP, todos=[TodoInput(id="t", title="w")]
+            objective="fast hooks",
+            policy=POLICY,
+            loop_id=LOOP,
+            todos=[TodoInput(id="t", title="w")],
         )
         await open_loop(store, OPERATOR, request)
         observer = Principal(id="builder", role="observer")
@@ -187,14 +190,10 @@ def test_a_second_call_reuses_the_server(home):
 
 
 def test_calls_fired_together_start_one_server(home):
-    hooks = [
-        subprocess.Popen(
-            loopwarden("hook", "claude-code", "--loop", LOOP, "--agent", "builder",
-                       "--home", str(home)),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(),
-        )  # fmt: skip
-        for _ in range(4)
-    ]
+    command = loopwarden("hook", "claude-code", "--loop", LOOP, "--agent", "builder",
+                         "--home", str(home))  # fmt: skip
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    hooks = [subprocess.Popen(command, env=cli_env(), **pipes) for _ in range(4)]
     answers = [p.communicate(bash(f"ls {n}", n), timeout=BOUND) for n, p in enumerate(hooks)]
     assert [(p.returncode, out, err) for p, (out, err) in zip(hooks, answers, strict=True)] == [
         (0, b"", b"")
