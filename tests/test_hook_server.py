@@ -26,6 +26,7 @@ import anyio
 import pytest
 from conftest import OPERATOR
 from support import cli_env, loopwarden
+from test_hooks import imported_by
 
 from loopwarden.clients import hook_local
 from loopwarden.clients import hook_wire as wire
@@ -222,6 +223,23 @@ def test_a_server_exits_when_its_store_is_gone(home):
         leftover.unlink()
     assert ended(pid)
     assert "its home's store is gone" in Path(place(home).log).read_text()
+
+
+# What the default hook may import beyond what the interpreter (and `-m`'s runpy) loads anyway.
+DEFAULT_HOOK = {"loopwarden", "loopwarden.cli", "loopwarden.cli.entry", "loopwarden.hostnames",
+                "loopwarden.clients", "loopwarden.clients.hook_local",
+                "loopwarden.clients.hook_process", "loopwarden.clients.hook_wire", "_socket",
+                "__future__", "importlib"}  # fmt: skip
+
+
+def test_once_its_server_runs_the_default_hook_imports_only_the_c_socket_module(home):
+    assert admitted(run_hook(home, bash("ls")))  # starts the server
+    args = ["-m", "loopwarden", "hook", "claude-code", "--loop", LOOP, "--agent", "builder"]
+    done, names = imported_by([*args, "--home", str(home)], bash("ls", 2), cli_env())
+    assert (done.returncode, done.stdout) == (0, b""), done.stderr[-2000:]
+    _, startup = imported_by(["-c", "import runpy"], b"", cli_env())
+    assert "loopwarden.clients.hook_wire" in names and "site" in startup, "the traces were read"
+    assert names - startup <= DEFAULT_HOOK, names - startup - DEFAULT_HOOK
 
 
 class Clock:

@@ -302,9 +302,8 @@ def doctor(
     """Check an installed hook set-up end to end.
 
     Settings present for every event, the host's trust, the hook command on PATH, the store
-    opening, the loop and agent in it, the home's local hook server starting and answering
-    (a server the doctor starts, it stops again), and for --http set-ups the server taking
-    $LOOPWARDEN_OBSERVER_TOKEN (no receipt is sealed). Exit 0 when every check passed, 1 when
+    opening, the loop and agent in it, the local hook server answering, and for --http set-ups
+    the server taking $LOOPWARDEN_OBSERVER_TOKEN (no receipt is sealed). Exit 0 when every check passed, 1 when
     one failed (each says what to do), 2 on a usage error.
     """
     if host not in hosts.NAMES:

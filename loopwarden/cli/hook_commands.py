@@ -287,10 +287,11 @@ def _write(path: Path, text: str) -> None:
 @app.command("stop")
 @shared_options("home", "store", "json")
 def stop(*, options: Options) -> None:
-    """Stop the home's local hook server (the next hook event starts it again).
+    """Stop the home's local hook server.
 
-    The server the installed hooks start on first use; it also exits by itself after
-    $LOOPWARDEN_HOOK_IDLE seconds (600) without an event. Says so when none runs.
+    The server the installed hooks start on first use (the next hook event starts it again); it
+    also exits by itself after $LOOPWARDEN_HOOK_IDLE seconds (600) without an event. Says so
+    when none runs.
     """
     from loopwarden.clients import hook_local
 
@@ -311,9 +312,9 @@ def stop(*, options: Options) -> None:
 
 @app.command("server", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def server(ctx: typer.Context) -> None:
-    """Run the home's local hook server (the installed hooks start it; docs/hooks.md).
+    """Run the home's local hook server (the hooks start it).
 
-    --home, --store and --idle SECONDS ($LOOPWARDEN_HOOK_IDLE, else 600): it serves the home's
+    See docs/hooks.md. --home, --store and --idle SECONDS ($LOOPWARDEN_HOOK_IDLE, else 600): it serves the home's
     hook events on hooks/server-VERSION.sock and exits when idle or when the store is gone.
     """
     from loopwarden.server.hook_socket import main
