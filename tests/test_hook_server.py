@@ -239,7 +239,9 @@ def test_once_its_server_runs_the_default_hook_imports_only_the_c_socket_module(
     assert (done.returncode, done.stdout) == (0, b""), done.stderr[-2000:]
     _, startup = imported_by(["-c", "import runpy"], b"", cli_env())
     assert "loopwarden.clients.hook_wire" in names and "site" in startup, "the traces were read"
-    assert names - startup <= DEFAULT_HOOK, names - startup - DEFAULT_HOOK
+    # a home whose socket path would not fit in `sun_path` names its socket by a digest
+    digest = {"hashlib", "_hashlib", "_blake2"} if place(home).runtime else set()
+    assert names - startup <= DEFAULT_HOOK | digest, names - startup - DEFAULT_HOOK
 
 
 class Clock:
