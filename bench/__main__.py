@@ -28,6 +28,7 @@ from bench import (
     mcp_gateway,
     memory,
     model_gateway,
+    peer,
     pools,
     scale,
     startup,
@@ -54,6 +55,7 @@ FAMILIES = {
     "generator": (generator, 5, 60),
     "mcp_gateway": (mcp_gateway, 30, 60),
     "model_gateway": (model_gateway, 6, 40),
+    "peer": (peer, 10, 40),
 }
 BUDGET = {True: 50.0, False: 550.0}  # seconds: quick, full
 MAX_STRETCH = 1.5  # a family never gets more than this times its nominal share

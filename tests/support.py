@@ -50,7 +50,7 @@ from loopwarden.principals import Principal
 from loopwarden.server.app import build_server
 from loopwarden.server.settings import Settings
 
-STARTUP_TIMEOUT = 20.0  # seconds for a server to accept connections
+STARTUP_TIMEOUT = 120.0  # a hang guard: a server that exits fails at once (load 8 is slow)
 CLI_TIMEOUT = 60.0  # seconds for any one CLI subprocess
 EVIDENCE = [{"kind": "test", "summary": "green"}]
 # The ten governance tools a server lists, in a fixed order (fuzzing samples from it).

@@ -171,7 +171,8 @@ def test_every_evasion_class_is_denied_through_the_http_hook(live, host, shape):
 
 def _hook_process(home: Path, host: str, data: dict[str, Any]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        loopwarden("hook", host, "--loop", LOOP, "--agent", "builder", "--home", str(home)),
+        loopwarden("hook", host, "--loop", LOOP, "--agent", "builder", "--home", str(home),
+                   "--in-process"),
         input=json.dumps(data).encode(), capture_output=True, env=cli_env(), timeout=60,
     )  # fmt: skip
 

@@ -537,7 +537,7 @@ def host_hook(server: Served, loop_id: str, event: dict[str, Any]) -> dict[str, 
     base = {"session_id": "s-1", "transcript_path": "", "cwd": ".", **event}
     done = subprocess.run(
         loopwarden("hook", "claude-code", "--loop", loop_id, "--agent", "builder",
-                   "--home", str(server.home)),
+                   "--home", str(server.home), "--in-process"),
         input=json.dumps(base), capture_output=True, text=True, timeout=CLI_TIMEOUT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -498,7 +498,7 @@ async def _home_with_turn(store: Store, clock: ManualClock) -> ClaimResult:
 def hook_process(
     home: Path, host: str, event: bytes, *, agent: str = "builder", store: str | None = None
 ) -> subprocess.CompletedProcess:
-    given = ("--store", store) if store else ()
+    given = ("--store", store, "--in-process") if store else ("--in-process",)
     return subprocess.run(
         [*loopwarden("hook", host, "--loop", LOOP, "--agent", agent, "--home", str(home), *given)],
         input=event,
@@ -579,7 +579,9 @@ async def test_a_real_hook_process_decides_without_loading_the_cli_server_or_tel
     await _home_with_turn(store, clock)
     args = ["-m", "loopwarden", "hook", "claude-code", "--loop", LOOP, "--agent", "builder"]
     done, names = imported_by(
-        [*args, "--home", str(home)], json.dumps(bash("pytest -q")).encode(), cli_env()
+        [*args, "--home", str(home), "--in-process"],
+        json.dumps(bash("pytest -q")).encode(),
+        cli_env(),
     )
     assert (done.returncode, done.stdout) == (0, b""), done.stderr[-2000:]
     assert (await kinds(store))[-1] == "tool.admitted", "decided, sealed, answered"

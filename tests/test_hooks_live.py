@@ -123,7 +123,8 @@ def test_a_host_session_is_governed_end_to_end(live):
         [
             *loopwarden(
                 "hook", "claude-code", "--loop", LOOP, "--agent", "builder", "--home", str(home)
-            )
+            ),
+            "--in-process",
         ],
         input=json.dumps(event("SessionStart-startup")).encode(),
         capture_output=True,
@@ -243,6 +244,7 @@ def test_a_command_only_host_forwards_to_the_server_and_gets_its_decision(
 FORWARDER = {"loopwarden", "loopwarden.clients", "loopwarden.cli", "loopwarden.cli.entry", "loopwarden.hostnames",
              "loopwarden.hosts",
              "loopwarden.clients.hook_forward", "loopwarden.clients.http1", "_socket",
+             "loopwarden.clients.hook_process",
              "__future__", "importlib"}  # fmt: skip
 
 

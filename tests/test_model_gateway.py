@@ -35,7 +35,7 @@ from loopwarden.kernel.state.events import ReceiptKind
 from loopwarden.model_gateway.prices import load_prices
 
 LOOP = "ship"
-SETTLE_WAIT = 10.0  # seconds a test waits for a call's receipt
+SETTLE_WAIT = 120.0  # a hang guard: a test polls until the call's receipt is sealed
 MODEL_POLICY = make_policy(
     agents=["builder"],
     budgets={"max_turns": 20, "max_cost_usd": 5.0, "max_model_calls": 100},

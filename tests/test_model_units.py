@@ -12,7 +12,8 @@ from loopwarden.errors import InvalidInput
 from loopwarden.model_gateway.calls import reservation
 from loopwarden.model_gateway.gateway_config import parse_upstream
 from loopwarden.model_gateway.prices import PriceFile, PriceTable, load_prices, shipped
-from loopwarden.model_gateway.providers import PROMPT_SLACK, Route, registry
+from loopwarden.model_gateway.provider_registry import registry
+from loopwarden.model_gateway.providers import PROMPT_SLACK, Route
 
 PROVIDERS = registry()
 

@@ -290,7 +290,7 @@ NOT_ROWS = {
     "tree": "a loop's state tree, built from its proved row",
     "lock_clause": "SQL text",
 }
-WRITES = {"save", "keep", "put_pool", "put_usage", "carry_log", "log_carried", "hold",
+WRITES = {"save", "keep", "put_pool", "put_usage", "carry_log", "log_carried", "wrote_log", "hold",
           "own_pool_catalog"}  # fmt: skip
 _IDS: dict[str, str] = {}
 

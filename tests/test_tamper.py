@@ -1033,3 +1033,21 @@ def test_parallel_signature_checks_find_exactly_what_inline_checks_find(
     assert parallel.findings == inline.findings
     assert any(f.code == "signature_invalid" for f in parallel.findings)
     assert parallel.receipts == inline.receipts and parallel.root == inline.root
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_every_tampering_is_reported_alike_by_the_parallel_and_the_serial_audit(
+    pristine, tmp_path, monkeypatch, case
+):
+    """The whole tamper corpus, forged histories included: an audit that checks envelopes in
+    worker processes, batches in flight, reports exactly the findings (in the same order) of
+    one that checks everything in this process, one receipt after another."""
+    monkeypatch.setattr(audit_module, "PARALLEL_FROM", 0)  # worker processes on a small log
+    monkeypatch.setattr(audit_module, "BATCH", 3)  # batches checked while others are folded
+    home = damaged_copy(pristine, tmp_path, CASES[case].damage).home
+    with admin.open_reader(home) as reader:
+        parallel = audit(reader, admin.keyring_of(home), workers=1)
+        serial = audit(reader, admin.keyring_of(home), workers=0)
+    assert [f.as_dict() for f in parallel.findings] == [f.as_dict() for f in serial.findings]
+    assert not parallel.clean
+    assert parallel.receipts == serial.receipts and parallel.root == serial.root

@@ -39,7 +39,7 @@ from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.turns.claim import ClaimRequest, claim
 
 COLUMNS, LINES = 200, 60
-RUN_FOR = 30.0  # seconds any one command may take under the pseudo-terminal
+RUN_FOR = 120.0  # a hang guard: seconds any one command may take under the pseudo-terminal
 # Text an agent controls, each kind of control a terminal acts on:
 TITLE = "fix \x1b]0;pwned\x07 the \x9b2J build \u202egnp.exe\u202c done"
 OBJECTIVE = "ship \x1b[2J\x1b[H it"

@@ -4,7 +4,8 @@ Reads the host's settings file where `hook install` wrote it and checks, in orde
 hooks are there for every event it installs; the host trusts them there (Codex: project and
 hook trust; Gemini CLI: trusted folders; `loopwarden/hosts`); the hook command resolves (an
 executable, or on PATH); the store it names opens; the loop exists and its policy admits the
-agent (and observes hosts); for `--http` set-ups, the server answers and takes the observer
+agent (and observes hosts); for the default command set-up, the home's local hook server
+starts (if it is not running) and answers; for `--http` set-ups, the server answers and takes the observer
 token in `$LOOPWARDEN_OBSERVER_TOKEN`, with no receipt sealed.
 
 Exit codes: 0 every check passed (notes may remain), 1 a check failed (the hooks will not
@@ -73,6 +74,10 @@ def _options(host: str, words: list[str]) -> dict[str, Any]:
     options: dict[str, Any] = {"server_name": []}
     while rest:
         flag, value = rest.pop(0), rest.pop(0) if rest else ""
+        if flag == "--in-process":
+            options["in_process"] = True
+            rest.insert(0, value)  # a flag without a value
+            continue
         if flag == "--server-name":
             options["server_name"].append(value)
         elif flag in ("--loop", "--agent", "--home", "--store", "--server"):
@@ -197,6 +202,43 @@ def _token_check(host: Host, found: Installed) -> Check | None:
     return Check("token", False, f"{server} refuses the token: {body[:200]}", fix)
 
 
+def _local_check(found: Installed) -> Check | None:
+    """For the default command set-up, whether its home's local hook server answers, or, if
+    none runs, starts and answers (then it is stopped again: the first hook starts it). None
+    for other set-ups."""
+    options = found.options
+    if found.command is None or options.get("server") or options.get("in_process"):
+        return None
+    from loopwarden.clients import hook_local
+
+    words = shlex.split(found.command)
+    place = hook_local.place_of(options)
+    command = [*words[: words.index("hook")], "hook", "server", "--home", place.home]
+    command += ["--store", place.store] if place.store else []
+    see = (
+        f"see {place.log_in_home} in the home ({place.home}); `loopwarden hook stop --home "
+        f"{place.home}`, then run the doctor again"
+    )
+    try:
+        answer = hook_local.ask(place, "ping")
+        started = False
+        if answer is None:
+            why = hook_local.start(place, command)
+            if why is not None:
+                detail = f"the local hook server cannot be started ({why}): every hook is blocked"
+                return Check("server", False, detail, see)
+            answer, started = hook_local.ask(place, "ping"), True
+        if answer is None:
+            raise OSError("it stopped as it started")
+        if started:
+            hook_local.ask(place, "stop")
+    except (OSError, ValueError) as exc:
+        return Check("server", False, f"the local hook server does not answer ({exc})", see)
+    pid, _, version = answer.partition(" ")
+    how = "started, answered and was stopped again" if started else f"runs (pid {pid}) and answers"
+    return Check("server", True, f"the local hook server (loopwarden {version}) {how}")
+
+
 @dataclass(frozen=True)
 class Where:
     """Where to look: the settings file's place."""
@@ -235,10 +277,14 @@ def checks(host: Host, where: Where, home: Path | None) -> list[Check]:
     if settings.ok is False and not found.events:
         return done
     done.append(_names_check(host, where, found, home))
-    done.append(_command_check(found))
-    done += _store_checks(found, home)
+    command = _command_check(found)
+    done.append(command)
+    stores = _store_checks(found, home)
+    done += stores
+    runs = command.ok is not False and all(c.ok is not False for c in stores)
+    local = _local_check(found) if runs else None
     token = _token_check(host, found)
-    return done + ([token] if token is not None else [])
+    return done + [c for c in (local, token) if c is not None]
 
 
 def doctor(
@@ -256,8 +302,8 @@ def doctor(
     """Check an installed hook set-up end to end.
 
     Settings present for every event, the host's trust, the hook command on PATH, the store
-    opening, the loop and agent in it, and for --http set-ups the server taking
-    $LOOPWARDEN_OBSERVER_TOKEN (no receipt is sealed). Exit 0 when every check passed, 1 when
+    opening, the loop and agent in it, the local hook server answering, and for --http set-ups
+    the server taking $LOOPWARDEN_OBSERVER_TOKEN (no receipt is sealed). Exit 0 when every check passed, 1 when
     one failed (each says what to do), 2 on a usage error.
     """
     if host not in hosts.NAMES:

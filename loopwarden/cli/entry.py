@@ -1,6 +1,9 @@
 """The `loopwarden` command's entry point: `loopwarden hook HOST …` (started by agent hosts
-for every tool call) goes straight to its lean handler (or, with `--server`, to a forwarder
-that imports nothing but the standard library); everything else to the admin CLI."""
+for every tool call) goes straight to the forwarder to the home's local hook server
+(`hook_local.py`; with `--server`, to a running `serve --http`: `hook_forward.py`), both of
+which import little beyond the standard library, or with `--in-process` to the lean handler
+that decides itself; `loopwarden hook server` (the local server the hooks start) to that
+server; everything else to the admin CLI."""
 
 from __future__ import annotations
 
@@ -18,15 +21,23 @@ PLUGINS_OFF = ("__all__", "1", "true")  # the values with which pydantic loads n
 
 def main() -> None:
     argv = sys.argv[1:]
-    if len(argv) >= 2 and argv[0] == "hook" and argv[1] in HOSTS and "--server" in argv:
-        from loopwarden.clients.hook_forward import main as forward
-
-        leave(forward(argv[1:]))
     if len(argv) >= 2 and argv[0] == "hook" and argv[1] in HOSTS:
-        lean()
-        from loopwarden.clients.hook_command import main as hook_main
+        if "--server" in argv:  # to a running `serve --http`
+            from loopwarden.clients.hook_forward import main as forward
 
-        leave(hook_main(argv[1:]))
+            leave(forward(argv[1:]))
+        if "--in-process" in argv:  # the store opened here, for this one event
+            lean()
+            from loopwarden.clients.hook_command import main as hook_main
+
+            leave(hook_main(argv[1:]))
+        from loopwarden.clients.hook_local import main as local  # the home's local server
+
+        leave(local(argv[1:]))
+    if argv[:2] == ["hook", "server"]:  # that server, started by the hooks (not lean: it stays)
+        from loopwarden.server.hook_socket import main as serve_hooks
+
+        sys.exit(serve_hooks(argv[2:]))
     from loopwarden.cli.root import main as cli_main
 
     cli_main()

@@ -35,6 +35,10 @@ HTTP_HELP = (
     "(LOOPWARDEN_OBSERVER_TOKEN): Claude Code posts it itself (an http hook), every other host "
     "runs a command that forwards it."
 )
+IN_PROCESS_HELP = (
+    "A hook that opens the store and decides in its own process for every event, instead of "
+    "forwarding it to the home's local hook server (slower; no background process)."
+)
 
 
 def program() -> tuple[str, ...]:
@@ -123,6 +127,7 @@ def install(
     print_only: Annotated[
         bool, typer.Option("--print", help="Print the merged settings instead of writing them.")
     ] = False,
+    in_process: Annotated[bool, typer.Option("--in-process", help=IN_PROCESS_HELP)] = False,
     *,
     options: Options,
 ) -> None:
@@ -132,12 +137,16 @@ def install(
     running it again replaces loopwarden's entries), with blocking on failure where the host
     allows it. --print shows the result instead of writing it.
 
+    The hook command forwards each event to the home's local hook server, which it starts on
+    first use and which exits when idle (docs/hooks.md); --in-process writes one that opens
+    the store itself for every event (slower), --http one that goes to a running server.
+
     The loop and the agent must exist in the store (exit 2 otherwise). Then it says whether
     the host trusts the hooks there (Codex: project and hook trust; Gemini CLI: trusted
     folders) and what to do if not; `loopwarden hook doctor` checks it all again later.
     """
     home, store, json_out = options.home, options.store, options.json_out
-    _check_options(host, scope, store, json_out)
+    _check_options(host, scope, store, json_out, in_process=in_process, http=http)
     problems, warnings = loop_problems(home, store, loop, agent)
     if problems and http is None:
         fail("; ".join(problems), EXIT_USAGE, as_json=json_out, error="not_found")
@@ -154,6 +163,7 @@ def install(
         servers=servers,
         http=http,
         store=store,
+        in_process=in_process,
     )
     where = settings_path(host, scope, place.project, place.user_home)
     text = json.dumps(_merged_settings(where, target, json_out), indent=2) + "\n"
@@ -225,13 +235,17 @@ def _notes(target: Target) -> list[str]:
     return notes
 
 
-def _check_options(host: str, scope: str, store: str | None, json_out: bool) -> None:
+def _check_options(
+    host: str, scope: str, store: str | None, json_out: bool, *, in_process: bool, http: str | None
+) -> None:
     if host not in hosts.NAMES:
         known = ", ".join(hosts.NAMES)
         message = f"unknown host {host!r}{close_to(host, list(hosts.NAMES))}; use one of {known}"
         fail(message, EXIT_USAGE, as_json=json_out)
     if scope not in ("project", "user"):
         fail("--scope is project or user", EXIT_USAGE, as_json=json_out)
+    if in_process and http is not None:
+        fail("--in-process and --http exclude each other", EXIT_USAGE, as_json=json_out)
     if store is not None and _has_password(store, json_out):
         fail(
             "--store would write the URL's password into the host's settings: give a URL "
@@ -268,6 +282,44 @@ def _write(path: Path, text: str) -> None:
     staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     staged.write_text(text)
     os.replace(staged, path)
+
+
+@app.command("stop")
+@shared_options("home", "store", "json")
+def stop(*, options: Options) -> None:
+    """Stop the home's local hook server.
+
+    The server the installed hooks start on first use (the next hook event starts it again); it
+    also exits by itself after $LOOPWARDEN_HOOK_IDLE seconds (600) without an event. Says so
+    when none runs.
+    """
+    from loopwarden.clients import hook_local
+
+    place = hook_local.place_of({"home": options.home, "store": options.store})
+    try:
+        pid = hook_local.ask(place, "stop")
+    except (OSError, ValueError) as exc:
+        fail(f"the hook server at {place.socket} does not answer ({exc})", as_json=options.json_out)
+    if options.json_out:
+        render.emit_json({"socket": place.socket, "stopped": pid is not None, "pid": pid})
+    elif pid is None:
+        render.console.print(f"no local hook server runs for {render.safe(place.home)}")
+    else:
+        render.console.print(
+            f"stopped the local hook server (pid {pid}) of {render.safe(place.home)}"
+        )
+
+
+@app.command("server", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def server(ctx: typer.Context) -> None:
+    """Run the home's local hook server (the hooks start it).
+
+    See docs/hooks.md. --home, --store and --idle SECONDS ($LOOPWARDEN_HOOK_IDLE, else 600): it serves the home's
+    hook events on hooks/server-VERSION.sock and exits when idle or when the store is gone.
+    """
+    from loopwarden.server.hook_socket import main
+
+    raise typer.Exit(main(ctx.args))
 
 
 def _handler(host: str) -> Any:

@@ -25,7 +25,7 @@ app.add_typer(keys, name="key")
 
 
 def _provider(name: str) -> str:
-    from loopwarden.model_gateway.providers import registry
+    from loopwarden.model_gateway.provider_registry import registry
 
     known = registry()
     if name not in known:

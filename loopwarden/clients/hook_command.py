@@ -1,5 +1,8 @@
-"""`loopwarden hook HOST --loop ID --agent NAME`: one host hook event on stdin, the host's
-answer on stdout and in the exit code (docs/hooks.md).
+"""`loopwarden hook HOST --loop ID --agent NAME --in-process`: one host hook event on stdin, the
+host's answer on stdout and in the exit code (docs/hooks.md), decided in this process.
+
+The same code decides for the home's local hook server (`server/hook_socket.py`), which the
+default hook (`hook_local.py`) forwards to: `open_store` and `handle_now`, the same answers.
 
 The host starts this process for every tool call the model makes, so it is kept lean: the
 `loopwarden` entry point (`entry.py`) comes here before the admin CLI (typer, rich, the MCP
@@ -13,10 +16,15 @@ import argparse
 import io
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from loopwarden import hosts
 from loopwarden.hosts.host import Reply
 from loopwarden.kinds import KINDS
+
+TYPE_CHECKING = False  # not `typing`'s, as the hook's other modules
+if TYPE_CHECKING:
+    from loopwarden.kernel.store.store import Store
 
 DESCRIPTION = (
     "Answer one agent-host hook event (stdin) for AGENT in loop LOOP, in HOST's format. "
@@ -43,6 +51,11 @@ def parser() -> argparse.ArgumentParser:
         help="forward the event to this loopwarden serve --http (LOOPWARDEN_OBSERVER_TOKEN)",
     )
     p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="decide in this process, opening the store itself (no local hook server)",
+    )
+    p.add_argument(
         "--server-name",
         action="append",
         default=None,
@@ -51,31 +64,44 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
+def open_store(home: str | Path | None, store: str | None) -> Store:
+    """The store a hook decides on, opened on the calling thread (`Store.open_now`): never
+    created; raises (`NotFound`, a store error) if it cannot be opened, with the message a
+    hook answers (`store_failure`)."""
     from loopwarden.clients import admin
-    from loopwarden.hosts.handle import failure, handle_now
     from loopwarden.kernel.log.keys import KeyStore
     from loopwarden.kernel.store.homes import synchronous_mode
     from loopwarden.kernel.store.store import Store
 
+    path, location = admin.existing_store(home, store)
+    keys = KeyStore(path)
+    # On the calling thread, with no event loop: on SQLite one connection to the file; on
+    # PostgreSQL the backend's write connection, used synchronously.
+    return Store.open_now(
+        location,
+        keys.load_signer(),
+        keyring=keys.keyring(),
+        key_dir=path,
+        synchronous=synchronous_mode(),
+        check=False,  # every row a write reads is proved anyway (kernel/store/guard.py)
+        create=False,
+        kinds=KINDS,
+    )
+
+
+def store_failure(exc: BaseException) -> str:
+    """What a hook answers when its store does not open: no store, no decision."""
+    message = getattr(exc, "message", None)
+    return message if isinstance(message, str) else f"cannot open the store ({type(exc).__name__})"
+
+
+def _answer(host: str, raw: bytes, args: argparse.Namespace) -> Reply:
+    from loopwarden.hosts.handle import failure, handle_now
+
     try:
-        home, location = admin.existing_store(args.home, args.store)
-        keys = KeyStore(home)
-        # On the calling thread, with no event loop: on SQLite one connection to the file; on
-        # PostgreSQL the backend's write connection, used synchronously.
-        store = Store.open_now(
-            location,
-            keys.load_signer(),
-            keyring=keys.keyring(),
-            key_dir=home,
-            synchronous=synchronous_mode(),
-            check=False,  # every row a write reads is proved anyway (kernel/store/guard.py)
-            create=False,
-            kinds=KINDS,
-        )
+        store = open_store(args.home, args.store)
     except Exception as exc:  # no store, no decision: fail closed, naming why
-        message = getattr(exc, "message", None) or f"cannot open the store ({type(exc).__name__})"
-        return failure(host, raw, message)
+        return failure(host, raw, store_failure(exc))
     try:
         servers = args.server_name or ["loopwarden"]
         return handle_now(store, host, raw, loop_id=args.loop, agent=args.agent, servers=servers)

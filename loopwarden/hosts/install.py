@@ -34,14 +34,19 @@ class Target:
     servers: tuple[str, ...] = ("loopwarden",)
     http: str | None = None  # a server's base URL: http hooks, or a forwarding command
     store: str | None = None  # a store URL for the hook command (`--store`), without a password
+    in_process: bool = False  # the hook opens the store itself instead of the local server
 
     def command(self) -> str:
-        """The hook command; with `http` (hosts without http hooks), one that forwards each
-        event to that server (`clients/hook_forward.py`)."""
+        """The hook command: by default one that forwards each event to the home's local hook
+        server, starting it on first use (`clients/hook_local.py`); with `in_process`, one
+        that decides itself (`clients/hook_command.py`); with `http` (hosts without http
+        hooks), one that forwards each event to that server (`clients/hook_forward.py`)."""
         words = [*self.program, "hook", self.host, "--loop", self.loop_id, "--agent", self.agent]
         words += ["--server", self.http] if self.http else ["--home", str(self.home)]
         if self.store and not self.http:
             words += ["--store", self.store]
+        if self.in_process and not self.http:
+            words += ["--in-process"]
         for server in self.servers:
             if server != "loopwarden" or len(self.servers) > 1:
                 words += ["--server-name", server]

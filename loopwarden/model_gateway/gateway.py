@@ -62,12 +62,8 @@ from loopwarden.model_gateway.model_ops import (
     model_check,
     model_settle,
 )
-from loopwarden.model_gateway.providers import (
-    BadRequest,
-    Provider,
-    Route,
-    registry,
-)
+from loopwarden.model_gateway.provider_registry import registry
+from loopwarden.model_gateway.providers import BadRequest, Provider, Route
 from loopwarden.model_gateway.reservations import Reservations, loop_scope, pool_scope
 from loopwarden.model_gateway.usage import Counts, UsageReader
 

@@ -47,7 +47,7 @@ def gateway_settings(
     home: Path, upstreams: list[str] | None, prices: Path | None, timeout: float | None
 ) -> GatewaySettings:
     """The gateway's settings from `serve`'s flags (`InvalidInput` for a bad one)."""
-    from loopwarden.model_gateway.providers import registry
+    from loopwarden.model_gateway.provider_registry import registry
 
     names = frozenset(registry())
     chosen = dict(parse_upstream(item, names) for item in upstreams or ())

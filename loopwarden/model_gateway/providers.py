@@ -116,13 +116,3 @@ def positive(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     return None
-
-
-def registry() -> dict[str, Provider]:
-    """Every provider, by the name in its path prefix (`/model/<name>/…`)."""
-    from loopwarden.model_gateway.anthropic_api import Anthropic
-    from loopwarden.model_gateway.gemini_api import Gemini
-    from loopwarden.model_gateway.openai_api import OpenAI
-
-    providers: tuple[Provider, ...] = (Anthropic(), OpenAI(), Gemini())
-    return {p.name: p for p in providers}

@@ -55,6 +55,7 @@ from loopwarden.kernel.state.rows import (
 )
 from loopwarden.kernel.store import statetree as state
 from loopwarden.kernel.store.reader import PolicyCache, Reader, frontier_of
+from loopwarden.kernel.store.written import Written
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.statuses import ApprovalStatus, TodoStatus, TurnStatus
@@ -104,9 +105,18 @@ class ProvedRows:
     their proofs (`save`). One per write transaction: it caches what it proved and wrote."""
 
     def __init__(
-        self, conn: Connection, policies: PolicyCache, integrity: Integrity, *, wait: bool = True
+        self,
+        conn: Connection,
+        policies: PolicyCache,
+        integrity: Integrity,
+        *,
+        wait: bool = True,
+        written: Written | None = None,
     ) -> None:
         self.conn = conn
+        # What this process wrote last (its store's, across transactions): a stored row equal
+        # to it is not decoded and MAC-checked again (`written.py`); None: always prove.
+        self._written = written
         self.dialect = conn.dialect
         self._raw = Reader(conn, policies)  # the queries; every row they return is proved here
         self.integrity = integrity
@@ -159,15 +169,22 @@ class ProvedRows:
         *values, stored_root, mac, sealed_seq, sealed_digest, head_seq, head_digest = r
         if sealed_seq is not None:  # the chain's last receipts are still pending integration
             head_seq, head_digest = sealed_seq, sealed_digest
-        loop, root = LOOPS.decode(values), bytes(stored_root or b"")
+        root = bytes(stored_root or b"")
         what = f"the stored state of loop {loop_id!r}"
-        self.integrity.check(LOOP_MAC, loop_mac_values(loop, root), mac, what)
+        known = None
+        if self._written is not None and isinstance(mac, bytes):
+            known = self._written.loop(loop_id, (tuple(values), root, mac))
+        if known is not None:  # the bytes this process wrote and MACed: the MAC holds
+            loop, blobs = known
+        else:
+            loop, blobs = LOOPS.decode(values), None
+            self.integrity.check(LOOP_MAC, loop_mac_values(loop, root), mac, what)
         if (head_seq, head_digest) != (loop.head_seq, loop.head_digest):
             raise IntegrityError(
                 f"{what} is not the state after its last receipt (an older copy was put back, or "
                 "receipts were removed); nothing was sealed. Run `loopwarden verify`."
             )
-        self._trees[loop_id] = state.StateTree(loop.slots, root, self._blob_source(loop_id))
+        self._trees[loop_id] = state.StateTree(loop.slots, root, self._blob_source(loop_id), blobs)
         return loop
 
     def _blob_source(self, loop_id: str) -> state.BlobSource:
@@ -272,17 +289,22 @@ class ProvedRows:
                 self.conn.executemany(
                     self.dialect.upsert(description), [description.encode(row) for row in rows]
                 )
+        rewritten = tree.blobs()
         self.conn.executemany(
             self.dialect.upsert(STATE_NODES),
-            [(loop_id, level, idx, blob) for level, idx, blob in tree.blobs()],
+            [(loop_id, level, idx, blob) for level, idx, blob in rewritten],
         )
+        committed = tree.committed_blobs(rewritten) if self._written is not None else {}
         tree.dirty.clear()
-        self._save_loop(view.loop, tree.root)
+        self._save_loop(view.loop, tree.root, committed)
 
-    def _save_loop(self, loop: LoopRow, root: bytes) -> None:
+    def _save_loop(self, loop: LoopRow, root: bytes, blobs: state.Blobs) -> None:
         self._loops[loop.loop_id] = loop
-        mac = self.integrity.mac(LOOP_MAC, loop_mac_values(loop, root))
-        self.conn.execute(self.dialect.upsert(LOOPS, _LOOP_WRITE), (*LOOPS.encode(loop), root, mac))
+        values = LOOPS.encode(loop)  # once: the MAC covers the values the row stores
+        mac = self.integrity.mac(LOOP_MAC, [*LOOPS.mac_values(values), root.hex()])
+        self.conn.execute(self.dialect.upsert(LOOPS, _LOOP_WRITE), (*values, root, mac))
+        if self._written is not None:
+            self._written.put_loop((values, root, mac), loop, blobs)
 
     # --- rows ---------------------------------------------------------------------------------
 
@@ -462,13 +484,23 @@ class ProvedRows:
             size, frontier, mac, last = (
                 (r[0], bytes(r[1]), r[2], r[3]) if r else (0, b"", None, None)
             )
-            self.integrity.check(LOG_MAC, [size, frontier.hex()], mac, "the stored Merkle log")
+            known = None
+            if self._written is not None and isinstance(mac, bytes):
+                known = self._written.log((size, frontier, mac))
+            if known is None:
+                self.integrity.check(LOG_MAC, [size, frontier.hex()], mac, "the stored Merkle log")
             if (last if last is not None else -1) != size - 1:
                 raise IntegrityError(
                     "the stored Merkle log does not end at the journal's last receipt"
                 )
-            self._log = LogState(size, frontier_of(frontier))
+            self._log = known or LogState(size, frontier_of(frontier))
         return self._log
+
+    def wrote_log(self, size: int, joined: bytes, mac: bytes, log: LogState) -> None:
+        """The log's state as this transaction wrote it (with `joined` frontier and `mac`)."""
+        self._log = log
+        if self._written is not None:
+            self._written.put_log((size, joined, mac), log)
 
     # --- budget pools (the write path's `PoolBook`, with `Txn`'s writes) ----------------------
 

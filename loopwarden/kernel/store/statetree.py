@@ -27,6 +27,8 @@ HASH = 32
 BLOB = FANOUT * HASH
 EMPTY = bytes(BLOB)
 
+Blobs = dict[tuple[int, int], bytes]
+"""Blobs by (level, idx)."""
 BlobSource = Callable[[int, int], bytes | None]
 """`blob(level, idx)` → the stored blob, or None if none was ever written."""
 
@@ -85,15 +87,26 @@ class StateTree:
     can be folded into a new root.
     """
 
-    def __init__(self, slots: int, root: bytes, source: BlobSource) -> None:
+    def __init__(
+        self,
+        slots: int,
+        root: bytes,
+        source: BlobSource,
+        proved: Blobs | None = None,
+    ) -> None:
+        """`proved`: blobs already known to be the ones `root` commits to (those this process
+        hashed into it, `written.py`), used instead of reading and proving them again."""
         self.committed = slots
         self.slots = slots
         self.root = root
         self._committed_top = depth(slots) - 1
         self._committed_root = root
         self._source = source
-        self._blobs: dict[tuple[int, int], bytearray] = {}
+        self._blobs: dict[tuple[int, int], bytearray] = (
+            {key: bytearray(blob) for key, blob in proved.items()} if proved else {}
+        )
         self.dirty: set[tuple[int, int]] = set()
+        self._proved: set[tuple[int, int]] = set(proved) if proved else set()
 
     def _load(self, level: int, idx: int) -> bytearray:
         key = (level, idx)
@@ -103,6 +116,8 @@ class StateTree:
         blob = bytearray(self._source(level, idx) or EMPTY) if covered else bytearray(EMPTY)
         if covered and node(bytes(blob)) != self._expected(level, idx):
             raise StateMismatch(f"state blob ({level}, {idx}) is not the one the root commits to")
+        if covered:
+            self._proved.add(key)
         self._blobs[key] = blob
         return blob
 
@@ -169,3 +184,11 @@ class StateTree:
     def blobs(self) -> list[tuple[int, int, bytes]]:
         """The rewritten blobs, to store: (level, idx, blob)."""
         return [(level, idx, bytes(self._blobs[(level, idx)])) for level, idx in sorted(self.dirty)]
+
+    def committed_blobs(self, rewritten: list[tuple[int, int, bytes]]) -> Blobs:
+        """The blobs the current root commits to that this tree holds: those `rewritten` (as
+        `blobs()` gave them) and those read and proved (a blob beyond the committed leaves,
+        never proved, is left out)."""
+        kept = {key: bytes(self._blobs[key]) for key in self._proved - self.dirty}
+        kept.update(((level, idx), blob) for level, idx, blob in rewritten)
+        return kept

@@ -69,6 +69,7 @@ from loopwarden.kernel.store.integrator import (
 from loopwarden.kernel.store.migrations import anchor_key_history, migrate
 from loopwarden.kernel.store.reader import PolicyCache, Reader
 from loopwarden.kernel.store.txn import Appended, Txn
+from loopwarden.kernel.store.written import Written
 from loopwarden.observe import NOBODY, Observer
 
 __all__ = [
@@ -129,6 +130,8 @@ class Store:
     # A server sets its telemetry here (`observe/`).
     observer: Observer = field(default=NOBODY, init=False)
     policies: PolicyCache = field(default_factory=PolicyCache, init=False)
+    # The loop rows and log state its writer last wrote (`written.py`).
+    written: Written = field(default_factory=Written, init=False)
     # That of a started store whose writes lock rows only.
     integrator: Integrator | None = field(default=None, init=False)
     # Receipts awaiting leaves past which writes are refused.
@@ -357,7 +360,10 @@ class Store:
 
     def _txn(self, conn: Connection | None = None, *, wait: bool = True) -> Txn:
         conn = conn if conn is not None else self.backend.writer
-        return Txn(conn, self.policies, self.integrity, self, self.clock, wait=wait)
+        written = self.written if conn is self.backend.writer else None
+        return Txn(
+            conn, self.policies, self.integrity, self, self.clock, wait=wait, written=written
+        )
 
     def _integrate(
         self, conn: Connection, limit: int, held: Callable[[], bool]

@@ -59,6 +59,7 @@ from loopwarden.kernel.store.cosigns import WitnessRecords
 from loopwarden.kernel.store.cursors import ExportCursors
 from loopwarden.kernel.store.guard import ProvedRows
 from loopwarden.kernel.store.reader import PolicyCache, Reader
+from loopwarden.kernel.store.written import Written
 from loopwarden.policy.decision import Decision
 from loopwarden.principals import Principal
 
@@ -138,11 +139,12 @@ class Txn:
         clock: Callable[[], datetime],
         *,
         wait: bool = True,
+        written: Written | None = None,
     ) -> None:
         self.conn = conn
         self.dialect = conn.dialect
         self.integrity = integrity
-        self.rows = ProvedRows(conn, policies, integrity, wait=wait)
+        self.rows = ProvedRows(conn, policies, integrity, wait=wait, written=written)
         self.unproved = Reader(conn, policies)
         self.cursors = ExportCursors(conn, self.rows.lock_clause, lambda: self.now)
         self.witnesses = WitnessRecords(conn, lambda: self.now)
@@ -351,7 +353,7 @@ class Txn:
         self.conn.execute(
             "UPDATE log_state SET size = ?, frontier = ?, mac = ? WHERE id = 1", (size, joined, mac)
         )
-        self.rows.carry_log(LogState(size, frontier))
+        self.rows.wrote_log(size, joined, mac, LogState(size, frontier))
 
     def _fold(self, body: ReceiptBody, digest: str) -> LoopView:
         kinds = self._store.kinds
