@@ -1,3 +1,3 @@
 """loopwarden: an MCP server that governs long-running AI agent loops with signed receipts."""
 
-__version__ = "0.1.0"  # the one place: pyproject.toml reads it, CHANGELOG.md dates it
+__version__ = "0.2.0"  # the one place: pyproject.toml reads it, CHANGELOG.md dates it
