@@ -487,12 +487,17 @@ def command_reasons(rules: CommandRules, line: str | None, dialect: str = "bash"
     )
 
 
-@functools.lru_cache(maxsize=256)
 def rule_set(rules: CommandRules) -> RuleSet:
-    """The rules of `[tools.commands]`, read once per policy."""
+    """The rules of `[tools.commands]`, read once per policy (kept by their texts: hashing
+    three tuples of strings is cheaper per call than hashing the model)."""
+    return _rule_set(rules.deny, rules.allow, rules.opaque or ())
+
+
+@functools.lru_cache(maxsize=256)
+def _rule_set(deny: tuple[str, ...], allow: tuple[str, ...], opaque: tuple[str, ...]) -> RuleSet:
     from loopwarden.policy.commands.verdicts import RuleSet
 
-    return RuleSet.of(rules.deny, rules.allow, rules.opaque or ())
+    return RuleSet.of(deny, allow, opaque)
 
 
 @_fail_closed
