@@ -20,7 +20,8 @@ from loopwarden.policy.patterns import SHELL, first_match
 from loopwarden.statuses import CLOSED_LOOP_STATUSES, LoopStatus, TurnStatus
 
 if TYPE_CHECKING:
-    from loopwarden.policy.commands.verdicts import RuleSet
+    from loopwarden.policy.commands.runs import Dialect
+    from loopwarden.policy.commands.verdicts import Judged, RuleSet
 
 P = ParamSpec("P")
 
@@ -479,20 +480,35 @@ def command_reasons(rules: CommandRules, line: str | None, dialect: str = "bash"
     every command it runs judged, each refusal worded for the model, never quoting the line."""
     if line is None:
         return [Reason(ReasonCode.COMMAND_UNREADABLE, "the shell call carries no command line")]
-    from loopwarden.policy.commands.verdicts import judge, reasons  # the grammar, on first use
-
+    judge, reasons = _judging()
     ruleset = rule_set(rules)
     return reasons(
         judge(ruleset, line, "powershell" if dialect == "powershell" else "bash"), ruleset
     )
 
 
-@functools.lru_cache(maxsize=256)
+@functools.cache
+def _judging() -> tuple[
+    Callable[[RuleSet, str, Dialect], Judged], Callable[[Judged, RuleSet], list[Reason]]
+]:
+    """The command rules' judge, imported on first use (an import statement in the hot path
+    costs a microsecond on every call)."""
+    from loopwarden.policy.commands.verdicts import judge, reasons
+
+    return judge, reasons
+
+
 def rule_set(rules: CommandRules) -> RuleSet:
-    """The rules of `[tools.commands]`, read once per policy."""
+    """The rules of `[tools.commands]`, read once per policy (kept by their texts: hashing
+    three tuples of strings is cheaper per call than hashing the model)."""
+    return _rule_set(rules.deny, rules.allow, rules.opaque or ())
+
+
+@functools.lru_cache(maxsize=256)
+def _rule_set(deny: tuple[str, ...], allow: tuple[str, ...], opaque: tuple[str, ...]) -> RuleSet:
     from loopwarden.policy.commands.verdicts import RuleSet
 
-    return RuleSet.of(rules.deny, rules.allow, rules.opaque or ())
+    return RuleSet.of(deny, allow, opaque)
 
 
 @_fail_closed

@@ -24,6 +24,8 @@ from loopwarden.policy.commands.runs import Run, Stdin
 from loopwarden.policy.commands.words import Word, joined
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from loopwarden.policy.commands.reading import Reading
 
 _CODE_KEYS = lazy(
@@ -255,7 +257,9 @@ def _for_each_repo(reading: Reading, run: Run, words: tuple[Word, ...]) -> None:
         reading.add((Word("git"), *rest), via="git for-each-repo", parent=run, dialect=run.dialect)
 
 
-def _git_argv_carriers(reading: Reading, run: Run, sub: str | None, operands: list[Word]) -> None:
+def _git_argv_carriers(
+    reading: Reading, run: Run, sub: str | None, operands: Sequence[Word]
+) -> None:
     """`git bisect run CMD …` (an argv) and `git submodule foreach CMD` (a shell line)."""
     words = [w.text for w in operands]
     if sub == "bisect" and words[:1] == ["run"]:

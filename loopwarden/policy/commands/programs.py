@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from types import MappingProxyType
 from typing import NamedTuple
@@ -394,8 +394,8 @@ class Command:
         program: str,
         subcommand: str | None,
         subcommand_doubt: str,
-        options: list[Option],
-        operands: list[Word],
+        options: Sequence[Option],
+        operands: Sequence[Word],
         flags: tuple[bool, bool, bool] = (False, False, False),
     ) -> None:
         self.program, self.subcommand, self.subcommand_doubt = program, subcommand, subcommand_doubt
@@ -407,8 +407,12 @@ def spec_of(program: str) -> Program:
     return PROGRAMS.get(program, DEFAULT)
 
 
+@lru_cache(maxsize=1_024)
 def read(argv: tuple[Word, ...]) -> Command:
-    """`argv` (a literal program first) read with the program's grammar."""
+    """`argv` (a literal program first) read with the program's grammar. A pure function of
+    the words and the tables, kept for the argv seen last (a carrier and the verdict read the
+    same argv, and a session repeats its lines): the command is shared, so it is read-only
+    (its sequences are typed so)."""
     name = program_name(argv[0].text or "")
     if name.startswith("git-") and name[4:] in (GIT.subcommands or ()):
         argv = (Word("git"), Word(name[4:]), *argv[1:])

@@ -94,8 +94,11 @@ def parse_rule(text: str) -> Rule:
 
 
 def glob_matches(pattern: str, text: str) -> bool:
-    """`*` any run of characters, `?` one, the rest literal: the tool patterns' globs."""
-    return matches(pattern, text)
+    """`*` any run of characters, `?` one, the rest literal: the tool patterns' globs (a
+    pattern without either is compared as text, the glob's own answer)."""
+    if "*" in pattern or "?" in pattern:
+        return matches(pattern, text)
+    return pattern == text
 
 
 def match(rule: Rule, command: Command, tail: Tail, deny: bool) -> tuple[Found, str]:
@@ -103,15 +106,26 @@ def match(rule: Rule, command: Command, tail: Tail, deny: bool) -> tuple[Found, 
     for `MAYBE`, what could not be read."""
     if not glob_matches(rule.program, command.program):
         return Match.NO, ""
-    results = [
-        _subcommand(rule, command, tail),
-        *(_option(rule, command, tail, name, value, deny) for name, value in rule.options),
-        _operands(rule, command, tail, deny),
-    ]
-    if any(result == Match.NO for result, _ in results):
+    # each part in order: any NO is the answer, else the first MAYBE (the parts are pure, so
+    # stopping at a NO gives what judging them all would)
+    doubt = None
+    found, why = _subcommand(rule, command, tail)
+    if found == Match.NO:
         return Match.NO, ""
-    doubts = [why for result, why in results if result == Match.MAYBE]
-    return (Match.MAYBE, doubts[0]) if doubts else (Match.YES, "")
+    if found == Match.MAYBE:
+        doubt = why
+    for name, value in rule.options:
+        found, why = _option(rule, command, tail, name, value, deny)
+        if found == Match.NO:
+            return Match.NO, ""
+        if found == Match.MAYBE and doubt is None:
+            doubt = why
+    found, why = _operands(rule, command, tail, deny)
+    if found == Match.NO:
+        return Match.NO, ""
+    if found == Match.MAYBE and doubt is None:
+        doubt = why
+    return (Match.MAYBE, doubt) if doubt is not None else (Match.YES, "")
 
 
 def _subcommand(rule: Rule, command: Command, tail: Tail) -> tuple[Found, str]:
@@ -129,7 +143,8 @@ def _subcommand(rule: Rule, command: Command, tail: Tail) -> tuple[Found, str]:
 def _option(
     rule: Rule, command: Command, tail: Tail, name: str, value: str | None, deny: bool
 ) -> tuple[Found, str]:
-    grammar = spec_of(command.program).sub or spec_of(command.program).main
+    spec = spec_of(command.program)
+    grammar = spec.sub or spec.main
     present = [o for o in command.options if _same_option(grammar, name, o.name, deny)]
     for option in present:
         if value is None:
