@@ -735,3 +735,51 @@ def test_a_receipt_page_says_whether_its_checkpoint_is_stored_or_signed_for_the_
         assert stored.returncode == 0, stored.stderr
         after = http.get(f"/receipts/{receipt_id}").text
         assert "Stored checkpoint of size" in after and "Not yet under" not in after
+
+
+def test_an_operator_replaces_a_loops_policy_from_its_page_sealed_and_only_once_confirmed(
+    server, tokens
+):
+    """The dashboard's set-policy: a bad policy or no confirm seals nothing and keeps the text;
+    a good one is sealed as loop.policy_changed with both digests, under the operator's name."""
+    open_by_cli(server, "replaced")
+    home = str(server.home)
+
+    def policy_digest() -> str:
+        shown = cli("loop", "show", "replaced", "--json", "--home", home)
+        return str(json.loads(shown.stdout)["policy_digest"])
+
+    before = policy_digest()
+    new_policy = make_policy(budgets={"max_turns": 7})
+    with client(server) as http:
+        sign_in(http, tokens["alice"].token)
+        page = http.get("/loops/replaced/policy").text
+        assert before in page and "Replace policy" in page
+        assert 'href="/loops/replaced/policy"' in http.get("/loops/replaced").text
+        csrf = page_csrf(http, "/loops/replaced/policy")
+        unconfirmed = {"csrf": csrf, "format": "json", "policy": json.dumps(new_policy)}
+        answer = http.post("/loops/replaced/policy", data=unconfirmed)
+        assert answer.status_code == 400 and "Tick the box" in answer.text
+        broken = {
+            **unconfirmed,
+            "format": "toml",
+            "policy": "[budgets\nmax_turns = 7",
+            "confirm": "yes",
+        }
+        answer = http.post("/loops/replaced/policy", data=broken)
+        assert answer.status_code == 400 and "policy-error" in answer.text
+        assert "[budgets\nmax_turns = 7" in answer.text  # the text as sent, to fix
+        assert policy_digest() == before, "nothing sealed"
+        forged = {**unconfirmed, "confirm": "yes", "csrf": "wrong"}
+        assert http.post("/loops/replaced/policy", data=forged).status_code == 403
+        good = {**unconfirmed, "confirm": "yes", "reason": "tighter budget"}
+        answer = http.post("/loops/replaced/policy", data=good)
+        assert answer.status_code == 303 and answer.headers["location"] == "/loops/replaced"
+        assert "now has policy" in http.get("/loops/replaced").text
+    after = policy_digest()
+    assert after != before
+    listed = cli("receipts", "replaced", "--json", "--home", home)
+    changed = [
+        r for r in json.loads(listed.stdout)["receipts"] if r["kind"] == "loop.policy_changed"
+    ]
+    assert len(changed) == 1 and changed[0]["principal"] == "alice", changed

@@ -8,6 +8,7 @@ renders a template; each action runs the operation an operator's CLI command run
 | `GET /loops/{id}` | one loop: board, live turns, budget charts, refusals, tools per turn |
 | `POST /loops/{id}/control` | pause, resume or cancel (`pause_loop`, …) |
 | `POST /loops/{id}/todos/{todo}/cancel` | cancel an open or blocked todo (`todo_cancel`) |
+| `GET /loops/{id}/policy`, `POST` there | its policy; replace it (`set_policy`; `policy_page.py`) |
 | `GET /loops/{id}/journal` | its receipts (`?kind=&principal=&effect=&page=`) |
 | `GET /receipts/{id}` | one receipt: body, signature, inclusion proof (`receipt`) |
 | `GET /pools` | every budget pool: status, window, a bar per limit, open turns, agents, loops |
@@ -33,7 +34,7 @@ from starlette.routing import Route
 from loopwarden.approvals.approval_ops import decide_approval, list_approvals
 from loopwarden.auth.tokens import TOKEN_PREFIX, token_hash
 from loopwarden.clock import format_time
-from loopwarden.dashboard import approval, oidc
+from loopwarden.dashboard import approval, oidc, policy_page
 from loopwarden.dashboard.board import Ctx, Dashboard, Probe, operator_problem
 from loopwarden.dashboard.operator_sessions import (
     COOKIE,
@@ -419,6 +420,7 @@ def routes(d: Dashboard) -> list[Route]:
         Route("/approvals", d.page(_global_head)(p.approvals), methods=["GET"]),
         Route("/approvals/{approval_id}/decide", d.page()(p.decide), methods=["POST"]),
         *approval.routes(d),  # one approval's page, where approval links lead
+        *policy_page.routes(d),  # a loop's policy, and replacing it
         *oidc.routes(d),  # signing in with the identity provider, when one is configured
         Route("/audit", d.page(p._audit_probe)(p.audit), methods=["GET"]),
         Route("/audit", d.page()(p.start_audit), methods=["POST"]),
