@@ -1,7 +1,8 @@
-"""The six real-host scenarios: what the scripted model does, and what must then be true.
+"""The real-host scenarios: what the scripted model does, and what must then be true.
 
 Each runs on a fresh world (`world.py`): the loop's policy enforces host evidence, allows
-`shell.run` and denies `git push*`. The checks read the journal (`loopwarden export`), the
+`shell.run` and denies `git push*` (the MCP gateway's scenario has a policy of its own, over
+the downstream's tools). The checks read the journal (`loopwarden export`), the
 remote, `loopwarden verify` and what the model was shown; each says in one line what held, or
 raises `Failed` saying what did not.
 """
