@@ -24,7 +24,8 @@ installs the clients from npm into a scratch directory (with Node 22 from
   shows loopwarden's own error text for a missing loop and an operator-only tool.
 
 Then every runner in `EXTRA_SCENARIOS` runs with the same clients (the seam for scenarios of
-other modules under .ci/). Every wait is bounded; servers listen on loopback only and are
+other modules under .ci/): first the Inspector's CLI listing and calling a downstream tool
+through loopwarden's MCP gateway (`inspector_gateway`). Every wait is bounded; servers listen on loopback only and are
 stopped at the end. Exit 0 if every check passed, 1 otherwise: one line says what failed (an
 unreachable registry too).
 Usage: python .ci/check_clients.py [--clients-dir DIR] [--keep]
@@ -33,6 +34,7 @@ Usage: python .ci/check_clients.py [--clients-dir DIR] [--keep]
 from __future__ import annotations
 
 import argparse
+import base64
 import fcntl
 import json
 import os
@@ -49,6 +51,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 # The pages whose marked blocks run, read in this order as one text: the README's quickstart
@@ -288,9 +291,97 @@ class Context:
 
 
 Runner = Callable[[Context], list[str]]
+
+GATEWAY_POLICY = """agents = ["builder"]
+
+[tools]
+allow = ["mcp.own.echo"]
+deny = ["mcp.own.crash"]
+
+[budgets]
+max_turns = 10
+
+[observe]
+mode = "enforce"
+"""
+
+
+def inspector_gateway(ctx: Context) -> list[str]:
+    """The MCP Inspector's CLI through loopwarden's MCP gateway (docs/mcp-gateway.md) over
+    stdio, in front of the project's own downstream server (`bench/downstream_server.py`,
+    stdio, pinned): `tools/list` shows the allowed downstream tool namespaced (`own__echo`)
+    and not the denied one; after a `claim`, a `tools/call` of it runs and is sealed admitted
+    and observed; `verify` is clean. A home and a loop of its own, not the README's."""
+    home = ctx.root / "home"
+    (home / "tmp").mkdir(parents=True)
+    env = {**environment(ctx.clients, home), "LOOPWARDEN_HOME": str(home / ".loopwarden")}
+    (ctx.root / "policy.toml").write_text(GATEWAY_POLICY)
+    downstream = {"command": sys.executable, "args": [str(REPO / "bench" / "downstream_server.py")]}
+    servers = ctx.root / "servers.json"
+    servers.write_text(json.dumps({"mcpServers": {"own": downstream}, "gateway": {"loop": "gw"}}))
+
+    def run(*argv: str) -> str:
+        try:
+            done = subprocess.run(
+                argv, cwd=ctx.root, env=env, capture_output=True, text=True, timeout=120
+            )
+        except subprocess.TimeoutExpired:
+            raise CheckFailed(f"MCP gateway: `{' '.join(argv[:4])}` ran over 120 s") from None
+        if done.returncode != 0:
+            raise CheckFailed(
+                f"MCP gateway: `{' '.join(argv[:4])}` exited {done.returncode}: "
+                f"{last(done.stderr + done.stdout)}"
+            )
+        return done.stdout
+
+    def inspector(*method: str) -> dict[str, Any]:
+        inspector_bin = str(ctx.clients / "node_modules" / ".bin" / "mcp-inspector")
+        out = run(
+            inspector_bin, "--cli", "-e", f"LOOPWARDEN_HOME={env['LOOPWARDEN_HOME']}",
+            "loopwarden", "serve", "--agent", "builder", "--gateway", str(servers), *method,
+        )  # fmt: skip
+        try:
+            answer: dict[str, Any] = json.loads(out)
+        except json.JSONDecodeError:
+            raise CheckFailed(f"MCP gateway: the Inspector showed {last(out)}") from None
+        return answer
+
+    run("loopwarden", "loop", "open", "--policy", str(ctx.root / "policy.toml"),
+        "--objective", "the Inspector through the gateway", "--todo", "echo", "--id", "gw")  # fmt: skip
+    run("loopwarden", "gateway", "pin", str(servers))
+    listed = {str(t.get("name")) for t in inspector("--method", "tools/list").get("tools", [])}
+    if "own__echo" not in listed or "own__crash" in listed or "claim" not in listed:
+        raise CheckFailed(f"MCP gateway: the Inspector listed {sorted(listed)}")
+    claimed = inspector(
+        "--method", "tools/call", "--tool-name", "claim", "--tool-arg", "loop_id=gw"
+    )
+    if claimed.get("isError") or '"granted":true' not in json.dumps(claimed).replace(" ", ""):
+        raise CheckFailed(f"MCP gateway: claim through the gateway answered {str(claimed)[:200]}")
+    text = "echoed-through-the-gateway"
+    called = inspector(
+        "--method", "tools/call", "--tool-name", "own__echo", "--tool-arg", f"text={text}"
+    )
+    if called.get("isError") or text not in json.dumps(called.get("content")):
+        raise CheckFailed(f"MCP gateway: own__echo answered {str(called)[:200]}")
+    bundle = ctx.root / "bundle.json"
+    run("loopwarden", "export", "gw", "-o", str(bundle))
+    kinds = []
+    for row in json.loads(bundle.read_text())["receipts"]:
+        body = json.loads(base64.b64decode(json.loads(row["envelope"])["payload"]))
+        if body["data"].get("tool") == "mcp.own.echo" and body["data"].get("host") == "mcp-gateway":
+            kinds.append(body["kind"])
+    if kinds != ["tool.admitted", "tool.observed"]:
+        raise CheckFailed(f"MCP gateway: the echo was sealed as {kinds}")
+    run("loopwarden", "verify")
+    return [
+        "MCP Inspector (stdio) through the MCP gateway: own__echo listed, own__crash (denied) "
+        "not; called after a claim, sealed admitted and observed; verify clean"
+    ]
+
+
 # Scenarios beyond the README's, run after it in this order: each returns its `ok` lines or
 # raises CheckFailed. Another module under .ci/ adds its runners here, one line each.
-EXTRA_SCENARIOS: list[Runner] = []
+EXTRA_SCENARIOS: list[Runner] = [inspector_gateway]
 
 
 def node_package() -> str:

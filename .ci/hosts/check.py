@@ -76,6 +76,8 @@ def run_sessions(
     host: Host, scenario: Scenario, world: World, api_url: str, options: Options
 ) -> None:
     for number, name in enumerate(scenario.sessions, 1):
+        if number > 1 and scenario.between is not None:
+            scenario.between(world)  # what changes between sessions (a re-described tool)
         prompt = f"Follow script:{name}."
         argv, extra = host.session(world, api_url, prompt, options)
         done = bounded(argv, world.project, world.env(extra), SESSION_SECONDS)
@@ -97,6 +99,7 @@ def run_one(host: Host, scenario: Scenario, clients: Path, scratch: Path) -> Res
     script = Script(
         scenario.steps(host.features), output_cap=OUTPUT_CAP if options.gateway else None
     )
+    script.memory.operator = world.run  # the operator's side: `loopwarden approve`, say
     held: list[str] = []
     try:
         world.build(scenario.policy())

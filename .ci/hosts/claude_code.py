@@ -18,6 +18,7 @@ from typing import Any
 
 from .fake import FAKE_KEY, NOT_FOUND, Dialect, Reply, json_reply, sse_reply
 from .host import Options
+from .mcp_gateway import add_gateway
 from .script import Call, Conversation, Exchange, Named, Say, Script, ScriptError, declared
 from .world import SERVE, World
 
@@ -72,6 +73,8 @@ def tool_call(call: Call, conversation: Conversation) -> Named:
         bash = declared(conversation, "Bash")
         return Named(bash, {"command": params["command"], "description": "scripted command"})
     if call.kind == "loopwarden":
+        return Named(f"mcp__loopwarden__{params['tool']}", dict(params["arguments"]))
+    if call.kind == "downstream":  # a tool the MCP gateway serves: `mcp__loopwarden__S__T`
         return Named(f"mcp__loopwarden__{params['tool']}", dict(params["arguments"]))
     if call.kind == "tool_search":
         search = declared(conversation, "ToolSearch")
@@ -150,15 +153,18 @@ def _message(action: Named | Say, output: int = 5) -> dict[str, Any]:
 class ClaudeCode:
     name = "claude-code"
     label = "Claude Code"
-    features = frozenset({"tool_search", "subagent"})
+    features = frozenset({"tool_search", "subagent", "mcp_gateway"})
 
     def configure(self, world: World, api_url: str, options: Options) -> None:
         # the README's Claude Code block for the server
         mcp_add = [
             "claude", "mcp", "add", "--transport", "stdio", "loopwarden",
-            "--env", world.home_variable, "--", *SERVE,
+            "--env", world.home_variable, "--",
         ]  # fmt: skip
-        world.add_loopwarden(self.name, mcp_add)
+        if options.mcp_gateway:  # docs/clients.md, "Governing an MCP client without hooks"
+            add_gateway(world, mcp_add)
+        else:
+            world.add_loopwarden(self.name, [*mcp_add, *SERVE])
 
     def session(
         self, world: World, api_url: str, prompt: str, options: Options

@@ -14,12 +14,14 @@ from .world import World
 @dataclass(frozen=True)
 class Options:
     """How a scenario wants the host: with its deferred-tool search on (Claude Code), with
-    subagents' tools allowed, or through loopwarden's model gateway (with its token as key)."""
+    subagents' tools allowed, through loopwarden's model gateway (with its token as key), or
+    with loopwarden's MCP gateway as its only MCP server and no hooks (`mcp_gateway.py`)."""
 
     tool_search: bool = False
     subagents: bool = False
     gateway: bool = False  # the host's model calls go through loopwarden's model gateway
     key: str | None = None  # what the host presents as its API key (the fake's, by default)
+    mcp_gateway: bool = False  # loopwarden serves with `--gateway`, no hooks installed
 
 
 class Host(Protocol):

@@ -1,7 +1,8 @@
-"""The six real-host scenarios: what the scripted model does, and what must then be true.
+"""The real-host scenarios: what the scripted model does, and what must then be true.
 
 Each runs on a fresh world (`world.py`): the loop's policy enforces host evidence, allows
-`shell.run` and denies `git push*`. The checks read the journal (`loopwarden export`), the
+`shell.run` and denies `git push*` (the MCP gateway's scenario has a policy of its own, over
+the downstream's tools). The checks read the journal (`loopwarden export`), the
 remote, `loopwarden verify` and what the model was shown; each says in one line what held, or
 raises `Failed` saying what did not.
 """
@@ -14,10 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .host import Options
+from .mcp_gateway import redescribe
 from .script import (
     Memory,
     Step,
+    approve_then,
     claim,
+    downstream,
     note_turn,
     own_tool,
     result_json,
@@ -27,7 +31,7 @@ from .script import (
     update,
     wait_subagent,
 )
-from .world import LOOP, Failed, World, policy_text
+from .world import AGENT, LOOP, Failed, World, policy_text
 
 PUSH = "git push origin main"
 EVASION = "git -C . push origin main"  # from the command-rules issue: a flag before the subcommand
@@ -60,8 +64,12 @@ class Scenario:
     allow: tuple[str, ...] = ("shell.run",)
     cost: float | None = None  # a max_cost_usd, with model calls allowed through the gateway
     stops: bool = False  # the host is stopped mid-run (its session may exit non-zero)
+    between: Callable[[World], None] | None = None  # run before every session but the first
+    policy_override: str | None = None  # a policy of its own, instead of `policy_text`'s
 
     def policy(self) -> str:
+        if self.policy_override is not None:
+            return self.policy_override
         return policy_text(allow=self.allow, cost=self.cost)
 
 
@@ -205,7 +213,7 @@ def subagent_steps(features: frozenset[str]) -> Mapping[str, tuple[Step, ...]]:
     return {"main": main, "sub": (shell("git status --short"),)}
 
 
-SCENARIOS = (
+SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "push-blocked",
         ("main",),
@@ -357,3 +365,161 @@ GATEWAY_SCENARIOS = (
     ),
 )
 SCENARIOS = SCENARIOS + GATEWAY_SCENARIOS
+
+
+# --- the MCP gateway, no hooks (docs/mcp-gateway.md) ----------------------------------------------
+
+GATEWAY_POLICY = f"""agents = ["{AGENT}"]
+
+[tools]
+allow = ["mcp.own.echo", "mcp.own.push"]
+deny = ["mcp.own.crash"]
+approval = ["mcp.own.query"]
+
+[[tools.arguments]]
+name = "no-push-to-main"
+tool = "mcp.own.push"
+argument = "branch"
+not_matches = ["main"]
+
+[budgets]
+max_turns = 10
+
+[observe]
+mode = "enforce"
+
+[stop]
+on_violation = "refuse_turn"
+"""
+ECHOED = "hello through the gateway"
+SQL = "select 1"
+
+
+def _host_tool(tool: str) -> str:
+    return f"mcp__loopwarden__own__{tool}"
+
+
+def _shown(out: Outcome, session: str, tool: str) -> list[Any]:
+    return [e for e in out.memory.exchanges(session) if e.tool == _host_tool(tool)]
+
+
+def gateway_only(out: Outcome) -> str:
+    """No hooks: every tool decision was the gateway's, and the host offered the model the
+    pinned tools the policy allows or gates, not the denied one nor the unlisted ones."""
+    settings = out.world.project / ".claude"
+    hooked = [p.name for p in settings.glob("*.json") if "hook" in p.read_text()]
+    if hooked:
+        raise Failed(f"hooks are configured in the project: {hooked}")
+    kinds = ("tool.admitted", "tool.refused", "tool.observed")
+    hosts = {str(r["data"].get("host")) for r in out.receipts if r["kind"] in kinds}
+    if hosts != {"mcp-gateway"}:
+        raise Failed(f"tool decisions came from {sorted(hosts)}, not the gateway alone")
+    main = out.memory.latest.get("main")
+    offered = {t for t in (main.tools if main else ()) if t.startswith(_host_tool(""))}
+    expected = {_host_tool(t) for t in ("echo", "push", "query")}
+    if offered != expected:
+        raise Failed(f"the host offered {sorted(offered)}, not {sorted(expected)}")
+    return "no hooks; every decision the gateway's; only the allowed and gated tools offered"
+
+
+def allowed_ran(out: Outcome) -> str:
+    made = decisions(out.receipts, "mcp.own.echo")
+    if [r["kind"] for r in made] != ["tool.admitted"]:
+        raise Failed(f"the allowed echo was decided {[r['kind'] for r in made]}")
+    seen = observed(out.receipts, "mcp.own.echo")
+    if len(seen) != 1 or seen[0]["data"].get("host_tool") != "mcp__own__echo":
+        raise Failed(f"the allowed echo was observed {len(seen)} time(s)")
+    shown = _shown(out, "main", "echo")
+    if not shown or shown[0].error or ECHOED not in shown[0].result:
+        raise Failed(f"the model did not get the echo back: {[e.result[:120] for e in shown]}")
+    return "the allowed call admitted, run (the model got its result) and observed"
+
+
+def denied_refused(out: Outcome) -> str:
+    made = decisions(out.receipts, "mcp.own.push")
+    if len(made) != 1 or made[0]["kind"] != "tool.refused":
+        raise Failed(f"the push to main was decided {[r['kind'] for r in made]}")
+    if (
+        "argument_not_allowed" not in _reasons(made[0])
+        or made[0]["data"].get("enforced") is not True
+    ):
+        raise Failed(f"the push to main was refused for {_reasons(made[0])}, not its argument rule")
+    if observed(out.receipts, "mcp.own.push"):
+        raise Failed("the refused push was observed as run")
+    shown = _shown(out, "main", "push")
+    if not shown or "argument_not_allowed" not in shown[0].result:
+        raise Failed(f"the model was not shown the refusal: {[e.result[:120] for e in shown]}")
+    return "the denied call (argument rule) refused before it ran, sealed, the model shown why"
+
+
+def approval_round_trip(out: Outcome) -> str:
+    made = decisions(out.receipts, "mcp.own.query")
+    kinds = [r["kind"] for r in made]
+    if kinds != ["tool.refused", "tool.admitted"] or "approval_required" not in _reasons(made[0]):
+        raise Failed(f"the gated query was decided {kinds} ({[_reasons(r) for r in made]})")
+    asked = [r for r in out.receipts if r["kind"] == "approval.requested"]
+    decided = [r for r in out.receipts if r["kind"] == "approval.decided"]
+    if len(asked) != 1 or len(decided) != 1:
+        raise Failed(f"{len(asked)} approval(s) requested, {len(decided)} decided, not 1 and 1")
+    if not asked[0]["seq"] < decided[0]["seq"] < made[1]["seq"]:
+        raise Failed("the gated call was admitted before the operator's approval")
+    if len(observed(out.receipts, "mcp.own.query")) != 1:
+        raise Failed("the approved query was not observed once")
+    shown = _shown(out, "main", "query")
+    if len(shown) != 2 or not shown[0].error or shown[1].error:
+        raise Failed(f"the model saw {[(e.error, e.result[:80]) for e in shown]}")
+    return "the gated call refused (approval_required), approved by `loopwarden approve`, then run"
+
+
+def redescribed_refused(out: Outcome) -> str:
+    """The next session's downstream re-described `echo`: the gateway hid it, sealed the change
+    once, and the model's call of it ran nowhere."""
+    after = out.memory.latest.get("after")
+    if after is None:
+        raise Failed("the second session never asked the model")
+    if _host_tool("echo") in after.tools or _host_tool("query") not in after.tools:
+        offered = sorted(t for t in after.tools if t.startswith(_host_tool("")))
+        raise Failed(f"after the re-description the host offered {offered}")
+    changed = [r for r in out.receipts if r["kind"] == "mcp.tool_changed"]
+    if len(changed) != 1 or changed[0]["data"].get("host_tool") != "mcp__own__echo":
+        raise Failed(f"{len(changed)} mcp.tool_changed receipt(s) for the re-described echo")
+    if len(decisions(out.receipts, "mcp.own.echo")) != 1:
+        raise Failed("the re-described echo reached the policy: it was served")
+    tried = _shown(out, "after", "echo")
+    if not tried or not tried[0].error:
+        raise Failed(f"the re-described echo answered: {[e.result[:120] for e in tried]}")
+    return "the re-described tool hidden and refused, its change sealed (mcp.tool_changed)"
+
+
+MCP_GATEWAY_SCENARIOS = (
+    Scenario(
+        "mcp-gateway-nohooks",
+        ("main", "after"),
+        lambda features: {
+            "main": (
+                claim(LOOP),
+                downstream("own__echo", {"text": ECHOED}),
+                downstream("own__push", {"branch": "main"}),
+                downstream("own__query", {"sql": SQL}),
+                approve_then("own__query", {"sql": SQL}),
+                update({"mcp.own.echo": 1, "mcp.own.query": 1}),
+            ),
+            "after": (downstream("own__echo", {"text": ECHOED}),),
+        },
+        (
+            script_ran,
+            gateway_only,
+            allowed_ran,
+            denied_refused,
+            approval_round_trip,
+            reported(True),
+            redescribed_refused,
+            verified,
+        ),
+        options=Options(mcp_gateway=True),
+        needs="mcp_gateway",
+        between=redescribe,
+        policy_override=GATEWAY_POLICY,
+    ),
+)
+SCENARIOS = SCENARIOS + MCP_GATEWAY_SCENARIOS

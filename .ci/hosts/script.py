@@ -53,7 +53,7 @@ class Call:
     """A tool call by what it does; each host's dialect names it as that host does.
 
     `kind`: `shell` (`command`), `loopwarden` (`tool`, `arguments`: one of loopwarden's MCP
-    tools), `tool_search` (`names`: host tools to load), `subagent` (`prompt`), `subagent_wait`
+    tools), `downstream` (`tool` as the MCP gateway serves it, `S__T`; `arguments`), `tool_search` (`names`: host tools to load), `subagent` (`prompt`), `subagent_wait`
     (`agent`: the id a spawn answered)."""
 
     kind: str
@@ -87,6 +87,9 @@ class Memory:
         self.notes: dict[str, Any] = {}
         self.latest: dict[str, Conversation] = {}  # by script name: the fullest history seen
         self.errors: list[str] = []
+        # The operator's side, for a step that acts between the model's calls (approves an
+        # approval, say): runs one command in the world, answers its stdout (set by the harness).
+        self.operator: Callable[..., str] | None = None
 
     def saw(self, name: str, conversation: Conversation) -> None:
         with self._lock:
@@ -220,7 +223,8 @@ def update(
     used: Mapping[str, int], *, outcome: str = "progress", model_calls: int | None = 1
 ) -> Step:
     """Report the turn as having used `used` (policy name → calls): honest or not, the
-    scenario says; `model_calls` None leaves the model usage out (a gateway observed it)."""
+    scenario says; `model_calls` None leaves the model usage out (a gateway observed it). The
+    approvals an operator granted during the turn (`approve_then`) are cited."""
 
     def step(conversation: Conversation, memory: Memory) -> Action:
         turn = granted_turn(conversation, memory)
@@ -235,6 +239,8 @@ def update(
             "summary": f"scripted turn with {calls} tool call(s)",
             "idempotency_key": f"update-{turn['turn_id']}",
         }
+        if memory.notes.get("approvals"):
+            arguments["approval_ids"] = list(memory.notes["approvals"])
         return Call("loopwarden", {"tool": "update", "arguments": arguments})
 
     return step
@@ -263,3 +269,38 @@ def wait_subagent(conversation: Conversation, memory: Memory) -> Action:
             f"the spawn answered no agent_id: {spawned.result[:160] if spawned else None!r}"
         )
     return Call("subagent_wait", {"agent": answer["agent_id"]})
+
+
+def downstream(tool: str, arguments: Mapping[str, Any]) -> Step:
+    """Call a downstream tool through loopwarden's MCP gateway (`tool`: `S__T`)."""
+    return lambda conversation, memory: Call(
+        "downstream", {"tool": tool, "arguments": dict(arguments)}
+    )
+
+
+APPROVAL = re.compile(r"appr-[0-9a-f]{20}")
+
+
+def approve_then(tool: str, arguments: Mapping[str, Any]) -> Step:
+    """The operator approves the approval the previous call's refusal names (`loopwarden
+    approve ID`, once, however often the host repeats the request), then the model calls `tool`
+    again; the approval is noted for the turn's update to cite."""
+
+    def step(conversation: Conversation, memory: Memory) -> Action:
+        last = conversation.exchanges[-1] if conversation.exchanges else None
+        found = APPROVAL.search(last.result) if last else None
+        if last is None or found is None or "approval_required" not in last.result:
+            shown = last.result[:200] if last else None
+            raise ScriptError(f"the previous call was not refused for an approval: {shown!r}")
+        approvals: list[str] = memory.notes.setdefault("approvals", [])
+        if found[0] not in approvals:
+            if memory.operator is None:
+                raise ScriptError("no operator side to approve the approval")
+            try:
+                memory.operator("loopwarden", "approve", found[0], "--as", "ci-operator")
+            except Exception as exc:  # the operator's command failed: the script stops there
+                raise ScriptError(f"`loopwarden approve {found[0]}` failed: {exc}") from exc
+            approvals.append(found[0])
+        return Call("downstream", {"tool": tool, "arguments": dict(arguments)})
+
+    return step
