@@ -360,6 +360,8 @@ def _partition_count(reader: Reader, loop_id: str | None, total: int, workers: i
     count = workers if workers is not None else cores
     if loop_id is not None or count < 2 or total < PARALLEL_FROM or cores < 2:
         return 0
+    if reader.pools():  # pool charges interleave across loops: replayed in journal order, once
+        return 0
     count = min(count, len(reader.loops()))
     return count if count >= 2 else 0
 
