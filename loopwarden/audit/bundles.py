@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from loopwarden.audit.database import judged
 from loopwarden.audit.findings import ENVELOPE_PROBLEMS, FindingCode, Report
+from loopwarden.audit.replay import judged
 from loopwarden.canonical import canonical_bytes, sha256_digest
 from loopwarden.clock import format_time
 from loopwarden.errors import IntegrityError, LoopwardenError

@@ -16,17 +16,16 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from typing import Any, Protocol
 
-from pydantic import ValidationError
-
+from loopwarden.audit import partitions
 from loopwarden.audit.findings import ENVELOPE_PROBLEMS, Finding, FindingCode, Report
 from loopwarden.audit.pool_audit import check_pools
 from loopwarden.audit.proofs import Node, NodeCheck, check_loop, check_records
+from loopwarden.audit.replay import LoopChain, Replay, where_of
 from loopwarden.canonical import sha256_digest
 from loopwarden.errors import IntegrityError, LoopwardenError
 from loopwarden.kernel.log import merkle
@@ -35,35 +34,15 @@ from loopwarden.kernel.log.integrity import Integrity
 from loopwarden.kernel.log.keys import Keyring
 from loopwarden.kernel.log.rotations import Trust, Window
 from loopwarden.kernel.log.seals import (
-    PAYLOAD_TYPE,
-    open_envelope,
     parse_envelope,
-    receipt_id_for,
     signature_problem,
 )
 from loopwarden.kernel.state.charges import (
-    PoolLedger,
-    before,
-    charge,
-    charges,
     pool_of,
 )
-from loopwarden.kernel.state.events import ReceiptBody
-from loopwarden.kernel.state.fold import FoldError, chain_problem
-from loopwarden.kernel.state.judge import Judge, Verdict
-from loopwarden.kernel.state.legality import VerdictRule
-from loopwarden.kernel.state.rows import LoopView, diff_views
+from loopwarden.kernel.state.judge import Verdict
+from loopwarden.kernel.state.rows import diff_views
 from loopwarden.kernel.store.reader import LEGACY_FIELDS, CheckpointRow, JournalRow, Reader
-from loopwarden.kinds import KINDS
-
-
-@dataclass
-class _LoopChain:
-    seq: int = 0
-    digest: str | None = None
-    view: LoopView | None = None
-    broken: bool = False
-
 
 BATCH = 1024
 PARALLEL_FROM = 4096  # receipts; below this, worker start-up costs more than it saves
@@ -137,14 +116,6 @@ def _batches(rows: Iterable[JournalRow], size: int) -> Iterator[list[JournalRow]
         yield batch
 
 
-WHERE = ("loop_id", "seq", "receipt_id", "leaf_index")
-"""What a finding about a journal row points at: the row's own fields of these names."""
-
-
-def _where(row: JournalRow) -> dict[str, Any]:
-    return {name: getattr(row, name) for name in WHERE}
-
-
 class _Audit:
     """One pass over the journal in leaf order: the log as a whole, and each loop in depth."""
 
@@ -165,14 +136,15 @@ class _Audit:
         self.made: list[Node] = []  # Merkle nodes the current batch's receipts complete
         self.checkpoints = reader.checkpoints(self._unreadable_checkpoint)
         self.pending = list(self.checkpoints)
-        self.chains: dict[str, _LoopChain] = {}
         self.frontier: list[bytes] = []
         self.size = 0  # leaves hashed into the recomputed tree
         self.expected = 0  # the next leaf index the journal should hold
         self.keys = keyring.public_keys()
         # Budget pools are replayed only with the whole journal (a loop's share is not enough).
-        self.pools = PoolLedger() if loop_id is None else None
-        self.judge = Judge(KINDS, keys_known=loop_id is None, pools=self.pools)
+        self.replay = Replay(pools=loop_id is None, keys_known=loop_id is None)
+        self.chains: dict[str, LoopChain] = self.replay.chains
+        self.pools = self.replay.pools
+        self.ending: list[tuple[str, list[Verdict]]] | None = None  # set by a partitioned run
 
     def _unreadable_checkpoint(self, size: int, problem: IntegrityError) -> None:
         self.report.add(FindingCode.CHECKPOINT_MALFORMED, f"checkpoint {size}: {problem.message}")
@@ -193,20 +165,38 @@ class _Audit:
         for row, c in zip(rows, checked, strict=True):
             if self.in_scope(row):
                 mine.append((row, c))
-                self._receipt(row, c[1], c[2], c[4])
+                self.replay.receipt(self.report, self._window, row, c[1], c[2], c[4])
             else:  # its time still bounds what may come after it (index column, unsigned here)
                 self.latest = row.at if self.latest is None else max(self.latest, row.at)
         for row, (_, _, _, problems, _) in mine:
             for problem in problems:
-                self.report.add(problem, ENVELOPE_PROBLEMS[problem], **_where(row))
+                self.report.add(problem, ENVELOPE_PROBLEMS[problem], **where_of(row))
         self.report.receipts += len(mine)
+
+    def replayed(self, rows: list[JournalRow], results: list[partitions.RowResult]) -> None:
+        """One batch of the whole journal, as the partitions' workers replayed it: the same
+        checks as `batch`, their findings in the same order."""
+        for row, result in zip(rows, results, strict=True):
+            if row.leaf_index is not None:
+                self._leaf(row, result.leaf)
+        self.nodes.check(self.made)
+        self.made = []
+        for row, result in zip(rows, results, strict=True):
+            self.report.findings.extend(result.before)
+            if result.window is not None:
+                self._window(row, *result.window)
+            self.report.findings.extend(result.after)
+        for row, result in zip(rows, results, strict=True):
+            for problem in result.problems:
+                self.report.add(problem, ENVELOPE_PROBLEMS[problem], **where_of(row))
+        self.report.receipts += len(rows)
 
     def _leaf(self, row: JournalRow, leaf: bytes) -> None:
         if row.leaf_index != self.expected:
             self.report.add(
                 FindingCode.LEAF_GAP,
                 f"leaf {self.expected} is missing; the journal jumps to {row.leaf_index}",
-                **_where(row),
+                **where_of(row),
             )
         self.expected = row.leaf + 1
         self.frontier, made = merkle.append_leaf(self.frontier, self.size, leaf)
@@ -222,69 +212,6 @@ class _Audit:
                 f"the Merkle root recomputed at size {cp.size} differs from the checkpoint's",
             )
 
-    def _receipt(
-        self,
-        row: JournalRow,
-        digest: str,
-        payload: tuple[str, bytes] | None,
-        key_id: str | None,
-    ) -> None:
-        """Everything about one receipt but its signature (checked in bulk, see `audit`)."""
-        add = self.report.add
-        body = None
-        if payload is not None and payload[0] == PAYLOAD_TYPE:
-            body = KINDS.parse_payload(payload[1])  # the common case: one pass, nothing wrong
-        opened = None if body is not None else open_envelope(row.envelope, None, canonical=False)
-        for problem in opened.problems if opened is not None else ():
-            add(problem, ENVELOPE_PROBLEMS[problem], **_where(row))
-        if digest != row.digest or receipt_id_for(digest) != row.receipt_id:
-            add(
-                FindingCode.DIGEST_MISMATCH,
-                "the stored digest or receipt id does not match the envelope",
-                **_where(row),
-            )
-        chain = self.chains.setdefault(row.loop_id, _LoopChain())
-        try:
-            if body is None:
-                assert opened is not None
-                body = KINDS.parse_body(opened.body)  # what is wrong with it, step by step
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where = ".".join(str(p) for p in first["loc"])
-            add(
-                FindingCode.SCHEMA_INVALID,
-                f"the body does not match the receipt schema ({where}: {first['msg']})",
-                **_where(row),
-            )
-            chain.broken = True
-            return
-        if (body.loop_id, body.seq, body.kind, body.at) != (row.loop_id, row.seq, row.kind, row.at):
-            add(
-                FindingCode.INDEX_MISMATCH,
-                "the journal's index columns disagree with the signed body",
-                **_where(row),
-            )
-        self._window(row, body.at, key_id)
-        broken = chain_problem(chain.seq, chain.digest, body)
-        if broken == "seq_gap":
-            add(FindingCode.SEQ_GAP, f"seq {body.seq} follows seq {chain.seq}", **_where(row))
-        elif broken == "prev_mismatch":
-            add(
-                FindingCode.PREV_MISMATCH,
-                "prev does not name the previous receipt of this loop",
-                **_where(row),
-            )
-        chain.broken = chain.broken or broken is not None
-        chain.seq, chain.digest = body.seq, digest
-        if chain.broken:
-            return
-        judged(self.report, self.judge, chain.view, body, **_where(row))
-        try:
-            self._fold(chain, body, digest)
-        except FoldError as exc:
-            add(FindingCode.PROJECTION_MISMATCH, f"the receipt does not fold: {exc}", **_where(row))
-            chain.broken = True
-
     def _window(self, row: JournalRow, at: datetime, key_id: str | None) -> None:
         """Whether the receipt's key could sign it then (`rotations.Window`): dated inside the
         key's window, and not placed after receipts dated past its end."""
@@ -294,25 +221,9 @@ class _Audit:
             self.report.add(
                 FindingCode.KEY_OUT_OF_WINDOW,
                 f"signed by key {key_id} outside its signing window: {problem}",
-                **_where(row),
+                **where_of(row),
             )
         self.latest = at if self.latest is None else max(self.latest, at)
-
-    def _fold(self, chain: _LoopChain, body: ReceiptBody, digest: str) -> None:
-        """Fold one judged receipt: a pool's into the replayed pool (when pools are replayed),
-        a loop's into its view, charging the pools it draws from (`FoldError` if impossible)."""
-        pools = self.pools
-        step = KINDS[body.kind].pool
-        if step is not None:
-            if pools is not None:
-                name = pool_of(body.loop_id) or ""
-                pools.put_pool(step.fold(pools.rows.get(name), body, digest))
-            return
-        prior = before(chain.view, KINDS.touched(body).turns) if pools and pools.rows else None
-        chain.view = KINDS.apply(chain.view, body, digest)
-        if prior is not None and pools is not None:
-            charge(pools, charges(prior, chain.view, body, pools), body.at)
-        self.judge.after(chain.view, body)
 
     def finish(self) -> None:
         stored_size, stored_frontier = self.reader.log_state()
@@ -331,10 +242,8 @@ class _Audit:
                 FindingCode.CHECKPOINT_BEYOND_JOURNAL,
                 f"checkpoint for size {cp.size} is larger than the journal ({self.size} receipts): receipts were removed",
             )
-        views = {
-            lid: c.view for lid, c in self.chains.items() if c.view is not None and not c.broken
-        }
-        for lid, verdicts in self.judge.end(views).items():
+        ending = self.ending if self.ending is not None else self.replay.ending().items()
+        for lid, verdicts in ending:
             for verdict in verdicts:
                 self.report.add(
                     FindingCode.DECISION_ILLEGAL, verdict.message, loop_id=lid, rule=verdict.rule
@@ -359,24 +268,6 @@ class _Audit:
         self.report.checkpoints = len(self.checkpoints)
         self.report.tree_size = self.size
         self.report.root = merkle.root_from_frontier(self.frontier).hex()
-
-
-def judged(
-    report: Report, judge: Judge, view: LoopView | None, body: ReceiptBody, **where: Any
-) -> None:
-    """Ask the judge about one receipt; a verdict is a `decision_illegal` finding. A receipt the
-    judge cannot even read the facts of is one too: an audit fails closed."""
-    try:
-        verdicts = judge.step(view, body)
-    except (LookupError, ValueError, TypeError) as exc:
-        verdicts = [
-            Verdict(VerdictRule.UNJUDGEABLE, f"its facts cannot be rebuilt ({type(exc).__name__})")
-        ]
-    for verdict in verdicts:
-        message = f"{body.kind} #{body.seq}: {verdict.message}"
-        report.add(
-            FindingCode.DECISION_ILLEGAL, message, kind=str(body.kind), rule=verdict.rule, **where
-        )
 
 
 def audit(
@@ -404,9 +295,32 @@ def audit(
     RFC 8785 (seal refuses to sign anything else; `receipt` and bundle checks still do).
     """
     started = time.perf_counter()
-    report = Report("database")
-    run = _Audit(reader, keyring, loop_id, report, integrity, windows or {})
     total = reader.journal_count()
+    args = (reader, keyring, loop_id, integrity, windows or {}, total, progress)
+    count = _partition_count(reader, loop_id, total, workers)
+    report = _partitioned(*args, count) if count else None
+    if report is None:  # small, one loop, or loops that share pools or keys: one replay
+        report = _serial(*args, workers)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+Progress = Callable[[int, int], None] | None
+
+
+def _serial(
+    reader: Reader,
+    keyring: Keyring,
+    loop_id: str | None,
+    integrity: Integrity | None,
+    windows: Mapping[str, Window],
+    total: int,
+    progress: Progress,
+    workers: int | None,
+) -> Report:
+    """One replay of every loop in this process (signatures checked in workers)."""
+    report = Report("database")
+    run = _Audit(reader, keyring, loop_id, report, integrity, windows)
     with _envelope_checker(total, workers) as check:
         # One batch ahead: the envelopes of the next are checked while this one is folded.
         ahead: tuple[list[JournalRow], _Result] | None = None
@@ -426,15 +340,122 @@ def audit(
             run.batch(
                 pending, check([(r.envelope, run.in_scope(r)) for r in pending], run.keys).result()
             )
-    report.pending = len(pending)
+    _ended(run, report, len(pending))
+    return report
+
+
+def _ended(run: _Audit, report: Report, pending: int) -> None:
+    report.pending = pending
     if pending:
         report.notes.append(
-            f"{len(pending)} receipts are sealed and pending integration: checked in their "
+            f"{pending} receipts are sealed and pending integration: checked in their "
             "loops' chains, not yet in the Merkle tree (a moment later they are)"
         )
     run.finish()
-    report.seconds = time.perf_counter() - started
+
+
+def _partition_count(reader: Reader, loop_id: str | None, total: int, workers: int | None) -> int:
+    """How many worker processes replay a share of the loops each (0: none, `_serial`)."""
+    cores = os.cpu_count() or 1
+    count = workers if workers is not None else cores
+    if loop_id is not None or count < 2 or total < PARALLEL_FROM or cores < 2:
+        return 0
+    if reader.pools():  # pool charges interleave across loops: replayed in journal order, once
+        return 0
+    count = min(count, len(reader.loops()))
+    return count if count >= 2 else 0
+
+
+Shares = tuple[list[tuple[int, int]], list["Future[list[partitions.RowResult]] | None"]]
+
+
+def _partitioned(
+    reader: Reader,
+    keyring: Keyring,
+    loop_id: str | None,
+    integrity: Integrity | None,
+    windows: Mapping[str, Window],
+    total: int,
+    progress: Progress,
+    count: int,
+) -> Report | None:
+    """The whole journal with its loops replayed in `count` worker processes, a share each
+    (`partitions`); None if what crosses loops (pools, keys) needs one replay of them all."""
+    report = Report("database")
+    run = _Audit(reader, keyring, loop_id, report, integrity, windows)
+    share_of: dict[str, int] = {}  # loop -> partition, in the order the loops first appear
+    ordinal = itertools.count()
+    with _partition_pool(count, run.keys) as pools:
+
+        def submit(rows: list[JournalRow]) -> Shares:
+            shares: list[list[tuple[int, JournalRow]]] = [[] for _ in pools]
+            slots = []
+            for row in rows:
+                k = share_of.setdefault(row.loop_id, len(share_of) % count)
+                slots.append((k, len(shares[k])))
+                shares[k].append((next(ordinal), row))
+            futures = [
+                pool.submit(partitions.batch, share) if share else None
+                for pool, share in zip(pools, shares, strict=True)
+            ]
+            return slots, futures
+
+        def results(shares: Shares) -> list[partitions.RowResult]:
+            slots, futures = shares
+            done = [f.result() if f is not None else [] for f in futures]
+            return [done[k][i] for k, i in slots]
+
+        ahead: tuple[list[JournalRow], Shares] | None = None
+        for rows in itertools.chain(_batches(reader.iter_journal(), BATCH), [None]):
+            current, ahead = ahead, None if rows is None else (rows, submit(rows))
+            if current is not None:
+                run.replayed(current[0], results(current[1]))
+                if progress:
+                    progress(run.size, total)
+        pending = [row.integrated(None) for row in reader.pending_receipts()]
+        if pending:
+            run.replayed(pending, results(submit(pending)))
+        endings = [f.result() for f in [pool.submit(partitions.end) for pool in pools]]
+    if not _apart(endings, share_of):
+        return None
+    chains = {lid: c for ending in endings for lid, c in ending.chains.items()}
+    run.chains.update((lid, chains[lid]) for lid in share_of if lid in chains)
+    verdicts = sorted((v for ending in endings for v in ending.verdicts), key=lambda v: v[0])
+    run.ending = [(lid, found) for _, lid, found in verdicts]
+    _ended(run, report, len(pending))
     return report
+
+
+def _apart(endings: list[partitions.Ending], share_of: dict[str, int]) -> bool:
+    """Whether the partitions' replays are the serial one's: no pool replayed, no loop judged
+    in a partition but its rows' (a body naming another loop), no key two of them touched."""
+    seen: set[tuple[str, str]] = set()
+    for k, ending in enumerate(endings):
+        if ending.pooled or any(share_of.get(lid) != k for lid in ending.judged):
+            return False
+        if seen & ending.touched:
+            return False
+        seen |= ending.touched
+    return True
+
+
+@contextmanager
+def _partition_pool(count: int, keys: dict[str, bytes]) -> Iterator[list[ProcessPoolExecutor]]:
+    """One single-process executor per partition: its worker keeps the partition's replay."""
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with ExitStack() as stack:
+        yield [
+            stack.enter_context(
+                ProcessPoolExecutor(
+                    max_workers=1,
+                    mp_context=context,
+                    initializer=partitions.start,
+                    initargs=(keys,),
+                )
+            )
+            for _ in range(count)
+        ]
 
 
 def audit_trusting(reader: Reader, trust: Trust, **options: Any) -> Report:
@@ -495,7 +516,7 @@ def _consistent(old: CheckpointRow, new: CheckpointRow, reader: Reader) -> bool:
 
 def _check_projection(
     reader: Reader,
-    chains: dict[str, _LoopChain],
+    chains: dict[str, LoopChain],
     loop_id: str | None,
     report: Report,
     integrity: Integrity | None,

@@ -124,6 +124,9 @@ class Totals:
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Totals is immutable")
 
+    def __reduce__(self) -> tuple[Any, tuple[tuple[int, ...]]]:
+        return (Totals.of, (self._units,))  # pickled by its values (an audit's workers)
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Totals) and self._units == other._units
 

@@ -46,16 +46,22 @@ class Judge:
     `view`, `after(view, body)` once it is, `end(views)` when the journal ends."""
 
     def __init__(
-        self, kinds: Kinds, *, keys_known: bool = True, pools: PoolBook | None = None
+        self,
+        kinds: Kinds,
+        *,
+        keys_known: bool = True,
+        pools: PoolBook | None = None,
+        keys: set[tuple[str, str]] | None = None,
     ) -> None:
         # keys_known: every receipt of the database is judged (not one bundle's loop), so a
         # refusal for a reused idempotency key must follow that key's first use. `pools`: the
-        # budget pools as replayed so far, when the replay is the whole journal.
+        # budget pools as replayed so far, when the replay is the whole journal. `keys`: where
+        # the keys used so far are kept (an audit's partition records which it looked up).
         self.kinds = kinds
         self.keys_known = keys_known
         self.pools = pools
         self._loops: dict[str, LoopRecord] = {}
-        self._keys: set[tuple[str, str]] = set()
+        self._keys: set[tuple[str, str]] = set() if keys is None else keys
 
     def _context(self, body: ReceiptBody) -> Judging:
         record = self._loops.setdefault(body.loop_id, LoopRecord())
@@ -92,6 +98,13 @@ class Judge:
             ctx.record.swept = {}
         if spec.remember is not None:
             spec.remember(ctx, view, body, body.data)
+
+    def loop_ids(self) -> list[str]:
+        """The loops judged so far, in the order they were first judged (`end`'s order)."""
+        return list(self._loops)
+
+    def loop_count(self) -> int:
+        return len(self._loops)
 
     def end(self, views: dict[str, LoopView]) -> dict[str, list[Verdict]]:
         """Stops still owed when the journal ends, by loop."""
