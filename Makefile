@@ -8,13 +8,13 @@ RUNTIME := $(VENV)/.runtime
 .PHONY: demo test test-all check-clients check-wheel check-dist bench bench-quick lint clean
 
 # `make demo` installs the runtime only; `make test` (and the checks) add the test extra.
-$(RUNTIME): pyproject.toml
+$(RUNTIME): pyproject.toml loopwarden/__init__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e .
 	touch $(RUNTIME)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml loopwarden/__init__.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
