@@ -45,6 +45,13 @@ TITLE = "fix \x1b]0;pwned\x07 the \x9b2J build \u202egnp.exe\u202c done"
 OBJECTIVE = "ship \x1b[2J\x1b[H it"
 
 
+def _interruptible() -> None:
+    """In the child: Ctrl-C interrupts, as at a person's terminal. A pytest-xdist worker ignores
+    SIGINT, and a Python started with it ignored never installs its KeyboardInterrupt handler, so
+    `--follow` would run until the hang guard killed it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def terminal(args: list[str], until: Callable[[str], bool] | None = None) -> pyte.Screen:
     """Run `loopwarden ARGS` on a pseudo-terminal COLUMNS x LINES and feed what it wrote to a
     terminal emulator. With `until`, stop the command once the screen text satisfies it (for
@@ -53,8 +60,9 @@ def terminal(args: list[str], until: Callable[[str], bool] | None = None) -> pyt
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", LINES, COLUMNS, 0, 0))
     env = cli_env(TERM="xterm-256color", COLUMNS=str(COLUMNS), LINES=str(LINES))
     process = subprocess.Popen(
-        loopwarden(*args), stdin=follower, stdout=follower, stderr=follower, env=env
-    )
+        loopwarden(*args), stdin=follower, stdout=follower, stderr=follower, env=env,
+        preexec_fn=_interruptible,
+    )  # fmt: skip
     os.close(follower)
     screen = pyte.Screen(COLUMNS, LINES)
     stream = pyte.ByteStream(screen)
