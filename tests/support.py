@@ -136,6 +136,14 @@ def cli(*args: str, env: dict[str, str] | None = None, **popen: Any) -> subproce
     )
 
 
+def cli_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """`loopwarden ARGS` in this process, answered as `cli` answers (exit code, stdout, stderr):
+    for a test's set-up and read-backs, where the command's own process is not what is tested
+    (a Python start with the CLI's imports is about a second of CPU on this machine)."""
+    result = run_cli_app(*args)
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+
+
 def cli_json(*args: str) -> dict[str, Any]:
     done = cli(*args, "--json")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -145,12 +153,12 @@ def cli_json(*args: str) -> dict[str, Any]:
 def cli_open_loop(
     home: Path, loop_id: str, policy: dict[str, Any], todos: tuple[str, ...] = (), *store: str
 ) -> None:
-    """`loopwarden loop open` in its own process: `policy` written beside the home, one
-    `--todo` per title, `store` (e.g. `--store URL`) passed on."""
+    """`loopwarden loop open` (in this process): `policy` written beside the home, one `--todo`
+    per title, `store` (e.g. `--store URL`) passed on."""
     path = home.parent / f"policy-{loop_id}.json"
     path.write_text(json.dumps(policy))
     todo_args = [arg for title in todos for arg in ("--todo", title)]
-    done = cli(
+    done = cli_here(
         *("loop", "open", "--policy", str(path), "--objective", "o", "--id", loop_id),
         *todo_args,
         *("--home", str(home), *store),

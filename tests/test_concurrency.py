@@ -300,6 +300,7 @@ def stdio_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @bounded(RUN_TIMEOUT)
+@pytest.mark.slow  # a long fleet variant (make test-all); test_replicas holds it in make test
 async def test_8_stdio_server_processes_on_one_sqlite_file_drain_200_todos_consistently(
     stdio_home,
 ):
@@ -594,6 +595,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Se
 
 
 @bounded(RUN_TIMEOUT)
+@pytest.mark.slow  # a long fleet variant (make test-all); test_replicas holds it in make test
 async def test_4_replicas_on_one_postgresql_database_drain_200_todos_with_16_agents(replicas):
     served, tokens, store = replicas
     tally, elapsed = await drain([r.url for r in served], tokens, "crowd-pg", seeds=200)

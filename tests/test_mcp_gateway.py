@@ -31,6 +31,7 @@ from mcp.client.streamable_http import streamable_http_client
 from support import (
     cli,
     cli_env,
+    cli_here,
     cli_open_loop,
     db_bytes,
     free_port,
@@ -258,7 +259,7 @@ def test_read_only_sql_is_decided_by_a_parser_not_by_text():
 def test_an_argument_rule_is_data_in_the_policy_and_policy_explain_shows_it(tmp_path: Path):
     path = tmp_path / "p.toml"
     path.write_text(ARGUMENT_POLICY)
-    done = cli(
+    done = cli_here(
         "policy", "explain", str(path), "--tool", "mcp.fs.read",
         "--arguments", json.dumps({"path": "/etc/passwd"}), "--json",
     )  # fmt: skip
@@ -365,18 +366,18 @@ def text(result: Any) -> str:
 
 
 def receipts(home: Path, loop: str = "gw") -> list[dict[str, Any]]:
-    done = cli("receipts", loop, "--home", str(home), "--json")
+    done = cli_here("receipts", loop, "--home", str(home), "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["receipts"]
 
 
 def verify_clean(home: Path) -> None:
-    done = cli("verify", "--home", str(home), "--json")
+    done = cli_here("verify", "--home", str(home), "--json")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def pin(servers: Path, home: Path) -> None:
-    done = cli("gateway", "pin", str(servers), "--home", str(home))
+    done = cli_here("gateway", "pin", str(servers), "--home", str(home))
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -456,10 +457,10 @@ async def test_a_re_described_tool_is_hidden_refused_and_its_change_sealed(tmp_p
         assert refused.is_error and "tool_changed" in text(refused)
     changed = [r for r in receipts(home) if r["kind"] == "mcp.tool_changed"]
     assert len(changed) == 1
-    done = cli("receipt", changed[0]["receipt_id"], "--home", str(home), "--json")
+    done = cli_here("receipt", changed[0]["receipt_id"], "--home", str(home), "--json")
     data = json.loads(done.stdout)["body"]["data"]
     assert data["pinned_digest"] != data["seen_digest"] and data["host_tool"] == "mcp__own__echo"
-    status = cli("gateway", "status", str(servers), "--home", str(home), "--json")
+    status = cli_here("gateway", "status", str(servers), "--home", str(home), "--json")
     assert status.returncode == 1  # a changed tool is an operator's to look at
     echo = [t for t in json.loads(status.stdout)["servers"][0]["tools"] if t["tool"] == "echo"]
     assert echo[0]["status"] == "changed"
@@ -503,7 +504,7 @@ async def test_http_gateway_serves_each_agent_by_its_token_and_approvals_go_thro
     cli_open_loop(home, "gw", gateway_policy(), ("work",))
     servers = write_servers(tmp_path, {"own": own_stdio()})
     pin(servers, home)
-    minted = cli("token", "create", "--agent", "builder", "--home", str(home), "--json")
+    minted = cli_here("token", "create", "--agent", "builder", "--home", str(home), "--json")
     token = json.loads(minted.stdout)["token"]
     served = start_server(home, tmp_path / "logs", "--gateway", str(servers))
     try:
@@ -529,7 +530,7 @@ def approve_in_cli(home: Path, message: str) -> None:
 
     approval = re.search(r"appr-[0-9a-f]{20}", message)
     assert approval is not None, message
-    done = cli("approve", approval.group(0), "--home", str(home), "--as", "alice")
+    done = cli_here("approve", approval.group(0), "--home", str(home), "--as", "alice")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -544,7 +545,7 @@ async def test_an_approval_gated_downstream_call_proceeds_once_an_operator_appro
     cli_open_loop(home, "gw", policy, ("work",))
     servers = write_servers(tmp_path, {"own": own_stdio()})
     pin(servers, home)
-    minted = cli("token", "create", "--agent", "builder", "--home", str(home), "--json")
+    minted = cli_here("token", "create", "--agent", "builder", "--home", str(home), "--json")
     token = json.loads(minted.stdout)["token"]
     served = start_server(home, tmp_path / "logs", "--gateway", str(servers))
     shown: list[Any] = []
@@ -681,7 +682,7 @@ async def test_the_reference_servers_from_npm_are_governed_through_the_gateway(
 
 
 def test_gateway_cli_without_a_servers_file_says_so(tmp_path: Path):
-    done = cli("gateway", "check", str(tmp_path / "missing.json"))
+    done = cli_here("gateway", "check", str(tmp_path / "missing.json"))
     assert done.returncode == 2 and "cannot read the servers file" in done.stderr
     done = cli("serve", "--agent", "a", "--home", str(tmp_path), "--loop", "x", env=cli_env())
     assert done.returncode == 2 and "--loop goes with --gateway" in done.stderr

@@ -20,8 +20,8 @@ from google import genai
 from google.genai import types as genai_types
 from model_upstream import ScriptedUpstream
 from support import (
-    cli,
     cli_env,
+    cli_here,
     cli_open_loop,
     loop_entries,
     loopwarden,
@@ -96,7 +96,9 @@ def set_key(home: Path, provider: str, key: str) -> None:
 
 
 def gateway_token(home: Path, agent: str = "builder", loop: str = LOOP) -> str:
-    done = cli("model", "token", "--agent", agent, "--loop", loop, "--home", str(home), "--json")
+    done = cli_here(
+        "model", "token", "--agent", agent, "--loop", loop, "--home", str(home), "--json"
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["token"]
 
@@ -345,19 +347,19 @@ def test_only_a_live_gateway_token_is_taken(server: Served, which: str) -> None:
     gw = new_loop(server, MODEL_POLICY)
     token = {"none": "", "garbage": "lwm_nope", "revoked": gw.token}.get(which, "")
     if which == "agent_token":
-        done = cli("token", "create", "--agent", "builder", "--home", str(gw.home), "--json")
+        done = cli_here("token", "create", "--agent", "builder", "--home", str(gw.home), "--json")
         token = json.loads(done.stdout)["token"]
     if which == "revoked":  # a token the gateway verified and remembers, revoked since
         ask(anthropic_client(gw), max_tokens=10)
         gw.called()
         with gw.upstream.lock:
             gw.upstream.seen.clear()
-        listed = cli("token", "list", "--home", str(gw.home), "--json")
+        listed = cli_here("token", "list", "--home", str(gw.home), "--json")
         ids = [
             t["token_id"] for t in json.loads(listed.stdout)["tokens"] if t["role"] == "observer"
         ]
         for token_id in ids:
-            cli("token", "revoke", token_id, "--home", str(gw.home))
+            cli_here("token", "revoke", token_id, "--home", str(gw.home))
     import httpx2
 
     answer = httpx2.post(
@@ -537,7 +539,7 @@ def test_the_metrics_show_observed_spend(gw: Gateway) -> None:
 
     ask(anthropic_client(gw), max_tokens=100)
     gw.called()
-    done = cli(
+    done = cli_here(
         "token", "create", "--agent", "ops", "--role", "operator", "--home", str(gw.home), "--json"
     )
     operator = json.loads(done.stdout)["token"]
