@@ -24,9 +24,10 @@ demo: $(RUNTIME)
 	$(BIN)/loopwarden demo
 
 # Two pytest workers (pytest-xdist; at most four): much of the suite waits on processes,
-# sockets and fsync, so two workers on two cores take about two thirds of one's time.
+# sockets and fsync, so two workers on two cores take about two thirds of one's time. Work
+# stealing keeps both busy to the end (the long real-process tests would otherwise queue on one).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" --numprocesses=auto --maxprocesses=4
+	$(BIN)/python -m pytest -q -m "not slow" --numprocesses=auto --maxprocesses=4 --dist worksteal
 
 test-all: $(STAMP)  # the long reliability variants too (see docs/reliability.md)
 	$(BIN)/python -m pytest -q
