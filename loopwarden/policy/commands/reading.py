@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from loopwarden.policy.commands import arithmetic
 from loopwarden.policy.commands.programs import program_name
+from loopwarden.policy.commands.regexes import lazy
 from loopwarden.policy.commands.runs import TERMINAL, Dialect, Doubt, Run, Stdin, Tail
 from loopwarden.policy.commands.words import Word
 
@@ -226,3 +227,12 @@ def name_of(run: Run) -> str | None:
     """The program a run names, as rules name programs; None if computed."""
     program = run.program
     return program_name(program.text) if program is not None and program.text else None
+
+
+_SAFE_NAME = lazy(r"^[a-z0-9][a-z0-9._+-]{0,39}$")
+
+
+def shown(run: Run) -> str:
+    """How a reason names a run's program: its basename if it is a plain name, never more."""
+    name = name_of(run)
+    return f"`{name}`" if name is not None and _SAFE_NAME.match(name) else "a program"

@@ -16,6 +16,7 @@ import re
 from typing import TYPE_CHECKING
 
 from loopwarden.policy.commands.programs import program_name
+from loopwarden.policy.commands.reading import shown
 from loopwarden.policy.commands.regexes import lazy
 from loopwarden.policy.commands.rules import glob_matches
 from loopwarden.policy.commands.words import PART, Word
@@ -45,8 +46,6 @@ def names(programs: tuple[str, ...], run: Run, reading: Reading) -> str | None:
 
 
 def why(run: Run, program: str) -> str:
-    from loopwarden.policy.commands.verdicts import shown
-
     who = shown(run)
     return (
         f"cannot tell whether {who} runs `{program}`: loopwarden does not know {who}, and what "

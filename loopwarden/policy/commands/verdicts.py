@@ -16,15 +16,13 @@ from typing import Literal, NamedTuple
 from loopwarden.policy.commands import unknown
 from loopwarden.policy.commands.lines import read_line
 from loopwarden.policy.commands.programs import Command, read
-from loopwarden.policy.commands.reading import Reading, name_of
-from loopwarden.policy.commands.regexes import lazy
+from loopwarden.policy.commands.reading import Reading, name_of, shown
 from loopwarden.policy.commands.rules import Match, Rule, glob_matches, match, rules_of
 from loopwarden.policy.commands.runs import Dialect, Run
 from loopwarden.policy.commands.words import PART, Word
 from loopwarden.policy.decision import Reason, ReasonCode
 
 Outcome = Literal["allowed", "denied", "doubt", "opaque", "not_allowed", "covered"]
-_SAFE_NAME = lazy(r"^[a-z0-9][a-z0-9._+-]{0,39}$")
 
 
 class Verdict(NamedTuple):
@@ -160,12 +158,6 @@ def _label(command: Command, rule: Rule) -> str:
     if rule.subcommand is not None and command.subcommand is not None:
         return f"{command.program} {command.subcommand}"
     return command.program
-
-
-def shown(run: Run) -> str:
-    """How a reason names a run's program: its basename if it is a plain name, never more."""
-    name = name_of(run)
-    return f"`{name}`" if name is not None and _SAFE_NAME.match(name) else "a program"
 
 
 def _where(run: Run) -> str:
