@@ -40,7 +40,7 @@ from support import TOOL_NAMES, assert_no_leak, serving, text_of
 from loopwarden.clients.agent import AgentClient
 from loopwarden.clock import ManualClock
 from loopwarden.kernel.store.homes import DB_NAME
-from loopwarden.server.tools import error_of
+from loopwarden.tool_errors import error_of
 
 EXAMPLES = int(os.environ.get("LOOPWARDEN_FUZZ_EXAMPLES", "100"))  # per tool family
 FUZZ = settings(

@@ -34,8 +34,8 @@ from loopwarden.principals import Principal
 from loopwarden.projection.projection import ProjectionResult
 from loopwarden.server.app import build_server
 from loopwarden.server.settings import Settings
-from loopwarden.server.tools import error_of
 from loopwarden.todos.todo_ops import TodoAddResult
+from loopwarden.tool_errors import error_of
 from loopwarden.turns.claim import ClaimResult
 from loopwarden.turns.leases import HeartbeatResult
 from loopwarden.turns.quota import QuotaResult

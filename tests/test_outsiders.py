@@ -49,8 +49,8 @@ from loopwarden.kernel.store.store import Store
 from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.principals import Principal
 from loopwarden.projection.projection import ProjectionRequest, projection
-from loopwarden.server.tools import error_of
 from loopwarden.todos.todo_ops import TodoAddRequest, todo_add
+from loopwarden.tool_errors import error_of
 from loopwarden.turns.claim import ClaimRequest, claim
 from loopwarden.turns.quota import QuotaRequest, quota
 from loopwarden.turns.update import UpdateRequest, update

@@ -18,7 +18,7 @@ from conftest import BASIC_POLICY
 from support import cli, cli_env, initialize_request, loopwarden
 
 from loopwarden.clients.agent import AgentClient, ToolCallError
-from loopwarden.server.tools import error_of
+from loopwarden.tool_errors import error_of
 from loopwarden.turns.claim import ClaimResult
 from loopwarden.turns.update import UpdateResult
 

@@ -27,8 +27,8 @@ from loopwarden.kernel.state.events import Evidence, ToolUse, Usage
 from loopwarden.loops import lifecycle as loop_ops
 from loopwarden.principals import Role
 from loopwarden.projection import projection as projection_ops
-from loopwarden.server.tools import error_of
 from loopwarden.todos import todo_ops
+from loopwarden.tool_errors import error_of
 from loopwarden.turns import claim as claim_ops
 from loopwarden.turns import leases as lease_ops
 from loopwarden.turns import quota as quota_ops

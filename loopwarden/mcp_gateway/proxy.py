@@ -41,11 +41,9 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INVALID_PARAMS,
-    CallToolResult,
     ElicitRequest,
     ElicitRequestURLParams,
     InputRequiredResult,
-    TextContent,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel
@@ -77,23 +75,14 @@ from loopwarden.policy.evaluate import explain
 from loopwarden.policy.model import LoopPolicy
 from loopwarden.principals import Principal
 from loopwarden.statuses import ApprovalStatus, LoopStatus
+from loopwarden.tool_errors import error_result
 
 log = logging.getLogger("loopwarden.gateway")
 LOOP_HEADER = "loopwarden-loop"
 SEPARATOR = "__"
 RESOURCE_SCHEME = "mcp-gateway://"
 MAX_NAME = 128
-ERROR_META = "loopwarden/error"
 _SEGMENT = re.compile(r"[^A-Za-z0-9_-]")
-
-
-def tool_error(code: str, message: str) -> CallToolResult:
-    """A tool error the model reads (`code: message`) and a client matches (`_meta`)."""
-    return CallToolResult(
-        meta={ERROR_META: {"code": code, "message": message}},
-        content=[TextContent(type="text", text=f"{code}: {message}")],
-        is_error=True,
-    )
 
 
 def _dump(result: HandlerResult) -> dict[str, Any]:
@@ -317,7 +306,7 @@ class Gateway:
         downstream, tool_name = split
         loop_id = self.loop_of(ctx)
         if not loop_id:
-            return tool_error(
+            return error_result(
                 "no_loop",
                 "the gateway serves downstream tools for one loop: name it in the servers file "
                 "(gateway.loop), with `serve --loop`, or in the Loopwarden-Loop header",
@@ -329,15 +318,17 @@ class Gateway:
             return await self._decided_call(ctx, loop_id, downstream, tool_name, arguments, params)
         except IntegrityError as exc:
             log.error("integrity check failed in a gateway call, refused: %s", exc)
-            return tool_error(exc.code, "the store failed an integrity check; the call was refused")
+            return error_result(
+                exc.code, "the store failed an integrity check; the call was refused"
+            )
         except StoreError as exc:
             log.error("store failure in a gateway call: %s", exc)
-            return tool_error(exc.code, "the store could not decide the call; it was refused")
+            return error_result(exc.code, "the store could not decide the call; it was refused")
         except LoopwardenError as exc:
-            return tool_error(exc.code, exc.message)
+            return error_result(exc.code, exc.message)
         except Exception:  # never a traceback to the client: the log has it
             log.exception("unexpected failure in a gateway call of %s", name)
-            return tool_error(
+            return error_result(
                 "internal_error", "the gateway failed unexpectedly; the call was refused"
             )
 
@@ -352,12 +343,12 @@ class Gateway:
     ) -> HandlerResult:
         found = await self._policy(loop_id)
         if found is None:
-            return tool_error("not_found", f"no loop {loop_id!r} the caller may see")
+            return error_result("not_found", f"no loop {loop_id!r} the caller may see")
         policy = found[0]
         listed = {str(t.get("name")): t for t in await downstream.tools()}
         tool = listed.get(tool_name)
         if tool is None:
-            return tool_error(
+            return error_result(
                 "not_found", f"downstream server {downstream.name!r} has no tool {tool_name!r}"
             )
         first_sight = policy.gateway is not None and policy.gateway.pin == "first_sight"
@@ -365,13 +356,13 @@ class Gateway:
         if digest is None:
             status, _ = self.pins.status(downstream.name, tool_name, tool_digest(tool))
             if status == "changed":
-                return tool_error(
+                return error_result(
                     ReasonCode.TOOL_CHANGED,
                     f"{downstream.name}{SEPARATOR}{tool_name}: its description or input schema "
                     "changed since an operator pinned it; it is refused until an operator pins "
                     "it again (loopwarden gateway pin)",
                 )
-            return tool_error(
+            return error_result(
                 ReasonCode.TOOL_UNPINNED,
                 f"{downstream.name}{SEPARATOR}{tool_name} is not pinned: an operator admits its "
                 "description first (loopwarden gateway pin)",
@@ -396,7 +387,7 @@ class Gateway:
             result = await downstream.call_tool(tool_name, arguments)
         except DownstreamError as exc:
             await self._seal_outcome(request, started, {"error": exc.code}, errored=True)
-            return tool_error(exc.code, exc.message)
+            return error_result(exc.code, exc.message)
         dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         await self._seal_outcome(request, started, dumped, errored=bool(result.is_error))
         return result
@@ -434,7 +425,7 @@ class Gateway:
         receipt = f" (receipt {verdict.receipt_id})" if verdict.receipt_id else ""
         if codes != {ReasonCode.APPROVAL_REQUIRED} or verdict.turn_id is None:
             code = verdict.reasons[0].code if verdict.reasons else "refused"
-            return tool_error(
+            return error_result(
                 str(code), f"loopwarden refused {verdict.tool}: {verdict.message}{receipt}"
             )
         approval_id, status = await self._approval(verdict)
@@ -459,7 +450,7 @@ class Gateway:
             )
         where = f"at {page}" if page else f"with `loopwarden approve {approval_id}`"
         said = "is still pending" if status == ApprovalStatus.PENDING else f"is {status}"
-        return tool_error(
+        return error_result(
             ReasonCode.APPROVAL_REQUIRED,
             f"{verdict.tool} needs an operator's approval for this turn: approval {approval_id} "
             f"{said}; an operator decides it {where}. Call the tool again once it is approved "

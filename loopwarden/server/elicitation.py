@@ -44,11 +44,11 @@ from loopwarden.projection.projection import projection
 from loopwarden.server.runtime import Runtime
 from loopwarden.server.tools import (
     GovernedTool,
-    error_result,
     make_tool,
     success_result,
     tool_annotations,
 )
+from loopwarden.tool_errors import error_result
 
 log = logging.getLogger("loopwarden.server")
 

@@ -27,27 +27,9 @@ from loopwarden.errors import IntegrityError, LoopwardenError, StoreError, Store
 from loopwarden.kernel.runner.operation import Operation
 from loopwarden.server.runtime import Runtime
 from loopwarden.server.schemas import slim
+from loopwarden.tool_errors import error_result
 
 log = logging.getLogger("loopwarden.server")
-ERROR_META = "loopwarden/error"  # the `_meta` key of a tool error's code and message
-
-
-def error_result(code: str, message: str) -> CallToolResult:
-    """A tool error the model can read (`code: message`) and a client can match on (`_meta`),
-    with no structured content for a strict client to hold against the output schema."""
-    return CallToolResult(
-        meta={ERROR_META: {"code": code, "message": message}},
-        content=[TextContent(type="text", text=f"{code}: {message}")],
-        is_error=True,
-    )
-
-
-def error_of(result: CallToolResult) -> tuple[str, str] | None:
-    """The code and message of a loopwarden tool error, None if `result` carries none."""
-    error = (result.meta or {}).get(ERROR_META)
-    if isinstance(error, dict) and "code" in error:
-        return str(error["code"]), str(error.get("message", ""))
-    return None
 
 
 def success_result(result: BaseModel) -> CallToolResult:
