@@ -54,7 +54,7 @@ from loopwarden.kernel.state.rows import (
     TurnRow,
 )
 from loopwarden.kernel.store import statetree as state
-from loopwarden.kernel.store.reader import PolicyCache, Reader, frontier_of
+from loopwarden.kernel.store.reader import PolicyCache, Reader, frontier_of, loop_view
 from loopwarden.kernel.store.written import Written
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.model import LoopPolicy
@@ -432,19 +432,7 @@ class ProvedRows:
     def view(self, loop_id: str, touch: Touched | None) -> LoopView | None:
         """The loop row plus the proved rows one receipt touches (a partial view), or with
         `touch=None` every row of the loop."""
-        loop = self.loop_row(loop_id)
-        if loop is None:
-            return None
-        view = LoopView(loop=loop, policy=self.policy(loop.policy_digest))
-        if touch is None:
-            view.todos = {t.todo_id: t for t in self.all_todos(loop_id)}
-            view.turns = {t.turn_id: t for t in self.loop_turns(loop_id)}
-            view.approvals = {a.approval_id: a for a in self.loop_approvals(loop_id)}
-        else:
-            view.todos = self.todos(loop_id, touch.todos)
-            view.turns = self.turns(touch.turns)
-            view.approvals = self.approvals(touch.approvals)
-        return view
+        return loop_view(self, loop_id, touch)
 
     def loops_with_expired_turns_in(self, pool: str, now: datetime) -> list[str]:
         """The loops that may hold an expired turn admitted under `pool`: candidates by id

@@ -159,6 +159,24 @@ class Rows(Protocol):
     def loops_with_expired_turns_in(self, pool: str, now: datetime) -> list[str]: ...
 
 
+def loop_view(rows: Rows, loop_id: str, touch: Touched | None) -> LoopView | None:
+    """The loop row plus the rows one receipt touches, read through `rows` (proved or not), or
+    with `touch=None` every row of the loop; None if there is no such loop."""
+    loop = rows.loop_row(loop_id)
+    if loop is None:
+        return None
+    view = LoopView(loop=loop, policy=rows.policy(loop.policy_digest))
+    if touch is None:
+        view.todos = {t.todo_id: t for t in rows.all_todos(loop_id)}
+        view.turns = {t.turn_id: t for t in rows.loop_turns(loop_id)}
+        view.approvals = {a.approval_id: a for a in rows.loop_approvals(loop_id)}
+    else:
+        view.todos = rows.todos(loop_id, touch.todos)
+        view.turns = rows.turns(touch.turns)
+        view.approvals = rows.approvals(touch.approvals)
+    return view
+
+
 class Reader:
     """Synchronous read queries on one connection.
 
@@ -386,19 +404,7 @@ class Reader:
     def view(self, loop_id: str, touch: Touched | None) -> LoopView | None:
         """The loop row plus the rows one receipt touches (a partial view, for the write path),
         or with `touch=None` every row of the loop (the whole projection, for an audit)."""
-        loop = self.loop_row(loop_id)
-        if loop is None:
-            return None
-        view = LoopView(loop=loop, policy=self.policy(loop.policy_digest))
-        if touch is None:
-            view.todos = {t.todo_id: t for t in self.all_todos(loop_id)}
-            view.turns = {t.turn_id: t for t in self.loop_turns(loop_id)}
-            view.approvals = {a.approval_id: a for a in self.loop_approvals(loop_id)}
-        else:
-            view.todos = self.todos(loop_id, touch.todos)
-            view.turns = self.turns(touch.turns)
-            view.approvals = self.approvals(touch.approvals)
-        return view
+        return loop_view(self, loop_id, touch)
 
     def full_view(self, loop_id: str) -> LoopView | None:
         return self.view(loop_id, None)
