@@ -66,13 +66,7 @@ def export_bundle(
     has no receipts or the checkpoint does not cover them.
     """
     rows = reader.loop_journal(loop_id)
-    checkpoint = reader.latest_checkpoint() if size is None else reader.checkpoint_of(size)
-    if not rows:
-        raise LookupError(f"loop {loop_id!r} has no receipts")
-    if rows[-1].leaf_index is None:
-        raise LookupError("the loop's last receipts are still pending integration; retry")
-    if checkpoint is None or checkpoint.size <= rows[-1].leaf:
-        raise LookupError("no checkpoint covers the loop's last receipt")
+    checkpoint = _covering(reader, loop_id, rows, size)
     key_ids = sorted(
         {open_envelope(r.envelope, keyring).key_id or "" for r in rows}
         | {checkpoint.key_id, signer.key_id}
@@ -104,16 +98,33 @@ def export_bundle(
             "keyid": signer.key_id,
             "sig": base64.b64encode(signature).decode(),
         },
-        "receipts": [
-            {
-                "leaf_index": r.leaf_index,
-                "receipt_id": r.receipt_id,
-                "envelope": r.envelope.decode(),
-                "inclusion_proof": [base64.b64encode(h).decode() for h in proofs[r.leaf]],
-                "tlog_proof": format_proof(r.leaf, proofs[r.leaf], note),
-            }
-            for r in rows
-        ],
+        "receipts": [_bundled(r, proofs[r.leaf], note) for r in rows],
+    }
+
+
+def _covering(
+    reader: Reader, loop_id: str, rows: list[JournalRow], size: int | None
+) -> CheckpointRow:
+    """The checkpoint of `size` (default: the latest) if it covers the loop's last receipt;
+    `LookupError` otherwise."""
+    checkpoint = reader.latest_checkpoint() if size is None else reader.checkpoint_of(size)
+    if not rows:
+        raise LookupError(f"loop {loop_id!r} has no receipts")
+    if rows[-1].leaf_index is None:
+        raise LookupError("the loop's last receipts are still pending integration; retry")
+    if checkpoint is None or checkpoint.size <= rows[-1].leaf:
+        raise LookupError("no checkpoint covers the loop's last receipt")
+    return checkpoint
+
+
+def _bundled(row: JournalRow, proof: list[bytes], note: str) -> dict[str, Any]:
+    """One receipt as a bundle carries it: its envelope, its inclusion proof, its tlog-proof."""
+    return {
+        "leaf_index": row.leaf_index,
+        "receipt_id": row.receipt_id,
+        "envelope": row.envelope.decode(),
+        "inclusion_proof": [base64.b64encode(h).decode() for h in proof],
+        "tlog_proof": format_proof(row.leaf, proof, note),
     }
 
 

@@ -73,59 +73,26 @@ class Replay:
         key_id: str | None,
     ) -> None:
         """Everything about one receipt but its signature (checked in bulk, see `audit`)."""
-        add = sink.add
-        body = None
-        if payload is not None and payload[0] == PAYLOAD_TYPE:
-            body = KINDS.parse_payload(payload[1])  # the common case: one pass, nothing wrong
-        opened = None if body is not None else open_envelope(row.envelope, None, canonical=False)
-        for problem in opened.problems if opened is not None else ():
-            add(problem, ENVELOPE_PROBLEMS[problem], **where_of(row))
-        if digest != row.digest or receipt_id_for(digest) != row.receipt_id:
-            add(
-                FindingCode.DIGEST_MISMATCH,
-                "the stored digest or receipt id does not match the envelope",
-                **where_of(row),
-            )
         chain = self.chains.setdefault(row.loop_id, LoopChain())
-        try:
-            if body is None:
-                assert opened is not None
-                body = KINDS.parse_body(opened.body)  # what is wrong with it, step by step
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where = ".".join(str(p) for p in first["loc"])
-            add(
-                FindingCode.SCHEMA_INVALID,
-                f"the body does not match the receipt schema ({where}: {first['msg']})",
-                **where_of(row),
-            )
+        body = _body(sink, row, digest, payload)
+        if body is None:
             chain.broken = True
             return
         if (body.loop_id, body.seq, body.kind, body.at) != (row.loop_id, row.seq, row.kind, row.at):
-            add(
+            sink.add(
                 FindingCode.INDEX_MISMATCH,
                 "the journal's index columns disagree with the signed body",
                 **where_of(row),
             )
         window(row, body.at, key_id)
-        broken = chain_problem(chain.seq, chain.digest, body)
-        if broken == "seq_gap":
-            add(FindingCode.SEQ_GAP, f"seq {body.seq} follows seq {chain.seq}", **where_of(row))
-        elif broken == "prev_mismatch":
-            add(
-                FindingCode.PREV_MISMATCH,
-                "prev does not name the previous receipt of this loop",
-                **where_of(row),
-            )
-        chain.broken = chain.broken or broken is not None
-        chain.seq, chain.digest = body.seq, digest
+        _chained(sink, chain, row, body, digest)
         if chain.broken:
             return
         judged(sink, self.judge, chain.view, body, **where_of(row))
         try:
             self._fold(chain, body, digest)
         except FoldError as exc:
-            add(
+            sink.add(
                 FindingCode.PROJECTION_MISMATCH,
                 f"the receipt does not fold: {exc}",
                 **where_of(row),
@@ -172,3 +139,51 @@ def judged(
         report.add(
             FindingCode.DECISION_ILLEGAL, message, kind=str(body.kind), rule=verdict.rule, **where
         )
+
+
+def _body(
+    sink: Sink, row: JournalRow, digest: str, payload: tuple[str, bytes] | None
+) -> ReceiptBody | None:
+    """The receipt's signed body, with what is wrong with its envelope, digest or id reported;
+    None (reported) if the body does not match the receipt schema."""
+    body = None
+    if payload is not None and payload[0] == PAYLOAD_TYPE:
+        body = KINDS.parse_payload(payload[1])  # the common case: one pass, nothing wrong
+    opened = None if body is not None else open_envelope(row.envelope, None, canonical=False)
+    for problem in opened.problems if opened is not None else ():
+        sink.add(problem, ENVELOPE_PROBLEMS[problem], **where_of(row))
+    if digest != row.digest or receipt_id_for(digest) != row.receipt_id:
+        sink.add(
+            FindingCode.DIGEST_MISMATCH,
+            "the stored digest or receipt id does not match the envelope",
+            **where_of(row),
+        )
+    if body is not None:
+        return body
+    assert opened is not None
+    try:
+        return KINDS.parse_body(opened.body)  # what is wrong with it, step by step
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        sink.add(
+            FindingCode.SCHEMA_INVALID,
+            f"the body does not match the receipt schema ({where}: {first['msg']})",
+            **where_of(row),
+        )
+        return None
+
+
+def _chained(sink: Sink, chain: LoopChain, row: JournalRow, body: ReceiptBody, digest: str) -> None:
+    """Check the receipt against its loop's chain (seq, prev) and move the chain on."""
+    broken = chain_problem(chain.seq, chain.digest, body)
+    if broken == "seq_gap":
+        sink.add(FindingCode.SEQ_GAP, f"seq {body.seq} follows seq {chain.seq}", **where_of(row))
+    elif broken == "prev_mismatch":
+        sink.add(
+            FindingCode.PREV_MISMATCH,
+            "prev does not name the previous receipt of this loop",
+            **where_of(row),
+        )
+    chain.broken = chain.broken or broken is not None
+    chain.seq, chain.digest = body.seq, digest

@@ -40,14 +40,15 @@ WitnessPolicyFile = Annotated[
 ]
 
 
-def _witness_policy(path: Path | None, json_out: bool) -> Any:
-    """The pinned witness policy (None without one); a bad file exits 2."""
+def _witness_policy(path: Path | None, json_out: bool, *, urls: bool = False) -> Any:
+    """The pinned witness policy (None without one; with `urls`, each witness must have one);
+    a bad file exits 2."""
     if path is None:
         return None
     from loopwarden.witnesses.witness_policy import load_policy
 
     try:
-        return load_policy(path)
+        return load_policy(path, urls=urls)
     except LoopwardenError as exc:
         fail(exc.message, EXIT_USAGE, as_json=json_out)
 
@@ -186,39 +187,8 @@ def export(
     json_out = options.json_out
     if not output.parent.is_dir():
         fail(f"cannot write {output}: no such directory", EXIT_USAGE, as_json=json_out)
-    policy = None
-    if witness is not None:
-        from loopwarden.witnesses.witness_policy import load_policy
-
-        try:
-            policy = load_policy(witness, urls=True)
-        except LoopwardenError as exc:
-            fail(exc.message, EXIT_USAGE, as_json=json_out)
-
-    async def action() -> dict[str, Any]:
-        async with admin.open_store(options.home, store=options.store, create=False) as opened:
-            if await opened.read(lambda r: r.loop_row(loop_id)) is None:
-                raise NotFound(
-                    await opened.read(lambda r: missing_loop(r, admin.operator(), loop_id))
-                )
-            await opened.checkpoint()
-            if policy is not None:
-                from loopwarden.witnesses.submitter import Pacing, push_once
-
-                await push_once(opened, policy, Pacing(checkpoint_after=None))
-            now = opened.clock()
-            return await opened.read(
-                lambda reader: export_bundle(
-                    reader,
-                    loop_id,
-                    opened.keyring,
-                    now,
-                    opened.signer,
-                    size=None if policy is not None else witnessed_size(reader, loop_id),
-                )
-            )
-
-    bundle = run(action, as_json=json_out)
+    policy = _witness_policy(witness, json_out, urls=True)
+    bundle = run(_bundle, options, loop_id, policy, as_json=json_out)
     try:
         output.write_text(json.dumps(bundle, indent=2) + "\n")
     except OSError as exc:
@@ -236,6 +206,30 @@ def export(
         render.console.print(
             f"wrote {output}: {render.counted(summary['receipts'], 'receipt')} of loop {loop_id}, checkpoint size "
             f"{summary['checkpoint_size']}, keys {', '.join(summary['key_ids'])}"
+        )
+
+
+async def _bundle(options: Options, loop_id: str, policy: Any) -> dict[str, Any]:
+    """The loop's bundle, under a fresh checkpoint (submitted to `policy`'s witnesses first if
+    given; else the largest witnessed checkpoint covering the loop, if any)."""
+    async with admin.open_store(options.home, store=options.store, create=False) as opened:
+        if await opened.read(lambda r: r.loop_row(loop_id)) is None:
+            raise NotFound(await opened.read(lambda r: missing_loop(r, admin.operator(), loop_id)))
+        await opened.checkpoint()
+        if policy is not None:
+            from loopwarden.witnesses.submitter import Pacing, push_once
+
+            await push_once(opened, policy, Pacing(checkpoint_after=None))
+        now = opened.clock()
+        return await opened.read(
+            lambda reader: export_bundle(
+                reader,
+                loop_id,
+                opened.keyring,
+                now,
+                opened.signer,
+                size=None if policy is not None else witnessed_size(reader, loop_id),
+            )
         )
 
 

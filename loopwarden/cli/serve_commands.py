@@ -109,30 +109,50 @@ ModelTimeout = Annotated[
 ]
 
 
+Agent = Annotated[
+    str | None, typer.Option(help="The principal this server speaks for (stdio, --no-auth).")
+]
+Role = Annotated[str | None, typer.Option(help="agent (default) or operator.")]
+Http = Annotated[str | None, typer.Option(help="Serve streamable HTTP on HOST:PORT (path /mcp).")]
+NoAuth = Annotated[
+    bool, typer.Option("--no-auth", help="HTTP on loopback only: every request is --agent.")
+]
+AllowRemote = Annotated[
+    bool, typer.Option("--allow-remote", help="Allow a non-loopback --http bind.")
+]
+AllowedHost = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allowed-host", metavar="NAME", help="A Host name clients use for a remote bind (repeat)."
+    ),
+]
+Otel = Annotated[
+    bool, typer.Option("--otel", help="Export OpenTelemetry traces (OTEL_* variables).")
+]
+GatewayFile = Annotated[
+    Path | None,
+    _given("FILE", "Also serve these downstream MCP servers, governed (an mcpServers file)."),
+]
+WitnessFile = Annotated[
+    Path | None,
+    _given(
+        "FILE", "Submit every checkpoint to the witnesses of this tlog-policy file (with URLs)."
+    ),
+]
+GatewayLoop = Annotated[
+    str | None, _given("ID", "With --gateway: the loop its calls count against.")
+]
+
+
 def serve(
-    agent: Annotated[
-        str | None, typer.Option(help="The principal this server speaks for (stdio, --no-auth).")
-    ] = None,
-    role: Annotated[str | None, typer.Option(help="agent (default) or operator.")] = None,
-    http: Annotated[
-        str | None, typer.Option(help="Serve streamable HTTP on HOST:PORT (path /mcp).")
-    ] = None,
+    agent: Agent = None,
+    role: Role = None,
+    http: Http = None,
     home: Home = None,
     store: Store = None,
-    no_auth: Annotated[
-        bool, typer.Option("--no-auth", help="HTTP on loopback only: every request is --agent.")
-    ] = False,
-    allow_remote: Annotated[
-        bool, typer.Option("--allow-remote", help="Allow a non-loopback --http bind.")
-    ] = False,
-    allowed_host: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--allowed-host",
-            metavar="NAME",
-            help="A Host name clients use for a remote bind (repeat).",
-        ),
-    ] = None,
+    no_auth: NoAuth = False,
+    allow_remote: AllowRemote = False,
+    allowed_host: AllowedHost = None,
     max_sessions_per_principal: Sessions = None,
     session_idle_timeout: IdleTimeout = None,
     max_connections_per_address: Connections = None,
@@ -143,27 +163,14 @@ def serve(
     oauth_config: OAuthConfig = None,
     public_url: PublicUrl = None,
     approval_webhook: ApprovalWebhook = None,
-    otel: Annotated[
-        bool, typer.Option("--otel", help="Export OpenTelemetry traces (OTEL_* variables).")
-    ] = False,
+    otel: Otel = False,
     export_webhook: ExportWebhook = None,
     export_secret_file: ExportSecretFile = None,
     export_name: ExportName = None,
     export_lease: ExportLease = None,
-    gateway: Annotated[
-        Path | None,
-        _given("FILE", "Also serve these downstream MCP servers, governed (an mcpServers file)."),
-    ] = None,
-    witness: Annotated[
-        Path | None,
-        _given(
-            "FILE",
-            "Submit every checkpoint to the witnesses of this tlog-policy file (with URLs).",
-        ),
-    ] = None,
-    loop: Annotated[
-        str | None, _given("ID", "With --gateway: the loop its calls count against.")
-    ] = None,
+    gateway: GatewayFile = None,
+    witness: WitnessFile = None,
+    loop: GatewayLoop = None,
     model_upstream: ModelUpstream = None,
     model_prices: ModelPrices = None,
     model_timeout: ModelTimeout = None,

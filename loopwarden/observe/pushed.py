@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Counter, Histogram, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -37,80 +37,88 @@ class PushedMetrics:
     ) -> None:
         reader = PeriodicExportingMetricReader(OTLPMetricExporter())
         self.provider = MeterProvider(resource=resource, metric_readers=[reader])
-        meter = self.provider.get_meter("loopwarden", version)
-        self.meter = meter
-        self.decisions = meter.create_counter(
-            "loopwarden_decisions", description="Decisions made, by operation, effect and reason."
-        )
-        self.expiries = meter.create_counter(
-            "loopwarden_lease_expiries", description="Leases that ran out and were swept."
-        )
-        self.latency = meter.create_histogram(
-            "loopwarden_decision_seconds",
+        self.meter = self.provider.get_meter("loopwarden", version)
+        self._decision_instruments(latency_buckets, integration_buckets)
+        self._export_instruments()
+        self._model_instruments()
+        self._witness_instruments()
+        self._reads: dict[str, Callable[[], float]] = {}
+
+    def _counter(self, name: str, description: str) -> Counter:
+        return self.meter.create_counter(f"loopwarden_{name}", description=description)
+
+    def _histogram(self, name: str, description: str, buckets: Sequence[float]) -> Histogram:
+        return self.meter.create_histogram(
+            f"loopwarden_{name}",
             unit="s",
-            description="Time from a call's arrival at the runner to its answer, by operation.",
-            explicit_bucket_boundaries_advisory=latency_buckets,
+            description=description,
+            explicit_bucket_boundaries_advisory=buckets,
         )
-        self.write_latency = meter.create_histogram(
-            "loopwarden_store_write_seconds",
-            unit="s",
-            description="A write operation's store transaction, queued to committed.",
-            explicit_bucket_boundaries_advisory=latency_buckets,
+
+    def _decision_instruments(
+        self, latency_buckets: Sequence[float], integration_buckets: Sequence[float]
+    ) -> None:
+        counter, histogram = self._counter, self._histogram
+        self.decisions = counter("decisions", "Decisions made, by operation, effect and reason.")
+        self.expiries = counter("lease_expiries", "Leases that ran out and were swept.")
+        self.latency = histogram(
+            "decision_seconds",
+            "Time from a call's arrival at the runner to its answer, by operation.",
+            latency_buckets,
         )
-        self.integration = meter.create_histogram(
-            "loopwarden_integration_delay_seconds",
-            unit="s",
-            description="Seconds from a receipt's time to its Merkle leaf.",
-            explicit_bucket_boundaries_advisory=integration_buckets,
+        self.write_latency = histogram(
+            "store_write_seconds",
+            "A write operation's store transaction, queued to committed.",
+            latency_buckets,
         )
-        self.drops = meter.create_counter(
-            "loopwarden_telemetry_dropped", description="Spans dropped before export."
+        self.integration = histogram(
+            "integration_delay_seconds",
+            "Seconds from a receipt's time to its Merkle leaf.",
+            integration_buckets,
         )
-        self.sent = meter.create_counter(
-            "loopwarden_export_sent", description="Receipts an export sink's receiver took."
+        self.drops = counter("telemetry_dropped", "Spans dropped before export.")
+
+    def _export_instruments(self) -> None:
+        counter = self._counter
+        self.sent = counter("export_sent", "Receipts an export sink's receiver took.")
+        self.failed = counter("export_failures", "Export deliveries that failed.")
+        self.takeovers = counter("export_lease_takeovers", "Export sink leases taken over.")
+        self.by_reference = counter(
+            "export_by_reference",
+            "Receipts an export sink sent by reference: too large for a batch.",
         )
-        self.failed = meter.create_counter(
-            "loopwarden_export_failures", description="Export deliveries that failed."
-        )
-        self.takeovers = meter.create_counter(
-            "loopwarden_export_lease_takeovers", description="Export sink leases taken over."
-        )
-        self.by_reference = meter.create_counter(
-            "loopwarden_export_by_reference",
-            description="Receipts an export sink sent by reference: too large for a batch.",
-        )
-        self.model_calls = meter.create_counter(
-            "loopwarden_model_calls",
-            description="Model calls through the model gateway, by provider and outcome.",
-        )
-        self.model_tokens = meter.create_counter(
-            "loopwarden_model_tokens",
-            description="Model tokens the gateway charged, by provider and sort.",
-        )
-        self.model_cost = meter.create_counter(
-            "loopwarden_model_cost_usd",
-            description="US dollars the gateway charged for model calls, by provider.",
-        )
-        self.cosigned = meter.create_counter(
-            "loopwarden_witness_cosignatures", description="Checkpoints a witness cosigned."
-        )
-        self.witness_failed = meter.create_counter(
-            "loopwarden_witness_failures",
-            description="Checkpoint submissions to a witness that failed; retried with backoff.",
-        )
-        self.conflicts = meter.create_counter(
-            "loopwarden_witness_conflicts",
-            description="A witness holds a view of this log that this log does not extend.",
-        )
-        self.witness_behind = meter.create_gauge(
-            "loopwarden_witness_behind_leaves",
-            description="Leaves between the latest checkpoint and a witness's latest cosigned.",
-        )
-        self.lag = meter.create_gauge(
+        self.lag = self.meter.create_gauge(
             "loopwarden_export_lag_receipts",
             description="Receipts sealed but not yet acknowledged by the sink's receiver.",
         )
-        self._reads: dict[str, Callable[[], float]] = {}
+
+    def _model_instruments(self) -> None:
+        counter = self._counter
+        self.model_calls = counter(
+            "model_calls", "Model calls through the model gateway, by provider and outcome."
+        )
+        self.model_tokens = counter(
+            "model_tokens", "Model tokens the gateway charged, by provider and sort."
+        )
+        self.model_cost = counter(
+            "model_cost_usd", "US dollars the gateway charged for model calls, by provider."
+        )
+
+    def _witness_instruments(self) -> None:
+        counter = self._counter
+        self.cosigned = counter("witness_cosignatures", "Checkpoints a witness cosigned.")
+        self.witness_failed = counter(
+            "witness_failures",
+            "Checkpoint submissions to a witness that failed; retried with backoff.",
+        )
+        self.conflicts = counter(
+            "witness_conflicts",
+            "A witness holds a view of this log that this log does not extend.",
+        )
+        self.witness_behind = self.meter.create_gauge(
+            "loopwarden_witness_behind_leaves",
+            description="Leaves between the latest checkpoint and a witness's latest cosigned.",
+        )
 
     def gauge(self, name: str, description: str, read: Callable[[], float]) -> None:
         """`loopwarden_<name>`, observed at each collection through `read` (replaced when a

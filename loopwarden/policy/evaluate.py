@@ -414,41 +414,44 @@ def tool_call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
             return [Reason(ReasonCode.TOOL_DENIED, verdict.explain())]
         if admits_internal(policy, facts.tool):
             return []
+    gate = _gate(facts)
+    return [gate] if gate is not None else _call_reasons(policy, facts)
+
+
+def _gate(facts: ToolCallFacts) -> Reason | None:
+    """Why no tool may run now whatever it is: the loop not active, no turn, a lease run out."""
     if facts.loop_status != LoopStatus.ACTIVE:
-        return [
-            Reason(
-                ReasonCode.LOOP_NOT_ACTIVE,
-                f"loop {facts.loop_id} is {facts.loop_status}: no tool may run for it now",
-            )
-        ]
+        return Reason(
+            ReasonCode.LOOP_NOT_ACTIVE,
+            f"loop {facts.loop_id} is {facts.loop_status}: no tool may run for it now",
+        )
     if facts.turn_id is None and facts.own_elsewhere is not None:
-        return [
-            Reason(
-                ReasonCode.NO_OPEN_TURN,
-                f"{facts.host_tool} is loopwarden's own tool under the MCP server name "
-                f"{facts.own_elsewhere!r}, which these hooks were not installed for, so they "
-                "decide it as any other tool: no call can start a turn. Stop and tell the user: "
-                f"the hooks must be installed again with --server-name {facts.own_elsewhere} "
-                "(`loopwarden hook install … --server-name "
-                f"{facts.own_elsewhere}`; `loopwarden hook doctor` shows it)",
-            )
-        ]
+        return Reason(
+            ReasonCode.NO_OPEN_TURN,
+            f"{facts.host_tool} is loopwarden's own tool under the MCP server name "
+            f"{facts.own_elsewhere!r}, which these hooks were not installed for, so they "
+            "decide it as any other tool: no call can start a turn. Stop and tell the user: "
+            f"the hooks must be installed again with --server-name {facts.own_elsewhere} "
+            "(`loopwarden hook install … --server-name "
+            f"{facts.own_elsewhere}`; `loopwarden hook doctor` shows it)",
+        )
     if facts.turn_id is None:
-        return [
-            Reason(
-                ReasonCode.NO_OPEN_TURN,
-                f"claim a turn first: call loopwarden's claim tool for loop {facts.loop_id}, "
-                f"then retry {facts.host_tool}",
-            )
-        ]
+        return Reason(
+            ReasonCode.NO_OPEN_TURN,
+            f"claim a turn first: call loopwarden's claim tool for loop {facts.loop_id}, "
+            f"then retry {facts.host_tool}",
+        )
     if facts.lease_expired:
-        return [
-            Reason(
-                ReasonCode.LEASE_EXPIRED,
-                f"your lease on turn {facts.turn_id} has run out: no tool may run on it; call "
-                f"loopwarden's claim tool for loop {facts.loop_id} to start a new turn",
-            )
-        ]
+        return Reason(
+            ReasonCode.LEASE_EXPIRED,
+            f"your lease on turn {facts.turn_id} has run out: no tool may run on it; call "
+            f"loopwarden's claim tool for loop {facts.loop_id} to start a new turn",
+        )
+    return None
+
+
+def _call_reasons(policy: LoopPolicy, facts: ToolCallFacts) -> list[Reason]:
+    """Why this tool, with these arguments, may not run in the agent's open turn."""
     reasons = []
     for reason in tool_reasons(policy, [facts.tool], facts.approved):
         if reason.code == ReasonCode.APPROVAL_REQUIRED:

@@ -17,6 +17,7 @@ from loopwarden.clock import Clock, system_clock
 from loopwarden.exports.sink import WebhookSink, sending
 from loopwarden.mcp_gateway.proxy import Gateway
 from loopwarden.observe import metrics_pushed, tracing_wanted, watching
+from loopwarden.observe.observer import Observer
 from loopwarden.server.elicitation import ApprovalLinks, with_approval_links
 from loopwarden.server.notifications import ChangeFeed, CountingBus, subscribe_handlers
 from loopwarden.server.request_state import request_state_security
@@ -79,34 +80,10 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
                 await stack.enter_async_context(gateway.running())
             if runtime.jwts is not None:  # the issuer's keys refreshed in the background
                 await stack.enter_async_context(runtime.jwts.keys.running())
-            export, store, witnesses = settings.export, runtime.store, settings.witnesses
-            # no store (runtime.missing): nothing to send and no checkpoint to submit
-            sink = (
-                None
-                if export is None or store is None
-                else WebhookSink(store, export, observer=observer)
-            )
-            submitter = (
-                None
-                if witnesses is None or store is None
-                else Submitter(store, witnesses, observer=observer)
-            )
-            async with sending(sink), submitting(submitter):
+            async with _feeds_out(settings, runtime, observer):
                 yield runtime
 
-    verifier: TokenVerifier | None = None
-    auth = None
-    if settings.auth and settings.http is not None:
-        host, port = settings.http
-        verifier = runtime.tokens
-        issuer = AnyHttpUrl(f"http://{url_host(host)}:{port}")
-        auth = AuthSettings(issuer_url=issuer, resource_server_url=None)
-        if settings.oauth is not None:  # JWTs from the issuer beside the static tokens
-            runtime.jwts = JwtVerifier(settings.oauth, clock=clock)
-            verifier = BearerVerifier(runtime.tokens, runtime.jwts)
-            auth = AuthSettings(
-                issuer_url=AnyHttpUrl(settings.oauth.issuer), resource_server_url=None
-            )
+    verifier, auth = _bearer_auth(settings, runtime, clock)
     server = MCPServer(
         "loopwarden",
         version=__version__,
@@ -125,6 +102,43 @@ def build(settings: Settings, *, clock: Clock = system_clock) -> tuple[MCPServer
     subscribe_handlers(server, feed)
     observer.bound_names(lambda method, name: served_name(server, method, name))
     return server, runtime
+
+
+@asynccontextmanager
+async def _feeds_out(
+    settings: Settings, runtime: Runtime, observer: Observer
+) -> AsyncIterator[None]:
+    """The SIEM sink and the witness client while the server runs (neither without a store,
+    `runtime.missing`: nothing to send and no checkpoint to submit)."""
+    export, store, witnesses = settings.export, runtime.store, settings.witnesses
+    sink = (
+        None if export is None or store is None else WebhookSink(store, export, observer=observer)
+    )
+    submitter = (
+        None
+        if witnesses is None or store is None
+        else Submitter(store, witnesses, observer=observer)
+    )
+    async with sending(sink), submitting(submitter):
+        yield
+
+
+def _bearer_auth(
+    settings: Settings, runtime: Runtime, clock: Clock
+) -> tuple[TokenVerifier | None, AuthSettings | None]:
+    """Who an HTTP request is: the store's static tokens, and JWTs from an OAuth issuer beside
+    them when one is set (`runtime.jwts`); nothing over stdio."""
+    if not settings.auth or settings.http is None:
+        return None, None
+    if settings.oauth is not None:
+        runtime.jwts = JwtVerifier(settings.oauth, clock=clock)
+        issuer = AnyHttpUrl(settings.oauth.issuer)
+        return BearerVerifier(runtime.tokens, runtime.jwts), AuthSettings(
+            issuer_url=issuer, resource_server_url=None
+        )
+    host, port = settings.http
+    issuer = AnyHttpUrl(f"http://{url_host(host)}:{port}")
+    return runtime.tokens, AuthSettings(issuer_url=issuer, resource_server_url=None)
 
 
 def served_name(server: MCPServer, method: str, name: str) -> bool:

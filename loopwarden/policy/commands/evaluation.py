@@ -371,17 +371,7 @@ class Evaluator:
         """One node of a word into `pieces`, its code into `found` (see WORDS)."""
         kind = node.type
         if kind in ("word", "number", "variable_name", "special_variable_name", "$"):
-            text = node.text.decode("utf-8", "surrogateescape")
-            why = audit(node.text, quoted) if kind == "word" else None
-            if why == "$":
-                pieces.computed(PARAMETER, not quoted)
-            elif why is not None:
-                found.doubts.append(why)
-                pieces.computed(UNREADABLE, True)
-            elif quoted:
-                pieces.text(text, True)
-            else:
-                unescape_unquoted(text, pieces)
+            _plain(node, pieces, quoted, found)
         elif kind in ("command_name", "concatenation"):
             for child in node.children:
                 self.part(child, pieces, quoted, found)
@@ -390,19 +380,7 @@ class Evaluator:
         elif kind == "ansi_c_string":
             pieces.text(ansi_c(node.text.decode("utf-8", "surrogateescape")[2:-1]), True)
         elif kind in ("string", "translated_string"):
-            for child in node.children:
-                if child.type == "string_content":
-                    why = audit(child.text, quoted=True)
-                    if why is not None and why != "$":
-                        found.doubts.append(why)
-                        pieces.computed(UNREADABLE, True)
-                    elif why == "$":
-                        pieces.computed(PARAMETER, False)
-                    else:
-                        text = child.text.decode("utf-8", "surrogateescape")
-                        pieces.text(unescape_double(text), True)
-                elif child.type not in ('"', "$", '$"'):
-                    self.part(child, pieces, True, found)
+            self.string(node, pieces, found)
         elif kind == "simple_expansion":
             name = node.text.decode("utf-8", "surrogateescape")[1:]
             splits = not quoted or name == "@"
@@ -431,6 +409,22 @@ class Evaluator:
         else:
             found.doubts.append(unread(kind))
             pieces.computed(UNREADABLE, True)
+
+    def string(self, node: Node, pieces: Pieces, found: Found) -> None:
+        """A double-quoted string: its text unescaped, its expansions walked as quoted parts."""
+        for child in node.children:
+            if child.type == "string_content":
+                why = audit(child.text, quoted=True)
+                if why is not None and why != "$":
+                    found.doubts.append(why)
+                    pieces.computed(UNREADABLE, True)
+                elif why == "$":
+                    pieces.computed(PARAMETER, False)
+                else:
+                    text = child.text.decode("utf-8", "surrogateescape")
+                    pieces.text(unescape_double(text), True)
+            elif child.type not in ('"', "$", '$"'):
+                self.part(child, pieces, True, found)
 
     def expansion(self, node: Node, pieces: Pieces, quoted: bool, found: Found) -> None:
         """`${…}` as `expansions.py` models it; its parts' code walked, its arithmetic checked."""
@@ -518,3 +512,19 @@ class Evaluator:
             return None
 
         self.reading.later(None, check)
+
+
+def _plain(node: Node, pieces: Pieces, quoted: bool, found: Found) -> None:
+    """A word, number or name: its text (unescaped outside quotes), or what `audit` finds in a
+    word that the grammar left as one (a parameter, or code: a doubt)."""
+    text = node.text.decode("utf-8", "surrogateescape")
+    why = audit(node.text, quoted) if node.type == "word" else None
+    if why == "$":
+        pieces.computed(PARAMETER, not quoted)
+    elif why is not None:
+        found.doubts.append(why)
+        pieces.computed(UNREADABLE, True)
+    elif quoted:
+        pieces.text(text, True)
+    else:
+        unescape_unquoted(text, pieces)
