@@ -25,6 +25,7 @@ from loopwarden.kinds import KINDS
 from loopwarden.loops.lifecycle import OpenLoopRequest, TodoInput, open_loop
 from loopwarden.policy.pool_policy import TOTAL_WINDOW
 from loopwarden.turns.claim import ClaimRequest, claim
+from loopwarden.turns.update import UpdateRequest, update
 
 pytestmark = pytest.mark.anyio
 DB = "loopwarden.db"
@@ -415,3 +416,48 @@ def _edit_one(conn: sqlite3.Connection, table: str, where: str) -> int:
         "log_state": "size = size + 1",
     }
     return conn.execute(f"UPDATE {table} SET {edits[table]} WHERE {where}").rowcount
+
+
+@pytest.mark.parametrize("table", ["todos", "turns"])
+async def test_a_row_put_back_to_a_copy_this_store_wrote_is_refused_by_that_store(
+    home, clock, table
+):
+    """The store takes a row read back as values it wrote for the row it wrote (`written.py`):
+    an older copy it wrote, put back while it runs, is still proved against the loop's tree."""
+    store = await _opened(home, clock)
+    try:
+        await _open(store, "A")
+        first = await claim(store, BUILDER, ClaimRequest(loop_id="A"))
+        assert first.granted and first.turn_id is not None
+        key = ("todo_id", "t0") if table == "todos" else ("turn_id", first.turn_id)
+        conn = sqlite3.connect(home / DB)
+        try:
+            older = conn.execute(f"SELECT * FROM {table} WHERE {key[0]} = ?", (key[1],)).fetchone()
+            await close_as_failed(store, first.turn_id, first.fence)
+            newer = conn.execute(f"SELECT * FROM {table} WHERE {key[0]} = ?", (key[1],)).fetchone()
+            assert newer != older, "the write changed the row"
+            marks = ", ".join("?" * len(older))
+            conn.execute(f"REPLACE INTO {table} VALUES ({marks})", older)
+            conn.commit()
+        finally:
+            conn.close()
+        read = (
+            (lambda tx: tx.rows.todo("A", "t0"))
+            if table == "todos"
+            else (lambda tx: tx.rows.turn(first.turn_id))
+        )
+        with pytest.raises(IntegrityError):
+            await store.write(read)
+    finally:
+        await store.close()
+
+
+async def close_as_failed(store: Store, turn_id: str, fence: int) -> None:
+    """A write that changes the turn and its todo: the turn closed as failed."""
+    result = await update(
+        store,
+        BUILDER,
+        UpdateRequest(turn_id=turn_id, fence=fence, outcome="failed", summary="later",
+                      idempotency_key="k-release"),
+    )  # fmt: skip
+    assert result.accepted, result

@@ -54,7 +54,7 @@ from loopwarden.kernel.state.rows import (
     TurnRow,
 )
 from loopwarden.kernel.store import statetree as state
-from loopwarden.kernel.store.reader import PolicyCache, Reader, frontier_of, loop_view
+from loopwarden.kernel.store.reader import PolicyCache, Reader, Row, frontier_of, loop_view
 from loopwarden.kernel.store.written import Written
 from loopwarden.policy.budgets import Totals
 from loopwarden.policy.model import LoopPolicy
@@ -90,6 +90,9 @@ RowKey = tuple[str, str] | str
 """A row's key in a transaction's rows: its table's key ((loop id, todo id) for a todo, whose
 id is per loop; a turn's or an approval's id)."""
 _KEY = {name: attrgetter(*table.key) for name, table in ROW_TABLES.items()}
+_ID = {"todos": attrgetter("todo_id"), "turns": attrgetter("turn_id"),
+       "approvals": attrgetter("approval_id")}  # fmt: skip
+"""A row's id among its loop's rows (what `Reader.todos`/`turns`/`approvals` key by)."""
 _PER_LOOP = {name: len(table.key) == 2 for name, table in ROW_TABLES.items()}
 """Tables whose rows are keyed by loop and id (their ids are per loop)."""
 
@@ -135,6 +138,9 @@ class ProvedRows:
         # Todo, turn and approval rows read (proved) or written, by table and `RowKey`; None for
         # a row that does not exist.
         self._rows: dict[str, dict[RowKey, Any]] = {t: {} for t in ROW_TABLES}
+        # The leaves of rows `_decoded` took from what this process wrote, by the row object,
+        # from the load that found them to the `_prove` that proves them (which clears them).
+        self._leaves: dict[int, bytes] = {}
         self._pools: dict[str, PoolRow] | None = None  # every pool, once read
         self._held: set[str] = set()  # pools whose rows this transaction holds (`hold`)
         self._usage: dict[tuple[str, str], Totals] = {}  # pool windows read or written
@@ -202,24 +208,43 @@ class ProvedRows:
             raise IntegrityError(f"loop {loop_id!r} has rows but no stored state")
         return self._trees[loop_id]
 
+    def _decoded(self, table: str, stored: Iterable[Row]) -> dict[str, Any]:
+        """Rows by id, from their stored values: values this process wrote are the row it
+        wrote (`written.py`), and their leaf is kept for `_prove`; others are decoded."""
+        description, id_of, rows = ROW_TABLES[table], _ID[table], {}
+        for values in stored:
+            kept = self._written.row(table, tuple(values)) if self._written is not None else None
+            if kept is None:
+                row = description.decode(values)
+                self._leaves.pop(id(row), None)  # an object that was freed had that id
+            else:
+                row, self._leaves[id(row)] = kept
+            rows[id_of(row)] = row
+        return rows
+
     def _prove(self, table: str, rows: dict[str, Any]) -> dict[str, Any]:
         """`rows` (id → row, as read from the database), each proved once per transaction: a
         row read again must equal the one proved (or written) before, and is that object (the
         fold tells the rows it changed by identity)."""
         known, key_of = self._rows[table], _KEY[table]
-        for key, row in rows.items():
-            row_key = key_of(row)
-            held = known.get(row_key)
-            if held is not None and held == row:
-                rows[key] = held
-            elif held is None and self.tree(row.loop_id).holds(row.slot, row_leaf(table, row)):
-                known[row_key] = row
-            else:
-                raise IntegrityError(
-                    f"the stored {table[:-1]} {key!r} of loop {row.loop_id!r} is not the one its "
-                    "receipts made (edited, swapped or rolled back outside loopwarden); nothing was "
-                    "sealed. Run `loopwarden verify`."
-                )
+        try:
+            for key, row in rows.items():
+                row_key = key_of(row)
+                held = known.get(row_key)
+                if held is not None and held == row:
+                    rows[key] = held
+                elif held is None and self.tree(row.loop_id).holds(
+                    row.slot, self._leaf(table, row)
+                ):
+                    known[row_key] = row
+                else:
+                    raise IntegrityError(
+                        f"the stored {table[:-1]} {key!r} of loop {row.loop_id!r} is not the one "
+                        "its receipts made (edited, swapped or rolled back outside loopwarden); "
+                        "nothing was sealed. Run `loopwarden verify`."
+                    )
+        finally:
+            self._leaves.clear()
         return rows
 
     def _cached(
@@ -255,6 +280,10 @@ class ProvedRows:
                 known.setdefault(keys[i], None)  # no such row (until this transaction adds it)
         return {i: row for i, key in keys.items() if (row := known[key]) is not None}
 
+    def _leaf(self, table: str, row: Any) -> bytes:
+        kept = self._leaves.get(id(row))
+        return kept if kept is not None else row_leaf(table, row)
+
     def keep(self, table: str, rows: Iterable[Any]) -> None:
         """Rows this transaction has written: what its later reads return."""
         known, key_of = self._rows[table], _KEY[table]
@@ -281,14 +310,19 @@ class ProvedRows:
                 ("approvals", view.approvals),
             )
         }
-        tree.fill({row.slot: row_leaf(t, row) for t, rows in changed.items() for row in rows})
+        leaves: dict[int, bytes] = {}
         for table, rows in changed.items():
             self.keep(table, rows)
             if rows:
                 description = ROW_TABLES[table]
-                self.conn.executemany(
-                    self.dialect.upsert(description), [description.encode(row) for row in rows]
-                )
+                stored = [description.encode(row) for row in rows]  # once: its leaf and its upsert
+                for row, values in zip(rows, stored, strict=True):
+                    leaf = state.leaf(table, description.mac_values(values))
+                    leaves[row.slot] = leaf
+                    if self._written is not None:
+                        self._written.put_row(table, values, row, leaf)
+                self.conn.executemany(self.dialect.upsert(description), stored)
+        tree.fill(leaves)
         rewritten = tree.blobs()
         self.conn.executemany(
             self.dialect.upsert(STATE_NODES),
@@ -309,14 +343,20 @@ class ProvedRows:
     # --- rows ---------------------------------------------------------------------------------
 
     def todos(self, loop_id: str, ids: Iterable[str]) -> dict[str, TodoRow]:
-        read = self._raw.todos
-        return self._cached("todos", loop_id, ids, lambda missing: read(loop_id, missing))
+        read, decoded = self._raw.todo_values, self._decoded
+        return self._cached(
+            "todos", loop_id, ids, lambda missing: decoded("todos", read(loop_id, missing))
+        )
 
     def turns(self, ids: Iterable[str]) -> dict[str, TurnRow]:
-        return self._cached("turns", None, ids, self._raw.turns)
+        read, decoded = self._raw.turn_values, self._decoded
+        return self._cached("turns", None, ids, lambda missing: decoded("turns", read(missing)))
 
     def approvals(self, ids: Iterable[str]) -> dict[str, ApprovalRow]:
-        return self._cached("approvals", None, ids, self._raw.approvals)
+        read, decoded = self._raw.approval_values, self._decoded
+        return self._cached(
+            "approvals", None, ids, lambda missing: decoded("approvals", read(missing))
+        )
 
     def open_turns(self, loop_id: str) -> list[TurnRow]:
         """The loop's open turns: exactly the ids its loop row lists, each row proved."""

@@ -251,14 +251,16 @@ class Reader:
     # --- todos, turns, approvals --------------------------------------------------------------
 
     def todos(self, loop_id: str, ids: Iterable[str]) -> dict[str, TodoRow]:
-        ids = list(ids)
+        return {t.todo_id: t for t in map(TODOS.decode, self.todo_values(loop_id, list(ids)))}
+
+    def todo_values(self, loop_id: str, ids: list[str]) -> Iterable[Row]:
+        """The stored values of the loop's todos `ids` that exist (`todos`, not decoded)."""
         if not ids:
-            return {}
-        rows = self.conn.execute(
+            return ()
+        return self.conn.execute(  # type: ignore[no-any-return]
             f"SELECT {self._todo_columns} FROM todos WHERE loop_id = ? AND todo_id IN ({_placeholders(ids)})",
             (loop_id, *ids),
         )
-        return {t.todo_id: t for t in map(TODOS.decode, rows)}
 
     def todo(self, loop_id: str, todo_id: str) -> TodoRow | None:
         return self.todos(loop_id, [todo_id]).get(todo_id)
@@ -275,13 +277,15 @@ class Reader:
         return int(r[0]) if r and r[0] is not None else 0
 
     def turns(self, ids: Iterable[str]) -> dict[str, TurnRow]:
-        ids = list(ids)
+        return {t.turn_id: t for t in map(TURNS.decode, self.turn_values(list(ids)))}
+
+    def turn_values(self, ids: list[str]) -> Iterable[Row]:
+        """The stored values of the turns `ids` that exist (`turns`, not decoded)."""
         if not ids:
-            return {}
-        rows = self.conn.execute(
+            return ()
+        return self.conn.execute(  # type: ignore[no-any-return]
             f"SELECT {self._turn_columns} FROM turns WHERE turn_id IN ({_placeholders(ids)})", ids
         )
-        return {t.turn_id: t for t in map(TURNS.decode, rows)}
 
     def turn(self, turn_id: str) -> TurnRow | None:
         return self.turns([turn_id]).get(turn_id)
@@ -357,14 +361,16 @@ class Reader:
         return TODOS.decode(r) if r else None
 
     def approvals(self, ids: Iterable[str]) -> dict[str, ApprovalRow]:
-        ids = list(ids)
+        return {a.approval_id: a for a in map(APPROVALS.decode, self.approval_values(list(ids)))}
+
+    def approval_values(self, ids: list[str]) -> Iterable[Row]:
+        """The stored values of the approvals `ids` that exist (`approvals`, not decoded)."""
         if not ids:
-            return {}
-        rows = self.conn.execute(
+            return ()
+        return self.conn.execute(  # type: ignore[no-any-return]
             f"SELECT {self._approval_columns} FROM approvals WHERE approval_id IN ({_placeholders(ids)})",
             ids,
         )
-        return {a.approval_id: a for a in map(APPROVALS.decode, rows)}
 
     def approved_for_turn(self, loop_id: str, turn_id: str) -> dict[str, ApprovalRow]:
         """The approved approvals requested in `turn_id` (expired or not)."""
