@@ -14,6 +14,7 @@ in `kernel/sql/schema.py`): the upgrade that adds the columns is derived too.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,9 @@ BUDGET_EXHAUSTED = "budget_exhausted"
 STORED: tuple[str, ...] = tuple(d.stored for d in DIMENSIONS)
 """The `Totals` fields (and the columns that hold them), in the dimensions' order."""
 _INDEX = {name: i for i, name in enumerate(STORED)}
+_UNIT_INDEX = {d.name: _INDEX[d.stored] for d in DIMENSIONS}
+"""A dimension's place in `Totals` (by its name)."""
+_LIMIT_FIELD = {d.name: d.limit_field for d in DIMENSIONS}
 
 
 def dimension(name: str) -> Dimension:
@@ -147,7 +151,7 @@ class Totals:
 
     def units(self, dimension: str) -> int:
         """Used amount of a dimension in its integer unit."""
-        return self._units[_INDEX[BY_NAME[dimension].stored]]
+        return self._units[_UNIT_INDEX[dimension]]
 
     def used(self, dimension: str) -> int | float:
         """Used amount in the policy's unit (dollars and seconds as floats)."""
@@ -203,7 +207,7 @@ class Limits(BaseModel):
         return data
 
     def limit(self, dimension: str) -> float | int | None:
-        limit: float | int | None = getattr(self, f"max_{dimension}")
+        limit: float | int | None = getattr(self, _LIMIT_FIELD[dimension])
         return limit
 
     def is_empty(self) -> bool:
@@ -234,14 +238,25 @@ else:
 
 def exhausted(budgets: Limits, totals: Totals) -> list[str]:
     """Dimensions whose used amount has reached the limit, in display order."""
+    units = totals.values()
+    try:
+        thresholds = _thresholds(budgets)
+    except TypeError:  # limits that cannot be a cache key
+        thresholds = _thresholds.__wrapped__(budgets)
+    return [name for name, at, limit in thresholds if units[at] >= limit]
+
+
+@functools.lru_cache(maxsize=1024)
+def _thresholds(budgets: Limits) -> tuple[tuple[str, int, int], ...]:
+    """Each limit `budgets` sets: its dimension, its place in `Totals` and the used units that
+    reach it (worked out once per policy's limits: every decision and every replayed receipt
+    asks)."""
     out = []
     for d in DIMENSIONS:
         limit = budgets.limit(d.name)
-        if limit is None:
-            continue
-        if totals.units(d.name) >= (to_micros(limit) if d.micro else int(limit)):
-            out.append(d.name)
-    return out
+        if limit is not None:
+            out.append((d.name, _UNIT_INDEX[d.name], to_micros(limit) if d.micro else int(limit)))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -215,6 +215,8 @@ def replace(row: R, **changes: object) -> R:
 
 def _differing(a: Any, b: Any, ignore: frozenset[str]) -> list[str]:
     """The fields of two rows of one dataclass that differ (leaving out `ignore`)."""
+    if not ignore and a == b:  # the common case, compared whole
+        return []
     return [
         f.name
         for f in fields(a)
