@@ -169,12 +169,12 @@ def _where(run: Run) -> str:
 def message(verdict: Verdict, rules: RuleSet) -> str:
     """What the model is told about one refused run: why, and what to do instead."""
     run = verdict.run
-    who = f"command {run.index + 1} ({shown(run)}{_where(run)})"
     if verdict.outcome == "denied":
         return (
             f"command {run.index + 1} runs `{verdict.label}`{_where(run)}, which "
             f"tools.commands.deny rule {verdict.rule!r} denies: do not run it, in any spelling"
         )
+    who = f"command {run.index + 1} ({shown(run)}{_where(run)})"
     if verdict.outcome == "doubt" and verdict.rule is not None:
         kind = "deny" if any(r.text == verdict.rule for r in rules.deny) else "allow"
         return (
