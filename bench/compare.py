@@ -49,6 +49,17 @@ def _figures() -> list[Figure]:
     out.append(
         Figure("audit", "", "audit()", "of raw verify rate", "audit: of the raw rate (%)", True)
     )
+    for row in ("allowed", "denied (git push)", "denied (rm -rf)"):
+        label = f"peer: the decision, {row}, loopwarden µs"
+        out.append(Figure("peer", "The decision, in process", row, "loopwarden µs", label, False))
+    for sync in ("normal", "full"):
+        row = f"loopwarden hook event, sealed, synchronous={sync}"
+        label = f"peer: decide and seal, synchronous={sync}, p50 ms"
+        out.append(
+            Figure(
+                "peer", "Decide and record the evidence, in process", row, "p50 ms", label, False
+            )
+        )
     for row in ("SQLite, one server", "PostgreSQL, 1 replica", "PostgreSQL, 2 replicas"):
         out.append(Figure("fleet", "", row, "events/s", f"fleet: {row}, hook events/s", True))
         label = f"fleet: {row}, server CPU ms per event"
