@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 from loopwarden.errors import NotFound, StoreError
 from loopwarden.kernel.log.integrity import Integrity
 from loopwarden.kernel.sql.backends import Backend, StoreClosed, Synchronous
-from loopwarden.kernel.sql.checkpoints import Checkpointer
 from loopwarden.kernel.sql.dialect import Connection, Dialect
 from loopwarden.kernel.sql.schema import TABLES
 from loopwarden.kernel.sql.table import SqlType, Table
@@ -237,10 +236,6 @@ class SqliteBackend:
         self._room = WaitingRoom(path)
         self._reader: aiosqlite.Connection | None = None
         self._reader_conn: sqlite3.Connection | None = None
-        # A store that reads runs for a while: its WAL is copied back on a thread of its own
-        # (`checkpoints.py`); until then, and if that thread stops, the writer does it.
-        self._checkpoints: Checkpointer | None = None
-        self._autocheckpoint = True
 
     @classmethod
     def open(cls, target: str, *, synchronous: Synchronous) -> SqliteBackend:
@@ -283,22 +278,8 @@ class SqliteBackend:
 
     def commit(self) -> None:
         self.writer.execute("COMMIT")
-        if self._checkpoints is not None:
-            self._hand_checkpoints(self._checkpoints)
         if self._room.anyone_waiting():  # let the writer that waits have its turn
             time.sleep(STEP_ASIDE_SECONDS)
-
-    def _hand_checkpoints(self, checkpoints: Checkpointer) -> None:
-        """After a commit: the checkpointer's turn to count it, or the writer's own
-        autocheckpoint back on if that thread has stopped."""
-        if checkpoints.running:
-            if self._autocheckpoint:
-                self.writer.execute("PRAGMA wal_autocheckpoint = 0")
-                self._autocheckpoint = False
-            checkpoints.committed()
-        elif not self._autocheckpoint:
-            self.writer.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
-            self._autocheckpoint = True
 
     def rollback(self) -> None:
         _rollback(self.writer)
@@ -314,11 +295,6 @@ class SqliteBackend:
 
         self._reader = aiosqlite.Connection(connector, iter_chunk_size=64)
         await self._reader
-        if self._checkpoints is None:
-            self._checkpoints = Checkpointer(
-                lambda: connect(self.path, synchronous=self.synchronous)
-            )
-            self._checkpoints.start()
 
     async def read(self, fn: Callable[[Connection], T], *, snapshot: bool = True) -> T:
         """Run `fn(connection)` on aiosqlite's thread inside one read transaction (or, not
@@ -351,16 +327,10 @@ class SqliteBackend:
             raise StoreError(f"database error: {exc}") from exc
 
     def close_now(self) -> None:
-        if self._checkpoints is not None:
-            self._checkpoints.stop()
         self.writer.close()
         self._room.close()
 
     async def close(self) -> None:
-        if self._checkpoints is not None:
-            import asyncio
-
-            await asyncio.get_running_loop().run_in_executor(None, self._checkpoints.stop)
         self.writer.close()
         self._room.close()
         if self._reader is not None:
