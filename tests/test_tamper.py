@@ -39,7 +39,7 @@ from loopwarden.approvals.approval_ops import (
     decide_approval,
     request_approval,
 )
-from loopwarden.audit import bundles, partitions
+from loopwarden.audit import bundles, partitions, proofs
 from loopwarden.audit import database as audit_module
 from loopwarden.audit.bundles import export_bundle, verify_bundle
 from loopwarden.audit.database import audit
@@ -1093,3 +1093,27 @@ def test_every_tampering_is_reported_alike_by_the_parallel_and_the_serial_audit(
         assert other.receipts == serial.receipts and other.root == serial.root
         assert other.loops == serial.loops
     assert not parallel.clean
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_stored_projections_read_ahead_are_judged_as_those_read_at_the_end(
+    pristine, tmp_path, monkeypatch, case
+):
+    """A partitioned audit reads the stored projections while its workers replay
+    (`StoredLoops.prepare`, as far as they take); every loop read ahead gives the findings of
+    every loop read when the check asks, unreadable and damaged ones included."""
+    home = damaged_copy(pristine, tmp_path, CASES[case].damage).home
+    with admin.open_reader(home) as reader:
+        at_the_end = audit(reader, admin.keyring_of(home), workers=0)
+    made = proofs.StoredLoops.__init__
+
+    def all_ahead(self: proofs.StoredLoops, *args: object) -> None:
+        made(self, *args)  # type: ignore[arg-type]
+        self.prepare(lambda: True)
+        assert not self._ahead, "every stored loop was read ahead"
+
+    monkeypatch.setattr(proofs.StoredLoops, "__init__", all_ahead)
+    with admin.open_reader(home) as reader:
+        ahead = audit(reader, admin.keyring_of(home), workers=0)
+    assert [f.as_dict() for f in ahead.findings] == [f.as_dict() for f in at_the_end.findings]
+    assert ahead.loops == at_the_end.loops

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from loopwarden.audit import partitions
 from loopwarden.audit.findings import ENVELOPE_PROBLEMS, Finding, FindingCode, Report
 from loopwarden.audit.pool_audit import check_pools
-from loopwarden.audit.proofs import Node, NodeCheck, check_loop, check_records
+from loopwarden.audit.proofs import Node, NodeCheck, StoredLoops, check_loop, check_records
 from loopwarden.audit.replay import LoopChain, Replay, where_of
 from loopwarden.canonical import sha256_digest
 from loopwarden.errors import IntegrityError, LoopwardenError
@@ -145,6 +145,7 @@ class _Audit:
         self.chains: dict[str, LoopChain] = self.replay.chains
         self.pools = self.replay.pools
         self.ending: list[tuple[str, list[Verdict]]] | None = None  # set by a partitioned run
+        self.stored = StoredLoops(reader, loop_id)  # what the projection check compares with
 
     def _unreadable_checkpoint(self, size: int, problem: IntegrityError) -> None:
         self.report.add(FindingCode.CHECKPOINT_MALFORMED, f"checkpoint {size}: {problem.message}")
@@ -250,7 +251,7 @@ class _Audit:
                 )
         _check_checkpoints(self.checkpoints, self.reader, self.keyring, self.report)
         loops = {lid: c for lid, c in self.chains.items() if pool_of(lid) is None}
-        _check_projection(self.reader, loops, self.loop_id, self.report, self.integrity)
+        _check_projection(self.reader, loops, self.stored, self.report, self.integrity)
         if self.pools is not None:
             check_pools(self.reader, self.pools, self.report, self.integrity)
         self.nodes.finish()
@@ -402,6 +403,8 @@ def _partitioned(
 
         def results(shares: Shares) -> list[partitions.RowResult]:
             slots, futures = shares
+            # While the workers replay, this process reads the stored projections ahead.
+            run.stored.prepare(lambda: not all(f.done() for f in futures if f is not None))
             done = [f.result() if f is not None else [] for f in futures]
             return [done[k][i] for k, i in slots]
 
@@ -517,17 +520,14 @@ def _consistent(old: CheckpointRow, new: CheckpointRow, reader: Reader) -> bool:
 def _check_projection(
     reader: Reader,
     chains: dict[str, LoopChain],
-    loop_id: str | None,
+    stored_loops: StoredLoops,
     report: Report,
     integrity: Integrity | None,
 ) -> None:
-    stored_ids = {row.loop_id for row in reader.loops()}
-    if loop_id is not None:
-        stored_ids &= {loop_id}
-    for lid in sorted(stored_ids | set(chains)):
+    for lid in sorted(stored_loops.ids | set(chains)):
         chain = chains.get(lid)
         try:
-            stored = reader.full_view(lid)
+            stored, tree = stored_loops.take(lid)
         except (LookupError, LoopwardenError, ValueError) as exc:
             report.add(
                 FindingCode.PROJECTION_MISMATCH,
@@ -556,4 +556,4 @@ def _check_projection(
         for difference in diff_views(stored, chain.view, ignore)[:10]:
             report.add(FindingCode.PROJECTION_MISMATCH, difference, loop_id=lid)
         if not reader.legacy:
-            check_loop(reader, integrity, stored, report)
+            check_loop(reader, integrity, stored, report, tree)

@@ -13,9 +13,11 @@ A schema-3 database has no proofs to check; a missing secret skips the MACs (and
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
+from contextlib import suppress
 
 from loopwarden.audit.findings import FindingCode, Report
-from loopwarden.errors import IntegrityError
+from loopwarden.errors import IntegrityError, LoopwardenError
 from loopwarden.kernel.log.integrity import LOG_MAC, LOOP_MAC, RECORD_MAC, TOKEN_MAC, Integrity
 from loopwarden.kernel.state.rows import LoopView
 from loopwarden.kernel.store.guard import loop_mac_values, row_leaf
@@ -39,10 +41,70 @@ def state_tree(view: LoopView) -> StateTree:
     return tree
 
 
+class StoredLoops:
+    """Each stored loop's projection (`Reader.full_view`) and the state tree of its rows, as
+    the audit's snapshot holds them: read when the projection check asks (`take`), or ahead of
+    it (`prepare`) while the audit's workers replay the journal and this process would only wait
+    for them. At most `AHEAD_ROWS` rows are held ahead of the check."""
+
+    AHEAD_ROWS = 250_000
+
+    def __init__(self, reader: Reader, loop_id: str | None) -> None:
+        ids = {row.loop_id for row in reader.loops()}
+        self.ids = ids if loop_id is None else ids & {loop_id}
+        self._reader = reader
+        self._ahead = sorted(self.ids, reverse=True)  # popped from the end: in id order
+        self._read: dict[str, tuple[LoopView | None, StateTree | None] | Exception] = {}
+        self._rows = 0
+
+    def prepare(self, busy: Callable[[], bool]) -> None:
+        """Read loops ahead, one at a time, while `busy()` and under `AHEAD_ROWS`."""
+        while self._ahead and self._rows < self.AHEAD_ROWS and busy():
+            loop_id = self._ahead.pop()
+            found = self._view(loop_id)
+            if isinstance(found, Exception) or found is None:
+                self._read[loop_id] = found if isinstance(found, Exception) else (None, None)
+                continue
+            tree: StateTree | None = None
+            if not self._reader.legacy:  # one that fails is built again, and fails, when asked
+                with suppress(LookupError, LoopwardenError, ValueError, TypeError):
+                    tree = state_tree(found)
+            self._read[loop_id] = (found, tree)
+            self._rows += _rows(found)
+
+    def take(self, loop_id: str) -> tuple[LoopView | None, StateTree | None]:
+        """The loop's stored projection and, if read ahead, its state tree; raises what
+        `Reader.full_view` raises for an unreadable one."""
+        kept = self._read.pop(loop_id, None)
+        found = kept if kept is not None else self._view(loop_id)
+        if isinstance(found, Exception):
+            raise found
+        if isinstance(found, tuple):
+            if found[0] is not None:
+                self._rows -= _rows(found[0])
+            return found
+        return found, None
+
+    def _view(self, loop_id: str) -> LoopView | Exception | None:
+        try:
+            return self._reader.full_view(loop_id)
+        except (LookupError, LoopwardenError, ValueError) as exc:
+            return exc
+
+
+def _rows(view: LoopView) -> int:
+    return len(view.todos) + len(view.turns) + len(view.approvals)
+
+
 def check_loop(
-    reader: Reader, integrity: Integrity | None, stored: LoopView, report: Report
+    reader: Reader,
+    integrity: Integrity | None,
+    stored: LoopView,
+    report: Report,
+    tree: StateTree | None = None,
 ) -> None:
-    """One loop's anchor: its MAC, and its state root and blobs against its stored rows."""
+    """One loop's anchor: its MAC, and its state root and blobs against its stored rows (their
+    state tree, built here unless `tree` is it)."""
     loop_id = stored.loop.loop_id
     r = reader.conn.execute(
         "SELECT state_root, mac FROM loops WHERE loop_id = ?", (loop_id,)
@@ -56,7 +118,7 @@ def check_loop(
             f"loop {loop_id}'s row does not carry a valid MAC",
             loop_id=loop_id,
         )
-    tree = state_tree(stored)
+    tree = tree if tree is not None else state_tree(stored)
     if tree.root != root:
         report.add(
             FindingCode.STATE_MISMATCH,
