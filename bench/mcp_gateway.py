@@ -271,18 +271,7 @@ async def run(quick: bool, budget: float) -> Section:
             ],
         )
     )  # fmt: skip
-    if gateway_cpu.calls and (gateway_cpu.main or gateway_cpu.other):
-        section.tables.append(
-            Table(
-                ["server process (HTTP)", "calls", "event loop thread ms", "other threads ms", "CPU ms per call"],
-                [
-                    [label, str(c.calls), h.ms(c.main / c.calls), h.ms(c.other / c.calls), h.ms((c.main + c.other) / c.calls)]
-                    for label, c in (("the downstream, called directly", direct_cpu),
-                                     ("the gateway (server, client, decision and two receipts)", gateway_cpu))
-                ],
-                title="CPU per call, from /proc, over the same calls",
-            )
-        )  # fmt: skip
+    _cpu_table(section, direct_cpu, gateway_cpu)
     section.tables.append(
         Table(
             ["way (stdio, one session)", "calls", "seconds (median)"],
@@ -320,6 +309,22 @@ async def run(quick: bool, budget: float) -> Section:
         Target(f"calls/s with {cfg.clients} clients", h.rate(throughput[0] / throughput[1]), None)
     )
     return section
+
+
+def _cpu_table(section: Section, direct_cpu: Cpu, gateway_cpu: Cpu) -> None:
+    """CPU per call of the downstream called directly and of the gateway, from /proc."""
+    if gateway_cpu.calls and (gateway_cpu.main or gateway_cpu.other):
+        section.tables.append(
+            Table(
+                ["server process (HTTP)", "calls", "event loop thread ms", "other threads ms", "CPU ms per call"],
+                [
+                    [label, str(c.calls), h.ms(c.main / c.calls), h.ms(c.other / c.calls), h.ms((c.main + c.other) / c.calls)]
+                    for label, c in (("the downstream, called directly", direct_cpu),
+                                     ("the gateway (server, client, decision and two receipts)", gateway_cpu))
+                ],
+                title="CPU per call, from /proc, over the same calls",
+            )
+        )  # fmt: skip
 
 
 async def _many(url: str, headers: dict[str, str], cfg: Config) -> tuple[int, float]:

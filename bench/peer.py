@@ -297,6 +297,24 @@ def peer_records(
 # --- the family -------------------------------------------------------------------------------
 
 
+def _full_target(section: Section, p50: dict[str, float], fsync: float) -> None:
+    """synchronous=full judged against the target plus one fsync measured in the same run."""
+    # One fsync on this disk, same run: the fsync'd line's p50 over the flushed line's.
+    fsync = max(fsync, 0.0)
+    section.targets.append(
+        Target(
+            f"decide and seal at synchronous=full ≤ {SEAL_TARGET * 1e3:.1f} ms + one fsync (p50)",
+            f"{h.ms(p50['full'])} ms against {h.ms(SEAL_TARGET + fsync)} ms (one fsync here: "
+            f"{h.ms(fsync)} ms, the peer's fsync'd line over its flushed one); full − normal "
+            f"= {h.ms(p50['full'] - p50['normal'])} ms",
+            p50["full"] <= SEAL_TARGET + fsync,
+            "what full adds to normal is within one fsync"
+            if p50["full"] - p50["normal"] <= fsync
+            else "",
+        )
+    )
+
+
 async def run(quick: bool, budget: float) -> Section:
     cfg = QUICK if quick else FULL
     version = peer_version()
@@ -434,20 +452,7 @@ async def run(quick: bool, budget: float) -> Section:
             p50["normal"] <= SEAL_TARGET,
         )
     )
-    # One fsync on this disk, same run: the fsync'd line's p50 over the flushed line's.
-    fsync = max(synced_p50 - peer_p50, 0.0)
-    section.targets.append(
-        Target(
-            f"decide and seal at synchronous=full ≤ {SEAL_TARGET * 1e3:.1f} ms + one fsync (p50)",
-            f"{h.ms(p50['full'])} ms against {h.ms(SEAL_TARGET + fsync)} ms (one fsync here: "
-            f"{h.ms(fsync)} ms, the peer's fsync'd line over its flushed one); full − normal "
-            f"= {h.ms(p50['full'] - p50['normal'])} ms",
-            p50["full"] <= SEAL_TARGET + fsync,
-            "what full adds to normal is within one fsync"
-            if p50["full"] - p50["normal"] <= fsync
-            else "",
-        )
-    )
+    _full_target(section, p50, synced_p50 - peer_p50)
 
     h.progress(NAME, "verify")
     with h.temp_home("peer-audit") as home:
