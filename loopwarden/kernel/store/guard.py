@@ -138,9 +138,10 @@ class ProvedRows:
         # Todo, turn and approval rows read (proved) or written, by table and `RowKey`; None for
         # a row that does not exist.
         self._rows: dict[str, dict[RowKey, Any]] = {t: {} for t in ROW_TABLES}
-        # The leaves of rows `_decoded` took from what this process wrote, by the row object,
-        # from the load that found them to the `_prove` that proves them (which clears them).
-        self._leaves: dict[int, bytes] = {}
+        # The rows `_decoded` took from what this process wrote, with their leaves, by table and
+        # key: from the load that found them to the `_prove` that proves them (which clears
+        # them). A leaf is used for the very row object it was kept with.
+        self._leaves: dict[tuple[str, RowKey], tuple[Any, bytes]] = {}
         self._pools: dict[str, PoolRow] | None = None  # every pool, once read
         self._held: set[str] = set()  # pools whose rows this transaction holds (`hold`)
         self._usage: dict[tuple[str, str], Totals] = {}  # pool windows read or written
@@ -211,14 +212,12 @@ class ProvedRows:
     def _decoded(self, table: str, stored: Iterable[Row]) -> dict[str, Any]:
         """Rows by id, from their stored values: values this process wrote are the row it
         wrote (`written.py`), and their leaf is kept for `_prove`; others are decoded."""
-        description, id_of, rows = ROW_TABLES[table], _ID[table], {}
+        description, id_of, key_of, rows = ROW_TABLES[table], _ID[table], _KEY[table], {}
         for values in stored:
             kept = self._written.row(table, tuple(values)) if self._written is not None else None
-            if kept is None:
-                row = description.decode(values)
-                self._leaves.pop(id(row), None)  # an object that was freed had that id
-            else:
-                row, self._leaves[id(row)] = kept
+            row = description.decode(values) if kept is None else kept[0]
+            if kept is not None:
+                self._leaves[(table, key_of(row))] = kept
             rows[id_of(row)] = row
         return rows
 
@@ -281,8 +280,8 @@ class ProvedRows:
         return {i: row for i, key in keys.items() if (row := known[key]) is not None}
 
     def _leaf(self, table: str, row: Any) -> bytes:
-        kept = self._leaves.get(id(row))
-        return kept if kept is not None else row_leaf(table, row)
+        kept = self._leaves.get((table, _KEY[table](row)))
+        return kept[1] if kept is not None and kept[0] is row else row_leaf(table, row)
 
     def keep(self, table: str, rows: Iterable[Any]) -> None:
         """Rows this transaction has written: what its later reads return."""
