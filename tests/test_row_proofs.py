@@ -433,7 +433,7 @@ async def test_a_row_put_back_to_a_copy_this_store_wrote_is_refused_by_that_stor
         conn = sqlite3.connect(home / DB)
         try:
             older = conn.execute(f"SELECT * FROM {table} WHERE {key[0]} = ?", (key[1],)).fetchone()
-            await close_as_failed(store, first.turn_id, first.fence)
+            await _close_as_failed(store, first.turn_id, first.fence)
             newer = conn.execute(f"SELECT * FROM {table} WHERE {key[0]} = ?", (key[1],)).fetchone()
             assert newer != older, "the write changed the row"
             marks = ", ".join("?" * len(older))
@@ -452,12 +452,12 @@ async def test_a_row_put_back_to_a_copy_this_store_wrote_is_refused_by_that_stor
         await store.close()
 
 
-async def close_as_failed(store: Store, turn_id: str, fence: int) -> None:
+async def _close_as_failed(store: Store, turn_id: str, fence: int) -> None:
     """A write that changes the turn and its todo: the turn closed as failed."""
     result = await update(
         store,
         BUILDER,
         UpdateRequest(turn_id=turn_id, fence=fence, outcome="failed", summary="later",
-                      idempotency_key="k-release"),
+                      idempotency_key="k-failed"),
     )  # fmt: skip
     assert result.accepted, result
