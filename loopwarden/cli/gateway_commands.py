@@ -362,16 +362,21 @@ def gateway_import(
     }
     if options.json_out:
         render.emit_json(out)
-        return
-    render.console.print(
-        f"wrote {render.safe(str(output))}: {', '.join(out['servers']) or 'no server'}"
-    )
-    if imported.moved:
+    else:
+        _print_imported(out)
+
+
+def _print_imported(out: dict[str, Any]) -> None:
+    """What `gateway import` wrote, for a person (`out` is its JSON answer)."""
+    output = render.safe(out["file"])
+    render.console.print(f"wrote {output}: {', '.join(out['servers']) or 'no server'}")
+    if out["secrets_moved"]:
         render.console.print(
-            f"  {len(imported.moved)} secret value(s) moved to {render.safe(str(where))} (0600)"
+            f"  {len(out['secrets_moved'])} secret value(s) moved to "
+            f"{render.safe(out['secrets_dir'])} (0600)"
         )
     for skipped in out["skipped"]:
         render.console.print(
             f"  skipped {render.safe(skipped['server'])}: {render.safe(skipped['why'])}"
         )
-    render.console.print(f"next: loopwarden gateway pin {render.safe(str(output))}")
+    render.console.print(f"next: loopwarden gateway pin {output}")

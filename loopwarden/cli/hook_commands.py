@@ -147,11 +147,7 @@ def install(
     """
     home, store, json_out = options.home, options.store, options.json_out
     _check_options(host, scope, store, json_out, in_process=in_process, http=http)
-    problems, warnings = loop_problems(home, store, loop, agent)
-    if problems and http is None:
-        fail("; ".join(problems), EXIT_USAGE, as_json=json_out, error="not_found")
-    if problems:  # the server's store decides; this machine's may be another, or none
-        warnings = [f"not checked against the server's store: {problems[0]}"]
+    warnings = _loop_checked(home, store, loop, agent, http, json_out)
     place = place_of(scope, project)
     servers, said = server_names(host, place, home_source(home)[0], server_name)
     target = Target(
@@ -173,6 +169,19 @@ def install(
     _write(where, text)
     trust = hosts.get(host).trust(place, read_file)
     _report(target, where, trust, [said, *warnings, *_notes(target)], json_out)
+
+
+def _loop_checked(
+    home: Path | None, store: str | None, loop: str, agent: str, http: str | None, json_out: bool
+) -> list[str]:
+    """The warnings about the loop and agent an install names; exit 2 if this machine's store
+    lacks them and the hooks use it (with `--http` the server's store decides)."""
+    problems, warnings = loop_problems(home, store, loop, agent)
+    if problems and http is None:
+        fail("; ".join(problems), EXIT_USAGE, as_json=json_out, error="not_found")
+    if problems:  # the server's store decides; this machine's may be another, or none
+        warnings = [f"not checked against the server's store: {problems[0]}"]
+    return warnings
 
 
 def server_names(

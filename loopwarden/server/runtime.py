@@ -88,6 +88,23 @@ class Runtime:
         if absent:
             log.warning("there was no store at %s: a new, empty one is made", where.file)
         keys = KeyStore(self.settings.home)
+        self.store = store = await self._opened(keys)
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(
+                    every, KEY_POLL_SECONDS, lambda: self.follow_keys(keys), "key watch"
+                )
+                try:
+                    yield self
+                finally:
+                    group.cancel_scope.cancel()
+        finally:
+            self.store = None
+            await store.close()
+            self.observer.shutdown()  # what is still queued for export, within its timeout
+
+    async def _opened(self, keys: KeyStore) -> Store:
+        """The store opened with the home's keys, watched by this server's observer."""
         store = await Store.open(
             self.settings.location,
             keys.load_signer(),
@@ -110,20 +127,7 @@ class Runtime:
             "this replica's integrator last counted them (always 0 on SQLite).",
             store.pending_backlog,
         )
-        self.store = store
-        try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(
-                    every, KEY_POLL_SECONDS, lambda: self.follow_keys(keys), "key watch"
-                )
-                try:
-                    yield self
-                finally:
-                    group.cancel_scope.cancel()
-        finally:
-            self.store = None
-            await store.close()
-            self.observer.shutdown()  # what is still queued for export, within its timeout
+        return store
 
     async def follow_keys(self, keys: KeyStore) -> None:
         """One look at the key history (`rotations.follow`): sign with the home's new key once

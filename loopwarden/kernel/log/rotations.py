@@ -293,28 +293,7 @@ def directory_trust(keys: KeyStore, anchor: str | None = None) -> Trust:
     statements = keys.statements()
     anchored = anchored_key(anchor)
     if not statements:
-        count = _keys(len(directory.ids()))
-        if anchor is None and len(directory.ids()) <= 1:
-            return Trust(
-                directory,
-                f"the only key in the key directory ({count}): it has no key history yet "
-                "(made before one was kept; a server started on it writes one)",
-            )
-        if anchor is not None:
-            why = (
-                f"the store anchors a key history from genesis key {anchored or '(unreadable)'}, "
-                "but the key directory has none (keys/history)"
-            )
-        else:
-            why = f"the key directory holds {count} and no key history (keys/history)"
-        problem = KeyProblem(
-            KeyProblemCode.HISTORY_MISSING,
-            f"{why}: which keys are the store's cannot be told from a key written into the "
-            "directory. Restore keys/history from a backup, or pin the keys with --trusted-keys",
-        )
-        return Trust(
-            directory, f"no key history: {count} of the key directory, unproven", (problem,)
-        )
+        return _without_history(directory, anchor, anchored)
     chain = KeyChain(HISTORY_ORIGIN)
     for note in statements:
         chain.add(note)
@@ -342,6 +321,31 @@ def directory_trust(keys: KeyStore, anchor: str | None = None) -> Trust:
         tuple(problems),
         dict(chain.windows),
     )
+
+
+def _without_history(directory: Keyring, anchor: str | None, anchored: str | None) -> Trust:
+    """`directory_trust` for a key directory with no history: its one key trusted if the store
+    anchors none, else nothing proven (`key_history_missing`)."""
+    count = _keys(len(directory.ids()))
+    if anchor is None and len(directory.ids()) <= 1:
+        return Trust(
+            directory,
+            f"the only key in the key directory ({count}): it has no key history yet "
+            "(made before one was kept; a server started on it writes one)",
+        )
+    if anchor is not None:
+        why = (
+            f"the store anchors a key history from genesis key {anchored or '(unreadable)'}, "
+            "but the key directory has none (keys/history)"
+        )
+    else:
+        why = f"the key directory holds {count} and no key history (keys/history)"
+    problem = KeyProblem(
+        KeyProblemCode.HISTORY_MISSING,
+        f"{why}: which keys are the store's cannot be told from a key written into the "
+        "directory. Restore keys/history from a backup, or pin the keys with --trusted-keys",
+    )
+    return Trust(directory, f"no key history: {count} of the key directory, unproven", (problem,))
 
 
 @dataclass(frozen=True)

@@ -229,17 +229,7 @@ class Store:
         trusted = keyring if keyring is not None else Keyring({signer.key_id: signer.public_key})
         backend = where.backend.load().open(where.target, synchronous=synchronous)
         try:
-            # A store at the current version already has its secret; only a new or an
-            # upgraded one may create it (a refused store is left exactly as it was).
-            version = backend.version_of(backend.writer)
-            if version == 0 and not create:
-                raise NotFound(f"there is no loopwarden store in {where}")
-            if secret is not None:
-                key = secret
-            else:
-                assert key_dir is not None
-                key = KeyStore(key_dir).load_secret(create=version != SCHEMA_VERSION)
-            integrity = Integrity(key)
+            integrity = _integrity(backend, where, secret, key_dir, create=create)
             migrate(backend, integrity, kinds)
             backend.check_secret(integrity)
             store = cls(
@@ -521,6 +511,21 @@ def _again(job: Job, *, first: bool) -> bool:
         job.attempts += 1
         return job.attempts <= RETRIES
     return True
+
+
+def _integrity(
+    backend: Backend, where: Location, secret: bytes | None, key_dir: Path | None, *, create: bool
+) -> Integrity:
+    """The store's integrity secret: `secret`, else the home's. A store at the current version
+    already has its secret; only a new or an upgraded one may create it (a refused store is
+    left exactly as it was). `NotFound` for no store where `create` is off."""
+    version = backend.version_of(backend.writer)
+    if version == 0 and not create:
+        raise NotFound(f"there is no loopwarden store in {where}")
+    if secret is not None:
+        return Integrity(secret)
+    assert key_dir is not None
+    return Integrity(KeyStore(key_dir).load_secret(create=version != SCHEMA_VERSION))
 
 
 def _close_quietly(backend: Backend) -> None:

@@ -148,18 +148,10 @@ def _launch(
     if found.maybe_option or found.shifted:
         reading.doubt(run, f"cannot tell which command `{name}` runs: a computed word comes first")
         return
-    for option in found.options:
-        if option.name in spec.shell:
-            reading.line(option.value, run.dialect, f"{name} {option.name}", run)
-            return
-        if option.name in spec.programs:
-            readers.program(reading, run, name, option.name, option.value)
-        if option.name in spec.split:
-            split = _split_string(reading, run, name, option.value, argv, found.rest)
-            if split is None:
-                return
-            argv = split
-            found = scan(spec.grammar, argv, found.rest, stop=not spec.grammar.permute)
+    options = _launcher_options(reading, run, name, spec, argv, found)
+    if options is None:
+        return
+    argv, found = options
     if not spec.operands:
         if spec.bare == "shell" and not any(o.name in spec.shell for o in found.options):
             shells.from_input(reading, run, name, stdin, "bash")
@@ -185,6 +177,27 @@ def _launch(
         reading.line(joined(inner), run.dialect, name, run)
         return
     _inner(reading, run, name, spec, found, inner, stdin)
+
+
+def _launcher_options(
+    reading: Reading, run: Run, name: str, spec: Launcher, argv: tuple[Word, ...], found: Scan
+) -> tuple[tuple[Word, ...], Scan] | None:
+    """Read a launcher's options that carry code (a shell line, a program, a string it splits
+    into words): the argv and scan its command is found in after them, or None when an option
+    ran the command (or what it splits cannot be told)."""
+    for option in found.options:
+        if option.name in spec.shell:
+            reading.line(option.value, run.dialect, f"{name} {option.name}", run)
+            return None
+        if option.name in spec.programs:
+            readers.program(reading, run, name, option.name, option.value)
+        if option.name in spec.split:
+            split = _split_string(reading, run, name, option.value, argv, found.rest)
+            if split is None:
+                return None
+            argv = split
+            found = scan(spec.grammar, argv, found.rest, stop=not spec.grammar.permute)
+    return argv, found
 
 
 def _inner(
