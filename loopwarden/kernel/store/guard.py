@@ -90,8 +90,7 @@ RowKey = tuple[str, str] | str
 """A row's key in a transaction's rows: its table's key ((loop id, todo id) for a todo, whose
 id is per loop; a turn's or an approval's id)."""
 _KEY = {name: attrgetter(*table.key) for name, table in ROW_TABLES.items()}
-_ID = {"todos": attrgetter("todo_id"), "turns": attrgetter("turn_id"),
-       "approvals": attrgetter("approval_id")}  # fmt: skip
+_ID = {name: attrgetter(table.key[-1]) for name, table in ROW_TABLES.items()}
 """A row's id among its loop's rows (what `Reader.todos`/`turns`/`approvals` key by)."""
 _PER_LOOP = {name: len(table.key) == 2 for name, table in ROW_TABLES.items()}
 """Tables whose rows are keyed by loop and id (their ids are per loop)."""
