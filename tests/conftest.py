@@ -47,6 +47,19 @@ BASIC_POLICY = {
 
 
 @pytest.fixture
+def issuer() -> Iterator[Any]:
+    """A plain OAuth issuer on loopback (`tests/issuer.py`), stopped afterwards; a module that
+    needs clients or outages defines its own."""
+    from issuer import Issuer
+
+    found = Issuer().start()
+    try:
+        yield found
+    finally:
+        found.stop()
+
+
+@pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
 

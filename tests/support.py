@@ -252,6 +252,18 @@ def start_server(
     return wait_listening(served, port, host)
 
 
+def start_oauth_server(root: Path, issuer_url: str) -> tuple[Served, str]:
+    """`start_server` on a fresh home under `root` that trusts the OAuth issuer at
+    `issuer_url`; the server and its resource URL (the tokens' audience)."""
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    served = start_server(
+        root / "home", root / "logs", "--oauth-issuer", issuer_url, "--resource", resource,
+        port=port,
+    )  # fmt: skip
+    return served, resource
+
+
 def stop_server(served: Served) -> None:
     """SIGTERM (graceful), then SIGKILL if it does not exit within 10 s."""
     if served.process.poll() is not None:

@@ -22,7 +22,6 @@ import anyio
 import httpx2
 import pytest
 from conftest import BUILDER, OPERATOR
-from issuer import Issuer
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.subscriptions import ResourceUpdated
@@ -30,10 +29,10 @@ from support import (
     Served,
     bounded,
     cli_open_loop,
-    free_port,
     make_policy,
     mint_tokens,
     run_cli_app,
+    start_oauth_server,
     start_server,
     stop_server,
 )
@@ -202,26 +201,10 @@ async def test_an_expired_token_s_listen_stream_ends(replicas):
     assert time.monotonic() - opened < 3 + ENDS_WITHIN
 
 
-@pytest.fixture
-def issuer() -> Iterator[Issuer]:
-    found = Issuer().start()
-    try:
-        yield found
-    finally:
-        found.stop()
-
-
 @pytest.mark.slow  # short variant: the sweep on a clock of its own, above
 @bounded(90)
 async def test_a_jwt_s_listen_stream_ends_at_its_exp(tmp_path, issuer):
-    port = free_port()
-    resource = f"http://127.0.0.1:{port}/mcp"
-    served = start_server(
-        tmp_path / "home",
-        tmp_path / "logs",
-        *("--oauth-issuer", issuer.url, "--resource", resource),
-        port=port,
-    )
+    served, resource = start_oauth_server(tmp_path, issuer.url)
     try:
         jwt = issuer.mint(
             sub="builder", aud=resource, scope="loopwarden:agent", exp=int(time.time()) + 4

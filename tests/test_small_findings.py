@@ -22,7 +22,6 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from issuer import Issuer
 from mcp import MCPError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -35,9 +34,9 @@ from support import (
     cli_open_loop,
     connect_http,
     dashboard_url,
-    free_port,
     make_policy,
     mint_tokens,
+    start_oauth_server,
     start_server,
     stop_server,
 )
@@ -60,24 +59,8 @@ def test_events_after_an_index_past_any_log_is_one_clear_usage_error(tmp_path, a
 # --- /metrics with an operator's OAuth token ---------------------------------------------------
 
 
-@pytest.fixture
-def issuer() -> Iterator[Issuer]:
-    found = Issuer().start()
-    try:
-        yield found
-    finally:
-        found.stop()
-
-
 def test_an_operators_oauth_token_reads_metrics_and_no_other_token_does(tmp_path, issuer):
-    port = free_port()
-    resource = f"http://127.0.0.1:{port}/mcp"
-    served = start_server(
-        tmp_path / "home",
-        tmp_path / "logs",
-        *("--oauth-issuer", issuer.url, "--resource", resource),
-        port=port,
-    )
+    served, resource = start_oauth_server(tmp_path, issuer.url)
     try:
         url = f"{dashboard_url(served)}/metrics"
 
