@@ -297,6 +297,12 @@ def peer_records(
 # --- the family -------------------------------------------------------------------------------
 
 
+def _verify_row(label: str, entries: int, seconds: float, peer_rate: float) -> list[str]:
+    """One verifier's row: `entries` checked in `seconds`, its rate against the peer's."""
+    rate = entries / seconds
+    return [label, str(entries), h.rate(rate), h.us(seconds / entries), h.ratio(rate / peer_rate)]
+
+
 def _full_target(section: Section, p50: dict[str, float], fsync: float) -> None:
     """synchronous=full judged against the target plus one fsync measured in the same run."""
     # One fsync on this disk, same run: the fsync'd line's p50 over the flushed line's.
@@ -468,42 +474,21 @@ async def run(quick: bool, budget: float) -> Section:
             cores_s = audit_family.raw_all_cores(inputs)
     n = len(rows_)
     peer_rate = checked / peer_verify_s
+    peer_row = [f"{peer_label}: HMAC and chain per line", str(checked), h.rate(peer_rate),
+                h.us(1 / peer_rate), "1.00×"]  # fmt: skip
     section.tables.append(
         Table(
             ["verify", "entries", "per second", "µs per entry", "÷ peer"],
             [
-                [
-                    "loopwarden `audit()` (signatures, chains, Merkle, judge, fold)",
-                    str(n),
-                    h.rate(n / audit_s),
-                    h.us(audit_s / n),
-                    h.ratio((n / audit_s) / peer_rate),
-                ],
-                [
-                    f"{peer_label}: HMAC and chain per line",
-                    str(checked),
-                    h.rate(peer_rate),
-                    h.us(1 / peer_rate),
-                    "1.00×",
-                ],
-                [
-                    "raw PyNaCl verify, one process",
-                    str(n),
-                    h.rate(n / raw_s),
-                    h.us(raw_s / n),
-                    h.ratio((n / raw_s) / peer_rate),
-                ],
-                [
-                    f"raw PyNaCl verify, {os.cpu_count()} processes",
-                    str(n),
-                    h.rate(n / cores_s),
-                    h.us(cores_s / n),
-                    h.ratio((n / cores_s) / peer_rate),
-                ],
+                _verify_row("loopwarden `audit()` (signatures, chains, Merkle, judge, fold)",
+                            n, audit_s, peer_rate),
+                peer_row,
+                _verify_row("raw PyNaCl verify, one process", n, raw_s, peer_rate),
+                _verify_row(f"raw PyNaCl verify, {os.cpu_count()} processes", n, cores_s, peer_rate),
             ],
             title="Verify, per entry",
         )
-    )
+    )  # fmt: skip
     section.notes.append(
         f"the peer's evidence is an HMAC under a shared key in a file (forgeable by whoever "
         f"holds the key, not Merkle-logged, no checkpoint); loopwarden's is an Ed25519-signed "
