@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -296,33 +297,42 @@ def audit(
     RFC 8785 (seal refuses to sign anything else; `receipt` and bundle checks still do).
     """
     started = time.perf_counter()
-    total = reader.journal_count()
-    args = (reader, keyring, loop_id, integrity, windows or {}, total, progress)
-    count = _partition_count(reader, loop_id, total, workers)
-    report = _partitioned(*args, count) if count else None
+    job = _Job(reader, keyring, loop_id, integrity, windows or {}, reader.journal_count(), progress)
+    count = _partition_count(reader, loop_id, job.total, workers)
+    report = _partitioned(job, count) if count else None
     if report is None:  # small, one loop, or loops that share pools or keys: one replay
-        report = _serial(*args, workers)
+        report = _serial(job, workers)
     report.seconds = time.perf_counter() - started
     return report
 
 
-Progress = Callable[[int, int], None] | None
+@dataclass(frozen=True)
+class _Job:
+    """One audit's inputs, whichever way it replays the journal (`_serial`, `_partitioned`)."""
+
+    reader: Reader
+    keyring: Keyring
+    loop_id: str | None
+    integrity: Integrity | None
+    windows: Mapping[str, Window]
+    total: int  # receipts in the journal
+    progress: Callable[[int, int], None] | None
+
+    def start(self) -> _Audit:
+        """A pass of its own, with a fresh report."""
+        report = Report("database")
+        return _Audit(self.reader, self.keyring, self.loop_id, report, self.integrity, self.windows)
+
+    def moved(self, run: _Audit) -> None:
+        if self.progress:
+            self.progress(run.size, self.total)
 
 
-def _serial(
-    reader: Reader,
-    keyring: Keyring,
-    loop_id: str | None,
-    integrity: Integrity | None,
-    windows: Mapping[str, Window],
-    total: int,
-    progress: Progress,
-    workers: int | None,
-) -> Report:
+def _serial(job: _Job, workers: int | None) -> Report:
     """One replay of every loop in this process (signatures checked in workers)."""
-    report = Report("database")
-    run = _Audit(reader, keyring, loop_id, report, integrity, windows)
-    with _envelope_checker(total, workers) as check:
+    reader, run = job.reader, job.start()
+    report = run.report
+    with _envelope_checker(job.total, workers) as check:
         # One batch ahead: the envelopes of the next are checked while this one is folded.
         ahead: tuple[list[JournalRow], _Result] | None = None
         for rows in itertools.chain(_batches(reader.iter_journal(), BATCH), [None]):
@@ -333,8 +343,7 @@ def _serial(
                 current, ahead = ahead, None
             if current is not None:
                 run.batch(current[0], current[1].result())
-                if progress:
-                    progress(run.size, total)
+                job.moved(run)
         # Receipts sealed after the snapshot's last leaf: in their chains, not yet in the tree.
         pending = [row.integrated(None) for row in reader.pending_receipts()]
         if pending:
@@ -370,20 +379,11 @@ def _partition_count(reader: Reader, loop_id: str | None, total: int, workers: i
 Shares = tuple[list[tuple[int, int]], list["Future[list[partitions.RowResult]] | None"]]
 
 
-def _partitioned(
-    reader: Reader,
-    keyring: Keyring,
-    loop_id: str | None,
-    integrity: Integrity | None,
-    windows: Mapping[str, Window],
-    total: int,
-    progress: Progress,
-    count: int,
-) -> Report | None:
+def _partitioned(job: _Job, count: int) -> Report | None:
     """The whole journal with its loops replayed in `count` worker processes, a share each
     (`partitions`); None if what crosses loops (pools, keys) needs one replay of them all."""
-    report = Report("database")
-    run = _Audit(reader, keyring, loop_id, report, integrity, windows)
+    reader, run = job.reader, job.start()
+    report = run.report
     share_of: dict[str, int] = {}  # loop -> partition, in the order the loops first appear
     ordinal = itertools.count()
     with _partition_pool(count, run.keys) as pools:
@@ -413,8 +413,7 @@ def _partitioned(
             current, ahead = ahead, None if rows is None else (rows, submit(rows))
             if current is not None:
                 run.replayed(current[0], results(current[1]))
-                if progress:
-                    progress(run.size, total)
+                job.moved(run)
         pending = [row.integrated(None) for row in reader.pending_receipts()]
         if pending:
             run.replayed(pending, results(submit(pending)))
